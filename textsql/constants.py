@@ -1,0 +1,33 @@
+"""Names, limits and defaults shared across the package (kept here, not inline)."""
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+ASSETS_DIR = PACKAGE_DIR / "assets"
+# The embedded default model: a small T5 built from a config, with the real T5 vocabulary.
+DEFAULT_MODEL_DIR = ASSETS_DIR / "t5-tiny"
+# A real WikiSQL sample in the original release layout ({split}.jsonl + {split}.tables.jsonl).
+SAMPLE_DATA_DIR = ASSETS_DIR / "wikisql_sample"
+# The repository root when running from a checkout (dsconfig/, notebooks/ live there).
+PROJECT_DIR = PACKAGE_DIR.parent
+DSCONFIG_DIR = PROJECT_DIR / "dsconfig"
+
+# WikiSQL's own encodings (lib/query.py in the release).
+AGG_OPS = ("", "MAX", "MIN", "COUNT", "SUM", "AVG")
+COND_OPS = ("=", ">", "<")
+
+SPLITS = ("train", "validation", "test")
+# File stem of each split in the original release layout.
+RELEASE_SPLIT_FILES = {"train": "train", "validation": "dev", "test": "test"}
+
+HUB_DATASET = "Salesforce/wikisql"
+HUB_REVISION = "refs/convert/parquet"
+
+# Distributed run layout and networking.
+DEFAULT_SSH_PORT = 2222
+DEFAULT_RENDEZVOUS_PORT = 29400
+DEFAULT_MASTER_PORT = 29500
+HOSTFILE_NAME = "hostfile"
+KNOWN_HOSTS_NAME = "known_hosts"
+SSH_CONFIG_NAME = "ssh_config"
+LAUNCH_LOG_NAME = "launch.log"
+DEEPSPEED_ENV_NAME = ".deepspeed_env"

@@ -1,0 +1,1 @@
+"""What runs in a worker pod (agent, sshd) and what finds them (rendezvous, hostfile, backends)."""
