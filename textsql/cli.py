@@ -31,3 +31,22 @@ def cli(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+@cli.command()
+@click.option("--gold", required=True, type=click.Path(exists=True, dir_okay=False), help="Release question file (dev.jsonl) or our records.")
+@click.option("--pred", required=True, type=click.Path(exists=True, dir_okay=False), help="Official predictions or our predictions.jsonl.")
+@click.option("--tables", type=click.Path(exists=True, dir_okay=False), help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].")
+@click.option("--ordered", is_flag=True, help="Conditions must come in the gold order (official --ordered).")
+@click.option("--json", "as_json", is_flag=True, help="Print the full JSON report instead of a table.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
+def evaluate(gold: str, pred: str, tables: str | None, ordered: bool, as_json: bool, out: str | None) -> None:
+    """Score predictions with WikiSQL's logical-form and execution accuracy."""
+    import json
+
+    from textsql.evaluate import evaluate as score, format_report, tables_beside, write_json
+
+    report = score(gold, pred, tables or tables_beside(gold), ordered=ordered)
+    if out:
+        write_json(out, report)
+    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))

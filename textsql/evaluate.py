@@ -1,0 +1,390 @@
+"""WikiSQL's own metrics: logical-form accuracy and execution accuracy.
+
+Both follow the official release (``evaluate.py``, ``lib/query.py``, ``lib/dbengine.py`` in
+salesforce/WikiSQL), re-implemented here so that scores are comparable with the leaderboard:
+
+* logical form: ``sel`` and ``agg`` equal, and the conditions equal as a set of
+  ``(column, operator, str(value).lower())`` (as a list when ``ordered``). A prediction that is an
+  error, or malformed, is wrong. As in the official code, ``"3"`` matches ``3`` but not ``3.0``.
+* execution: every table lives in an in-memory SQLite database with ``colN`` columns typed TEXT or
+  REAL; text is compared case-insensitively (stored and compared lowercased), condition values on
+  REAL columns are read as numbers (``"1,000"`` is 1000, ``"12 km"`` is 12), the aggregation runs in
+  SQL, and the gold and predicted result lists must be equal. A query that fails to execute is wrong.
+
+Gold comes as the release's question files (``{"table_id", "question", "sql"}``) or as our records
+(which also carry the table); predictions as the official format (one ``{"query": ...}`` or
+``{"error": ...}`` line per gold line) or as our ``predictions.jsonl`` (matched by ``id``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from textsql.constants import AGG_OPS, COND_OPS
+from textsql.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+# What a gold or prediction source may be: a JSON-lines file or dicts already in memory.
+Source = str | Path | Iterable[dict]
+
+TABLES_SUFFIX = ".tables.jsonl"
+# A whole value written as a number, with optional thousands separators: "1,234.5", "-3", ".5".
+_WHOLE_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d*)(?:\.\d+)?")
+# The first number inside other text ("12 km", "approx. 3.5"), as the official engine falls back to.
+_NUMBER_INSIDE = re.compile(r"[-+]?\d*\.\d+|\d+")
+
+
+class ExecutionError(Exception):
+    """A query could not run against its table (counts as a wrong prediction, never escapes)."""
+
+
+@dataclass(frozen=True)
+class Grade:
+    """How one prediction scored."""
+
+    id: str
+    agg: int
+    n_conds: int
+    lf: bool
+    ex: bool | None
+    error: str | None = None
+
+
+def to_number(value: Any) -> float:
+    """Read a cell or condition value the way WikiSQL's engine reads values of ``real`` columns.
+
+    :param value: a number, or text such as ``"1,000"``, ``"3.5"`` or ``"12 km"``.
+    :rtype: float
+    :raises ValueError: when the text holds no number.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    if text and any(c.isdigit() for c in text) and _WHOLE_NUMBER.fullmatch(text):
+        return float(text.replace(",", ""))
+    found = _NUMBER_INSIDE.search(text)
+    if found is None:
+        raise ValueError(f"no number in {text!r}")
+    return float(found.group())
+
+
+def logical_form_key(query: dict, ordered: bool = False) -> tuple:
+    """The part of a structured query that the official logical-form match compares.
+
+    :param query: ``{"sel": int, "agg": int, "conds": [[col, op, value], ...]}``.
+    :param ordered: compare conditions as a list (official ``--ordered``) instead of a set.
+    :rtype: tuple
+    """
+    conds = [(col, op, str(value).lower()) for col, op, value in query["conds"]]
+    return query["sel"], query["agg"], tuple(conds) if ordered else frozenset(conds)
+
+
+class TableEngine:
+    """WikiSQL tables in one in-memory SQLite database, created on first use.
+
+    Usage::
+
+        >>> with TableEngine({"t1": {"header": ["Name", "Age"], "types": ["text", "real"],
+        ...                          "rows": [["Ann", 30], ["Bob", 41]]}}) as engine:
+        ...     engine.execute("t1", {"sel": 0, "agg": 0, "conds": [[1, 1, "35"]]})
+        ['bob']
+    """
+
+    def __init__(self, tables: dict[str, dict]):
+        self.tables = tables
+        self._connection = sqlite3.connect(":memory:")
+        self._names: dict[str, str] = {}
+
+    def __enter__(self) -> TableEngine:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def execute(self, table_id: str, query: dict) -> list:
+        """Run a structured query and return its result list (text lowercased).
+
+        :param table_id: the question's table.
+        :param query: ``{"sel", "agg", "conds"}``.
+        :rtype: list
+        :raises ExecutionError: for an unknown column, aggregation or operator, a non-number
+            compared with a ``real`` column, or anything SQLite refuses.
+        """
+        name = self._table(table_id)
+        types = self.tables[table_id]["types"]
+        try:
+            sel, agg = int(query["sel"]), int(query["agg"])
+            select = _column(sel, types)
+            if not 0 <= agg < len(AGG_OPS):
+                raise ExecutionError(f"aggregation index {agg!r} out of range")
+            if AGG_OPS[agg]:
+                select = f"{AGG_OPS[agg]}({select})"
+            clauses, values = [], []
+            for col, op, value in query["conds"]:
+                column = _column(int(col), types)
+                if not 0 <= int(op) < len(COND_OPS):
+                    raise ExecutionError(f"operator index {op!r} out of range")
+                if isinstance(value, str):
+                    value = value.lower()
+                if types[int(col)] == "real" and not isinstance(value, (int, float)):
+                    value = to_number(value)
+                clauses.append(f"{column} {COND_OPS[int(op)]} ?")
+                values.append(value)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ExecutionError(f"malformed query {query!r}: {error}") from None
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        try:
+            rows = self._connection.execute(f"SELECT {select} FROM {name}{where}", values).fetchall()
+        except (sqlite3.Error, OverflowError) as error:
+            raise ExecutionError(str(error)) from None
+        return [row[0] for row in rows]
+
+    def _table(self, table_id: str) -> str:
+        if table_id in self._names:
+            return self._names[table_id]
+        table = self.tables.get(table_id)
+        if table is None:
+            raise DataError(f"no table {table_id!r} among {len(self.tables)} loaded; pass --tables the split's tables file")
+        types = table["types"]
+        name = f"t{len(self._names)}"
+        columns = ", ".join(f"col{i} {'REAL' if kind == 'real' else 'TEXT'}" for i, kind in enumerate(types))
+        self._connection.execute(f"CREATE TABLE {name} ({columns})")
+        cells = [[_stored(cell, kind) for cell, kind in zip(row, types)] for row in table["rows"]]
+        if cells:
+            marks = ", ".join("?" * len(types))
+            self._connection.executemany(f"INSERT INTO {name} VALUES ({marks})", cells)
+        self._names[table_id] = name
+        return name
+
+
+def _column(index: int, types: list[str]) -> str:
+    if not 0 <= index < len(types):
+        raise ExecutionError(f"column index {index!r} out of range (table has {len(types)} columns)")
+    return f"col{index}"
+
+
+def _stored(cell: Any, kind: str) -> Any:
+    """A cell as the engine stores it: numbers in ``real`` columns, lowercased text elsewhere."""
+    if kind == "real":
+        try:
+            number = to_number(cell)
+        except ValueError:
+            return str(cell).lower()
+        return number if math.isfinite(number) else str(cell).lower()
+    return str(cell).lower()
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    """Yield one dict per non-empty line of a JSON-lines file.
+
+    :param path: the file.
+    :rtype: Iterator[dict]
+    :raises DataError: for a missing file or a line that is not a JSON object.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{str(path)!r} is not a file; check the path")
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}:{number}: not JSON ({error.msg}); each line must be one JSON object") from None
+            if not isinstance(item, dict):
+                raise DataError(f"{path}:{number}: a JSON {type(item).__name__}, not an object")
+            yield item
+
+
+def load_tables(path: str | Path) -> dict[str, dict]:
+    """Read a release ``*.tables.jsonl`` file into ``{table_id: {"header", "types", "rows"}}``.
+
+    :param path: the tables file.
+    :rtype: dict[str, dict]
+    """
+    tables = {}
+    for table in read_jsonl(path):
+        try:
+            tables[table["id"]] = {"header": table["header"], "types": table["types"], "rows": table.get("rows", [])}
+        except KeyError as error:
+            raise DataError(f"{path}: table without {error.args[0]!r}; expected the release's tables.jsonl format") from None
+    return tables
+
+
+def tables_beside(gold: str | Path) -> Path | None:
+    """The release layout keeps ``dev.tables.jsonl`` beside ``dev.jsonl``: return it when present.
+
+    :param gold: a gold question file.
+    :rtype: pathlib.Path | None
+    """
+    path = Path(gold)
+    candidate = path.with_name(path.name.removesuffix(".jsonl") + TABLES_SUFFIX)
+    return candidate if path.suffix == ".jsonl" and candidate.is_file() else None
+
+
+def evaluate(gold: Source, pred: Source, tables: str | Path | dict[str, dict] | None = None, ordered: bool = False) -> dict:
+    """Score predictions with WikiSQL's logical-form and execution accuracy.
+
+    Usage::
+
+        >>> gold = [{"table_id": "t", "sql": {"sel": 0, "agg": 0, "conds": [[1, 0, "Ann"]]}}]
+        >>> evaluate(gold, [{"query": {"sel": 0, "agg": 0, "conds": [[1, 0, "ann"]]}}])["lf_accuracy"]
+        1.0
+
+    :param gold: release question file or our records (path or dicts).
+    :param pred: official predictions (one line per gold line) or ours (with ``id``), path or dicts.
+    :param tables: a ``*.tables.jsonl`` path or ``{table_id: table}``; by default the tables carried
+        by gold records. Without rows, ``ex_accuracy`` is ``None``.
+    :param ordered: compare conditions in order (official ``--ordered``).
+    :returns: ``n``, ``lf_accuracy``, ``ex_accuracy``, counts, and ``by_aggregation`` /
+        ``by_conditions`` breakdowns with the same keys.
+    :rtype: dict
+    """
+    gold_items = _as_list(gold)
+    pred_items = _align(gold_items, _as_list(pred))
+    if isinstance(tables, (str, Path)):
+        tables = load_tables(tables)
+    elif tables is None:
+        tables = {item["table_id"]: item for item in gold_items if "rows" in item and "types" in item}
+    executable = bool(tables) and any(table.get("rows") for table in tables.values())
+    with TableEngine(tables if executable else {}) as engine:
+        grades = [_grade(index, g, p, engine if executable else None, ordered) for index, (g, p) in enumerate(zip(gold_items, pred_items))]
+    report = _summary(grades)
+    report["ordered"] = ordered
+    report["by_aggregation"] = _breakdown(grades, lambda grade: (grade.agg, AGG_OPS[grade.agg] or "none"))
+    report["by_conditions"] = _breakdown(grades, lambda grade: (grade.n_conds, str(grade.n_conds)))
+    logger.info("n=%d lf_accuracy=%.4f ex_accuracy=%s", report["n"], report["lf_accuracy"] or 0.0, report["ex_accuracy"])
+    return report
+
+
+def _as_list(source: Source) -> list[dict]:
+    if isinstance(source, (str, Path)):
+        return list(read_jsonl(source))
+    return list(source)
+
+
+def _align(gold: list[dict], pred: list[dict]) -> list[dict]:
+    """Pair predictions with gold lines: by ``id`` when both have one, else line by line."""
+    if gold and pred and all("id" in item for item in gold) and all("id" in item for item in pred):
+        by_id = {str(item["id"]): item for item in pred}
+        missing = [str(item["id"]) for item in gold if str(item["id"]) not in by_id]
+        if missing:
+            raise DataError(f"{len(missing)} gold questions have no prediction (first: {missing[0]!r}); predict the same split and --limit")
+        return [by_id[str(item["id"])] for item in gold]
+    if len(gold) != len(pred):
+        raise DataError(f"{len(gold)} gold lines but {len(pred)} predictions; official predictions need one line per gold line")
+    return pred
+
+
+def _gold_query(item: dict, index: int) -> dict:
+    sql = item.get("sql")
+    if isinstance(sql, str):
+        sql = json.loads(sql)
+    if not isinstance(sql, dict) or not {"sel", "agg", "conds"} <= sql.keys() or "table_id" not in item:
+        raise DataError(f"gold line {index + 1} has no table_id and sql {{sel, agg, conds}}; pass the release file or our records")
+    return sql
+
+
+def _pred_query(item: dict) -> tuple[dict | None, str | None]:
+    """The predicted structured query, or why there is none."""
+    if item.get("error"):
+        return None, str(item["error"])
+    query = item.get("query")
+    if not isinstance(query, dict) or not {"sel", "agg", "conds"} <= query.keys():
+        return None, f"no query in prediction {item!r:.80}"
+    return query, None
+
+
+def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, ordered: bool) -> Grade:
+    gold_query = _gold_query(gold, index)
+    query, error = _pred_query(pred)
+    lf = False
+    if query is not None:
+        try:
+            lf = logical_form_key(query, ordered) == logical_form_key(gold_query, ordered)
+        except (TypeError, ValueError) as problem:
+            error = f"malformed query: {problem}"
+    ex = None
+    if engine is not None:
+        try:
+            expected = engine.execute(gold["table_id"], gold_query)
+        except ExecutionError as problem:
+            # The official script crashes here; a broken gold query scores nobody.
+            logger.warning("gold query %d does not execute (%s); counted as wrong", index + 1, problem)
+            expected, ex = None, False
+        if expected is not None and query is not None and error is None:
+            try:
+                ex = engine.execute(gold["table_id"], query) == expected
+            except ExecutionError as problem:
+                ex, error = False, f"execution failed: {problem}"
+        elif ex is None:
+            ex = False
+    return Grade(str(gold.get("id", index)), gold_query["agg"], len(gold_query["conds"]), lf, ex, error)
+
+
+def _summary(grades: list[Grade]) -> dict:
+    n = len(grades)
+    lf_correct = sum(grade.lf for grade in grades)
+    executed = [grade.ex for grade in grades if grade.ex is not None]
+    ex_correct = sum(executed) if executed else None
+    return {
+        "n": n,
+        "lf_accuracy": lf_correct / n if n else None,
+        "ex_accuracy": ex_correct / n if executed and n else None,
+        "lf_correct": lf_correct,
+        "ex_correct": ex_correct,
+        "errors": sum(grade.error is not None for grade in grades),
+    }
+
+
+def _breakdown(grades: list[Grade], key: Callable[[Grade], tuple[int, str]]) -> dict[str, dict]:
+    """Summaries per group, keyed by name, in the order of the group's number."""
+    groups: dict[tuple[int, str], list[Grade]] = defaultdict(list)
+    for grade in grades:
+        groups[key(grade)].append(grade)
+    return {name: _summary(group) for (_, name), group in sorted(groups.items())}
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """Write JSON through a temporary file and a rename, so a reader never sees half of it.
+
+    :param path: destination; its folder is created.
+    :param data: what to write.
+    :rtype: pathlib.Path
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)
+    return path
+
+
+def format_report(report: dict) -> str:
+    """A short human-readable table of an :func:`evaluate` report.
+
+    :param report: what :func:`evaluate` returned.
+    :rtype: str
+    """
+
+    def percent(value: float | None) -> str:
+        return "   n/a" if value is None else f"{100 * value:6.2f}"
+
+    lines = [f"{'':14} {'n':>6} {'LF %':>6} {'EX %':>6}", f"{'all':14} {report['n']:6d} {percent(report['lf_accuracy'])} {percent(report['ex_accuracy'])}"]
+    for title, section in (("agg", "by_aggregation"), ("conds", "by_conditions")):
+        for name, row in report[section].items():
+            lines.append(f"{title + ' ' + name:14} {row['n']:6d} {percent(row['lf_accuracy'])} {percent(row['ex_accuracy'])}")
+    return "\n".join(lines)
