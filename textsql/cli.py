@@ -50,3 +50,14 @@ def evaluate(gold: str, pred: str, tables: str | None, ordered: bool, as_json: b
     if out:
         write_json(out, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+
+
+@cli.command()
+@click.option("--logdir", default="runs", show_default=True, type=click.Path(file_okay=False), help="Directory searched recursively for event files.")
+@click.option("--host", help="Address to bind [default: 127.0.0.1 on CML, else localhost].")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port [default: $CDSW_APP_PORT or $CDSW_READONLY_PORT on CML, else 6006; 0: any free port].")
+def tensorboard(logdir: str, host: str | None, port: int | None) -> None:
+    """Serve TensorBoard on the run's event files at the platform's address; prints the URL."""
+    from textsql.tensorboard import serve_forever
+
+    serve_forever(logdir, host=host, port=port)

@@ -1,0 +1,137 @@
+"""`textsql tensorboard` really serves, at CML's port when set; scalars come back from real event files."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from textsql.errors import TextSQLError
+from textsql.tensorboard import Address, platform_address, plot_scalars, read_scalars
+
+TEXTSQL = [str(Path(sys.executable).parent / "textsql")]
+
+
+def write_events(logdir: Path, losses: list[float], tag: str = "train/loss") -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(logdir)) as writer:
+        for step, loss in enumerate(losses, start=1):
+            writer.add_scalar(tag, loss, global_step=step)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def serve(logdir: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `textsql tensorboard` and return it with the URL it printed."""
+    process = subprocess.Popen(
+        [*TEXTSQL, "tensorboard", "--logdir", str(logdir), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + 120
+    for line in process.stdout:
+        match = re.search(r"(http://\S+/)", line)
+        if match:
+            return process, match.group(1)
+        if time.monotonic() > deadline:
+            break
+    process.kill()
+    raise AssertionError(f"tensorboard printed no URL (exit {process.wait()})")
+
+
+def wait_for_run(url: str, run: str) -> list:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = get_json(url + "data/runs")
+        if run in runs:
+            return runs
+        time.sleep(1)
+    raise AssertionError(f"run {run!r} never appeared at {url}data/runs (last: {runs})")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.slow
+def test_serves_event_files_on_a_free_port(tmp_path):
+    write_events(tmp_path / "train" / "tensorboard", [3.0, 2.0, 1.0])
+    process, url = serve(tmp_path, "--host", "127.0.0.1", "--port", "0")
+    try:
+        assert url.startswith("http://127.0.0.1:") and not url.startswith("http://127.0.0.1:6006/")
+        assert wait_for_run(url, "train/tensorboard") == ["train/tensorboard"]
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200 and b"<html" in response.read().lower()
+    finally:
+        stop(process)
+
+
+@pytest.mark.slow
+def test_binds_cml_application_port_on_loopback(tmp_path):
+    write_events(tmp_path / "run", [1.0])
+    port = free_port()
+    env = {"CDSW_APP_PORT": str(port), "CDSW_ENGINE_ID": "abc123", "CDSW_DOMAIN": "ml.example.com"}
+    process, url = serve(tmp_path, env=env)
+    try:
+        assert url == f"http://127.0.0.1:{port}/"
+        assert wait_for_run(url, "run") == ["run"]
+    finally:
+        stop(process)
+
+
+def test_platform_address_follows_cml_variables():
+    assert platform_address({}) == Address("localhost", 6006)
+    assert platform_address({"CDSW_READONLY_PORT": "8081", "CDSW_ENGINE_ID": "e1", "CDSW_DOMAIN": "cml.corp"}) == Address(
+        "127.0.0.1", 8081, "https://read-only-e1.cml.corp/"
+    )
+    both = {"CDSW_APP_PORT": "8100", "CDSW_READONLY_PORT": "8081"}
+    assert platform_address(both) == Address("127.0.0.1", 8100, None)
+    with pytest.raises(TextSQLError, match="CDSW_APP_PORT='x'.*--port"):
+        platform_address({"CDSW_APP_PORT": "x"})
+
+
+def test_reads_scalars_of_every_run(tmp_path):
+    write_events(tmp_path / "a", [4.0, 3.0, 2.5])
+    write_events(tmp_path / "b", [9.0], tag="eval/loss")
+    scalars = read_scalars(tmp_path)
+    assert scalars["a"]["train/loss"] == [(1, 4.0), (2, 3.0), (3, 2.5)]
+    assert scalars["b"] == {"eval/loss": [(1, 9.0)]}
+
+
+def test_plot_draws_one_line_per_run_and_tag(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    write_events(tmp_path, [4.0, 3.0, 2.0])
+    figure = plot_scalars(tmp_path)
+    (line,) = figure.axes[0].lines
+    assert list(line.get_ydata()) == [4.0, 3.0, 2.0]
+    with pytest.raises(TextSQLError, match="no eval/accuracy scalars"):
+        plot_scalars(tmp_path, tags=("eval/accuracy",))
+
+
+def test_missing_logdir_is_a_one_line_error(tmp_path):
+    with pytest.raises(TextSQLError, match="no TensorBoard directory"):
+        read_scalars(tmp_path / "missing")

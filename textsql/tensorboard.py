@@ -1,0 +1,152 @@
+"""TensorBoard at the platform's address, and the scalars of its event files for the notebooks' plots.
+
+On Cloudera Machine Learning, a session or application serves web UIs on ``localhost`` at the port
+in ``CDSW_APP_PORT`` (shown at ``https://<CDSW_ENGINE_ID>.<CDSW_DOMAIN>``) or ``CDSW_READONLY_PORT``
+(``https://read-only-<CDSW_ENGINE_ID>.<CDSW_DOMAIN>``); elsewhere TensorBoard's own default,
+``localhost:6006``. The training run writes its events under ``OUTPUT_DIR/tensorboard``; the
+notebooks read the same files through TensorBoard's own event multiplexer.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from textsql.errors import TextSQLError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST = "localhost"
+DEFAULT_PORT = 6006
+# CML serves these on loopback and proxies them to the browser.
+CML_HOST = "127.0.0.1"
+# (port variable, public URL prefix) in order of preference: TensorBoard is read-only, but a CML
+# application is given CDSW_APP_PORT, so that one wins where both are set.
+CML_PORTS = (("CDSW_APP_PORT", ""), ("CDSW_READONLY_PORT", "read-only-"))
+LOSS_TAGS = ("train/loss", "eval/loss")
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where TensorBoard binds, and the URL a person opens (a CML proxy URL where there is one)."""
+
+    host: str
+    port: int
+    public_url: str | None = None
+
+
+def platform_address(environ: Mapping[str, str] | None = None) -> Address:
+    """The address the platform expects a web UI on: CML's port variables, else localhost:6006.
+
+    :param environ: the environment to read (``os.environ`` when None).
+    :rtype: Address
+    """
+    environ = os.environ if environ is None else environ
+    for variable, prefix in CML_PORTS:
+        value = environ.get(variable)
+        if not value:
+            continue
+        if not value.isdigit() or not 0 < int(value) < 65536:
+            raise TextSQLError(f"{variable}={value!r} is not a port number; unset it or pass --port")
+        public_url = None
+        if environ.get("CDSW_ENGINE_ID") and environ.get("CDSW_DOMAIN"):
+            public_url = f"https://{prefix}{environ['CDSW_ENGINE_ID']}.{environ['CDSW_DOMAIN']}/"
+        return Address(CML_HOST, int(value), public_url)
+    return Address(DEFAULT_HOST, DEFAULT_PORT)
+
+
+def start(logdir: str | Path, host: str | None = None, port: int | None = None) -> str:
+    """Start TensorBoard in this process (a background thread) and return the URL it serves.
+
+    Usage::
+
+        >>> url = start("runs/demo/train/tensorboard")   # in a notebook: serves while the kernel runs
+
+    :param logdir: directory searched recursively for event files.
+    :param host: address to bind; the platform's when None.
+    :param port: port to bind (0: any free port); the platform's when None.
+    :rtype: str
+    """
+    from tensorboard import program
+
+    address = platform_address()
+    board = program.TensorBoard()
+    board.configure(
+        argv=[
+            "tensorboard",
+            "--logdir", str(Path(logdir).expanduser().resolve()),
+            "--host", host or address.host,
+            "--port", str(address.port if port is None else port),
+        ]
+    )
+    try:
+        url = board.launch()
+    except program.TensorBoardServerException as error:
+        raise TextSQLError(f"TensorBoard could not start: {error.msg}; pass another --port") from None
+    logger.info("TensorBoard serving %s at %s", logdir, url)
+    return url
+
+
+def serve_forever(logdir: str | Path, host: str | None = None, port: int | None = None) -> None:
+    """Start TensorBoard and block until interrupted (the ``textsql tensorboard`` command).
+
+    :param logdir: directory searched recursively for event files.
+    :param host: address to bind; the platform's when None.
+    :param port: port to bind; the platform's when None.
+    """
+    url = start(logdir, host=host, port=port)
+    public_url = platform_address().public_url if port is None else None
+    print(f"TensorBoard on {logdir}: {url}" + (f" (open {public_url})" if public_url else ""), flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+
+
+def read_scalars(logdir: str | Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Every scalar in the event files under a directory: ``{run: {tag: [(step, value), ...]}}``.
+
+    A run is a directory holding event files, named relative to ``logdir`` (``"."`` for the top).
+    A resumed run's later events replace the ones it rewound past, as TensorBoard shows them.
+
+    :param logdir: directory searched recursively for event files.
+    :rtype: dict
+    """
+    from tensorboard.backend.event_processing import event_accumulator, event_multiplexer
+
+    if not Path(logdir).is_dir():
+        raise TextSQLError(f"no TensorBoard directory at {str(logdir)!r}; pass the run's tensorboard/ folder")
+    multiplexer = event_multiplexer.EventMultiplexer(size_guidance={event_accumulator.SCALARS: 0})
+    multiplexer.AddRunsFromDirectory(str(logdir)).Reload()
+    return {
+        run: {tag: [(event.step, event.value) for event in multiplexer.Scalars(run, tag)] for tag in tags["scalars"]}
+        for run, tags in sorted(multiplexer.Runs().items())
+    }
+
+
+def plot_scalars(logdir: str | Path, tags: Iterable[str] = LOSS_TAGS):
+    """Plot the given scalar tags of every run under ``logdir`` against the step, one line per run and tag.
+
+    :param logdir: directory searched recursively for event files.
+    :param tags: the tags to draw (train and eval loss by default).
+    :rtype: matplotlib.figure.Figure
+    """
+    import matplotlib.pyplot as plt
+
+    scalars = read_scalars(logdir)
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for run, by_tag in scalars.items():
+        for tag in tags:
+            if by_tag.get(tag):
+                steps, values = zip(*by_tag[tag])
+                axes.plot(steps, values, marker="." if len(steps) < 30 else None, label=tag if run == "." else f"{run} {tag}")
+    if not axes.lines:
+        raise TextSQLError(f"no {', '.join(tags)} scalars under {str(logdir)!r}; has training logged a step yet?")
+    axes.set_xlabel("step")
+    axes.set_ylabel("value")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    return figure
