@@ -31,3 +31,19 @@ KNOWN_HOSTS_NAME = "known_hosts"
 SSH_CONFIG_NAME = "ssh_config"
 LAUNCH_LOG_NAME = "launch.log"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
+
+# WikiSQL as text for T5 (textsql.sql, textsql.data, textsql.prepare).
+# T5's SentencePiece vocabulary has no "<" (it encodes to <unk>), so the "less than" operator is
+# written as LT in the target text; "=" and ">" are in the vocabulary and stay as they are.
+COND_OP_TEXT = ("=", ">", "LT")
+SQL_TABLE_NAME = "table"
+# Model input forms: the question with the table's column headers (default), or the question alone.
+INPUT_FORMATS = ("schema", "question")
+SQL_TASK_PREFIX = "translate to SQL: "
+COLUMNS_MARKER = " columns: "
+COLUMN_SEPARATOR = " | "
+DEFAULT_MAX_SOURCE_LENGTH = 512
+DEFAULT_MAX_TARGET_LENGTH = 128
+PREPARE_JSON_NAME = "prepare.json"
+TABLES_DIR_NAME = "tables"
+LABEL_PAD_TOKEN_ID = -100
