@@ -1,0 +1,58 @@
+"""Names, limits and defaults of the worker side: environment variables the master passes to each
+agent, frame and field limits of the rendezvous protocol, timings.
+
+Shared names (ports, run-dir file names) live in textsql.constants; these are the worker's own.
+"""
+
+# Environment variables the master sets for every agent (never the token itself on a command line).
+ENV_RENDEZVOUS = "TEXTSQL_RENDEZVOUS"  # "HOST:PORT" of the master's rendezvous server
+ENV_TOKEN_FILE = "TEXTSQL_RENDEZVOUS_TOKEN_FILE"  # path of a file holding the per-run token
+ENV_TOKEN = "TEXTSQL_RENDEZVOUS_TOKEN"  # the token itself, for platforms without a shared filesystem
+ENV_CLIENT_PUBKEY = "TEXTSQL_CLIENT_PUBKEY"  # the run's ssh client public key, the only one sshd accepts
+ENV_SSH_PORT = "TEXTSQL_SSH_PORT"
+ENV_ADDRESS = "TEXTSQL_WORKER_ADDRESS"  # explicit address override
+ENV_SLOTS = "TEXTSQL_WORKER_SLOTS"
+ENV_POD = "TEXTSQL_WORKER_POD"  # the backend's name for this worker, reported back to find missing ones
+ENV_WORKER_DIR = "TEXTSQL_WORKER_DIR"  # where the agent keeps its sshd files
+ENV_DEADLINE = "TEXTSQL_REGISTER_DEADLINE"  # seconds the agent keeps retrying registration
+ENV_SSHD = "TEXTSQL_WORKER_SSHD"  # "0" runs register-only (no sshd), for benchmarks
+
+# Platform variables holding the pod's own address, tried in order.
+PLATFORM_ADDRESS_VARS = ("CDSW_IP_ADDRESS", "POD_IP")
+# Platform variables holding the pod's own name or id.
+PLATFORM_POD_VARS = ("CDSW_ENGINE_ID", "HOSTNAME")
+
+# Environment of the agent that remote ssh sessions (pdsh, DeepSpeed's launcher) inherit through
+# sshd's SetEnv, so a rank process sees the pod's interpreter, libraries and caches.
+FORWARDED_ENV = (
+    "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES", "HF_HOME", "TORCH_EXTENSIONS_DIR", "LANG", "LC_ALL",
+)
+
+# Rendezvous protocol limits.
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 16 * 1024  # a registration is a few hundred bytes; an ssh public key under 1 KiB
+READ_TIMEOUT_S = 10.0  # a whole frame must arrive within this, however slowly it drips
+HEARTBEAT_S = 5.0  # master -> worker keepalive on the held connection
+MASTER_GONE_AFTER_S = 3 * HEARTBEAT_S  # no frame for this long: the master is gone
+MAX_CONNECTIONS = 512  # connections handled at once; more are closed at accept
+MAX_SLOTS = 16  # GPUs per worker
+MAX_EXPECTED_WORKERS = 1024
+SSH_KEY_TYPES = (
+    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+)
+
+# Agent timings.
+REGISTER_DEADLINE_S = 600.0
+BACKOFF_START_S = 0.2
+BACKOFF_MAX_S = 5.0
+SSHD_START_TIMEOUT_S = 15.0
+STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this
+
+# Run-dir file names owned by the worker side (hostfile, known_hosts, ssh_config: textsql.constants).
+TOKEN_NAME = "rendezvous.token"
+IDENTITY_NAME = "id_ed25519"
+WORKERS_DIR_NAME = "workers"
+
+SSHD_PATH = "/usr/sbin/sshd"
+INSTALL_SSH_HINT = "install it with: apt-get install -y openssh-server openssh-client (or run `make setup`)"

@@ -1,0 +1,34 @@
+"""Writing run-dir files all at once: a reader sees the old file or the new one, never half of one."""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> Path:
+    """Write ``text`` to a temp file beside ``path`` with ``mode``, then rename it over ``path``.
+
+    The temp file is created with ``mode`` from the start, so a secret is never readable by others.
+
+    :param path: the final path.
+    :param text: the whole content.
+    :param mode: permission bits of the final file.
+    :rtype: pathlib.Path
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

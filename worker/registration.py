@@ -1,0 +1,172 @@
+"""What a worker reports about itself, and the checks every field passes before the master uses it."""
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import logging
+import re
+import struct
+from dataclasses import asdict, dataclass
+
+from textsql.errors import RendezvousError
+from worker.constants import MAX_SLOTS, SSH_KEY_TYPES
+
+logger = logging.getLogger(__name__)
+
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*")
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_POD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
+_MAX_KEY_CHARS = 4096
+
+
+class InvalidRegistration(RendezvousError):
+    """A registration field failed validation; the message names the field."""
+
+
+def check_address(value: object) -> str:
+    """The address in canonical form, if it is a unicast IPv4/IPv6 address a worker can listen on.
+
+    :param value: what the worker sent.
+    :rtype: str
+    """
+    try:
+        address = ipaddress.ip_address(value if isinstance(value, str) else "")
+    except ValueError:
+        raise InvalidRegistration(f"address {value!r} is not an IP address; pass --address with the pod's IP") from None
+    if address.is_unspecified or address.is_multicast:
+        raise InvalidRegistration(f"address {value!r} cannot be reached; pass the pod's own IP")
+    return str(address)
+
+
+def check_slots(value: object) -> int:
+    """Slot count (GPUs on the worker; 1 without GPUs).
+
+    :param value: what the worker sent.
+    :rtype: int
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SLOTS:
+        raise InvalidRegistration(f"slots {value!r} must be an integer from 1 to {MAX_SLOTS}; pass --slots")
+    return value
+
+
+def check_port(value: object) -> int:
+    """A TCP port, 1..65535.
+
+    :param value: what the worker sent.
+    :rtype: int
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidRegistration(f"ssh port {value!r} must be an integer from 1 to 65535; pass --ssh-port")
+    return value
+
+
+def check_hostname(value: object) -> str:
+    """A DNS-style hostname (letters, digits, ``-``, ``_``, dots).
+
+    :param value: what the worker sent.
+    :rtype: str
+    """
+    if not isinstance(value, str) or not _HOSTNAME.fullmatch(value):
+        raise InvalidRegistration(f"hostname {value!r} is not a valid hostname")
+    return value
+
+
+def check_host_key(value: object) -> str:
+    """An OpenSSH public key line ``TYPE BASE64 [comment]``, returned as ``TYPE BASE64``.
+
+    The base64 blob must decode and start with the same key type, as in a real key.
+
+    :param value: what the worker sent.
+    :rtype: str
+    """
+    if not isinstance(value, str) or len(value) > _MAX_KEY_CHARS or "\n" in value or "\r" in value:
+        raise InvalidRegistration("ssh host key must be one line 'TYPE BASE64' from the worker's sshd")
+    fields = value.split()
+    if len(fields) < 2 or fields[0] not in SSH_KEY_TYPES:
+        raise InvalidRegistration(f"ssh host key type {fields[0] if fields else ''!r} is not one of {', '.join(SSH_KEY_TYPES)}")
+    key_type, blob = fields[0], fields[1]
+    try:
+        raw = base64.b64decode(blob, validate=True)
+        (length,) = struct.unpack(">I", raw[:4])
+        embedded = raw[4:4 + length].decode("ascii")
+    except (binascii.Error, struct.error, UnicodeDecodeError):
+        raise InvalidRegistration("ssh host key blob is not a valid OpenSSH public key") from None
+    if embedded != key_type:
+        raise InvalidRegistration(f"ssh host key blob holds a {embedded!r} key but says {key_type!r}")
+    return f"{key_type} {blob}"
+
+
+def check_user(value: object) -> str:
+    """A POSIX login name.
+
+    :param value: what the worker sent.
+    :rtype: str
+    """
+    if not isinstance(value, str) or not _USER.fullmatch(value):
+        raise InvalidRegistration(f"user {value!r} is not a valid login name")
+    return value
+
+
+def check_pod(value: object) -> str:
+    """The platform's name or id for the worker (CML engine id, pod name, local-N).
+
+    :param value: what the worker sent.
+    :rtype: str
+    """
+    if not isinstance(value, str) or not _POD.fullmatch(value):
+        raise InvalidRegistration(f"pod {value!r} is not a valid pod name or id")
+    return value
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One worker, as it registered.
+
+    ``ssh_port`` and ``host_key`` come together or not at all: a register-only worker (no sshd,
+    used by benchmarks) goes in the hostfile but not in known_hosts or ssh_config.
+    """
+
+    address: str
+    slots: int
+    hostname: str
+    pod: str
+    ssh_port: int | None = None
+    host_key: str | None = None
+    user: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: object) -> "Registration":
+        """Validate every field of a received registration.
+
+        :param data: the ``worker`` object of a register message.
+        :rtype: Registration
+        :raises InvalidRegistration: naming the first bad field.
+        """
+        if not isinstance(data, dict):
+            raise InvalidRegistration("registration must be a JSON object")
+        unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__})
+        if unknown:
+            raise InvalidRegistration(f"unknown registration field {unknown[0]!r}")
+        for required in ("address", "slots", "hostname"):
+            if required not in data:
+                raise InvalidRegistration(f"registration lacks {required!r}")
+        if (data.get("ssh_port") is None) != (data.get("host_key") is None):
+            raise InvalidRegistration("ssh_port and host_key go together; pass both or neither")
+        hostname = check_hostname(data["hostname"])
+        return cls(
+            address=check_address(data["address"]),
+            slots=check_slots(data["slots"]),
+            hostname=hostname,
+            pod=check_pod(data.get("pod", hostname)),
+            ssh_port=None if data.get("ssh_port") is None else check_port(data["ssh_port"]),
+            host_key=None if data.get("host_key") is None else check_host_key(data["host_key"]),
+            user=None if data.get("user") is None else check_user(data["user"]),
+        )
+
+    def to_dict(self) -> dict:
+        """The registration as sent on the wire (None fields left out).
+
+        :rtype: dict
+        """
+        return {key: value for key, value in asdict(self).items() if value is not None}

@@ -1,0 +1,115 @@
+"""The files a run's ssh and DeepSpeed's launcher read: hostfile, known_hosts and ssh_config.
+
+They are built only from authenticated registrations, so ``StrictHostKeyChecking yes`` holds for
+every worker: no trust-on-first-use, no ``StrictHostKeyChecking no``.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from textsql.constants import HOSTFILE_NAME, KNOWN_HOSTS_NAME, SSH_CONFIG_NAME
+from worker.files import atomic_write
+from worker.hostfile import format_hostfile
+from worker.registration import Registration
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """Where one run's files live."""
+
+    hostfile: Path
+    known_hosts: Path
+    ssh_config: Path
+
+    @classmethod
+    def in_dir(cls, directory: Path) -> "RunFiles":
+        """The standard names inside ``directory``.
+
+        :param directory: the run dir (or the hostfile's directory).
+        :rtype: RunFiles
+        """
+        directory = Path(directory).resolve()
+        return cls(directory / HOSTFILE_NAME, directory / KNOWN_HOSTS_NAME, directory / SSH_CONFIG_NAME)
+
+
+def known_hosts_pattern(address: str, port: int) -> str:
+    """How OpenSSH names ``address:port`` in known_hosts: bare for port 22, ``[address]:port`` otherwise.
+
+    :param address: the worker's address.
+    :param port: its sshd port.
+    :rtype: str
+    """
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def format_known_hosts(workers: Sequence[Registration]) -> str:
+    """One known_hosts line per worker that runs sshd.
+
+    :param workers: registrations.
+    :rtype: str
+    """
+    return "".join(
+        f"{known_hosts_pattern(w.address, w.ssh_port)} {w.host_key}\n" for w in workers if w.host_key
+    )
+
+
+def _config_path(path: Path) -> str:
+    # ssh_config expands %-tokens in these paths and splits on spaces unless quoted.
+    return '"' + str(Path(path).resolve()).replace("%", "%%") + '"'
+
+
+def format_ssh_config(workers: Sequence[Registration], identity_file: Path | None, known_hosts: Path) -> str:
+    """An ssh_config with one ``Host`` block per worker that runs sshd.
+
+    Used as ``ssh -F ssh_config ADDRESS`` and by pdsh through ``PDSH_SSH_ARGS_APPEND="-F ssh_config"``.
+
+    :param workers: registrations.
+    :param identity_file: the run's private key (None: ssh's default identities).
+    :param known_hosts: the run's known_hosts file.
+    :rtype: str
+    """
+    blocks = []
+    for worker in workers:
+        if not worker.host_key:
+            continue
+        lines = [f"Host {worker.address}", f"    HostName {worker.address}", f"    Port {worker.ssh_port}"]
+        if worker.user:
+            lines.append(f"    User {worker.user}")
+        if identity_file is not None:
+            lines += [f"    IdentityFile {_config_path(identity_file)}", "    IdentitiesOnly yes"]
+        lines += [
+            f"    UserKnownHostsFile {_config_path(known_hosts)}",
+            "    GlobalKnownHostsFile /dev/null",
+            "    StrictHostKeyChecking yes",
+            "    CheckHostIP no",
+            "    BatchMode yes",
+            "    PasswordAuthentication no",
+            "    ConnectTimeout 10",
+            "    ServerAliveInterval 15",
+            "    LogLevel ERROR",
+        ]
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def write_run_files(files: RunFiles, workers: Sequence[Registration], identity_file: Path | None) -> RunFiles:
+    """Write known_hosts, ssh_config, then the hostfile (last: its presence means the run is ready).
+
+    Each file is written to a temp path and renamed; nothing is written if the hostfile would be invalid.
+
+    :param files: where to write.
+    :param workers: registrations in node-rank order.
+    :param identity_file: the run's private key, for ssh_config.
+    :rtype: RunFiles
+    """
+    hostfile_text = format_hostfile((w.address, w.slots) for w in workers)
+    atomic_write(files.known_hosts, format_known_hosts(workers))
+    atomic_write(files.ssh_config, format_ssh_config(workers, identity_file, files.known_hosts))
+    atomic_write(files.hostfile, hostfile_text)
+    logger.info("wrote %s (%d workers), %s and %s", files.hostfile, len(workers), files.known_hosts.name, files.ssh_config.name)
+    return files
