@@ -9,6 +9,7 @@ import logging
 
 import click
 
+from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
 from textsql.errors import TextSQLError
 
 
@@ -31,6 +32,23 @@ def cli(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+@cli.command()
+@click.option("--source", default="sample", show_default=True, help="sample (shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write: the tokenized DatasetDict, prepare.json, tables/.")
+@click.option("--model", help="Tokenizer: a model directory or hub id [default: the embedded T5].")
+@click.option("--input-format", type=click.Choice(INPUT_FORMATS), default=INPUT_FORMATS[0], show_default=True, help="Question with column names, or the question alone.")
+@click.option("--num-proc", type=click.IntRange(min=1), default=1, show_default=True, help="Tokenization processes.")
+@click.option("--max-source-length", type=click.IntRange(min=2), default=DEFAULT_MAX_SOURCE_LENGTH, show_default=True, help="Input tokens kept (longer inputs are truncated and counted).")
+@click.option("--max-target-length", type=click.IntRange(min=2), default=DEFAULT_MAX_TARGET_LENGTH, show_default=True, help="Target tokens kept (longer targets are truncated and counted).")
+@click.option("--limit", type=click.IntRange(min=1), help="Keep only the first N questions of each split.")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+def prepare(**options) -> None:
+    """Load WikiSQL, render SQL targets, tokenize for T5 and save the splits with save_to_disk."""
+    from textsql.prepare import PrepareArguments, format_summary, prepare as run_prepare
+
+    click.echo(format_summary(run_prepare(PrepareArguments(**options))))
 
 
 @cli.command()

@@ -1,0 +1,213 @@
+"""WikiSQL questions from any of its sources, as one record form, and the texts T5 reads and writes.
+
+Sources (``--source``):
+
+- ``sample`` (default): the real sample shipped in ``textsql/assets/wikisql_sample`` (see its NOTICE);
+- a directory in the original release layout: ``{train,dev,test}.jsonl`` and ``{stem}.tables.jsonl``;
+- ``hub``: ``Salesforce/wikisql`` at its parquet conversion (``refs/convert/parquet``), for connected machines.
+
+Every source yields, per split, records ``{"id", "table_id", "question", "header", "types", "rows",
+"sql": {"sel", "agg", "conds"}}`` and the tables those records use, in the release's table form
+(``id``, ``header``, ``types``, ``rows``, ...). Record ids are ``{split}-{line index}``, the same for
+every source holding the same release file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+from textsql.constants import (
+    AGG_OPS, COLUMN_SEPARATOR, COLUMNS_MARKER, COND_OPS, HUB_DATASET, HUB_REVISION, INPUT_FORMATS,
+    RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS, SQL_TASK_PREFIX,
+)
+from textsql.errors import DataError
+from textsql.sql import render_sql
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_SOURCE = "sample"
+HUB_SOURCE = "hub"
+_SOURCE_HELP = f"pass --source {SAMPLE_SOURCE}, --source {HUB_SOURCE}, or a directory holding {{train,dev,test}}.jsonl and {{train,dev,test}}.tables.jsonl"
+
+
+def load_split(source: str | Path = SAMPLE_SOURCE, split: str = "train", limit: int | None = None) -> tuple[list[dict], dict[str, dict]]:
+    """Load one split: its records and the tables they use.
+
+    Usage::
+
+        >>> records, tables = load_split("sample", "validation")
+        >>> records[1]["question"], records[1]["sql"]
+        ('How many schools did player number 3 play at?', {'sel': 5, 'conds': [[1, 0, '3']], 'agg': 3})
+
+    :param source: ``"sample"``, ``"hub"`` or a directory in the release layout.
+    :param split: one of ``train``, ``validation``, ``test``.
+    :param limit: keep only the first ``limit`` questions (``None`` keeps all).
+    :raises DataError: unknown source or split, a malformed line, a question whose table is missing.
+    :rtype: tuple[list[dict], dict[str, dict]]
+    """
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    if str(source) == HUB_SOURCE:
+        return records_from_hub(_load_hub_split(split), split, limit)
+    directory = SAMPLE_DATA_DIR if str(source) == SAMPLE_SOURCE else Path(source).expanduser()
+    if not directory.is_dir():
+        raise DataError(f"unknown source {str(source)!r} (not a directory); {_SOURCE_HELP}")
+    return _load_release_split(directory, split, limit)
+
+
+def load_records(source: str | Path = SAMPLE_SOURCE, split: str = "train", limit: int | None = None) -> list[dict]:
+    """The records of one split (see :func:`load_split`).
+
+    :rtype: list[dict]
+    """
+    return load_split(source, split, limit)[0]
+
+
+def load_tables(source: str | Path = SAMPLE_SOURCE, split: str = "train", limit: int | None = None) -> dict[str, dict]:
+    """The tables the records of one split use, by table id, in the release's table form (see :func:`load_split`).
+
+    :rtype: dict[str, dict]
+    """
+    return load_split(source, split, limit)[1]
+
+
+def source_text(question: str, header: list[str], input_format: str = "schema") -> str:
+    """The model's input: the question, with the table's column names unless ``input_format`` is ``question``.
+
+    Usage::
+
+        >>> source_text("How many schools?", ["No.", "School/Club Team"])
+        'translate to SQL: How many schools? columns: No. | School/Club Team'
+
+    :param question: the English question.
+    :param header: the table's column names.
+    :param input_format: ``schema`` (question and columns) or ``question`` (the seed's question-only form).
+    :rtype: str
+    """
+    if input_format not in INPUT_FORMATS:
+        raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
+    text = SQL_TASK_PREFIX + " ".join(question.split())
+    if input_format == "schema":
+        text += COLUMNS_MARKER + COLUMN_SEPARATOR.join(header)
+    return text
+
+
+def target_text(record: dict) -> str:
+    """The model's output for a record: its query as SQL text (:func:`textsql.sql.render_sql`).
+
+    :rtype: str
+    """
+    return render_sql(record["sql"], record["header"])
+
+
+def records_from_hub(rows: Iterable[dict], split: str, limit: int | None = None) -> tuple[list[dict], dict[str, dict]]:
+    """Normalise rows in the hub's schema (``table{...}``, ``sql{human_readable, sel, agg, conds{column_index,
+    operator_index, condition}}``) to records and tables.
+
+    :param rows: the rows of one split, e.g. a ``datasets.Dataset``.
+    :param split: the split name, used in record ids.
+    :param limit: keep only the first ``limit`` rows.
+    :rtype: tuple[list[dict], dict[str, dict]]
+    """
+    records, tables = [], {}
+    for index, row in enumerate(rows):
+        if limit is not None and index >= limit:
+            break
+        where = f"{HUB_DATASET} {split} row {index}"
+        table, sql = row["table"], row["sql"]
+        tables.setdefault(table["id"], _checked_table(dict(table), where))
+        conds = sql["conds"]
+        # datasets gives a Sequence of dicts as a dict of lists; accept a list of dicts as well.
+        if isinstance(conds, dict):
+            conds = [dict(zip(conds, values)) for values in zip(*conds.values())]
+        triples = [[cond["column_index"], cond["operator_index"], cond["condition"]] for cond in conds]
+        records.append(_record(split, index, row["question"], tables[table["id"]], {"sel": sql["sel"], "agg": sql["agg"], "conds": triples}, where))
+    return records, tables
+
+
+def _load_hub_split(split: str) -> Any:
+    import datasets
+
+    try:
+        return datasets.load_dataset(HUB_DATASET, revision=HUB_REVISION, split=split)
+    except (OSError, ValueError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise DataError(
+            f"cannot load {HUB_DATASET!r} at revision {HUB_REVISION!r} from the hub ({first_line}); "
+            f"on a machine without the hub pass --source {SAMPLE_SOURCE} or a directory with the release files"
+        ) from None
+
+
+def _load_release_split(directory: Path, split: str, limit: int | None) -> tuple[list[dict], dict[str, dict]]:
+    stem = RELEASE_SPLIT_FILES[split]
+    questions_path, tables_path = directory / f"{stem}.jsonl", directory / f"{stem}.tables.jsonl"
+    for path in (questions_path, tables_path):
+        if not path.is_file():
+            raise DataError(f"{str(path)!r} is missing; {_SOURCE_HELP}")
+    all_tables = {}
+    for where, line in _json_lines(tables_path):
+        table = _checked_table(line, where)
+        all_tables[table["id"]] = table
+    records, tables = [], {}
+    for index, (where, line) in enumerate(_json_lines(questions_path, limit)):
+        if not isinstance(line, dict) or not {"table_id", "question", "sql"} <= line.keys():
+            raise DataError(f"{where}: a question needs table_id, question and sql; fix or remove the line")
+        table = all_tables.get(line["table_id"])
+        if table is None:
+            raise DataError(f"{where}: table {line['table_id']!r} is not in {str(tables_path)!r}; add the table there or remove the question")
+        tables[table["id"]] = table
+        records.append(_record(split, index, line["question"], table, line["sql"], where))
+    return records, tables
+
+
+def _json_lines(path: Path, limit: int | None = None) -> Iterable[tuple[str, Any]]:
+    """(``file:line``, parsed JSON) of each non-blank line; a line that is not JSON is a DataError."""
+    count = 0
+    with open(path, encoding="utf-8") as lines:
+        for number, text in enumerate(lines, 1):
+            if limit is not None and count >= limit:
+                return
+            if not text.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                yield where, json.loads(text)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{where}: not a JSON object ({error.msg} at column {error.colno}); fix or remove the line") from None
+            count += 1
+
+
+def _checked_table(table: Any, where: str) -> dict:
+    """A table in the release form, with types (default text) and rows (default empty) filled in."""
+    header = table.get("header") if isinstance(table, dict) else None
+    if not isinstance(header, list) or not all(isinstance(name, str) for name in header) or not isinstance(table.get("id"), str):
+        raise DataError(f"{where}: a table needs an id and a header (a list of column names); fix or remove the line")
+    table["types"] = list(table.get("types") or ["text"] * len(header))
+    table["rows"] = list(table.get("rows") or [])
+    if len(table["types"]) != len(header):
+        raise DataError(f"{where}: table {table['id']!r} has {len(header)} columns but {len(table['types'])} types; fix its types")
+    return table
+
+
+def _record(split: str, index: int, question: Any, table: dict, sql: Any, where: str) -> dict:
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: the question is empty or not text; fix or remove the line")
+    return {
+        "id": f"{split}-{index}", "table_id": table["id"], "question": question, "header": table["header"],
+        "types": table["types"], "rows": table["rows"], "sql": _checked_sql(sql, len(table["header"]), where),
+    }
+
+
+def _checked_sql(sql: Any, columns: int, where: str) -> dict:
+    """The query as ``{sel, agg, conds}`` with its indices checked against the table's width."""
+    try:
+        sel, agg, conds = int(sql["sel"]), int(sql["agg"]), [[int(col), int(op), value] for col, op, value in sql["conds"]]
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"{where}: sql must be {{\"sel\": int, \"agg\": int, \"conds\": [[col, op, value], ...]}}; fix the line") from None
+    if not 0 <= sel < columns or not all(0 <= col < columns for col, _, _ in conds):
+        raise DataError(f"{where}: sql refers to a column outside its table's {columns} columns; fix the line or the table's header")
+    if not 0 <= agg < len(AGG_OPS) or not all(0 <= op < len(COND_OPS) for _, op, _ in conds):
+        raise DataError(f"{where}: sql has an aggregation outside 0..{len(AGG_OPS) - 1} or an operator outside 0..{len(COND_OPS) - 1}; fix the line")
+    return {"sel": sel, "conds": conds, "agg": agg}

@@ -1,0 +1,203 @@
+"""Tokenize WikiSQL for T5 and save it where training and inference read it (``textsql prepare``).
+
+The output directory holds a ``datasets.DatasetDict`` (``save_to_disk``) with the splits train,
+validation and test and the columns id, table_id, question, header, sql (JSON), target (SQL text),
+source_text (model input), input_ids, attention_mask and labels, unpadded: batches are padded at
+train time by ``transformers.DataCollatorForSeq2Seq(label_pad_token_id=-100)``. Beside it,
+``prepare.json`` records the source, counts, token length percentiles, truncation counts, tokenizer
+and input format, and ``tables/{split}.tables.jsonl`` the tables in the release form (for execution
+accuracy). Everything is written to a temporary directory beside ``--out`` and renamed into place,
+so a failed run leaves nothing half-written.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy
+from datasets import Dataset, DatasetDict, Features, List, Value
+from transformers import PreTrainedTokenizerBase
+
+from textsql.constants import (
+    DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME, SPLITS, TABLES_DIR_NAME,
+)
+from textsql.data import SAMPLE_SOURCE, load_split, source_text, target_text
+from textsql.errors import DataError
+from textsql.model import load_tokenizer, resolve_model
+
+logger = logging.getLogger(__name__)
+
+PERCENTILES = (50, 90, 95, 99)
+TEXT_FEATURES = Features({
+    "id": Value("string"), "table_id": Value("string"), "question": Value("string"), "header": List(Value("string")),
+    "sql": Value("string"), "target": Value("string"), "source_text": Value("string"),
+})
+# Untruncated token counts, kept only until the statistics are taken.
+LENGTH_COLUMNS = ("source_length", "target_length")
+
+
+@dataclass
+class PrepareArguments:
+    """What ``textsql prepare`` reads, how it tokenizes, and where it writes."""
+
+    out: str = field(metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."})
+    source: str = field(default=SAMPLE_SOURCE, metadata={"help": "sample (the shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."})
+    model: str | None = field(default=None, metadata={"help": "Tokenizer to use: a model directory or hub id (default: the embedded T5)."})
+    input_format: str = field(default="schema", metadata={"help": "schema: the question and the table's column names; question: the question alone."})
+    num_proc: int = field(default=1, metadata={"help": "Processes for tokenization (datasets map num_proc)."})
+    max_source_length: int = field(default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (longer ones are truncated and counted)."})
+    max_target_length: int = field(default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Target tokens kept per query (longer ones are truncated and counted)."})
+    limit: int | None = field(default=None, metadata={"help": "Keep only the first N questions of each split (quick runs)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace --out if it exists."})
+
+    def __post_init__(self) -> None:
+        if not str(self.out).strip():
+            raise DataError("no output directory; pass --out DIR")
+        if self.input_format not in INPUT_FORMATS:
+            raise DataError(f"unknown input format {self.input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
+        if self.num_proc < 1:
+            raise DataError(f"num_proc must be at least 1, got {self.num_proc!r}; pass --num-proc 1 or more")
+        for name in ("max_source_length", "max_target_length"):
+            if getattr(self, name) < 2:
+                raise DataError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)!r}; pass --{name.replace('_', '-')} N")
+        if self.limit is not None and self.limit < 1:
+            raise DataError(f"limit must be at least 1, got {self.limit!r}; pass --limit N or leave it out")
+
+
+def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
+    """Load, tokenize and save WikiSQL; return the summary also written to ``prepare.json``.
+
+    Usage::
+
+        >>> summary = prepare(out="runs/data", limit=50)          # doctest: +SKIP
+        >>> summary["counts"]                                      # doctest: +SKIP
+        {'train': 50, 'validation': 50, 'test': 50}
+
+    :param arguments: a :class:`PrepareArguments`; or pass its fields as keyword ``options``.
+    :raises DataError: bad input data, an unknown source, or ``out`` existing without ``overwrite``.
+    :raises ModelError: the tokenizer cannot be loaded.
+    :rtype: dict
+    """
+    arguments = arguments or PrepareArguments(**options)
+    started = time.perf_counter()
+    out = Path(arguments.out).expanduser().resolve()
+    if out.exists() and not arguments.overwrite:
+        raise DataError(f"{str(out)!r} already exists; pass --overwrite to replace it or choose another --out")
+    tokenizer = load_tokenizer(arguments.model)
+    loaded = {split: load_split(arguments.source, split, arguments.limit) for split in SPLITS}
+    texts = DatasetDict({
+        split: Dataset.from_list([_text_row(record, arguments.input_format) for record in records], features=TEXT_FEATURES)
+        for split, (records, _) in loaded.items()
+    })
+    tokenized = texts.map(
+        partial(_tokenize, tokenizer=tokenizer, max_source_length=arguments.max_source_length, max_target_length=arguments.max_target_length),
+        batched=True, num_proc=arguments.num_proc if arguments.num_proc > 1 else None, desc="Tokenizing",
+    )
+    summary = {
+        "source": arguments.source if arguments.source in (SAMPLE_SOURCE, "hub") else str(Path(arguments.source).resolve()),
+        "tokenizer": "default" if arguments.model in (None, "", "default") else resolve_model(arguments.model),
+        "input_format": arguments.input_format,
+        "counts": {split: len(tokenized[split]) for split in SPLITS},
+        "tables": {split: len(tables) for split, (_, tables) in loaded.items()},
+        **_length_statistics(tokenized, arguments),
+        "arguments": asdict(arguments),
+    }
+    tokenized = tokenized.remove_columns(list(LENGTH_COLUMNS))
+    summary["seconds"] = round(time.perf_counter() - started, 2)
+    _write(out, tokenized, {split: tables for split, (_, tables) in loaded.items()}, summary, arguments.overwrite)
+    logger.info("wrote %s in %.1fs", out, summary["seconds"])
+    return {**summary, "out": str(out)}
+
+
+def format_summary(summary: dict) -> str:
+    """A few lines for the terminal: where it wrote, and per split the counts, lengths and truncation.
+
+    :param summary: what :func:`prepare` returned.
+    :rtype: str
+    """
+    lines = [f"wrote {summary['out']} ({summary['input_format']} input, tokenizer {summary['tokenizer']}, {summary['seconds']}s)"]
+    for split in SPLITS:
+        source, target, truncated = summary["source_length"][split], summary["target_length"][split], summary["truncated"][split]
+        lines.append(
+            f"  {split}: {summary['counts'][split]} questions, {summary['tables'][split]} tables; "
+            f"source tokens p50/p95/max {source['p50']}/{source['p95']}/{source['max']} ({truncated['source']} truncated), "
+            f"target tokens {target['p50']}/{target['p95']}/{target['max']} ({truncated['target']} truncated)"
+        )
+    return "\n".join(lines)
+
+
+def _text_row(record: dict, input_format: str) -> dict:
+    return {
+        "id": record["id"], "table_id": record["table_id"], "question": record["question"], "header": record["header"],
+        "sql": json.dumps(record["sql"]), "target": target_text(record), "source_text": source_text(record["question"], record["header"], input_format),
+    }
+
+
+def _tokenize(batch: dict, *, tokenizer: PreTrainedTokenizerBase, max_source_length: int, max_target_length: int) -> dict:
+    """Token ids of a batch, cut to the maximum lengths; the untruncated lengths come along for the statistics.
+
+    One untruncated pass gives both the lengths and the ids: cutting ``ids[:n - 1] + [</s>]`` is what
+    the T5 tokenizer's own ``truncation=True, max_length=n`` produces (a test checks they agree).
+    """
+    sources = tokenizer(batch["source_text"])["input_ids"]
+    targets = tokenizer(text_target=batch["target"])["input_ids"]
+    input_ids = [_truncate(ids, max_source_length) for ids in sources]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": [[1] * len(ids) for ids in input_ids],
+        "labels": [_truncate(ids, max_target_length) for ids in targets],
+        "source_length": [len(ids) for ids in sources],
+        "target_length": [len(ids) for ids in targets],
+    }
+
+
+def _truncate(ids: list[int], max_length: int) -> list[int]:
+    # T5 appends one special token (</s>); keep it last, as the tokenizer's own truncation does.
+    return ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:]
+
+
+def _length_statistics(tokenized: DatasetDict, arguments: PrepareArguments) -> dict:
+    """Percentiles of untruncated token lengths and how many questions were truncated, per split."""
+    limits = {"source_length": arguments.max_source_length, "target_length": arguments.max_target_length}
+    statistics: dict = {"source_length": {}, "target_length": {}, "truncated": {}}
+    for split in SPLITS:
+        truncated = {}
+        for column, limit in limits.items():
+            lengths = numpy.asarray(tokenized[split][column], dtype=numpy.int64)
+            if len(lengths) == 0:
+                statistics[column][split] = {**{f"p{p}": 0 for p in PERCENTILES}, "max": 0}
+            else:
+                statistics[column][split] = {**{f"p{p}": int(numpy.percentile(lengths, p)) for p in PERCENTILES}, "max": int(lengths.max())}
+            truncated[column.removesuffix("_length")] = int((lengths > limit).sum())
+        statistics["truncated"][split] = truncated
+    return statistics
+
+
+def _write(out: Path, tokenized: DatasetDict, tables: dict[str, dict], summary: dict, overwrite: bool) -> None:
+    """Write everything beside ``out`` and rename it into place (replacing ``out`` only with ``overwrite``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary shared directory
+        tokenized.save_to_disk(str(staging))
+        (staging / TABLES_DIR_NAME).mkdir()
+        for split, split_tables in tables.items():
+            lines = "".join(json.dumps(table) + "\n" for table in split_tables.values())
+            (staging / TABLES_DIR_NAME / f"{split}.tables.jsonl").write_text(lines)
+        (staging / PREPARE_JSON_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+        if out.exists() and overwrite:
+            previous = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+            out.rename(previous / out.name)
+            staging.rename(out)
+            shutil.rmtree(previous)
+        else:
+            staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
