@@ -79,3 +79,16 @@ def tensorboard(logdir: str, host: str | None, port: int | None) -> None:
     from textsql.tensorboard import serve_forever
 
     serve_forever(logdir, host=host, port=port)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def train(args: tuple[str, ...]) -> None:
+    """Fine-tune in this one process (`--help` lists the flags); `textsql launch` runs it on every rank.
+
+    The flags are those of `python -m textsql.train`: HfArgumentParser over the model, data and run
+    arguments plus Seq2SeqTrainingArguments, parsed strictly.
+    """
+    from textsql.train import main
+
+    raise SystemExit(main(list(args)))

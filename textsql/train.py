@@ -1,0 +1,431 @@
+"""Fine-tune T5 for text-to-SQL with DeepSpeed: the program every rank runs.
+
+``deepspeed ... --module textsql.train --profile zero3 --data_dir DATA --output_dir RUN`` (through
+``textsql launch``) or, for one process, ``textsql train ...``. The order follows HuggingFace's
+``run_translation.py``: parse → logging → output directory and checkpoint → seed → data → tokenizer
+and model → collator → metric → ``Seq2SeqTrainer`` → train → evaluate → export.
+
+The same code runs on GPUs and on a CPU-only machine: there DeepSpeed picks its CPU accelerator, and
+the distributed state is built with gloo *before* the training arguments (see
+:func:`init_distributed`), otherwise transformers computes a world size of 1 and fails DeepSpeed's
+batch-size check, or silently trains with plain DDP instead of a DeepSpeed engine.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+import transformers
+from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
+from transformers.trainer_utils import EvalPrediction, sort_checkpoints
+
+from textsql.errors import DataError, LaunchError, ModelError, TextSQLError
+from textsql.model import load_model, load_tokenizer
+from textsql.profiles import load_profile
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
+LABEL_PAD_TOKEN_ID = -100
+MODEL_SUBDIR = "model"
+TENSORBOARD_SUBDIR = "tensorboard"
+SUMMARY_FILE = "run.json"
+# The pieces of a checkpoint written last by the trainer and by DeepSpeed: a checkpoint without them
+# was cut off while saving and cannot be resumed.
+TRAINER_STATE_FILE = "trainer_state.json"
+DEEPSPEED_LATEST_FILE = "latest"
+# Trainer flags this program sets itself, and the flag to use instead.
+REPLACED_FLAGS = {"deepspeed": "--profile", "bf16": "--precision bf16", "fp16": "--precision fp16", "resume_from_checkpoint": "--resume"}
+# Defaults that differ from Seq2SeqTrainingArguments' own, for this task (every one can be overridden).
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "report_to": "tensorboard",
+    "predict_with_generate": True,
+    "generation_max_length": 64,
+    "learning_rate": 1e-3,
+    "eval_strategy": "steps",
+    "eval_steps": 50,
+    "save_steps": 50,
+    "save_total_limit": 2,
+    "logging_steps": 10,
+    "train_sampling_strategy": "group_by_length",
+}
+
+
+@dataclass
+class ModelArguments:
+    """Which model to fine-tune, and in which precision."""
+
+    model: str = field(
+        default="default",
+        metadata={"help": "Model to fine-tune: a hub id (t5-small), a local directory, or 'default' for the embedded small T5."},
+    )
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto (bf16 where the GPU supports it, else fp32), bf16, fp16 or fp32.", "choices": PRECISIONS},
+    )
+    force_fp16: bool = field(
+        default=False,
+        metadata={"help": "Allow --precision fp16 although T5 overflows in fp16 (inf/NaN losses)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ModelError(f"unknown precision {self.precision!r}; pass --precision one of {', '.join(PRECISIONS)}")
+        if self.precision == "fp16" and not self.force_fp16:
+            raise ModelError(
+                "T5 overflows in fp16 (inf/NaN loss); pass --precision bf16 or fp32, or add --force_fp16 true to insist"
+            )
+
+
+@dataclass
+class DataArguments:
+    """The prepared dataset (``textsql prepare --out DIR``) and how much of it to use."""
+
+    data_dir: str | None = field(default=None, metadata={"help": "Prepared dataset directory written by `textsql prepare --out DIR`."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples only."})
+    max_eval_samples: int = field(
+        default=64,
+        metadata={"help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."},
+    )
+    pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            raise DataError("no dataset given; pass --data_dir DIR written by `textsql prepare --out DIR`")
+
+
+@dataclass
+class RunArguments:
+    """The DeepSpeed profile and what to do with an existing output directory."""
+
+    profile: str = field(default="zero2", metadata={"help": "DeepSpeed profile: zero0, zero1, zero2, zero3, zero3_offload, or a .json path."})
+    overlay: list[str] = field(default_factory=list, metadata={"help": "Overlays merged onto the profile, e.g. flops_profiler."})
+    resume: str | None = field(
+        default=None,
+        metadata={"help": "'auto' continues from the newest complete checkpoint in --output_dir (fresh start if none); or a checkpoint path."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Delete the checkpoints and model/ of a previous run in --output_dir before training."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite_output_dir:
+            raise LaunchError("--resume and --overwrite_output_dir contradict each other; pass only one")
+
+
+class _StrictParser(HfArgumentParser):
+    """HfArgumentParser whose errors are one line (a LaunchError) instead of the full usage text."""
+
+    def error(self, message: str):
+        raise LaunchError(f"{message.rstrip('.')}; see `textsql train --help`")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train, evaluate and export; the entry point of ``python -m textsql.train`` on every rank.
+
+    :param argv: command-line arguments (``sys.argv[1:]`` when ``None``).
+    :rtype: int
+    """
+    model_args, data_args, run_args, training_args = parse_arguments(argv)
+    _configure_logging(training_args)
+    logger.warning(
+        "rank %d/%d (local %d) on %s: profile %s, precision %s",
+        training_args.process_index, training_args.world_size, training_args.local_process_index,
+        training_args.device, run_args.profile, model_args.precision,
+    )
+    checkpoint = prepare_output_dir(training_args, run_args)
+    set_seed(training_args.seed)
+
+    splits = load_prepared(data_args)
+    tokenizer = load_tokenizer(model_args.model)
+    model = load_model(model_args.model)
+    # T5's forward takes **kwargs but averages its loss itself, ignoring num_items_in_batch; left to
+    # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
+    model.accepts_loss_kwargs = False
+    collator = DataCollatorForSeq2Seq(
+        tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=splits["train"],
+        eval_dataset=splits.get("validation"),
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=exact_match_metric(tokenizer) if training_args.predict_with_generate else None,
+    )
+
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+    if "validation" in splits:
+        metrics = trainer.evaluate(metric_key_prefix="eval")
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+
+    export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR)
+    if trainer.is_world_process_zero():
+        _write_summary(trainer, model_args, run_args, checkpoint)
+    return 0
+
+
+def parse_arguments(argv: list[str] | None = None):
+    """Parse the command line strictly and build the training arguments on a DeepSpeed state.
+
+    Typos and unknown flags fail (no abbreviations); booleans take ``true``/``false``. The profile
+    becomes the ``deepspeed`` config and ``--precision`` sets ``bf16``/``fp16``, so those two
+    trainer flags are refused here to keep one way of saying each thing.
+
+    :rtype: tuple[ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments]
+    """
+    parser = _StrictParser(
+        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments), prog="textsql train", allow_abbrev=False
+    )
+    parser.set_defaults(**TRAINING_DEFAULTS)
+    namespace, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if unknown:
+        raise LaunchError(f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`")
+    values = vars(namespace)
+    model_args, data_args, run_args = (_build(cls, values) for cls in (ModelArguments, DataArguments, RunArguments))
+    for flag, replacement in REPLACED_FLAGS.items():
+        if values[flag]:
+            raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
+    if values["output_dir"] is None:
+        raise LaunchError("no output directory; pass --output_dir DIR")
+
+    precision = resolve_precision(model_args.precision)
+    model_args.precision = precision
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(values["output_dir"]) / TENSORBOARD_SUBDIR))
+    init_distributed(timedelta(seconds=values["ddp_timeout"]))
+    training_args = _build(
+        Seq2SeqTrainingArguments,
+        values,
+        deepspeed=load_profile(run_args.profile, run_args.overlay),
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        accelerator_config={"use_configured_state": True},
+    )
+    return model_args, data_args, run_args, training_args
+
+
+def resolve_precision(precision: str) -> str:
+    """Turn ``auto`` into ``bf16`` where the GPU supports it, else ``fp32``; other values pass through.
+
+    :rtype: str
+    """
+    if precision != "auto":
+        return precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def init_distributed(timeout: timedelta) -> None:
+    """Create accelerate's shared distributed state for DeepSpeed before the training arguments exist.
+
+    Under the DeepSpeed launcher the rank variables are already set; a lone process (``textsql
+    train``) gets a world of one on a free local port. Without a GPU the backend is gloo.
+    """
+    from accelerate import PartialState
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    if "LOCAL_RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    backend = None if torch.cuda.is_available() else "gloo"
+    PartialState(backend=backend, timeout=timeout)
+
+
+def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -> str | None:
+    """Prepare the output directory on the saving rank, make the others wait, and pick the checkpoint.
+
+    A previous run's checkpoints or model are never deleted unless ``--overwrite_output_dir`` asks;
+    without it (and without ``--resume``) such a directory is refused.
+
+    :returns: the checkpoint to resume from, or ``None`` for a fresh start.
+    :rtype: str | None
+    """
+    from accelerate import PartialState
+
+    output = Path(args.output_dir)
+    if args.should_save:
+        _prepare_on_saving_rank(output, run_args)
+    PartialState().wait_for_everyone()
+    if not run_args.resume:
+        return None
+    if run_args.resume != "auto":
+        if not is_complete_checkpoint(Path(run_args.resume)):
+            raise LaunchError(f"{run_args.resume!r} is not a complete checkpoint; pass --resume auto or another checkpoint-N directory")
+        return run_args.resume
+    checkpoint = newest_complete_checkpoint(output)
+    if checkpoint is None:
+        logger.info("no complete checkpoint in %s: starting fresh", output)
+    return checkpoint
+
+
+def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
+    previous = [*output.glob("checkpoint-*"), output / MODEL_SUBDIR] if output.is_dir() else []
+    previous = [path for path in previous if path.exists()]
+    if previous and not run_args.resume:
+        if not run_args.overwrite_output_dir:
+            raise LaunchError(
+                f"output directory {str(output)!r} holds a previous run ({previous[0].name}); "
+                "pass --resume auto to continue it, --overwrite_output_dir true to replace it, or another --output_dir"
+            )
+        for path in previous:
+            logger.warning("deleting %s of a previous run (--overwrite_output_dir)", path)
+            shutil.rmtree(path)
+    output.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(_staging(output / MODEL_SUBDIR), ignore_errors=True)
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """Whether a ``checkpoint-N`` directory was written to the end (trainer state and DeepSpeed tag).
+
+    :rtype: bool
+    """
+    latest = path / DEEPSPEED_LATEST_FILE
+    return (path / TRAINER_STATE_FILE).is_file() and latest.is_file() and (path / latest.read_text().strip()).is_dir()
+
+
+def newest_complete_checkpoint(output: Path) -> str | None:
+    """The highest-step complete checkpoint in ``output``, skipping ones cut off while saving.
+
+    :rtype: str | None
+    """
+    if not output.is_dir():
+        return None
+    for checkpoint in reversed(sort_checkpoints(str(output))):
+        if is_complete_checkpoint(Path(checkpoint)):
+            return checkpoint
+        logger.warning("skipping incomplete checkpoint %s", checkpoint)
+    return None
+
+
+def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
+    """Load the prepared dataset and keep only the model's columns (padding happens per batch).
+
+    :rtype: datasets.DatasetDict
+    """
+    try:
+        loaded = datasets.load_from_disk(data_args.data_dir)
+    except (FileNotFoundError, ValueError) as error:
+        raise DataError(f"cannot load a prepared dataset from {data_args.data_dir!r} ({error}); run `textsql prepare --out DIR` first") from None
+    if not isinstance(loaded, datasets.DatasetDict) or "train" not in loaded:
+        raise DataError(f"{data_args.data_dir!r} has no train split; run `textsql prepare --out DIR` first")
+    missing = [column for column in MODEL_COLUMNS if column not in loaded["train"].column_names]
+    if missing:
+        raise DataError(f"{data_args.data_dir!r} lacks columns {missing}; run `textsql prepare --out DIR` again")
+    splits = datasets.DatasetDict()
+    splits["train"] = _first(loaded["train"], data_args.max_train_samples).select_columns(list(MODEL_COLUMNS))
+    if "validation" in loaded and len(loaded["validation"]):
+        splits["validation"] = _first(loaded["validation"], data_args.max_eval_samples).select_columns(list(MODEL_COLUMNS))
+    return splits
+
+
+def exact_match_metric(tokenizer):
+    """A ``compute_metrics`` closure: the share of generated queries equal to the target text."""
+
+    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
+        predicted = _decode(tokenizer, prediction.predictions)
+        expected = _decode(tokenizer, prediction.label_ids)
+        return {"exact_match": float(np.mean([p == e for p, e in zip(predicted, expected)]))}
+
+    return compute_metrics
+
+
+def export_model(trainer: Seq2SeqTrainer, target: Path) -> None:
+    """Write a consolidated HuggingFace model directory (weights, config, tokenizer, generation config).
+
+    Every rank takes part (ZeRO-3 gathers its shards); the world's main process writes to a staging
+    directory and renames it, so a crash never leaves a half-written ``model/``.
+    """
+    staging = _staging(target)
+    trainer.save_model(str(staging))
+    if trainer.is_world_process_zero():
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+        logger.info("model written to %s", target)
+    trainer.accelerator.wait_for_everyone()
+
+
+def _write_summary(trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args: RunArguments, checkpoint: str | None) -> None:
+    engine = trainer.model_wrapped
+    summary = {
+        "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
+        "zero_stage": getattr(engine, "zero_optimization_stage", lambda: None)(),
+        "world_size": trainer.args.world_size,
+        "profile": run_args.profile,
+        "precision": model_args.precision,
+        "model": model_args.model,
+        "resumed_from": checkpoint,
+        "global_step": trainer.state.global_step,
+        "log_history": trainer.state.log_history,
+    }
+    path = Path(trainer.args.output_dir) / SUMMARY_FILE
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps(summary, indent=2))
+    staging.replace(path)
+
+
+def _build(cls, values: dict[str, Any], **overrides):
+    """Instantiate one argument dataclass from the parsed namespace (as HfArgumentParser does)."""
+    return cls(**{f.name: values[f.name] for f in fields(cls) if f.init} | overrides)
+
+
+def _suggestion(parser: HfArgumentParser, argument: str) -> str:
+    flags = [option for action in parser._actions for option in action.option_strings]
+    close = difflib.get_close_matches(argument.split("=", 1)[0], flags, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _configure_logging(args: Seq2SeqTrainingArguments) -> None:
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)]
+    )
+    level = args.get_process_log_level()
+    logging.getLogger("textsql").setLevel(level)
+    datasets.utils.logging.set_verbosity(level)
+    transformers.utils.logging.set_verbosity(level)
+
+
+def _decode(tokenizer, ids: np.ndarray) -> list[str]:
+    ids = np.where(ids == LABEL_PAD_TOKEN_ID, tokenizer.pad_token_id, ids)
+    return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+def _first(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
+    return dataset if count is None or count >= len(dataset) else dataset.select(range(count))
+
+
+def _staging(path: Path) -> Path:
+    return path.with_name(path.name + ".partial")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except TextSQLError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        sys.exit(1)
