@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import getpass
 import ipaddress
 import logging
 import re
+import socket
 import struct
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from textsql.errors import RendezvousError
 from worker.constants import MAX_SLOTS, SSH_KEY_TYPES
@@ -170,3 +173,23 @@ class Registration:
         :rtype: dict
         """
         return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+def registration_from_options(address: str, slots: int, ssh_port: int | None = None,
+                              ssh_host_key_file: str | None = None, pod: str | None = None) -> Registration:
+    """A registration for this host from command-line values (``textsql rendezvous register``).
+
+    :param address: the worker's address.
+    :param slots: its slot count.
+    :param ssh_port: its sshd port (with ``ssh_host_key_file``).
+    :param ssh_host_key_file: its sshd host public key file.
+    :param pod: the platform's name for this worker (default: its address).
+    :rtype: Registration
+    """
+    if (ssh_port is None) != (ssh_host_key_file is None):
+        raise InvalidRegistration("--ssh-port and --ssh-host-key-file go together; pass both or neither")
+    host_key = Path(ssh_host_key_file).read_text(encoding="utf-8").strip() if ssh_host_key_file else None
+    return Registration.from_dict({
+        "address": address, "slots": slots, "hostname": socket.gethostname(), "pod": pod or address,
+        "ssh_port": ssh_port, "host_key": host_key, "user": getpass.getuser(),
+    })

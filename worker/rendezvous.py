@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import random
 import secrets
 import selectors
 import socket
@@ -32,8 +33,12 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from textsql.constants import DEFAULT_RENDEZVOUS_PORT
 from textsql.errors import RendezvousError
 from worker.constants import (
+    IDENTITY_NAME,
+    BACKOFF_MAX_S,
+    BACKOFF_START_S,
     HEARTBEAT_S,
     MASTER_GONE_AFTER_S,
     MAX_CONNECTIONS,
@@ -144,8 +149,12 @@ class _Handler(socketserver.StreamRequestHandler):
                         send_frame(self.connection, {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)})
                         return
                     if self.connection in ready:
-                        # A registered worker sends nothing more: readable means it closed (or misbehaved).
-                        raise FrameError("the worker closed its connection")
+                        # A held worker sends one thing only: "detach" (registered, not holding on).
+                        # Anything else, or a close, means it is gone.
+                        if recv_frame(self.connection, timeout=self.server.read_timeout).get("type") == "detach":
+                            logger.info("worker %s detached; its registration stays", registration.address)
+                            return
+                        raise FrameError("the worker sent something other than detach")
                     send_frame(self.connection, {"type": "heartbeat"})
                 except FrameError as error:
                     self.server._drop(registration, self, reason=str(error))
@@ -327,7 +336,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     def _missing_message(self, timeout: float, expected_pods: Iterable[str] | None) -> str:
         came = self.workers
-        message = f"only {len(came)} of {self.expect} workers registered within {timeout:g}s"
+        message = f"only {len(came)} of {self.expect} workers registered within {timeout:.0f}s"
         if expected_pods is not None:
             arrived = {r.pod for r in came}
             missing = [pod for pod in expected_pods if pod not in arrived]
@@ -385,8 +394,15 @@ class Session:
                     return True
                 logger.warning("ignoring a release that is not signed with the run's token")
 
+    def detach(self) -> None:
+        """Leave the registration in place without holding the connection (``textsql rendezvous register``)."""
+        try:
+            send_frame(self._sock, {"type": "detach"})
+        finally:
+            self._sock.close()
+
     def close(self) -> None:
-        """Close the connection (the master then treats this worker as gone)."""
+        """Close the connection; before the run is complete the master then drops this worker."""
         self._sock.close()
 
     def __enter__(self) -> "Session":
@@ -435,6 +451,32 @@ def register(master: str | tuple[str, int], token: str | bytes, registration: Re
         raise
 
 
+def register_until(master: tuple[str, int], token: str, registration: Registration, deadline_s: float) -> Session:
+    """Register, retrying unreachable masters with jittered exponential backoff until ``deadline_s``.
+
+    :param master: (host, port) of the rendezvous.
+    :param token: the per-run secret.
+    :param registration: this worker.
+    :param deadline_s: seconds to keep trying.
+    :rtype: Session
+    :raises RegistrationRejected: at once when the master refuses (retrying would not help).
+    :raises RendezvousError: when the deadline passes.
+    """
+    deadline = time.monotonic() + deadline_s
+    delay = BACKOFF_START_S
+    while True:
+        try:
+            return register(master, token, registration)
+        except RegistrationRejected:
+            raise
+        except (FrameError, OSError) as error:
+            if time.monotonic() + delay > deadline:
+                raise RendezvousError(f"could not register with {master[0]}:{master[1]} within {deadline_s:g}s: {error}") from None
+            logger.info("master %s:%d not reachable yet (%s); retrying in %.1fs", *master, error, delay)
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+
 def read_token(path: Path) -> str:
     """The token from a token file, refusing files others can read.
 
@@ -463,3 +505,58 @@ def new_token(path: Path) -> str:
     token = secrets.token_urlsafe(32)
     atomic_write(Path(path), token + "\n", mode=0o600)
     return token
+
+
+def serve(expect: int, token_file: Path, hostfile: Path, timeout: float, host: str = "0.0.0.0",
+          port: int | None = None, identity_file: Path | None = None, hold: bool = False) -> list[Registration]:
+    """``textsql rendezvous serve``: wait for ``expect`` workers, write hostfile, known_hosts, ssh_config.
+
+    known_hosts and ssh_config go beside the hostfile. A missing token file is created (0600).
+
+    :param expect: number of workers.
+    :param token_file: the per-run token file.
+    :param hostfile: where the DeepSpeed hostfile goes.
+    :param timeout: seconds to wait for all workers.
+    :param host: address to listen on.
+    :param port: port to listen on (0: any; None: ``DEFAULT_RENDEZVOUS_PORT``).
+    :param identity_file: the private key ssh_config names (default: id_ed25519 beside the hostfile).
+    :param hold: keep holding the workers' connections after writing the files, until interrupted.
+    :rtype: list[Registration]
+    """
+    hostfile = Path(hostfile).resolve()
+    hostfile.parent.mkdir(parents=True, exist_ok=True)
+    token_file = Path(token_file)
+    token = read_token(token_file) if token_file.exists() else new_token(token_file)
+    siblings = RunFiles.in_dir(hostfile.parent)
+    files = RunFiles(hostfile, siblings.known_hosts, siblings.ssh_config)
+    port = DEFAULT_RENDEZVOUS_PORT if port is None else port
+    with RendezvousServer(expect=expect, token=token, host=host, port=port, files=files,
+                          identity_file=identity_file or hostfile.parent / IDENTITY_NAME) as server:
+        workers = server.wait(timeout)
+        if hold:
+            logger.info("holding %d workers until interrupted", len(workers))
+            try:
+                threading.Event().wait()
+            except KeyboardInterrupt:
+                logger.info("releasing workers")
+    return workers
+
+
+def register_once(master: str, token_file: Path, registration: Registration, timeout: float,
+                  wait: bool = False) -> bool:
+    """``textsql rendezvous register``: register one worker, retrying until ``timeout``.
+
+    :param master: ``HOST:PORT`` of the rendezvous.
+    :param token_file: the per-run token file.
+    :param registration: the worker's fields.
+    :param timeout: seconds to keep retrying an unreachable master.
+    :param wait: hold the connection until released (True) or detach at once (False).
+    :rtype: bool
+    :returns: True when accepted (and, with ``wait``, released rather than abandoned).
+    """
+    session = register_until(parse_endpoint(master), read_token(Path(token_file)), registration, timeout)
+    if not wait:
+        session.detach()
+        return True
+    with session:
+        return session.wait_released()

@@ -1,0 +1,159 @@
+"""Real local workers: agent processes with their own sshd, verified ssh, pdsh, and clean shutdown."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from textsql.errors import RendezvousError
+from worker import constants as c
+from worker.backends.local import LocalBackend
+from worker.cluster import start_workers
+
+pytestmark = pytest.mark.slow
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def agent_pids(run_dir: Path) -> list[int]:
+    """Agent and sshd processes that belong to this run (found by their config/log paths)."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            cmdline = " ".join(process.info["cmdline"] or [])
+            environ = process.info["environ"] or {}
+        except (psutil.Error, TypeError):
+            continue
+        if str(run_dir) in cmdline or str(run_dir) in environ.get(c.ENV_WORKER_DIR, ""):
+            found.append(process.info["pid"])
+    return found
+
+
+def wait_gone(run_dir: Path, within: float = 15) -> list[int]:
+    deadline = time.monotonic() + within
+    while (left := agent_pids(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_local_workers_answer_ssh_with_verified_host_keys(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    with start_workers("local", 2, run_dir, timeout=60, env=env) as cluster:
+        assert cluster.hosts == ["127.0.0.2", "127.0.0.3"] and cluster.master_addr == "127.0.0.2"
+        assert cluster.hostfile.read_text() == "127.0.0.2 slots=1\n127.0.0.3 slots=1\n"
+        keys = [(run_dir / "workers" / f"local-{i}" / "sshd" / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+                for i in range(2)]
+        assert cluster.known_hosts.read_text() == "".join(
+            f"[127.0.0.{i + 2}]:{cluster.ssh_port} {' '.join(keys[i])}\n" for i in range(2))
+        assert oct((run_dir / c.TOKEN_NAME).stat().st_mode & 0o777) == "0o600"
+        token = (run_dir / c.TOKEN_NAME).read_text().strip()
+
+        for host in cluster.hosts:
+            result = cluster.ssh(host, f"{sys.executable} -c 'import sys, worker; print(sys.prefix)'; echo \"$PATH\"; env")
+            assert result.returncode == 0, result.stderr
+            prefix, path = result.stdout.splitlines()[:2]
+            assert prefix == sys.prefix and VENV_BIN in path.split(":")
+            assert token not in result.stdout and c.ENV_TOKEN_FILE not in result.stdout
+
+        # pdsh, as DeepSpeed's launcher runs it, over the same ssh_config.
+        pdsh = subprocess.run(["pdsh", "-S", "-w", ",".join(cluster.hosts), "cd /tmp; echo ready"],
+                              env={**os.environ, **cluster.pdsh_env}, capture_output=True, text=True, timeout=60)
+        assert pdsh.returncode == 0, pdsh.stderr
+        assert sorted(pdsh.stdout.splitlines()) == ["127.0.0.2: ready", "127.0.0.3: ready"]
+
+        # A known_hosts holding another key for the worker: ssh refuses, it never asks.
+        forged = tmp_path / "forged_known_hosts"
+        forged.write_text(cluster.known_hosts.read_text().replace(keys[0][1], keys[1][1]))
+        config = tmp_path / "forged_config"
+        config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(forged)))
+        refused = subprocess.run(["ssh", "-F", str(config), "127.0.0.2", "true"], capture_output=True, text=True,
+                                 timeout=60, stdin=subprocess.DEVNULL)
+        assert refused.returncode == 255 and "host key" in refused.stderr.lower()
+
+        # Another client key is not authorized.
+        other = tmp_path / "other_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+        config.write_text(cluster.ssh_config.read_text().replace(str(cluster.identity_file), str(other)))
+        denied = subprocess.run(["ssh", "-F", str(config), "127.0.0.2", "true"], capture_output=True, text=True,
+                                timeout=60, stdin=subprocess.DEVNULL)
+        assert denied.returncode == 255 and "permission denied" in denied.stderr.lower()
+        port = cluster.ssh_port
+    assert wait_gone(run_dir) == []
+    logs = (run_dir / "workers" / "local-0.log").read_text()
+    assert "released by the master" in logs and "sshd on 127.0.0.2" in logs and token not in logs
+    with pytest.raises(OSError):
+        __import__("socket").create_connection(("127.0.0.2", port), timeout=2)
+
+
+class _OneLostWorker(LocalBackend):
+    """Launches the workers, but the last one looks for the master at a closed port (a pod that never comes)."""
+
+    def launch(self, count, resources, env):
+        handles = super().launch(count - 1, resources, env)
+        unreachable = dict(env, **{c.ENV_RENDEZVOUS: "127.0.0.1:9", c.ENV_DEADLINE: "600"})
+        return handles + super().launch(1, resources, unreachable)
+
+
+def test_missing_worker_is_named_and_everything_is_stopped(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(RendezvousError, match=r"^only 1 of 2 workers registered within 4s; missing: local-1;"):
+        with start_workers(_OneLostWorker(), 2, run_dir, timeout=4):
+            pytest.fail("the block must not run without every worker")
+    assert not (run_dir / "hostfile").exists() and not (run_dir / "ssh_config").exists()
+    assert wait_gone(run_dir) == []
+
+
+def test_worker_that_dies_fails_the_start_at_once(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match=r"worker local-0 exited with code 1: .*bad number"):
+        with start_workers("local", 1, tmp_path / "run", timeout=120, env={c.ENV_SLOTS: "many"}):
+            pass
+    assert time.monotonic() - started < 60  # not the whole timeout
+    assert not (tmp_path / "run" / "hostfile").exists()
+
+
+def test_keyboard_interrupt_inside_the_block_stops_workers(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        with start_workers("local", 1, run_dir, timeout=60, sshd=False):
+            assert agent_pids(run_dir)
+            raise KeyboardInterrupt
+    assert wait_gone(run_dir) == []
+
+
+def test_agent_exits_cleanly_on_sigterm_and_when_the_master_dies(tmp_path):
+    token_file, hostfile = tmp_path / "token", tmp_path / "hostfile"
+    port = LocalBackend().ssh_port(None, 1)  # any free port for the master
+    serve = subprocess.Popen(
+        [shutil.which("textsql", path=VENV_BIN), "rendezvous", "serve", "--expect", "2", "--port", str(port),
+         "--host", "127.0.0.1", "--token-file", str(token_file), "--hostfile", str(hostfile), "--hold"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        env = dict(os.environ, **{c.ENV_RENDEZVOUS: f"127.0.0.1:{port}", c.ENV_TOKEN_FILE: str(token_file),
+                                  c.ENV_SSHD: "0", c.ENV_SLOTS: "1"})
+        while not token_file.exists():
+            time.sleep(0.05)
+        agents = [subprocess.Popen([sys.executable, "-m", "worker.agent"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True,
+                                   env=dict(env, **{c.ENV_ADDRESS: f"127.0.0.{i + 2}", c.ENV_POD: f"a{i}"}))
+                  for i in range(2)]
+        deadline = time.monotonic() + 60
+        while not hostfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert hostfile.read_text() == "127.0.0.2 slots=1\n127.0.0.3 slots=1\n"
+        agents[0].send_signal(signal.SIGTERM)
+        assert agents[0].wait(timeout=30) == 0
+        serve.kill()  # the master vanishes without releasing anyone
+        assert agents[1].wait(timeout=60) == 0
+        assert "the master is gone" in agents[1].stdout.read()
+        assert "stopping on signal" in agents[0].stdout.read()
+    finally:
+        serve.kill()
+        serve.wait()

@@ -1,0 +1,191 @@
+"""The worker agent (``python -m worker.agent``): what each worker pod runs.
+
+1. Reads its settings from the environment the master's backend set (``worker.constants.ENV_*``;
+   the token comes from a file or a variable, never from the command line).
+2. Finds its own address: ``TEXTSQL_WORKER_ADDRESS``, else the platform's variable
+   (``CDSW_IP_ADDRESS`` on CML, ``POD_IP`` on Kubernetes), else the interface that routes to the master.
+3. Starts its own sshd with a fresh host key that accepts only the run's client key.
+4. Registers with the master's rendezvous, retrying with jittered exponential backoff until a deadline.
+5. Blocks on the held connection (no polling) until released or the master is gone, stops sshd, exits 0.
+
+SIGTERM and SIGINT stop sshd and exit 0 as well. A refused registration exits 1 with the master's reason.
+"""
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from textsql.constants import DEFAULT_SSH_PORT
+from textsql.errors import RendezvousError, TextSQLError, WorkerError
+from worker import constants as c
+from worker.registration import Registration, check_address, check_port, check_slots
+from worker.rendezvous import parse_endpoint, read_token, register_until
+from worker.sshd import Sshd
+
+logger = logging.getLogger(__name__)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind, stop sshd, exit 0."""
+
+
+def route_address(master_host: str) -> str:
+    """The local address of the interface that routes to ``master_host`` (no packet is sent).
+
+    :param master_host: the master's address or name.
+    :rtype: str
+    """
+    family = socket.AF_INET6 if ":" in master_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_host, 9))  # UDP connect only picks a route
+        return probe.getsockname()[0]
+
+
+def count_gpus() -> int:
+    """GPUs visible to this pod (``nvidia-smi -L``), at least 1 so a CPU pod runs one rank.
+
+    :rtype: int
+    """
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 1
+    return max(1, sum(1 for line in listing.splitlines() if line.startswith("GPU ")))
+
+
+def free_port(address: str) -> int:
+    """A port the OS reports free on ``address`` right now.
+
+    :param address: the address to bind.
+    :rtype: int
+    """
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the agent needs, read from its environment."""
+
+    master: tuple[str, int]
+    token: str
+    address: str
+    slots: int
+    pod: str
+    ssh_port: int  # 0: pick a free one
+    client_public_key: str | None
+    workdir: Path
+    deadline_s: float
+    sshd: bool
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "AgentConfig":
+        """Read and check the agent's settings.
+
+        :param env: usually ``os.environ``.
+        :rtype: AgentConfig
+        :raises TextSQLError: naming the variable to set.
+        """
+        if not env.get(c.ENV_RENDEZVOUS):
+            raise RendezvousError(f"{c.ENV_RENDEZVOUS} is not set; the master's backend sets it to HOST:PORT")
+        master = parse_endpoint(env[c.ENV_RENDEZVOUS])
+        if env.get(c.ENV_TOKEN_FILE):
+            token = read_token(Path(env[c.ENV_TOKEN_FILE]))
+        elif env.get(c.ENV_TOKEN):
+            token = env[c.ENV_TOKEN]
+        else:
+            raise RendezvousError(f"set {c.ENV_TOKEN_FILE} (or {c.ENV_TOKEN}) to the run's rendezvous token")
+        sshd = env.get(c.ENV_SSHD, "1") != "0"
+        if sshd and not env.get(c.ENV_CLIENT_PUBKEY):
+            raise WorkerError(f"{c.ENV_CLIENT_PUBKEY} is not set; pass the run's id_ed25519.pub")
+        address = env.get(c.ENV_ADDRESS) or next((env[v] for v in c.PLATFORM_ADDRESS_VARS if env.get(v)), None)
+        try:
+            slots = int(env[c.ENV_SLOTS]) if env.get(c.ENV_SLOTS) else count_gpus()
+            port = int(env.get(c.ENV_SSH_PORT, DEFAULT_SSH_PORT))
+            deadline = float(env.get(c.ENV_DEADLINE, c.REGISTER_DEADLINE_S))
+        except ValueError as error:
+            raise WorkerError(f"bad number in the agent's environment: {error}") from None
+        return cls(
+            master=master,
+            token=token,
+            address=check_address(address or route_address(master[0])),
+            slots=check_slots(slots),
+            pod=env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname()),
+            ssh_port=port if port == 0 else check_port(port),
+            client_public_key=env.get(c.ENV_CLIENT_PUBKEY),
+            workdir=Path(env.get(c.ENV_WORKER_DIR) or tempfile.mkdtemp(prefix="textsql-worker-")),
+            deadline_s=deadline,
+            sshd=sshd,
+        )
+
+
+def _start_sshd(config: AgentConfig) -> Sshd:
+    # With port 0, another process may take the port between our probe and sshd's bind: try again.
+    failure = None
+    for _ in range(3 if config.ssh_port == 0 else 1):
+        port = config.ssh_port or free_port(config.address)
+        try:
+            return Sshd(config.workdir / "sshd", config.address, port, config.client_public_key).start()
+        except WorkerError as error:
+            failure = error
+    raise failure
+
+
+def run(config: AgentConfig) -> bool:
+    """Start sshd (unless register-only), register, wait for release; always stop sshd.
+
+    :param config: the agent's settings.
+    :rtype: bool
+    :returns: True when released by the master, False when the master went away.
+    """
+    with ExitStack() as stack:
+        sshd = stack.enter_context(_start_sshd(config)) if config.sshd else None
+        registration = Registration(
+            address=config.address, slots=config.slots, hostname=socket.gethostname(), pod=config.pod,
+            ssh_port=sshd.port if sshd else None, host_key=sshd.host_public_key if sshd else None,
+            user=getpass.getuser(),
+        )
+        session = stack.enter_context(register_until(config.master, config.token, registration, config.deadline_s))
+        logger.info("registered %s (pod %s, %d slots) with %s:%d; waiting for release",
+                    config.address, config.pod, config.slots, *config.master)
+        released = session.wait_released()
+        logger.info("released by the master" if released else "the master is gone; shutting down")
+        return released
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+def main() -> int:
+    """Entry point of ``python -m worker.agent``.
+
+    :rtype: int
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s worker.agent[%(process)d]: %(message)s",
+                        datefmt="%H:%M:%S")
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        run(AgentConfig.from_env(os.environ))
+    except (Terminated, KeyboardInterrupt):
+        logger.info("stopping on signal")
+    except TextSQLError as error:
+        logger.error("%s", error)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

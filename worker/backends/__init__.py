@@ -1,0 +1,35 @@
+"""Ways to start worker pods: ``local``, ``cml``, ``kubernetes``, ``static``; see :func:`make_backend`."""
+from __future__ import annotations
+
+import importlib
+import logging
+
+from textsql.errors import WorkerError
+from worker.backends.base import Backend, Resources, WorkerHandle
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = {
+    "local": "worker.backends.local:LocalBackend",
+    "cml": "worker.backends.cml:CMLBackend",
+    "kubernetes": "worker.backends.kubernetes:KubernetesBackend",
+    "static": "worker.backends.static:StaticBackend",
+}
+
+__all__ = ["BACKENDS", "Backend", "Resources", "WorkerHandle", "make_backend"]
+
+
+def make_backend(name: str, **options) -> Backend:
+    """A backend by name, built with its own options.
+
+    :param name: one of ``BACKENDS``.
+    :param options: keyword arguments of that backend's constructor.
+    :rtype: Backend
+    """
+    if name not in BACKENDS:
+        raise WorkerError(f"unknown worker backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    module, cls = BACKENDS[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)(**options)
+    except TypeError as error:
+        raise WorkerError(f"bad option for the {name!r} backend: {error}") from None

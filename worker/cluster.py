@@ -1,0 +1,191 @@
+"""Start N workers, collect their authenticated registrations, write the run's files, stop them all.
+
+Usage::
+
+    with start_workers("local", 2, Path("runs/demo")) as cluster:
+        subprocess.run(["ssh", "-F", cluster.ssh_config, cluster.hosts[0], "hostname"], check=True)
+        env = {**os.environ, **cluster.pdsh_env}   # for deepspeed --launcher pdsh --hostfile cluster.hostfile
+    # every launched worker is released and stopped here, also after an error or KeyboardInterrupt
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from textsql.errors import RendezvousError
+from worker import constants as c
+from worker.backends import Backend, Resources, make_backend
+from worker.registration import Registration
+from worker.rendezvous import RendezvousServer, new_token
+from worker.runfiles import RunFiles, write_run_files
+from worker.sshd import generate_keypair
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The registered workers of one run and the files that reach them.
+
+    ``master_addr`` is the rank-0 worker's address (first hostfile line), the value for DeepSpeed's
+    ``--master_addr``; ``rendezvous`` is where the master's registration server listened.
+    """
+
+    run_dir: Path
+    hostfile: Path
+    known_hosts: Path
+    ssh_config: Path
+    identity_file: Path
+    ssh_port: int
+    master_addr: str
+    rendezvous: tuple[str, int]
+    workers: tuple[Registration, ...]
+    backend: Backend
+
+    @property
+    def hosts(self) -> list[str]:
+        """Worker addresses in node-rank order (the hostfile's order).
+
+        :rtype: list[str]
+        """
+        return [worker.address for worker in self.workers]
+
+    @property
+    def slots(self) -> int:
+        """Total slots (ranks) across workers.
+
+        :rtype: int
+        """
+        return sum(worker.slots for worker in self.workers)
+
+    @property
+    def pdsh_env(self) -> dict[str, str]:
+        """Environment that makes pdsh (and so ``deepspeed --launcher pdsh``) use this run's ssh_config.
+
+        :rtype: dict[str, str]
+        """
+        return {"PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {self.ssh_config}"}
+
+    def ssh_command(self, host: str, command: str) -> list[str]:
+        """``ssh -F ssh_config HOST COMMAND`` as an argument list (host keys verified, batch mode).
+
+        :param host: a worker address.
+        :param command: the remote shell command.
+        :rtype: list[str]
+        """
+        return ["ssh", "-F", str(self.ssh_config), host, command]
+
+    def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run ``command`` on ``host`` over the run's ssh configuration.
+
+        :param host: a worker address.
+        :param command: the remote shell command.
+        :param timeout: seconds before giving up.
+        :rtype: subprocess.CompletedProcess
+        """
+        return subprocess.run(self.ssh_command(host, command), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _prepare_run_dir(run_dir: Path) -> tuple[RunFiles, Path, str, str]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files = RunFiles.in_dir(run_dir)
+    for stale in (files.hostfile, files.known_hosts, files.ssh_config):
+        stale.unlink(missing_ok=True)  # a failed start must not leave an older run's hostfile behind
+    token = new_token(run_dir / c.TOKEN_NAME)
+    identity = run_dir / c.IDENTITY_NAME
+    public_key = generate_keypair(identity, f"textsql-run@{run_dir.name}")
+    return files, identity, token, public_key
+
+
+def _check_pods(backend: Backend) -> None:
+    failed = backend.failures()
+    if failed:
+        pod, reason = next(iter(sorted(failed.items())))
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise RendezvousError(f"worker {pod} {reason}{more}; nothing was written")
+
+
+@contextmanager
+def start_workers(
+    backend: str | Backend,
+    count: int,
+    run_dir: Path | str,
+    *,
+    timeout: float = 300.0,
+    resources: Resources | None = None,
+    ssh_port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    rendezvous_port: int = 0,
+    master_address: str | None = None,
+    **backend_options,
+) -> Iterator[Cluster]:
+    """Launch ``count`` workers, wait for all of them to register, and yield the :class:`Cluster`.
+
+    Creates in ``run_dir``: the per-run token (``rendezvous.token``, 0600), the per-run ssh client
+    key (``id_ed25519``/``.pub``), and once every worker registered ``hostfile``, ``known_hosts``
+    and ``ssh_config``; worker logs go under ``run_dir/workers``. On leaving the block (normally,
+    on error, on timeout or on KeyboardInterrupt) workers are released and the backend stops them.
+
+    :param backend: ``local``, ``cml``, ``kubernetes``, ``static``, or a :class:`Backend` instance.
+    :param count: number of workers.
+    :param run_dir: the run directory (created; must be visible to pods on a shared volume for cml/kubernetes).
+    :param timeout: seconds for all workers to be running and registered.
+    :param resources: CPU, memory and GPUs per worker pod.
+    :param ssh_port: sshd port on the workers (local: a free one; others: 2222).
+    :param env: extra environment for every agent.
+    :param rendezvous_port: port of the master's rendezvous server (0: any free port).
+    :param master_address: the master's address as workers reach it (default: the backend's guess).
+    :param backend_options: keyword arguments for the backend's constructor.
+    :rtype: Iterator[Cluster]
+    :raises RendezvousError: one line naming how many workers came and which are missing.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise RendezvousError(f"worker count {count!r} must be a positive integer")
+    run_dir = Path(run_dir).resolve()
+    if isinstance(backend, str):
+        backend = make_backend(backend, **backend_options)
+    backend.workdir = run_dir / c.WORKERS_DIR_NAME
+    deadline = time.monotonic() + timeout
+    with ExitStack() as stack:
+        stack.callback(backend.stop)
+        if not backend.runs_agents:
+            workers = backend.discover(count)
+            files = write_run_files(RunFiles.in_dir(run_dir), workers, backend.identity_file)
+            yield _cluster(run_dir, files, backend.identity_file, workers[0].ssh_port, ("", 0), workers, backend)
+            return
+        files, identity, token, public_key = _prepare_run_dir(run_dir)
+        port = backend.ssh_port(ssh_port, count)
+        server = stack.enter_context(RendezvousServer(
+            expect=count, token=token, host=backend.rendezvous_host(), port=rendezvous_port,
+            files=files, identity_file=identity,
+        ))
+        advertised = (master_address or backend.advertised_address(), server.endpoint[1])
+        agent_env = {
+            **(env or {}),
+            c.ENV_RENDEZVOUS: f"{advertised[0]}:{advertised[1]}",
+            c.ENV_TOKEN_FILE: str(run_dir / c.TOKEN_NAME),
+            c.ENV_CLIENT_PUBKEY: public_key,
+            c.ENV_SSH_PORT: str(port),
+            c.ENV_DEADLINE: str(int(timeout)),
+        }
+        handles = backend.launch(count, resources or Resources(), agent_env)
+        backend.wait(max(0.0, deadline - time.monotonic()))
+        workers = server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[h.pod for h in handles],
+                              check=lambda: _check_pods(backend))
+        logger.info("%d workers registered: %s", len(workers), " ".join(w.address for w in workers))
+        yield _cluster(run_dir, files, identity, port, advertised, workers, backend)
+
+
+def _cluster(run_dir: Path, files: RunFiles, identity: Path, port: int, rendezvous: tuple[str, int],
+             workers: list[Registration], backend: Backend) -> Cluster:
+    return Cluster(
+        run_dir=run_dir, hostfile=files.hostfile, known_hosts=files.known_hosts, ssh_config=files.ssh_config,
+        identity_file=identity, ssh_port=port, master_addr=workers[0].address, rendezvous=rendezvous,
+        workers=tuple(workers), backend=backend,
+    )
