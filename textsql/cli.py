@@ -94,6 +94,27 @@ def train(args: tuple[str, ...]) -> None:
     raise SystemExit(main(list(args)))
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory: the workers' hostfile, ssh_config, known_hosts; launch.log is appended here.")
+@click.option("--launcher", type=click.Choice(["pdsh", "local"]), default="pdsh", show_default=True, help="pdsh: the hostfile's hosts over ssh; local: this machine, no ssh.")
+@click.option("--hostfile", type=click.Path(dir_okay=False), help="DeepSpeed hostfile [default: RUN_DIR/hostfile].")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="ssh_config for every host [default: RUN_DIR/ssh_config].")
+@click.option("--ssh-port", type=click.IntRange(1, 65535), help="sshd port of every host, when the ssh_config does not give it.")
+@click.option("--master-addr", help="Address of rank 0's host [default: the first host].")
+@click.option("--master-port", type=click.IntRange(1, 65535), help="torch.distributed store port on the first host [default: 29500].")
+@click.option("--ranks", type=click.IntRange(min=1), help="--launcher local: ranks on this machine [default: DeepSpeed's device count].")
+@click.option("--socket-ifname", help="NCCL/gloo network interface [default: lo when every host is loopback].")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra variable for every rank (repeatable; no secrets).")
+@click.option("--module", default="textsql.train", show_default=True, help="Python module each rank runs.")
+@click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
+def launch(env: tuple[str, ...], train_args: tuple[str, ...], **options) -> None:
+    """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`."""
+    from textsql.launch import LaunchArguments, launch as run_launch, parse_env
+
+    given = {name: value for name, value in options.items() if value is not None}
+    raise SystemExit(run_launch(LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)))
+
+
 @cli.group()
 def rendezvous() -> None:
     """Authenticated worker registration: `serve` on the master, `register` on each worker."""
