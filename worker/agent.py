@@ -86,7 +86,7 @@ class AgentConfig:
     pod: str
     ssh_port: int  # 0: pick a free one
     client_public_key: str | None
-    workdir: Path
+    workdir: Path | None  # None: a private temp dir, removed on exit with the sshd host key in it
     deadline_s: float
     sshd: bool
 
@@ -125,19 +125,19 @@ class AgentConfig:
             pod=env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname()),
             ssh_port=port if port == 0 else check_port(port),
             client_public_key=env.get(c.ENV_CLIENT_PUBKEY),
-            workdir=Path(env.get(c.ENV_WORKER_DIR) or tempfile.mkdtemp(prefix="textsql-worker-")),
+            workdir=Path(env[c.ENV_WORKER_DIR]) if env.get(c.ENV_WORKER_DIR) else None,
             deadline_s=deadline,
             sshd=sshd,
         )
 
 
-def _start_sshd(config: AgentConfig) -> Sshd:
+def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
     # With port 0, another process may take the port between our probe and sshd's bind: try again.
     failure = None
     for _ in range(3 if config.ssh_port == 0 else 1):
         port = config.ssh_port or free_port(config.address)
         try:
-            return Sshd(config.workdir / "sshd", config.address, port, config.client_public_key).start()
+            return Sshd(workdir / "sshd", config.address, port, config.client_public_key).start()
         except WorkerError as error:
             failure = error
     raise failure
@@ -151,7 +151,8 @@ def run(config: AgentConfig) -> bool:
     :returns: True when released by the master, False when the master went away.
     """
     with ExitStack() as stack:
-        sshd = stack.enter_context(_start_sshd(config)) if config.sshd else None
+        workdir = config.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="textsql-worker-")))
+        sshd = stack.enter_context(_start_sshd(config, workdir)) if config.sshd else None
         registration = Registration(
             address=config.address, slots=config.slots, hostname=socket.gethostname(), pod=config.pod,
             ssh_port=sshd.port if sshd else None, host_key=sshd.host_public_key if sshd else None,

@@ -34,6 +34,7 @@ class Cluster:
 
     ``master_addr`` is the rank-0 worker's address (first hostfile line), the value for DeepSpeed's
     ``--master_addr``; ``rendezvous`` is where the master's registration server listened.
+    ``ssh_port`` is the workers' common sshd port (each worker's own is in ``workers`` and ssh_config).
     """
 
     run_dir: Path
@@ -155,9 +156,11 @@ def start_workers(
     with ExitStack() as stack:
         stack.callback(backend.stop)
         if not backend.runs_agents:
-            workers = backend.discover(count)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            port = backend.ssh_port(ssh_port, count)
+            workers = backend.discover(count, port)
             files = write_run_files(RunFiles.in_dir(run_dir), workers, backend.identity_file)
-            yield _cluster(run_dir, files, backend.identity_file, workers[0].ssh_port, ("", 0), workers, backend)
+            yield _cluster(run_dir, files, backend.identity_file, port, ("", 0), workers, backend)
             return
         files, identity, token, public_key = _prepare_run_dir(run_dir)
         port = backend.ssh_port(ssh_port, count)
@@ -184,8 +187,9 @@ def start_workers(
 
 def _cluster(run_dir: Path, files: RunFiles, identity: Path, port: int, rendezvous: tuple[str, int],
              workers: list[Registration], backend: Backend) -> Cluster:
+    ports = {worker.ssh_port for worker in workers}
     return Cluster(
         run_dir=run_dir, hostfile=files.hostfile, known_hosts=files.known_hosts, ssh_config=files.ssh_config,
-        identity_file=identity, ssh_port=port, master_addr=workers[0].address, rendezvous=rendezvous,
+        identity_file=identity, ssh_port=ports.pop() if len(ports) == 1 else port, master_addr=workers[0].address, rendezvous=rendezvous,
         workers=tuple(workers), backend=backend,
     )

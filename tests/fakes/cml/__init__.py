@@ -1,0 +1,1 @@
+"""Emulator of CML's ``cml`` package for tests; see workers_v1."""

@@ -1,0 +1,138 @@
+"""The cml (through an emulator of cml.workers_v1), kubernetes (pod specs) and static (real sshd) backends."""
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from textsql.errors import WorkerError
+from worker import constants as c
+from worker.backends import Resources, make_backend
+from worker.backends.kubernetes import KubernetesBackend
+from worker.backends.local import free_port_on_all
+from worker.cluster import start_workers
+from worker.sshd import Sshd, generate_keypair
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+@pytest.fixture
+def cml_emulator(monkeypatch):
+    """Puts tests/fakes first on sys.path so `import cml.workers_v1` finds the emulator."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    for name in [m for m in sys.modules if m == "cml" or m.startswith("cml.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import cml.workers_v1
+
+    yield cml.workers_v1
+    for name in [m for m in sys.modules if m == "cml" or m.startswith("cml.")]:
+        del sys.modules[name]
+
+
+@pytest.mark.slow
+def test_cml_backend_runs_agents_as_engines_and_stops_them(cml_emulator, tmp_path):
+    with start_workers("cml", 2, tmp_path / "run", timeout=60, master_address="127.0.0.1", ssh_port=0,
+                       resources=Resources(cpu=1, memory_gb=2)) as cluster:
+        ids = [w.pod for w in cluster.workers]
+        assert all(i.startswith("emu") for i in ids) and len(cluster.hostfile.read_text().splitlines()) == 2
+        result = cluster.ssh(cluster.hosts[0], "echo hello from $(hostname)")
+        assert result.returncode == 0 and result.stdout.startswith("hello from"), result.stderr
+    states = {w["id"]: w["status"] for w in cml_emulator.list_workers()}
+    assert all(states[i] in ("stopped", "succeeded") for i in ids)
+
+
+def test_cml_backend_outside_cml_says_what_to_use(monkeypatch):
+    for name in ("cml", "cml.workers_v1", "cdsw"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(WorkerError, match="only available inside a CML session; use backend='local'"):
+        make_backend("cml")
+
+
+def test_unknown_backend_lists_the_choices():
+    with pytest.raises(WorkerError, match="unknown worker backend 'slurm'; choose one of local, cml, kubernetes, static"):
+        make_backend("slurm")
+
+
+def k8s_backend() -> KubernetesBackend:
+    backend = KubernetesBackend(image="registry.example.com/textsql:1.0", namespace="ml", project_claim="project-pvc",
+                                project_path="/home/cdsw", node_selector={"gpu": "a100"}, api=object())
+    backend.run_id = "demo-abc123"
+    return backend
+
+
+def test_kubernetes_pod_spec_through_the_clients_models():
+    from kubernetes.client import ApiClient
+
+    token = secrets.token_urlsafe(32)
+    env = {c.ENV_RENDEZVOUS: "10.0.0.4:29400", c.ENV_TOKEN_FILE: "/home/cdsw/runs/demo/rendezvous.token",
+           c.ENV_CLIENT_PUBKEY: "ssh-ed25519 AAAA run", c.ENV_SSH_PORT: "2222"}
+    pod = ApiClient().sanitize_for_serialization(k8s_backend().pod_spec(1, Resources(cpu=8, memory_gb=64, gpus=4), env))
+    assert pod["metadata"] == {"name": "textsql-demo-abc123-1",
+                               "labels": {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"}}
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["nodeSelector"] == {"gpu": "a100"}
+    assert spec["automountServiceAccountToken"] is False
+    (container,) = spec["containers"]
+    assert container["image"] == "registry.example.com/textsql:1.0"
+    assert container["command"] == ["python", "-m", "worker.agent"] and container["workingDir"] == "/home/cdsw"
+    assert container["resources"]["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}
+    values = {e["name"]: e.get("value") for e in container["env"]}
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert values[c.ENV_TOKEN_FILE] == "/var/run/textsql/token" and values[c.ENV_SLOTS] == "4"
+    assert values[c.ENV_RENDEZVOUS] == "10.0.0.4:29400"
+    assert refs == {"POD_IP": "status.podIP", c.ENV_POD: "metadata.name"}
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {"token": "/var/run/textsql", "project": "/home/cdsw"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-token", "defaultMode": 0o400}
+    assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
+    assert token not in str(pod)
+    secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec(token))
+    assert secret["stringData"] == {"token": token} and secret["metadata"]["name"] == "textsql-demo-abc123-token"
+
+
+def test_kubernetes_cpu_pod_asks_for_no_gpu():
+    pod = k8s_backend().pod_spec(0, Resources(cpu=2, memory_gb=8, gpus=0), {c.ENV_TOKEN_FILE: "/x"})
+    assert "nvidia.com/gpu" not in pod.spec.containers[0].resources.limits
+
+
+@pytest.fixture
+def static_host(tmp_path):
+    """A real sshd on 127.0.0.2 standing in for an existing host, with the user's key and known_hosts."""
+    identity = tmp_path / "user_key"
+    public = generate_keypair(identity, "user")
+    port = free_port_on_all(["127.0.0.2"])
+    with Sshd(tmp_path / "host", "127.0.0.2", port, public) as sshd:
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(f"[127.0.0.2]:{port} {sshd.host_public_key}\n")
+        yield {"port": port, "identity": identity, "known_hosts": known_hosts,
+               "key": " ".join(sshd.host_public_key.split()[:2])}
+
+
+@pytest.mark.slow
+def test_static_hosts_are_checked_over_ssh_and_written(static_host, tmp_path):
+    with start_workers("static", 1, tmp_path / "run", ssh_port=static_host["port"], hosts=["127.0.0.2 slots=2"],
+                       identity_file=static_host["identity"], known_hosts=static_host["known_hosts"]) as cluster:
+        assert cluster.hostfile.read_text() == "127.0.0.2 slots=2\n"
+        assert cluster.known_hosts.read_text() == f"[127.0.0.2]:{static_host['port']} {static_host['key']}\n"
+        result = cluster.ssh("127.0.0.2", "echo ok")
+        assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+
+
+@pytest.mark.slow
+def test_static_host_with_unknown_key_is_refused_with_the_fix(static_host, tmp_path):
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    with pytest.raises(WorkerError, match=r"no host key for \[127.0.0.2\]:\d+ .*ssh-keyscan -p"):
+        with start_workers("static", 1, tmp_path / "run", ssh_port=static_host["port"], hosts=["127.0.0.2"],
+                           identity_file=static_host["identity"], known_hosts=empty):
+            pass
+    stranger = tmp_path / "stranger"
+    generate_keypair(stranger, "stranger")
+    with pytest.raises(WorkerError, match=r"cannot ssh to 127.0.0.2:\d+: .*Permission denied"):
+        with start_workers("static", 1, tmp_path / "run", ssh_port=static_host["port"], hosts=["127.0.0.2"],
+                           identity_file=stranger, known_hosts=static_host["known_hosts"]):
+            pass
+    assert not (tmp_path / "run" / "hostfile").exists()

@@ -1,0 +1,218 @@
+"""``kubernetes``: worker pods through the official ``kubernetes`` client.
+
+Per run: one Secret holding the rendezvous token (mounted read-only as a file; the pod spec never
+holds the value) and N pods running ``python -m worker.agent`` with the project's shared volume
+mounted at the same path as on the master (DeepSpeed's pdsh launcher ``cd``s there on every worker),
+``POD_IP`` and the pod name from the downward API, and ``nvidia.com/gpu`` limits. ``wait`` polls
+until every pod is Running; ``stop`` deletes the pods and the Secret.
+
+No cluster runs in this project's tests: they check the Pod and Secret objects through the
+client's own (validating) models, not a live API server.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+from textsql.errors import WorkerError
+from worker import constants as c
+from worker.agent import route_address
+from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.rendezvous import read_token
+
+logger = logging.getLogger(__name__)
+
+TOKEN_MOUNT = "/var/run/textsql"
+_SECRET_KEY = "token"
+_ENDED = {"Failed", "Succeeded"}
+
+
+def _dns_name(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "run"
+
+
+def _client():
+    from kubernetes import client
+
+    return client
+
+
+class KubernetesBackend(Backend):
+    """Worker pods in one namespace."""
+
+    name = "kubernetes"
+
+    def __init__(self, image: str, namespace: str = "default", project_claim: str | None = None,
+                 project_path: str | None = None, service_account: str | None = None,
+                 node_selector: dict[str, str] | None = None, api=None, poll_s: float = 2.0) -> None:
+        """
+        :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
+        :param namespace: namespace for pods and the Secret.
+        :param project_claim: PersistentVolumeClaim holding the project (None: the image has it).
+        :param project_path: where the project is mounted (default: this process's working directory).
+        :param service_account: pod service account.
+        :param node_selector: pod node selector (e.g. a GPU node pool).
+        :param api: a ``CoreV1Api`` (default: in-cluster config, else ~/.kube/config).
+        :param poll_s: seconds between status polls.
+        """
+        self.image = image
+        self.namespace = namespace
+        self.project_claim = project_claim
+        self.project_path = project_path or str(Path.cwd())
+        self.service_account = service_account
+        self.node_selector = node_selector
+        self.poll_s = poll_s
+        self._api = api
+        self.run_id = ""
+        self._pods: list[str] = []
+        self._secret: str | None = None
+
+    @property
+    def api(self):
+        """The CoreV1Api, configured on first use.
+
+        :rtype: kubernetes.client.CoreV1Api
+        """
+        if self._api is None:
+            from kubernetes import config
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            self._api = _client().CoreV1Api()
+        return self._api
+
+    def advertised_address(self) -> str:
+        return os.environ.get("POD_IP") or route_address(os.environ.get("KUBERNETES_SERVICE_HOST", "10.0.0.1"))
+
+    @property
+    def pods(self) -> list[WorkerHandle]:
+        return [WorkerHandle(name) for name in self._pods]
+
+    def _labels(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": "textsql-worker", "textsql/run": self.run_id}
+
+    def secret_spec(self, token: str):
+        """The Secret holding the run's token.
+
+        :param token: the per-run token.
+        :rtype: kubernetes.client.V1Secret
+        """
+        client = _client()
+        return client.V1Secret(
+            api_version="v1", kind="Secret", type="Opaque", string_data={_SECRET_KEY: token},
+            metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-token", labels=self._labels()),
+        )
+
+    def pod_spec(self, index: int, resources: Resources, env: dict[str, str]):
+        """The Pod for worker ``index``.
+
+        :param index: the worker's index.
+        :param resources: CPU, memory, GPUs.
+        :param env: the agent's environment (the token file path is replaced by the Secret's mount).
+        :rtype: kubernetes.client.V1Pod
+        """
+        client = _client()
+        plain = {**env, c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}", c.ENV_SLOTS: str(max(1, resources.gpus))}
+        plain.pop(c.ENV_TOKEN, None)
+        variables = [client.V1EnvVar(name=key, value=value) for key, value in sorted(plain.items())]
+        variables += [
+            client.V1EnvVar(name="POD_IP", value_from=client.V1EnvVarSource(
+                field_ref=client.V1ObjectFieldSelector(field_path="status.podIP"))),
+            client.V1EnvVar(name=c.ENV_POD, value_from=client.V1EnvVarSource(
+                field_ref=client.V1ObjectFieldSelector(field_path="metadata.name"))),
+        ]
+        limits = {"cpu": str(resources.cpu), "memory": f"{resources.memory_gb:g}Gi"}
+        if resources.gpus:
+            limits["nvidia.com/gpu"] = str(resources.gpus)
+        mounts = [client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True)]
+        volumes = [client.V1Volume(name="token", secret=client.V1SecretVolumeSource(
+            secret_name=f"textsql-{self.run_id}-token", default_mode=0o400))]
+        if self.project_claim:
+            mounts.append(client.V1VolumeMount(name="project", mount_path=self.project_path))
+            volumes.append(client.V1Volume(name="project", persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
+                claim_name=self.project_claim)))
+        container = client.V1Container(
+            name="agent", image=self.image, command=["python", "-m", "worker.agent"], env=variables,
+            working_dir=self.project_path, volume_mounts=mounts,
+            resources=client.V1ResourceRequirements(requests=dict(limits), limits=limits),
+        )
+        return client.V1Pod(
+            api_version="v1", kind="Pod",
+            metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-{index}", labels=self._labels()),
+            spec=client.V1PodSpec(
+                containers=[container], volumes=volumes, restart_policy="Never",
+                service_account_name=self.service_account, node_selector=self.node_selector,
+                automount_service_account_token=False,
+            ),
+        )
+
+    def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
+        self.run_id = self.run_id or f"{_dns_name(Path(self.workdir or 'run').parent.name)}-{secrets.token_hex(3)}"
+        token = env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE]))
+        if self._secret is None:
+            secret = self.secret_spec(token)
+            self.api.create_namespaced_secret(self.namespace, secret)
+            self._secret = secret.metadata.name
+        start = len(self._pods)
+        for index in range(start, start + count):
+            pod = self.pod_spec(index, resources, env)
+            self.api.create_namespaced_pod(self.namespace, pod)
+            self._pods.append(pod.metadata.name)
+        logger.info("created %d pods in namespace %s (run %s)", count, self.namespace, self.run_id)
+        return self.pods[start:]
+
+    def _phases(self) -> dict[str, tuple[str, str]]:
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"textsql/run={self.run_id}")
+        phases = {}
+        for pod in listed.items:
+            waiting = [s.state.waiting.reason for s in (pod.status.container_statuses or [])
+                       if s.state and s.state.waiting and s.state.waiting.reason]
+            phases[pod.metadata.name] = (pod.status.phase or "Unknown", ", ".join(waiting))
+        return phases
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            phases = self._phases()
+            ended = {name: phase for name, (phase, _) in phases.items() if phase in _ENDED}
+            if ended:
+                raise WorkerError(f"pods ended before registering: {ended}; see kubectl logs -n {self.namespace}")
+            pending = {}
+            for name in self._pods:
+                phase, reason = phases.get(name, ("Missing", ""))
+                if phase != "Running":
+                    pending[name] = reason or phase
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                described = ", ".join(f"{name} ({state})" for name, state in sorted(pending.items()))
+                raise WorkerError(f"pods not running after {timeout:.0f}s: {described}; check image, quota and GPU nodes")
+            time.sleep(self.poll_s)
+
+    def failures(self) -> dict[str, str]:
+        return {name: f"ended with phase {phase}" for name, (phase, _) in self._phases().items() if phase in _ENDED}
+
+    def stop(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        for name in self._pods:
+            try:
+                self.api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=int(c.STOP_GRACE_S))
+            except ApiException as error:
+                if error.status != 404:
+                    logger.warning("could not delete pod %s: %s", name, error.reason)
+        if self._secret:
+            try:
+                self.api.delete_namespaced_secret(self._secret, self.namespace)
+            except ApiException as error:
+                if error.status != 404:
+                    logger.warning("could not delete secret %s: %s", self._secret, error.reason)
+        if self._pods:
+            logger.info("deleted %d pods in namespace %s", len(self._pods), self.namespace)
+        self._pods, self._secret = [], None
