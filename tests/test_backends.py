@@ -136,3 +136,60 @@ def test_static_host_with_unknown_key_is_refused_with_the_fix(static_host, tmp_p
                            identity_file=stranger, known_hosts=static_host["known_hosts"]):
             pass
     assert not (tmp_path / "run" / "hostfile").exists()
+
+
+class RecordingCoreV1:
+    """Stand-in for a Kubernetes API server (none runs here): keeps created objects, reports a set phase."""
+
+    def __init__(self, phase="Running", reason=None):
+        self.phase, self.reason = phase, reason
+        self.pods, self.secrets = {}, {}
+
+    def create_namespaced_secret(self, namespace, body):
+        self.secrets[body.metadata.name] = body
+
+    def create_namespaced_pod(self, namespace, body):
+        self.pods[body.metadata.name] = body
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        from kubernetes import client
+
+        waiting = client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason=self.reason)) if self.reason else None
+        statuses = [client.V1ContainerStatus(name="agent", image="i", image_id="", ready=False, restart_count=0,
+                                             state=waiting)] if waiting else None
+        return client.V1PodList(items=[
+            client.V1Pod(metadata=client.V1ObjectMeta(name=name), status=client.V1PodStatus(phase=self.phase, container_statuses=statuses))
+            for name, pod in self.pods.items() if label_selector == f"textsql/run={pod.metadata.labels['textsql/run']}"
+        ])
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
+        del self.pods[name]
+
+    def delete_namespaced_secret(self, name, namespace):
+        del self.secrets[name]
+
+
+def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secret(tmp_path):
+    token_file = tmp_path / "token"
+    from worker.rendezvous import new_token
+
+    new_token(token_file)
+    api = RecordingCoreV1()
+    backend = KubernetesBackend(image="img", api=api, poll_s=0.01)
+    handles = backend.launch(2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file)})
+    assert [h.pod for h in handles] == sorted(api.pods) and len(api.secrets) == 1
+    backend.wait(timeout=5)
+    backend.stop()
+    assert api.pods == {} and api.secrets == {}
+
+
+def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):
+    token_file = tmp_path / "token"
+    from worker.rendezvous import new_token
+
+    new_token(token_file)
+    backend = KubernetesBackend(image="img", api=RecordingCoreV1(phase="Pending", reason="ImagePullBackOff"), poll_s=0.01)
+    backend.launch(1, Resources(), {c.ENV_TOKEN_FILE: str(token_file)})
+    with pytest.raises(WorkerError, match=r"pods not running after 0s: textsql-run-\w+-0 \(ImagePullBackOff\)"):
+        backend.wait(timeout=0.05)
+    backend.stop()

@@ -5,6 +5,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from textsql.constants import DEFAULT_SSH_PORT
 
@@ -40,6 +41,8 @@ class Backend(ABC):
     name = "backend"
     #: False for backends whose hosts already exist and register no agent (``static``).
     runs_agents = True
+    #: Where workers' logs and files go on the master (``RUN_DIR/workers``); start_workers sets it.
+    workdir: Path | None = None
 
     @abstractmethod
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:

@@ -153,7 +153,8 @@ class KubernetesBackend(Backend):
         )
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
-        self.run_id = self.run_id or f"{_dns_name(Path(self.workdir or 'run').parent.name)}-{secrets.token_hex(3)}"
+        run_name = self.workdir.parent.name if self.workdir else "run"
+        self.run_id = self.run_id or f"{_dns_name(run_name)}-{secrets.token_hex(3)}"
         token = env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE]))
         if self._secret is None:
             secret = self.secret_spec(token)

@@ -74,7 +74,6 @@ class LocalBackend(Backend):
         """
         self.sshd = sshd
         self.python = python
-        self.workdir: Path | None = None
         self._processes: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, Path] = {}
 
