@@ -50,12 +50,15 @@ def test_the_full_sample_is_saved_in_the_contract_form(prepared, tokenizer):
             assert tokenizer.pad_token_id not in row["input_ids"] + row["labels"]
 
 
-def test_prepare_json_and_tables_describe_the_output(prepared):
+def test_prepare_json_and_tables_describe_the_output(prepared, tokenizer):
     prepared_dir = Path(prepared["out"])
     summary = json.loads((prepared_dir / "prepare.json").read_text())
     assert summary["source"] == "sample" and summary["tokenizer"] == "default" and summary["input_format"] == "schema"
     assert summary["counts"] == prepared["counts"]
     assert summary["truncated"] == {split: {"source": 0, "target": 0} for split in SPLITS}
+    data = load_from_disk(prepared["out"])
+    assert summary["targets_with_unknown_tokens"] == {split: sum(tokenizer.unk_token_id in row["labels"] for row in data[split]) for split in SPLITS}
+    assert summary["targets_with_unknown_tokens"]["train"] > 0  # e.g. "Svāhā": T5's vocabulary lacks some letters
     for split in SPLITS:
         lengths = summary["source_length"][split]
         assert 0 < lengths["p50"] <= lengths["p90"] <= lengths["p95"] <= lengths["p99"] <= lengths["max"] <= 512

@@ -38,8 +38,9 @@ TEXT_FEATURES = Features({
     "id": Value("string"), "table_id": Value("string"), "question": Value("string"), "header": List(Value("string")),
     "sql": Value("string"), "target": Value("string"), "source_text": Value("string"),
 })
-# Untruncated token counts, kept only until the statistics are taken.
-LENGTH_COLUMNS = ("source_length", "target_length")
+# Untruncated token counts and whether a target holds <unk> (the model cannot write it exactly),
+# kept only until the statistics are taken.
+STATISTICS_COLUMNS = ("source_length", "target_length", "target_unknown")
 
 
 @dataclass
@@ -108,7 +109,7 @@ def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
         **_length_statistics(tokenized, arguments),
         "arguments": asdict(arguments),
     }
-    tokenized = tokenized.remove_columns(list(LENGTH_COLUMNS))
+    tokenized = tokenized.remove_columns(list(STATISTICS_COLUMNS))
     summary["seconds"] = round(time.perf_counter() - started, 2)
     _write(out, tokenized, {split: tables for split, (_, tables) in loaded.items()}, summary, arguments.overwrite)
     logger.info("wrote %s in %.1fs", out, summary["seconds"])
@@ -127,7 +128,8 @@ def format_summary(summary: dict) -> str:
         lines.append(
             f"  {split}: {summary['counts'][split]} questions, {summary['tables'][split]} tables; "
             f"source tokens p50/p95/max {source['p50']}/{source['p95']}/{source['max']} ({truncated['source']} truncated), "
-            f"target tokens {target['p50']}/{target['p95']}/{target['max']} ({truncated['target']} truncated)"
+            f"target tokens {target['p50']}/{target['p95']}/{target['max']} ({truncated['target']} truncated, "
+            f"{summary['targets_with_unknown_tokens'][split]} with <unk>)"
         )
     return "\n".join(lines)
 
@@ -154,6 +156,7 @@ def _tokenize(batch: dict, *, tokenizer: PreTrainedTokenizerBase, max_source_len
         "labels": [_truncate(ids, max_target_length) for ids in targets],
         "source_length": [len(ids) for ids in sources],
         "target_length": [len(ids) for ids in targets],
+        "target_unknown": [tokenizer.unk_token_id in ids for ids in targets],
     }
 
 
@@ -163,9 +166,9 @@ def _truncate(ids: list[int], max_length: int) -> list[int]:
 
 
 def _length_statistics(tokenized: DatasetDict, arguments: PrepareArguments) -> dict:
-    """Percentiles of untruncated token lengths and how many questions were truncated, per split."""
+    """Per split: percentiles of untruncated token lengths, how many were truncated, how many targets hold <unk>."""
     limits = {"source_length": arguments.max_source_length, "target_length": arguments.max_target_length}
-    statistics: dict = {"source_length": {}, "target_length": {}, "truncated": {}}
+    statistics: dict = {"source_length": {}, "target_length": {}, "truncated": {}, "targets_with_unknown_tokens": {}}
     for split in SPLITS:
         truncated = {}
         for column, limit in limits.items():
@@ -176,6 +179,7 @@ def _length_statistics(tokenized: DatasetDict, arguments: PrepareArguments) -> d
                 statistics[column][split] = {**{f"p{p}": int(numpy.percentile(lengths, p)) for p in PERCENTILES}, "max": int(lengths.max())}
             truncated[column.removesuffix("_length")] = int((lengths > limit).sum())
         statistics["truncated"][split] = truncated
+        statistics["targets_with_unknown_tokens"][split] = int(sum(tokenized[split]["target_unknown"]))
     return statistics
 
 
