@@ -154,3 +154,23 @@ def register(master: str, token_file: str, timeout: float, wait: bool, **fields)
 
     register_once(master, token_file, registration_from_options(**fields), timeout, wait=wait)
     click.echo(f"registered {fields['address']} with {master}")
+
+
+@cli.command()
+@click.option("--model", default="default", show_default=True, help="Hub id, model directory or config.json file (only the config is read).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Worker nodes.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per node.")
+@click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), required=True, help="Memory of one GPU in GiB.")
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, as_json: bool) -> None:
+    """Per-rank memory of each DeepSpeed profile for a model, from its config, and the cheapest that fits."""
+    import contextlib
+    import json
+    import sys
+
+    from textsql.estimate import estimate as run_estimate, format_estimate
+
+    # DeepSpeed logs to stdout (its import announces the accelerator); stdout is for the report.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = run_estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb)
+    click.echo(json.dumps(report, indent=2) if as_json else format_estimate(report))

@@ -31,6 +31,7 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 from transformers.trainer_utils import EvalPrediction, sort_checkpoints
 
+from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError, LaunchError, ModelError, TextSQLError
 from textsql.model import load_model, load_tokenizer
 from textsql.profiles import load_profile
@@ -39,10 +40,10 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
-LABEL_PAD_TOKEN_ID = -100
 MODEL_SUBDIR = "model"
 TENSORBOARD_SUBDIR = "tensorboard"
 SUMMARY_FILE = "run.json"
+PREDICTIONS_FILE = "eval_predictions.jsonl"
 # The pieces of a checkpoint written last by the trainer and by DeepSpeed: a checkpoint without them
 # was cut off while saving and cannot be resumed.
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -156,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     # T5's forward takes **kwargs but averages its loss itself, ignoring num_items_in_batch; left to
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
     model.accepts_loss_kwargs = False
+    # Saved with model/, so inference generates as the evaluation here did.
+    model.generation_config.max_length = training_args.generation_max_length
+    if training_args.generation_num_beams:
+        model.generation_config.num_beams = training_args.generation_num_beams
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
@@ -174,24 +179,56 @@ def main(argv: list[str] | None = None) -> int:
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
     if "validation" in splits:
-        metrics = trainer.evaluate(metric_key_prefix="eval")
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
-
+        evaluate(trainer, tokenizer, splits["validation"])
     export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint)
     return 0
 
 
-def parse_arguments(argv: list[str] | None = None):
-    """Parse the command line strictly and build the training arguments on a DeepSpeed state.
+def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> dict[str, float]:
+    """Final evaluation: loss and, with generation, exact match, logged to TensorBoard, and the
+    generated queries written beside the targets to ``eval_predictions.jsonl`` (world process zero).
 
-    Typos and unknown flags fail (no abbreviations); booleans take ``true``/``false``. The profile
-    becomes the ``deepspeed`` config and ``--precision`` sets ``bf16``/``fp16``, so those two
-    trainer flags are refused here to keep one way of saying each thing.
+    :rtype: dict[str, float]
+    """
+    # The eval sampler follows the train sampling strategy; group_by_length would shuffle the
+    # predictions away from the sources they are written beside.
+    strategy, trainer.args.train_sampling_strategy = trainer.args.train_sampling_strategy, "sequential"
+    try:
+        output = trainer.predict(dataset, metric_key_prefix="eval")
+    finally:
+        trainer.args.train_sampling_strategy = strategy
+    trainer.log(output.metrics)
+    trainer.log_metrics("eval", output.metrics)
+    trainer.save_metrics("eval", output.metrics)
+    if trainer.is_world_process_zero() and trainer.args.predict_with_generate:
+        sources = tokenizer.batch_decode(list(dataset["input_ids"]), skip_special_tokens=True)
+        rows = zip(sources, _decode(tokenizer, output.predictions), _decode(tokenizer, output.label_ids))
+        lines = [json.dumps({"source": source, "prediction": prediction, "target": target}) for source, prediction, target in rows]
+        _write_atomic(Path(trainer.args.output_dir) / PREDICTIONS_FILE, "\n".join(lines) + "\n")
+    return output.metrics
+
+
+def parse_arguments(argv: list[str] | None = None):
+    """Parse the command line, then build the training arguments on a DeepSpeed distributed state.
 
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments]
+    """
+    model_args, data_args, run_args, training_values = parse_command_line(argv)
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(training_values["output_dir"]) / TENSORBOARD_SUBDIR))
+    init_distributed(timedelta(seconds=training_values["ddp_timeout"]))
+    return model_args, data_args, run_args, Seq2SeqTrainingArguments(**training_values)
+
+
+def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
+    """Parse strictly: typos and unknown flags fail (no abbreviations), booleans take ``true``/``false``.
+
+    The profile becomes the ``deepspeed`` config and ``--precision`` sets ``bf16``/``fp16``, so those
+    trainer flags are refused to keep one way of saying each thing. Nothing distributed starts here.
+
+    :returns: the three argument dataclasses and the keyword arguments of ``Seq2SeqTrainingArguments``.
+    :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
     """
     parser = _StrictParser(
         (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments), prog="textsql train", allow_abbrev=False
@@ -201,26 +238,20 @@ def parse_arguments(argv: list[str] | None = None):
     if unknown:
         raise LaunchError(f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`")
     values = vars(namespace)
-    model_args, data_args, run_args = (_build(cls, values) for cls in (ModelArguments, DataArguments, RunArguments))
+    model_args, data_args, run_args = (cls(**_field_values(cls, values)) for cls in (ModelArguments, DataArguments, RunArguments))
     for flag, replacement in REPLACED_FLAGS.items():
         if values[flag]:
             raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
     if values["output_dir"] is None:
         raise LaunchError("no output directory; pass --output_dir DIR")
-
-    precision = resolve_precision(model_args.precision)
-    model_args.precision = precision
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(values["output_dir"]) / TENSORBOARD_SUBDIR))
-    init_distributed(timedelta(seconds=values["ddp_timeout"]))
-    training_args = _build(
-        Seq2SeqTrainingArguments,
-        values,
-        deepspeed=load_profile(run_args.profile, run_args.overlay),
-        bf16=precision == "bf16",
-        fp16=precision == "fp16",
-        accelerator_config={"use_configured_state": True},
-    )
-    return model_args, data_args, run_args, training_args
+    model_args.precision = resolve_precision(model_args.precision)
+    training_values = _field_values(Seq2SeqTrainingArguments, values) | {
+        "deepspeed": load_profile(run_args.profile, run_args.overlay),
+        "bf16": model_args.precision == "bf16",
+        "fp16": model_args.precision == "fp16",
+        "accelerator_config": {"use_configured_state": True},
+    }
+    return model_args, data_args, run_args, training_values
 
 
 def resolve_precision(precision: str) -> str:
@@ -377,15 +408,18 @@ def _write_summary(trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args
         "global_step": trainer.state.global_step,
         "log_history": trainer.state.log_history,
     }
-    path = Path(trainer.args.output_dir) / SUMMARY_FILE
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(summary, indent=2))
+    _write_atomic(Path(trainer.args.output_dir) / SUMMARY_FILE, json.dumps(summary, indent=2))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text(text)
     staging.replace(path)
 
 
-def _build(cls, values: dict[str, Any], **overrides):
-    """Instantiate one argument dataclass from the parsed namespace (as HfArgumentParser does)."""
-    return cls(**{f.name: values[f.name] for f in fields(cls) if f.init} | overrides)
+def _field_values(cls, values: dict[str, Any]) -> dict[str, Any]:
+    """The parsed values that belong to one argument dataclass (as HfArgumentParser splits them)."""
+    return {f.name: values[f.name] for f in fields(cls) if f.init}
 
 
 def _suggestion(parser: HfArgumentParser, argument: str) -> str:
