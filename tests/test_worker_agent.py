@@ -50,3 +50,11 @@ def test_bad_settings_name_the_variable(env, changes, message):
 def test_register_only_needs_no_client_key(env):
     config = AgentConfig.from_env({**env, c.ENV_CLIENT_PUBKEY: "", c.ENV_SSHD: "0"})
     assert config.sshd is False
+
+
+def test_missing_sshd_names_the_package():
+    from textsql.errors import WorkerError
+    from worker.sshd import require_tool
+
+    with pytest.raises(WorkerError, match=r"/no/such/sshd is not installed; install it with: apt-get install -y openssh-server"):
+        require_tool("/no/such/sshd")

@@ -137,16 +137,25 @@ class _Handler(socketserver.StreamRequestHandler):
             return False
         return True
 
+    def _send_release(self, server_nonce: str, client_nonce: str) -> None:
+        try:
+            send_frame(self.connection, {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)})
+        except FrameError as error:
+            logger.info("could not release %s: %s", self.client_address[0], error)
+
     def _hold(self, registration: Registration, server_nonce: str, client_nonce: str) -> None:
         """Keep the connection until release, heartbeating; a worker that hangs up is dropped."""
+        if self.server.released.is_set():  # released while this worker was still shaking hands
+            self._send_release(server_nonce, client_nonce)
+            return
         with selectors.DefaultSelector() as selector:
             selector.register(self.connection, selectors.EVENT_READ)
             selector.register(self.server._release_reader, selectors.EVENT_READ)
             while True:
                 ready = {key.fileobj for key, _ in selector.select(timeout=self.server.heartbeat)}
                 try:
-                    if self.server._release_reader in ready:
-                        send_frame(self.connection, {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)})
+                    if self.server._release_reader in ready or self.server.released.is_set():
+                        self._send_release(server_nonce, client_nonce)
                         return
                     if self.connection in ready:
                         # A held worker sends one thing only: "detach" (registered, not holding on).
@@ -209,6 +218,9 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self._complete = threading.Event()
         self._failure: Exception | None = None
         self._connections = 0
+        self._idle = threading.Condition(self._lock)
+        self.released = threading.Event()
+        # Held connections select on this pair so a release wakes them at once, without polling.
         self._release_reader, self._release_writer = socket.socketpair()
         self._thread: threading.Thread | None = None
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -266,6 +278,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     def _connection_closed(self) -> None:
         with self._lock:
             self._connections -= 1
+            self._idle.notify_all()
 
     def _add(self, registration: Registration, handler: _Handler) -> str:
         """Record a registration; the refusal reason, or "" when accepted."""
@@ -347,19 +360,27 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     def release(self) -> None:
         """Tell every held worker it is released (they stop sshd and exit)."""
+        self.released.set()
         try:
             self._release_writer.send(b"r")
         except OSError:
             pass
 
-    def close(self) -> None:
-        """Release workers, stop serving, close the socket. Safe to call twice."""
+    def close(self, drain_s: float = 2.0) -> None:
+        """Release workers, stop serving, close the sockets. Safe to call twice.
+
+        :param drain_s: seconds to let handlers deliver the release before their sockets are closed.
+        """
         self.release()
         if self._thread is not None:
             self.shutdown()
             self._thread.join()
             self._thread = None
+        with self._lock:
+            self._idle.wait_for(lambda: self._connections == 0, timeout=drain_s)
         self.server_close()
+        self._release_reader.close()
+        self._release_writer.close()
 
     def __enter__(self) -> "RendezvousServer":
         return self.start()

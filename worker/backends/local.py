@@ -18,6 +18,7 @@ from pathlib import Path
 from textsql.errors import WorkerError
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.sshd import require_tool
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ class LocalBackend(Backend):
         return [WorkerHandle(pod, f"pid {process.pid}") for pod, process in self._processes.items()]
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
+        if self.sshd:
+            require_tool(c.SSHD_PATH)  # fail here, once, rather than in every agent's log
         workdir = self.workdir or Path(tempfile.mkdtemp(prefix="textsql-local-workers-"))
         workdir.mkdir(parents=True, exist_ok=True)
         start = len(self._processes)
