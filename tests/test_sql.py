@@ -95,10 +95,11 @@ def test_round_trip_is_exact_on_every_sample_question():
     assert (checked, failures) == (1200, [])
 
 
-def test_round_trip_is_exact_on_every_release_dev_question_with_a_known_header(shared_data_dir):
+@pytest.mark.parametrize("stem, known", [("dev", 103), ("test", 102)])
+def test_round_trip_is_exact_on_every_release_question_with_a_known_header(shared_data_dir, stem, known):
     headers = {table_id: table["header"] for split in SPLITS for table_id, table in load_split("sample", split)[1].items()}
-    with open(shared_data_dir / "wikisql" / "original" / "dev.jsonl") as lines:
+    with open(shared_data_dir / "wikisql" / "original" / f"{stem}.jsonl") as lines:
         questions = [question for question in map(json.loads, lines) if question["table_id"] in headers]
     checked, failures = _round_trip_failures(questions, headers)
     assert failures == []
-    assert checked == 103  # every release dev question on the sample's 25 dev tables
+    assert checked == known  # every release question on the sample's tables of that split
