@@ -123,21 +123,45 @@ def test_arguments_are_checked_up_front(tmp_path, options, message):
         PrepareArguments(out=str(tmp_path / "x"), **options)
 
 
-def _corrupt(release, stem, line):
+def _insert_line(release, stem, line):
     path = release / f"{stem}.jsonl"
     lines = path.read_text().splitlines()
     lines.insert(1, line)
     path.write_text("\n".join(lines) + "\n")
 
 
+def malformed_line(release, tmp_path):
+    _insert_line(release, "test", "{not json")
+    return ["--source", str(release)]
+
+
+def missing_table(release, tmp_path):
+    _insert_line(release, "dev", json.dumps({"table_id": "1-0-0", "question": "Who?", "sql": {"sel": 0, "agg": 0, "conds": []}}))
+    return ["--source", str(release)]
+
+
+def unknown_source(release, tmp_path):
+    return ["--source", "wikisql"]
+
+
+def broken_tokenizer(release, tmp_path):
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("garbage")
+    (tmp_path / "tok" / "config.json").write_text('{"model_type": "t5"}')
+    return ["--model", str(tmp_path / "tok")]
+
+
+def no_tokenizer(release, tmp_path):
+    (tmp_path / "empty").mkdir()
+    return ["--model", str(tmp_path / "empty")]
+
+
 @pytest.mark.parametrize("setup, expected", [
-    (lambda r, t: (_corrupt(r, "test", "{not json"), ["--source", str(r)])[1], "test.jsonl:2: not a JSON object"),
-    (lambda r, t: (_corrupt(r, "dev", json.dumps({"table_id": "1-0-0", "question": "q", "sql": {"sel": 0, "agg": 0, "conds": []}})), ["--source", str(r)])[1],
-     "dev.jsonl:2: table '1-0-0' is not in"),
-    (lambda r, t: ["--source", "wikisql"], "unknown source 'wikisql'"),
-    (lambda r, t: ((t / "tok").mkdir(), (t / "tok" / "tokenizer.json").write_text("garbage"), (t / "tok" / "config.json").write_text('{"model_type": "t5"}'),
-                   ["--model", str(t / "tok")])[-1], "cannot load a tokenizer"),
-    (lambda r, t: ((t / "empty").mkdir(), ["--model", str(t / "empty")])[-1], "no tokenizer in"),
+    (malformed_line, "test.jsonl:2: not a JSON object"),
+    (missing_table, "dev.jsonl:2: table '1-0-0' is not in"),
+    (unknown_source, "unknown source 'wikisql'"),
+    (broken_tokenizer, "cannot load a tokenizer"),
+    (no_tokenizer, "no tokenizer in"),
 ])
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, wikisql_release_copy, setup, expected):
     arguments = setup(wikisql_release_copy, tmp_path)
