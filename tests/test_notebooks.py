@@ -1,0 +1,122 @@
+"""The notebooks: committed clean and thin, and each one really runs headless under papermill.
+
+The slow test runs all three through `textsql demo` on small parameters (a few training steps, two
+`local` worker pods with their own sshd), which is `make demo`'s path; another one checks that a
+failure inside the training cell still releases the workers.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import papermill
+import psutil
+import pytest
+
+from textsql.demo import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
+from textsql.tensorboard import read_scalars
+
+TEXTSQL = str(Path(sys.executable).parent / "textsql")
+# Code cells call the package in a few lines; only the imports and the parameters may be longer.
+MAX_CELL_LINES = 5
+
+
+def code_cells(name: str) -> list:
+    return [cell for cell in nbformat.read(notebook_path(name), as_version=4).cells if cell.cell_type == "code"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_clean_and_valid(name):
+    notebook = nbformat.read(notebook_path(name), as_version=4)
+    nbformat.validate(notebook)
+    assert notebook.metadata.kernelspec.name == "python3"
+    for cell in code_cells(name):
+        assert cell.outputs == [] and cell.execution_count is None, f"{name}: clear the outputs before committing"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_first_code_cell_is_the_only_parameters_cell(name):
+    cells = code_cells(name)
+    tagged = [cell for cell in cells if "parameters" in cell.metadata.get("tags", [])]
+    assert tagged == [cells[0]]
+    assert papermill.inspect_notebook(str(notebook_path(name))), "papermill finds no parameters"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_cells_are_thin_calls_into_the_package(name):
+    for cell in code_cells(name)[1:]:
+        statements = ast.parse(cell.source).body
+        if all(isinstance(statement, (ast.Import, ast.ImportFrom)) for statement in statements):
+            continue
+        assert len(cell.source.strip().splitlines()) <= MAX_CELL_LINES, f"{name}: a cell is not thin:\n{cell.source}"
+
+
+def test_training_runs_inside_the_workers_context():
+    """The launch is in the body of `with start_workers(...)`, so the workers are released whatever happens."""
+    tree = ast.parse("\n".join(cell.source for cell in code_cells("02_train_distributed")[1:]))
+    blocks = [node for node in ast.walk(tree) if isinstance(node, ast.With)
+              and any(isinstance(item.context_expr, ast.Call) and getattr(item.context_expr.func, "id", "") == "start_workers" for item in node.items)]
+    assert len(blocks) == 1
+    launches = [node for node in ast.walk(blocks[0]) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "launch"]
+    assert launches, "launch() must run inside the start_workers block"
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if text in " ".join(process.cmdline()) or any(text in value for value in process.environ().values()):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def test_unknown_notebook_and_foreign_directory_are_refused(tmp_path):
+    with pytest.raises(NotebookError, match="unknown notebook 'train'; pass one of 01_prepare_dataset"):
+        notebook_path("train")
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(NotebookError, match="is not a previous demo; pass another --out"):
+        run_demo(tmp_path)
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+@pytest.mark.slow
+def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    small = ["-p", "01_prepare_dataset.limit=48", "-p", "max_steps=4", "-p", "eval_steps=2", "-p", "per_device_batch_size=4",
+             "-p", "03_inference.limit=6"]
+    result = subprocess.run([TEXTSQL, "demo", "--out", str(out), *small], capture_output=True, text=True, timeout=1500)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "MISSING" not in result.stdout and "textsql tensorboard --logdir" in result.stdout
+
+    assert (out / DEMO_MARKER).is_file()
+    assert [line.split()[0] for line in (out / "hostfile").read_text().splitlines()] == ["127.0.0.2", "127.0.0.3"]
+    assert "pdsh" in (out / "launch.log").read_text()
+    losses = [value for run in read_scalars(out / "tensorboard").values() for value in run.get("train/loss", [])]
+    assert losses, "no train/loss in the TensorBoard event files"
+    assert (out / "model" / "config.json").is_file()
+    predictions = (out / "predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == 6 and json.loads((out / "metrics.json").read_text())["n"] == 6
+    for name in NOTEBOOKS:
+        executed = nbformat.read(out / "notebooks" / f"{name}.ipynb", as_version=4)
+        assert all(cell.execution_count for cell in executed.cells if cell.cell_type == "code"), f"{name} did not run every cell"
+    plotted = [output for cell in nbformat.read(out / "notebooks" / "02_train_distributed.ipynb", as_version=4).cells
+               for output in cell.get("outputs", []) if "image/png" in output.get("data", {})]
+    assert plotted, "notebook 02 drew no loss plot"
+    assert not processes_mentioning(str(out)), "worker processes outlived the demo"
+
+
+@pytest.mark.slow
+def test_training_notebook_releases_workers_when_the_training_cell_fails(tmp_path):
+    run_dir = tmp_path / "run"
+    # Refused inside the `with start_workers(...)` block, after both workers registered.
+    with pytest.raises(NotebookError, match="02_train_distributed failed.*LaunchError.*shell would interpret"):
+        run_notebook("02_train_distributed", tmp_path / "02.ipynb",
+                     {"run_dir": str(run_dir), "data_dir": str(tmp_path / "da;ta")})
+    assert len((run_dir / "hostfile").read_text().splitlines()) == 2, "the workers never registered"
+    assert not processes_mentioning(str(run_dir)), "workers were left running after the failure"

@@ -1,0 +1,211 @@
+"""Run the project's notebooks headless with papermill: all three on the embedded default (``make demo``),
+or one at a time as a scheduled job does.
+
+The notebooks stay the single place the workflow is written down; this module only chooses their
+parameters, runs them in order, and reports where the time went. A notebook that fails stops the run
+with one line naming the cell's error and the executed copy to open.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from textsql.constants import PROJECT_DIR
+from textsql.errors import TextSQLError
+
+logger = logging.getLogger(__name__)
+
+NOTEBOOKS_DIR = PROJECT_DIR / "notebooks"
+NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed", "03_inference")
+KERNEL_NAME = "python3"
+# Any notebook parameter can be set from the environment as TEXTSQL_<PARAMETER> (CML job and project
+# variables, the AMP's defaults); values are read as YAML so numbers and booleans keep their type.
+ENV_PREFIX = "TEXTSQL_"
+# Marks a directory as the demo's own, so a second `make demo` may replace it (and nothing else).
+DEMO_MARKER = ".textsql-demo"
+
+
+class NotebookError(TextSQLError):
+    """A notebook run by papermill failed; the executed copy shows the failing cell."""
+
+
+@dataclass
+class DemoResult:
+    """What ``make demo`` produced, and how long each notebook took."""
+
+    out_dir: Path
+    seconds: dict[str, float] = field(default_factory=dict)
+    notebooks: dict[str, Path] = field(default_factory=dict)
+
+
+def notebook_path(name: str) -> Path:
+    """The committed notebook called ``name`` (with or without ``.ipynb``).
+
+    :param name: ``01_prepare_dataset``, ``02_train_distributed`` or ``03_inference``.
+    :rtype: pathlib.Path
+    """
+    stem = name.removesuffix(".ipynb")
+    if stem not in NOTEBOOKS:
+        raise NotebookError(f"unknown notebook {name!r}; pass one of {', '.join(NOTEBOOKS)}")
+    return NOTEBOOKS_DIR / f"{stem}.ipynb"
+
+
+def parameters_from_environ(name: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The notebook's parameters that are set as ``TEXTSQL_<NAME>`` in the environment.
+
+    :param name: the notebook.
+    :param environ: the environment to read (``os.environ`` when None).
+    :rtype: dict
+    """
+    import papermill
+
+    environ = os.environ if environ is None else environ
+    declared = papermill.inspect_notebook(str(notebook_path(name)))
+    return {
+        parameter: yaml.safe_load(environ[ENV_PREFIX + parameter.upper()])
+        for parameter in declared
+        if ENV_PREFIX + parameter.upper() in environ
+    }
+
+
+def run_notebook(name: str, output: str | Path, parameters: Mapping[str, Any] | None = None, log_output: bool = True) -> Path:
+    """Execute one notebook with papermill and write the executed copy to ``output``.
+
+    The kernel runs in ``notebooks/`` (as in JupyterLab), with this Python's ``python3`` kernel.
+
+    Usage::
+
+        >>> run_notebook("01_prepare_dataset", "runs/x/01_prepare_dataset.ipynb", {"data_dir": "/abs/runs/x/data"})
+
+    :param name: the notebook.
+    :param output: path of the executed notebook.
+    :param parameters: values for the notebook's ``parameters`` cell.
+    :param log_output: stream the cells' output to this process's log as they run.
+    :rtype: pathlib.Path
+    """
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("running %s -> %s with %s", name, output, dict(parameters or {}))
+    try:
+        papermill.execute_notebook(
+            str(notebook_path(name)),
+            str(output),
+            parameters=dict(parameters or {}),
+            kernel_name=KERNEL_NAME,
+            cwd=str(NOTEBOOKS_DIR),
+            log_output=log_output,
+            progress_bar=False,
+        )
+    except PapermillExecutionError as error:
+        raise NotebookError(
+            f"notebook {name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}; open {output}"
+        ) from None
+    return output
+
+
+def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """The embedded-default run: the WikiSQL sample, the small T5, two local worker pods, ZeRO-1.
+
+    :param out_dir: where everything goes (absolute).
+    :rtype: dict
+    """
+    data_dir = str(out_dir / "data")
+    return {
+        "01_prepare_dataset": {"source": "sample", "model": "default", "data_dir": data_dir},
+        "02_train_distributed": {"data_dir": data_dir, "run_dir": str(out_dir), "backend": "local", "workers": 2, "profile": "zero1"},
+        "03_inference": {"data_dir": data_dir, "run_dir": str(out_dir)},
+    }
+
+
+def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
+    """Per-notebook parameters from ``NAME=VALUE`` (every notebook that declares NAME) or
+    ``NOTEBOOK.NAME=VALUE`` (that notebook only); values are read as YAML (``4``, ``true``, ``null``).
+
+    :param entries: the command line's ``-p`` values.
+    :rtype: dict
+    """
+    import papermill
+
+    declared = {name: set(papermill.inspect_notebook(str(notebook_path(name)))) for name in NOTEBOOKS}
+    overrides: dict[str, dict[str, Any]] = {name: {} for name in NOTEBOOKS}
+    for entry in entries:
+        key, separator, text = entry.partition("=")
+        notebook, _, parameter = key.rpartition(".")
+        targets = [notebook_path(notebook).stem] if notebook else [name for name in NOTEBOOKS if parameter in declared[name]]
+        if not separator or not targets or any(parameter not in declared[name] for name in targets):
+            known = sorted(set().union(*declared.values()))
+            raise NotebookError(f"-p {entry!r} sets no notebook parameter; write NAME=VALUE with NAME one of {', '.join(known)}")
+        for name in targets:
+            overrides[name][parameter] = yaml.safe_load(text)
+    return overrides
+
+
+def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | None = None) -> DemoResult:
+    """Run the three notebooks in order on the embedded default; everything lands under ``out_dir``.
+
+    A previous demo in ``out_dir`` is replaced; any other existing, non-empty directory is refused.
+
+    :param out_dir: run directory (``runs/demo``).
+    :param parameters: per-notebook overrides merged onto :func:`demo_parameters`.
+    :rtype: DemoResult
+    """
+    out_dir = Path(out_dir).expanduser().resolve()
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not (out_dir / DEMO_MARKER).is_file():
+            raise NotebookError(f"{str(out_dir)!r} exists and is not a previous demo; pass another --out")
+        logger.warning("replacing the previous demo in %s", out_dir)
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / DEMO_MARKER).touch()
+    chosen = demo_parameters(out_dir)
+    for name, overrides in (parameters or {}).items():
+        chosen[notebook_path(name).stem].update(overrides)
+    result = DemoResult(out_dir)
+    for name in NOTEBOOKS:
+        started = time.monotonic()
+        result.notebooks[name] = run_notebook(name, out_dir / "notebooks" / f"{name}.ipynb", chosen[name])
+        result.seconds[name] = time.monotonic() - started
+        logger.info("%s done in %.0f s", name, result.seconds[name])
+    return result
+
+
+def format_summary(result: DemoResult) -> str:
+    """What the demo produced, what to open next, and where the time went.
+
+    :param result: what :func:`run_demo` returned.
+    :rtype: str
+    """
+    out = result.out_dir
+    metrics_file = out / "metrics.json"
+    lines = [f"Everything is under {out}:"]
+    for name in ("hostfile", "launch.log", "tensorboard", "model", "predictions.jsonl", "metrics.json"):
+        lines.append(f"  {name:18} {'ok' if (out / name).exists() else 'MISSING'}")
+    if metrics_file.exists():
+        import json
+
+        metrics = json.loads(metrics_file.read_text())
+        ex = metrics.get("ex_accuracy")
+        lines.append(
+            f"Scores on {metrics['n']} questions: logical form {metrics['lf_accuracy']:.1%}, "
+            f"execution {'n/a' if ex is None else f'{ex:.1%}'}"
+        )
+    lines += [
+        "Open next:",
+        f"  textsql tensorboard --logdir {out / 'tensorboard'}",
+        *(f"  jupyter lab {path}" for path in result.notebooks.values()),
+        "Time:",
+        *(f"  {name:22} {seconds:7.1f} s" for name, seconds in result.seconds.items()),
+        f"  {'total':22} {sum(result.seconds.values()):7.1f} s",
+    ]
+    return "\n".join(lines)
