@@ -1,0 +1,141 @@
+"""textsql.train without starting ranks: strict parsing, precision rules, output directory, checkpoints."""
+import json
+
+import pytest
+import torch
+
+from textsql.errors import DataError, LaunchError, ModelError, ProfileError
+from textsql.train import (
+    RunArguments,
+    _prepare_on_saving_rank,
+    is_complete_checkpoint,
+    newest_complete_checkpoint,
+    parse_command_line,
+    resolve_precision,
+)
+
+REQUIRED = ["--data_dir", "data", "--output_dir", "out"]
+
+
+def parse(*flags: str):
+    return parse_command_line([*REQUIRED, *flags])
+
+
+def test_a_typo_fails_and_names_the_flag_meant():
+    with pytest.raises(LaunchError, match=r"'--lerning_rate'.*did you mean --learning_rate"):
+        parse("--lerning_rate", "1e-3")
+
+
+def test_abbreviations_are_not_guessed():
+    with pytest.raises(LaunchError, match="--learning"):
+        parse("--learning", "1e-3")
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--gradient_checkpointing", "false"], False),
+    (["--gradient_checkpointing", "False"], False),
+    (["--gradient-checkpointing", "true"], True),
+    (["--gradient_checkpointing"], True),
+    ([], None),  # unset: the trainer decides (off)
+])
+def test_booleans_mean_what_they_say(flags, expected):
+    assert parse(*flags)[3]["gradient_checkpointing"] is expected
+
+
+def test_a_bad_boolean_is_one_line():
+    with pytest.raises(LaunchError, match="gradient_checkpointing.*fals") as error:
+        parse("--gradient_checkpointing", "fals")
+    assert "\n" not in str(error.value)
+
+
+def test_the_launchers_local_rank_is_accepted():
+    assert parse("--local_rank=1")[3]["local_rank"] == 1
+
+
+def test_the_profile_and_overlay_become_the_deepspeed_config():
+    _, _, run_args, training = parse("--profile", "zero3", "--overlay", "flops_profiler")
+    assert run_args.profile == "zero3"
+    assert training["deepspeed"]["zero_optimization"]["stage"] == 3
+    assert training["deepspeed"]["flops_profiler"]["enabled"] is True
+    assert training["accelerator_config"] == {"use_configured_state": True}
+
+
+def test_unknown_profile_fails_before_anything_starts():
+    with pytest.raises(ProfileError, match="zero3_offload"):
+        parse("--profile", "zero4")
+
+
+@pytest.mark.parametrize(("flag", "replacement"), [
+    (["--deepspeed", "ds.json"], "--profile"), (["--bf16", "true"], "--precision bf16"), (["--resume_from_checkpoint", "x"], "--resume"),
+])
+def test_flags_this_program_sets_are_refused_with_the_one_to_use(flag, replacement):
+    with pytest.raises(LaunchError, match=replacement):
+        parse(*flag)
+
+
+def test_missing_data_and_output_dirs_name_the_flag():
+    with pytest.raises(DataError, match="--data_dir"):
+        parse_command_line(["--output_dir", "out"])
+    with pytest.raises(LaunchError, match="--output_dir"):
+        parse_command_line(["--data_dir", "data"])
+
+
+def test_fp16_is_refused_for_t5_unless_forced():
+    with pytest.raises(ModelError, match="overflows in fp16.*--force_fp16") as error:
+        parse("--precision", "fp16")
+    assert "\n" not in str(error.value)
+    model_args, _, _, training = parse("--precision", "fp16", "--force_fp16", "true")
+    assert (model_args.precision, training["fp16"], training["bf16"]) == ("fp16", True, False)
+
+
+def test_auto_precision_is_fp32_without_a_bf16_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_args, _, _, training = parse()
+    assert (model_args.precision, training["bf16"], training["fp16"]) == ("fp32", False, False)
+
+
+def test_auto_precision_is_bf16_on_a_gpu_that_has_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert resolve_precision("auto") == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert resolve_precision("auto") == "fp32"
+    assert resolve_precision("bf16") == "bf16"
+
+
+def test_resume_and_overwrite_contradict():
+    with pytest.raises(LaunchError, match="--resume"):
+        parse("--resume", "auto", "--overwrite_output_dir", "true")
+
+
+def fake_checkpoint(output, step: int, complete: bool = True):
+    checkpoint = output / f"checkpoint-{step}"
+    (checkpoint / f"global_step{step}").mkdir(parents=True)
+    (checkpoint / "latest").write_text(f"global_step{step}")
+    if complete:
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return checkpoint
+
+
+def test_newest_complete_checkpoint_skips_one_cut_off_while_saving(tmp_path):
+    assert newest_complete_checkpoint(tmp_path / "missing") is None
+    fake_checkpoint(tmp_path, 5)
+    fake_checkpoint(tmp_path, 10)
+    cut_off = fake_checkpoint(tmp_path, 15, complete=False)
+    assert not is_complete_checkpoint(cut_off)
+    assert newest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+def test_a_previous_run_is_kept_unless_asked(tmp_path):
+    fake_checkpoint(tmp_path, 5)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(LaunchError, match="--resume auto.*--overwrite_output_dir"):
+        _prepare_on_saving_rank(tmp_path, RunArguments())
+    assert (tmp_path / "checkpoint-5").is_dir()
+
+    _prepare_on_saving_rank(tmp_path, RunArguments(resume="auto"))
+    assert (tmp_path / "checkpoint-5").is_dir()
+
+    _prepare_on_saving_rank(tmp_path, RunArguments(overwrite_output_dir=True))
+    assert not (tmp_path / "checkpoint-5").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
