@@ -4,12 +4,14 @@ Argument: the notebook (01_prepare_dataset, 02_train_distributed or 03_inference
 the notebook can be set as TEXTSQL_<PARAMETER> in the project's or the job's environment. The executed
 copy is written to runs/jobs/<notebook>-<time>.ipynb, to open from the Files tab.
 """
+import logging
 import sys
 import time
 
 from textsql.constants import PROJECT_DIR
 from textsql.demo import parameters_from_environ, run_notebook
 
+logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
 name = sys.argv[1]
 output = PROJECT_DIR / "runs" / "jobs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
 run_notebook(name, output, parameters_from_environ(name))
