@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,7 +90,7 @@ def test_local_workers_answer_ssh_with_verified_host_keys(tmp_path):
     logs = (run_dir / "workers" / "local-0.log").read_text()
     assert "released by the master" in logs and "sshd on 127.0.0.2" in logs and token not in logs
     with pytest.raises(OSError):
-        __import__("socket").create_connection(("127.0.0.2", port), timeout=2)
+        socket.create_connection(("127.0.0.2", port), timeout=2)
 
 
 class _OneLostWorker(LocalBackend):
@@ -130,7 +131,9 @@ def test_keyboard_interrupt_inside_the_block_stops_workers(tmp_path):
 
 def test_agent_exits_cleanly_on_sigterm_and_when_the_master_dies(tmp_path):
     token_file, hostfile = tmp_path / "token", tmp_path / "hostfile"
-    port = LocalBackend().ssh_port(None, 1)  # any free port for the master
+    with socket.socket() as probe:  # any free port for the master
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     serve = subprocess.Popen(
         [shutil.which("textsql", path=VENV_BIN), "rendezvous", "serve", "--expect", "2", "--port", str(port),
          "--host", "127.0.0.1", "--token-file", str(token_file), "--hostfile", str(hostfile), "--hold"],
@@ -138,8 +141,10 @@ def test_agent_exits_cleanly_on_sigterm_and_when_the_master_dies(tmp_path):
     try:
         env = dict(os.environ, **{c.ENV_RENDEZVOUS: f"127.0.0.1:{port}", c.ENV_TOKEN_FILE: str(token_file),
                                   c.ENV_SSHD: "0", c.ENV_SLOTS: "1"})
-        while not token_file.exists():
+        deadline = time.monotonic() + 60
+        while not token_file.exists() and serve.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert token_file.exists(), serve.stdout.read() if serve.poll() is not None else "serve made no token file"
         agents = [subprocess.Popen([sys.executable, "-m", "worker.agent"], stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True,
                                    env=dict(env, **{c.ENV_ADDRESS: f"127.0.0.{i + 2}", c.ENV_POD: f"a{i}"}))

@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from textsql.errors import RendezvousError
+from textsql.errors import RendezvousError, WorkerError
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
 from worker.registration import Registration
@@ -151,6 +151,8 @@ def start_workers(
     run_dir = Path(run_dir).resolve()
     if isinstance(backend, str):
         backend = make_backend(backend, **backend_options)
+    elif backend_options:
+        raise WorkerError(f"options {sorted(backend_options)} go to the backend's constructor, not with a Backend instance")
     backend.workdir = run_dir / c.WORKERS_DIR_NAME
     deadline = time.monotonic() + timeout
     with ExitStack() as stack:
@@ -180,7 +182,7 @@ def start_workers(
         handles = backend.launch(count, resources or Resources(), agent_env)
         backend.wait(max(0.0, deadline - time.monotonic()))
         workers = server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[h.pod for h in handles],
-                              check=lambda: _check_pods(backend))
+                              check=lambda: _check_pods(backend), total=timeout)
         logger.info("%d workers registered: %s", len(workers), " ".join(w.address for w in workers))
         yield _cluster(run_dir, files, identity, port, advertised, workers, backend)
 

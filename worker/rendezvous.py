@@ -328,12 +328,13 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
                        registration.address, registration.pod, reason)
 
     def wait(self, timeout: float, expected_pods: Iterable[str] | None = None,
-             check: Callable[[], None] | None = None) -> list[Registration]:
+             check: Callable[[], None] | None = None, total: float | None = None) -> list[Registration]:
         """Block until ``expect`` workers registered and the files are written.
 
         :param timeout: seconds to wait.
         :param expected_pods: names of launched pods, to say which ones are missing.
         :param check: called about twice a second; raise from it to stop waiting (a pod died).
+        :param total: the whole start's timeout, for the error message (default: ``timeout``).
         :rtype: list[Registration]
         :raises RendezvousError: one line naming how many came and which are missing.
         """
@@ -342,7 +343,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             if check is not None:
                 check()
             if time.monotonic() >= deadline:
-                raise RendezvousError(self._missing_message(timeout, expected_pods))
+                raise RendezvousError(self._missing_message(timeout if total is None else total, expected_pods))
         if self._failure is not None:
             raise RendezvousError(f"all {self.expect} workers registered but the run files could not be written: {self._failure}")
         return self.workers
