@@ -270,3 +270,23 @@ def test_token_file_is_private(tmp_path):
 def test_frame_helpers_refuse_oversized_messages():
     with pytest.raises(FrameError, match="exceeds the 16384-byte frame limit"):
         send_frame(socket.socket(), {"x": "y" * 20000})
+
+
+def test_connections_over_the_limit_are_closed_at_accept(files):
+    with RendezvousServer(expect=1, token=TOKEN, files=files, read_timeout=30) as server:
+        server.max_connections = 2
+        held = [raw_connection(server) for _ in range(2)]
+        extra = socket.create_connection(server.endpoint, timeout=10)
+        assert extra.recv(4) == b""  # closed without a hello
+        extra.close()
+        for sock in held:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while True:  # the held handlers notice the close, then there is room again
+            try:
+                register(server.endpoint, TOKEN, worker(0)).close()
+                break
+            except FrameError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert len(server.wait(timeout=10)) == 1

@@ -181,6 +181,8 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     block_on_close = False
     request_queue_size = 128
+    #: Connections handled at once (one thread each); more are closed at accept.
+    max_connections = MAX_CONNECTIONS
 
     def __init__(
         self,
@@ -263,7 +265,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     def verify_request(self, request, client_address) -> bool:
         with self._lock:
-            if self._connections >= MAX_CONNECTIONS:
+            if self._connections >= self.max_connections:
                 logger.warning("refusing connection from %s: %d connections open", client_address[0], self._connections)
                 return False
         return True
@@ -455,6 +457,9 @@ def register(master: str | tuple[str, int], token: str | bytes, registration: Re
         server_nonce = hello.get("nonce")
         if hello.get("type") != "hello" or not _is_nonce(server_nonce):
             raise FrameError(f"{host}:{port} is not a textsql rendezvous server")
+        if hello.get("version") != PROTOCOL_VERSION:
+            raise RegistrationRejected(f"master {host}:{port} speaks rendezvous protocol {hello.get('version')!r}, "
+                                       f"this worker {PROTOCOL_VERSION}; run the same textsql version on both")
         client_nonce = secrets.token_hex(16)
         worker = registration.to_dict()
         send_frame(sock, {"type": "register", "nonce": client_nonce, "worker": worker,
