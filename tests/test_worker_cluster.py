@@ -162,3 +162,14 @@ def test_agent_exits_cleanly_on_sigterm_and_when_the_master_dies(tmp_path):
     finally:
         serve.kill()
         serve.wait()
+
+
+def test_open_workers_for_notebooks_stops_on_request(tmp_path):
+    from worker.cluster import open_workers
+
+    run_dir = tmp_path / "run"
+    cluster = open_workers("local", 1, run_dir, timeout=60, sshd=False)
+    assert cluster.hostfile.read_text() == "127.0.0.2 slots=1\n" and agent_pids(run_dir)
+    cluster.stop()
+    assert wait_gone(run_dir) == []
+    cluster.stop()  # twice is harmless

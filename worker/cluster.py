@@ -9,12 +9,13 @@ Usage::
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from textsql.errors import RendezvousError, WorkerError
@@ -47,6 +48,11 @@ class Cluster:
     rendezvous: tuple[str, int]
     workers: tuple[Registration, ...]
     backend: Backend
+    _stop: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
+
+    def stop(self) -> None:
+        """Release and stop every worker now (what leaving the ``with`` block does). Safe to call twice."""
+        self._stop()
 
     @property
     def hosts(self) -> list[str]:
@@ -162,7 +168,7 @@ def start_workers(
             port = backend.ssh_port(ssh_port, count)
             workers = backend.discover(count, port)
             files = write_run_files(RunFiles.in_dir(run_dir), workers, backend.identity_file)
-            yield _cluster(run_dir, files, backend.identity_file, port, ("", 0), workers, backend)
+            yield _cluster(run_dir, files, backend.identity_file, port, ("", 0), workers, backend, stack.close)
             return
         files, identity, token, public_key = _prepare_run_dir(run_dir)
         port = backend.ssh_port(ssh_port, count)
@@ -184,14 +190,36 @@ def start_workers(
         workers = server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[h.pod for h in handles],
                               check=lambda: _check_pods(backend), total=timeout)
         logger.info("%d workers registered: %s", len(workers), " ".join(w.address for w in workers))
-        yield _cluster(run_dir, files, identity, port, advertised, workers, backend)
+        yield _cluster(run_dir, files, identity, port, advertised, workers, backend, stack.close)
 
 
 def _cluster(run_dir: Path, files: RunFiles, identity: Path, port: int, rendezvous: tuple[str, int],
-             workers: list[Registration], backend: Backend) -> Cluster:
+             workers: list[Registration], backend: Backend, stop: Callable[[], None]) -> Cluster:
     ports = {worker.ssh_port for worker in workers}
     return Cluster(
         run_dir=run_dir, hostfile=files.hostfile, known_hosts=files.known_hosts, ssh_config=files.ssh_config,
         identity_file=identity, ssh_port=ports.pop() if len(ports) == 1 else port, master_addr=workers[0].address, rendezvous=rendezvous,
-        workers=tuple(workers), backend=backend,
+        workers=tuple(workers), backend=backend, _stop=stop,
     )
+
+
+def open_workers(backend: str | Backend, count: int, run_dir: Path | str, **options) -> Cluster:
+    """:func:`start_workers` for notebooks, where one ``with`` block cannot span cells.
+
+    Usage::
+
+        cluster = open_workers("local", 2, "runs/demo")   # one cell
+        ...                                              # training cells
+        cluster.stop()                                   # last cell; also runs when the kernel exits
+
+    :param backend: as for :func:`start_workers`.
+    :param count: number of workers.
+    :param run_dir: the run directory.
+    :param options: the other arguments of :func:`start_workers`.
+    :rtype: Cluster
+    """
+    context = start_workers(backend, count, run_dir, **options)
+    # The cluster keeps the context (and so the suspended generator) alive until stopped.
+    cluster = replace(context.__enter__(), _stop=lambda: context.__exit__(None, None, None))
+    atexit.register(cluster.stop)
+    return cluster
