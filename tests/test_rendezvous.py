@@ -290,3 +290,19 @@ def test_connections_over_the_limit_are_closed_at_accept(files):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         assert len(server.wait(timeout=10)) == 1
+
+
+def test_a_master_of_another_protocol_version_is_refused():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def future_master():
+        conn, _ = listener.accept()
+        send_frame(conn, {"type": "hello", "version": 99, "nonce": "ef" * 16})
+        conn.close()
+
+    thread = threading.Thread(target=future_master)
+    thread.start()
+    with pytest.raises(RegistrationRejected, match="speaks rendezvous protocol 99, this worker 1; run the same textsql version"):
+        register(listener.getsockname(), TOKEN, worker(0))
+    thread.join()
+    listener.close()
