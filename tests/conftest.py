@@ -23,3 +23,23 @@ def wikisql_release_copy(tmp_path: Path) -> Path:
     from textsql.constants import SAMPLE_DATA_DIR
 
     return Path(shutil.copytree(SAMPLE_DATA_DIR, tmp_path / "release"))
+
+
+@pytest.fixture
+def two_local_workers(tmp_path: Path):
+    """Two `local` worker pods (own sshd on 127.0.0.2 and 127.0.0.3) registered through the
+    rendezvous; the run dir tmp_path/"run" holds their hostfile, ssh_config and known_hosts."""
+    from worker.cluster import start_workers
+
+    with start_workers("local", 2, tmp_path / "run", timeout=120) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def prepared_sample(tmp_path_factory) -> Path:
+    """The shipped WikiSQL sample prepared by `textsql prepare --limit 64` (64 questions a split)."""
+    from textsql.prepare import PrepareArguments, prepare
+
+    out = tmp_path_factory.mktemp("prepared") / "data"
+    prepare(PrepareArguments(out=str(out), limit=64))
+    return out

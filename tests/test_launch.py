@@ -1,8 +1,8 @@
 """textsql launch: DeepSpeed's own launcher over pdsh and ssh, or local; real processes throughout.
 
-The multi-host tests run two sshd "hosts" on 127.0.0.2 and 127.0.0.3 with a per-test host key and
-client key, and a small rank module that forms a gloo process group, so they check the launcher
-itself in seconds; test_launch_training.py runs the real training on real worker pods.
+The multi-host tests run on two real `local` worker pods (their own sshd on 127.0.0.2 and
+127.0.0.3, host keys from the rendezvous) with a small rank program that forms a gloo process
+group, so they check the launcher itself in seconds; test_launch_training.py runs the real training.
 """
 from __future__ import annotations
 
@@ -64,63 +64,25 @@ def tagged_processes(tag: str) -> list[int]:
 
 
 @pytest.fixture
-def rank_module(tmp_path: Path) -> dict[str, str]:
-    """--module and --env settings that run the stand-in rank program, tagged for this test."""
+def standin_env(tmp_path: Path) -> dict[str, str]:
+    """Rank variables that make the stand-in rank program (--module standin_rank) importable, and
+    tag this test's processes (LAUNCH_TEST_TAG) so the test can look for leftovers."""
     directory = tmp_path / "modules"
     directory.mkdir()
     (directory / "standin_rank.py").write_text(RANK_MODULE)
-    return {"module": "standin_rank", "PYTHONPATH": f"{directory}{os.pathsep}{PROJECT_DIR}", "LAUNCH_TEST_TAG": uuid.uuid4().hex}
+    return {"PYTHONPATH": f"{directory}{os.pathsep}{PROJECT_DIR}", "LAUNCH_TEST_TAG": uuid.uuid4().hex}
 
 
-@pytest.fixture
-def ssh_hosts(tmp_path: Path):
-    """Two sshd hosts on loopback addresses, with a run dir holding hostfile, known_hosts, ssh_config."""
-    if not Path("/usr/sbin/sshd").exists():
-        pytest.skip("sshd is not installed; run `make setup`")
-    keys = tmp_path / "keys"
-    run_dir = tmp_path / "run"
-    keys.mkdir()
-    run_dir.mkdir()
-    for name in ("host_key", "id_ed25519"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", keys / name], check=True)
-    (keys / "authorized_keys").write_text((keys / "id_ed25519.pub").read_text())
-    host_key = " ".join((keys / "host_key.pub").read_text().split()[:2])
-    port = free_port(HOSTS[0])
-    daemons = []
-    for host in HOSTS:
-        config = keys / f"sshd_{host}"
-        config.write_text(
-            f"Port {port}\nListenAddress {host}\nHostKey {keys / 'host_key'}\nAuthorizedKeysFile {keys / 'authorized_keys'}\n"
-            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n"
-        )
-        daemons.append(subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", config], stderr=subprocess.DEVNULL))
-    (run_dir / "known_hosts").write_text("".join(f"[{host}]:{port} {host_key}\n" for host in HOSTS))
-    (run_dir / "ssh_config").write_text(
-        f"Host {' '.join(HOSTS)}\n  Port {port}\n  IdentityFile {keys / 'id_ed25519'}\n  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {run_dir / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n  StrictHostKeyChecking yes\n"
-    )
-    (run_dir / "hostfile").write_text("".join(f"{host} slots=1\n" for host in HOSTS))
-    deadline = time.monotonic() + 20
-    while any(_closed(host, port) for host in HOSTS):
-        assert time.monotonic() < deadline, "sshd did not start"
-        time.sleep(0.1)
-    yield run_dir
-    for daemon in daemons:
-        daemon.terminate()
-        daemon.wait()
+MODULE = ("--module", "standin_rank")
 
 
-def _closed(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex((host, port)) != 0
-
-
-def textsql_launch(run_dir: Path, rank_module: dict[str, str], *options: str, env: tuple[str, ...] = ()) -> list[str]:
-    environment = [f"--env={key}={value}" for key, value in rank_module.items() if key != "module"]
+def textsql_launch(run_dir: Path, *options: str, env: dict[str, str] | None = None) -> list[str]:
+    """The `textsql launch` command line for a run dir, on a free master port."""
     return [
         str(BIN / "textsql"), "launch", "--run-dir", str(run_dir), "--master-port", str(free_port(HOSTS[0])),
-        "--module", rank_module["module"], *environment, *[f"--env={entry}" for entry in env], *options,
+        *[f"--env={key}={value}" for key, value in (env or {}).items()], *options,
     ]
+
 
 
 # ---- the command and environment DeepSpeed's runner gets ----------------------------------------
@@ -202,61 +164,48 @@ def test_unverified_host_keys_are_refused(tmp_path: Path) -> None:
 # ---- real launches ----------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_two_hosts_over_pdsh_with_verified_host_keys(ssh_hosts: Path, rank_module: dict[str, str]) -> None:
-    result = subprocess.run(
-        textsql_launch(ssh_hosts, rank_module, "--", "--name", "two words"), capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for rank, host in enumerate(HOSTS):
-        assert f"{host}: stand-in rank {rank}/2 node {rank} sum 2 args ['--name', 'two words'] gloo lo" in result.stdout
-    log = (ssh_hosts / "launch.log").read_text()
-    assert "127.0.0.3: stand-in rank 1/2" in log and "# exit code 0" in log
-    assert "StrictHostKeyChecking no" not in log + result.stderr
-
-
-@pytest.mark.slow
-def test_failing_rank_ends_every_host_quickly(ssh_hosts: Path, rank_module: dict[str, str]) -> None:
+def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: dict[str, str]) -> None:
     """Rank 1 dies before the process group forms: rank 0 would wait 30 minutes for it; it must not."""
     started = time.monotonic()
-    result = subprocess.run(
-        textsql_launch(ssh_hosts, rank_module, env=("STANDIN_FAIL_RANK=1",)), capture_output=True, text=True, timeout=300
-    )
+    command = textsql_launch(two_local_workers.run_dir, *MODULE, env=standin_env | {"STANDIN_FAIL_RANK": "1"})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "127.0.0.3: stand-in rank 1 fails on purpose before the process group forms" in result.stdout
     assert "ranks on 127.0.0.3 failed with exit code 1" in result.stderr
-    assert tagged_processes(rank_module["LAUNCH_TEST_TAG"]) == []
+    assert tagged_processes(standin_env["LAUNCH_TEST_TAG"]) == []
     print(f"failing rank: textsql launch exited {elapsed:.1f} s after it started")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_ends_remote_ranks(ssh_hosts: Path, rank_module: dict[str, str], sig: signal.Signals) -> None:
-    process = subprocess.Popen(
-        textsql_launch(ssh_hosts, rank_module, env=("STANDIN_SLEEP=600",)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+def test_sigterm_ends_remote_ranks(two_local_workers, standin_env: dict[str, str]) -> None:
+    """Also checks what the ranks got: world, node ranks, an argument with a space, gloo on lo, host prefixes."""
+    command = textsql_launch(two_local_workers.run_dir, *MODULE, "--", "--name", "two words", env=standin_env | {"STANDIN_SLEEP": "600"})
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in process.stdout:
         seen.append(line)
         if sum("stand-in rank" in line for line in seen) == 2:
             break
-    assert len(tagged_processes(rank_module["LAUNCH_TEST_TAG"])) >= 4, "".join(seen)  # launch.py + rank per host
+    for rank, host in enumerate(HOSTS):
+        assert f"{host}: stand-in rank {rank}/2 node {rank} sum 2 args ['--name', 'two words'] gloo lo\n" in seen
+    assert len(tagged_processes(standin_env["LAUNCH_TEST_TAG"])) >= 4  # DeepSpeed's launch.py and a rank per host
     interrupted = time.monotonic()
-    process.send_signal(sig)
+    process.send_signal(signal.SIGTERM)
     rest, _ = process.communicate(timeout=120)
-    print(f"{sig.name}: every rank ended and textsql launch exited after {time.monotonic() - interrupted:.1f} s")
+    print(f"SIGTERM: every rank ended and textsql launch exited after {time.monotonic() - interrupted:.1f} s")
     assert process.returncode != 0
     assert "ending every rank of this launch" in rest
-    assert tagged_processes(rank_module["LAUNCH_TEST_TAG"]) == []
+    assert tagged_processes(standin_env["LAUNCH_TEST_TAG"]) == []
+    log = (two_local_workers.run_dir / "launch.log").read_text()
+    assert "127.0.0.3: stand-in rank 1/2" in log
 
 
 @pytest.mark.slow
-def test_local_launcher_needs_no_ssh(tmp_path: Path, rank_module: dict[str, str]) -> None:
-    result = subprocess.run(
-        textsql_launch(tmp_path / "run", rank_module, "--launcher", "local", "--ranks", "2"),
-        capture_output=True, text=True, timeout=300,
-    )
+def test_local_launcher_needs_no_ssh(tmp_path: Path, standin_env: dict[str, str]) -> None:
+    command = textsql_launch(tmp_path / "run", *MODULE, "--launcher", "local", "--ranks", "2", env=standin_env)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "stand-in rank 0/2 node 0 sum 2" in result.stdout and "stand-in rank 1/2 node 0 sum 2" in result.stdout
     assert (tmp_path / "run" / "hostfile.local").read_text() == "localhost slots=2\n"
+    assert tagged_processes(standin_env["LAUNCH_TEST_TAG"]) == []

@@ -70,8 +70,13 @@ SSH_CHECK_TIMEOUT_S = 20.0
 # How long ranks get to exit after SIGTERM before SIGKILL, and how long the runner then gets.
 END_GRACE_S = 10.0
 RUNNER_EXIT_S = 20.0
-# Variables a rank needs and inherits from the launching environment when set there.
-CARRIED_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR")
+# Variables a rank inherits from the launching environment when set there. Caches are carried only
+# when set: unset, each host keeps its own default (torch's default extensions dir is
+# ~/.cache/torch_extensions/py311_cpu, not the root it would get if set to the default root).
+CARRIED_VARS = (
+    "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR",
+    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR",
+)
 # Names that hold credentials: never written to .deepspeed_env (it ends up on pdsh's command line and
 # in the log) and kept from DeepSpeed's runner, which exports every MLFLOW*/PYTHON*/... variable.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY", re.IGNORECASE)
@@ -251,15 +256,10 @@ def rank_environment(arguments: LaunchArguments, hosts: list[str], launch_id: st
     :param launch_id: this launch's marker value.
     :rtype: dict[str, str]
     """
-    from huggingface_hub.constants import HF_HOME
-    from torch.utils.cpp_extension import get_default_build_root
-
     env = {
         LAUNCH_ID_VAR: launch_id,
         "PYTHONPATH": str(PROJECT_DIR),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}$PATH",
-        "HF_HOME": HF_HOME,
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", get_default_build_root()),
     }
     env |= {name: os.environ[name] for name in CARRIED_VARS if os.environ.get(name)}
     ifname = arguments.socket_ifname or ("lo" if all(_is_loopback(host) for host in hosts) else None)

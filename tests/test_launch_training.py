@@ -1,0 +1,80 @@
+"""`textsql launch` running the real training on two real worker pods over pdsh.
+
+One run shows the two-host path and kill-and-resume together (two launches, not three, to keep CI
+short): the workers register through the rendezvous, pdsh reaches them with their host keys
+verified, the run is interrupted once its first checkpoint is complete, every rank on both hosts
+ends, and `--resume auto` continues from that checkpoint's global step and data position to the
+consolidated model/.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from test_launch import HOSTS, tagged_processes, textsql_launch
+from textsql.train import is_complete_checkpoint, newest_complete_checkpoint
+
+MAX_STEPS = 6
+TRAIN_ARGS = [
+    "--max_steps", str(MAX_STEPS), "--per_device_train_batch_size", "4", "--save_steps", "2",
+    "--eval_steps", "1000", "--logging_steps", "1", "--max_eval_samples", "8", "--log_level", "info",
+]
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(condition, process: subprocess.Popen, log: Path, timeout: float = 900) -> float:
+    """Seconds until condition() holds; fails if the process ends first."""
+    started = time.monotonic()
+    while not condition():
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() - started < timeout, log.read_text()[-4000:]
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(two_local_workers, prepared_sample: Path, tmp_path: Path) -> None:
+    run_dir, out = two_local_workers.run_dir, tmp_path / "out"
+    tag = {"LAUNCH_TEST_TAG": uuid.uuid4().hex}
+    args = ["--", "--data_dir", str(prepared_sample), "--output_dir", str(out), *TRAIN_ARGS]
+
+    first_log = tmp_path / "first.log"
+    first = start(textsql_launch(run_dir, env=tag) + args, first_log)
+    to_first_step = wait_for(lambda: "{'loss'" in first_log.read_text(), first, first_log)
+    wait_for(lambda: is_complete_checkpoint(out / "checkpoint-2"), first, first_log)
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=120) != 0
+    assert not (out / "model").exists(), "the run ended before it could be interrupted"
+    assert tagged_processes(tag["LAUNCH_TEST_TAG"]) == [], "training processes left behind"
+    checkpoint = newest_complete_checkpoint(out)
+    step = int(checkpoint.rsplit("-", 1)[1])
+    assert step < MAX_STEPS
+
+    second_log = tmp_path / "second.log"
+    started = time.monotonic()
+    second = start(textsql_launch(run_dir, env=tag) + [*args, "--resume", "auto"], second_log)
+    assert second.wait(timeout=900) == 0, second_log.read_text()[-4000:]
+    resumed_run = time.monotonic() - started
+    output = second_log.read_text()
+    assert f"Resuming training from checkpoint with epoch 0 and global step {step}" in output
+    assert f"Fast-forwarding the dataloader past 0 epochs and {step} batches" in output
+    for host in HOSTS:
+        assert f"{host}: " in output
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["resumed_from"] == checkpoint and summary["global_step"] == MAX_STEPS
+    assert summary["world_size"] == 2 and summary["engine"].endswith("DeepSpeedEngine")
+    logged_steps = [entry["step"] for entry in summary["log_history"] if "loss" in entry]
+    assert logged_steps == list(range(1, MAX_STEPS + 1)), "steps were repeated or skipped across the resume"
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "model").iterdir()}
+    assert tagged_processes(tag["LAUNCH_TEST_TAG"]) == []
+    print(f"launch to first step {to_first_step:.1f} s; resumed run to the end {resumed_run:.1f} s")
