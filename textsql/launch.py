@@ -283,6 +283,8 @@ class _SSH:
         config = arguments.ssh_config or run_dir / SSH_CONFIG_NAME
         options: tuple[str, ...] = ("-o", "BatchMode=yes")
         if config.is_file():
+            if re.search(r"\s", str(config.resolve())):
+                raise LaunchError(f"ssh config path {str(config.resolve())!r} has whitespace, which pdsh splits; use a run dir without spaces")
             options = ("-F", str(config.resolve())) + options
         elif arguments.ssh_config is not None:
             raise LaunchError(f"ssh config {str(config)!r} does not exist; start the workers first or pass --ssh-config")
