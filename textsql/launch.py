@@ -187,29 +187,37 @@ def launch(arguments: LaunchArguments, stream: TextIO | None = None) -> int:
     run_dir = arguments.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     launch_id = secrets.token_hex(8)
-    if arguments.launcher == "pdsh":
-        hostfile = (arguments.hostfile or run_dir / HOSTFILE_NAME).resolve()
-        hosts = list(read_hostfile(hostfile))
-        ssh = _SSH.for_run(arguments, run_dir)
-        ssh.check(hosts)
-        env_file = _write_deepspeed_env(run_dir / DEEPSPEED_ENV_NAME, rank_environment(arguments, hosts, launch_id))
-        # pdsh's command line shows in `ps` and the runner exports PYTHON*/MLFLOW*/... variables on
-        # it, so credentials stay out of the runner's environment.
-        env = {key: value for key, value in os.environ.items() if not SECRET_NAME.search(key)}
-        env |= {"DS_ENV_FILE": str(env_file), "PDSH_SSH_ARGS_APPEND": shlex.join(ssh.options)}
-        ranks: _RemoteRanks | _LocalRanks = _RemoteRanks(ssh, hosts, launch_id)
-    else:
-        hostfile = write_hostfile(run_dir / LOCAL_HOSTFILE_NAME, [("localhost", arguments.ranks or _local_device_count())])
-        hosts = ["localhost"]
-        # No shell between the runner and the ranks here: expand $VAR like the hosts' shell would.
-        rank_env = rank_environment(arguments, hosts, launch_id)
-        env = os.environ | {key: string.Template(value).safe_substitute(os.environ) for key, value in rank_env.items()}
-        ranks = _LocalRanks(launch_id)
+    prepare = _prepare_pdsh if arguments.launcher == "pdsh" else _prepare_local
+    hostfile, hosts, env, ranks = prepare(arguments, run_dir, launch_id)
     command = deepspeed_command(arguments, hostfile, hosts)
     logger.info("cmd = %s", shlex.join(command))
     with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8") as log:
         log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
         return _run(command, env, ranks, stream or sys.stdout, log)
+
+
+def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str):
+    """Check pdsh and ssh to every host, write .deepspeed_env; the runner's environment."""
+    hostfile = (arguments.hostfile or run_dir / HOSTFILE_NAME).resolve()
+    hosts = list(read_hostfile(hostfile))
+    ssh = _SSH.for_run(arguments, run_dir)
+    ssh.check(hosts)
+    env_file = _write_deepspeed_env(run_dir / DEEPSPEED_ENV_NAME, rank_environment(arguments, hosts, launch_id))
+    # pdsh's command line shows in `ps` and the runner exports PYTHON*/MLFLOW*/... variables on it,
+    # so credentials stay out of the runner's environment.
+    env = {key: value for key, value in os.environ.items() if not SECRET_NAME.search(key)}
+    env |= {"DS_ENV_FILE": str(env_file), "PDSH_SSH_ARGS_APPEND": shlex.join(ssh.options)}
+    return hostfile, hosts, env, _RemoteRanks(ssh, hosts, launch_id)
+
+
+def _prepare_local(arguments: LaunchArguments, run_dir: Path, launch_id: str):
+    """A ``localhost slots=N`` hostfile; the ranks' variables go straight into the runner's environment."""
+    hostfile = write_hostfile(run_dir / LOCAL_HOSTFILE_NAME, [("localhost", arguments.ranks or _local_device_count())])
+    hosts = ["localhost"]
+    # No shell between the runner and the ranks here: expand $VAR as the hosts' shell would.
+    rank_env = rank_environment(arguments, hosts, launch_id)
+    env = os.environ | {key: string.Template(value).safe_substitute(os.environ) for key, value in rank_env.items()}
+    return hostfile, hosts, env, _LocalRanks(launch_id)
 
 
 def parse_env(entries: Iterable[str]) -> dict[str, str]:
