@@ -52,22 +52,52 @@ def prepare(**options) -> None:
 
 
 @cli.command()
-@click.option("--gold", required=True, type=click.Path(exists=True, dir_okay=False), help="Release question file (dev.jsonl) or our records.")
+@click.option("--gold", type=click.Path(exists=True, dir_okay=False), help="Release question file (dev.jsonl) or our records [default: the gold queries inside our predictions.jsonl].")
 @click.option("--pred", required=True, type=click.Path(exists=True, dir_okay=False), help="Official predictions or our predictions.jsonl.")
 @click.option("--tables", type=click.Path(exists=True, dir_okay=False), help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].")
 @click.option("--ordered", is_flag=True, help="Conditions must come in the gold order (official --ordered).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full JSON report instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
-def evaluate(gold: str, pred: str, tables: str | None, ordered: bool, as_json: bool, out: str | None) -> None:
+def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_json: bool, out: str | None) -> None:
     """Score predictions with WikiSQL's logical-form and execution accuracy."""
     import json
 
     from textsql.evaluate import evaluate as score, format_report, tables_beside, write_json
 
-    report = score(gold, pred, tables or tables_beside(gold), ordered=ordered)
+    report = score(gold, pred, tables or (gold and tables_beside(gold)), ordered=ordered)
     if out:
         write_json(out, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+
+
+@cli.command()
+@click.option("--model", "model_dir", help="Trained model directory (OUTPUT_DIR/model of `textsql train`) [default: the untrained embedded T5].")
+@click.option("--data", default="sample", show_default=True, help="A `textsql prepare` directory, a records .jsonl, or a source: sample, hub, a release directory.")
+@click.option("--split", type=click.Choice(["train", "validation", "test"]), default="validation", show_default=True, help="Split to answer.")
+@click.option("--out", default="predictions.jsonl", show_default=True, type=click.Path(dir_okay=False), help="Predictions file; metrics.json goes beside it.")
+@click.option("--official-out", type=click.Path(dir_okay=False), help="Also write the official WikiSQL prediction format here.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Questions per generate() call.")
+@click.option("--num-beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam width (1: greedy).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Most tokens generated per query.")
+@click.option("--limit", type=click.IntRange(min=1), help="Only the first N questions.")
+@click.option("--question", help="Answer this one question instead of a split (with --header).")
+@click.option("--header", help="With --question: the table's column names, 'A,B,C' or a JSON list.")
+@click.option("--input-format", type=click.Choice(INPUT_FORMATS), help="Model input form [default: as recorded with the model, else schema].")
+@click.option("--device", help="cuda, cpu, ... [default: cuda when present].")
+def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_new_tokens, limit, question, header, input_format, device) -> None:
+    """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
+    import json
+
+    from textsql.infer import GenerationOptions, Predictor, format_summary, parse_header, predict
+
+    if question is not None and header is None:
+        raise click.UsageError("--question needs --header 'Column A,Column B,...'")
+    options = GenerationOptions(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens)
+    predictor = Predictor.load(model_dir, input_format=input_format, device=device)
+    if question is not None:
+        click.echo(json.dumps(predictor.ask(question, parse_header(header), options), ensure_ascii=False))
+    else:
+        click.echo(format_summary(predict(predictor, data, split, out, options, limit, official_out)))
 
 
 @cli.command()

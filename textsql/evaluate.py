@@ -235,7 +235,7 @@ def tables_beside(gold: str | Path) -> Path | None:
     return candidate if path.suffix == ".jsonl" and candidate.is_file() else None
 
 
-def evaluate(gold: Source, pred: Source, tables: str | Path | dict[str, dict] | None = None, ordered: bool = False) -> dict:
+def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, dict] | None = None, ordered: bool = False) -> dict:
     """Score predictions with WikiSQL's logical-form and execution accuracy.
 
     Usage::
@@ -244,7 +244,8 @@ def evaluate(gold: Source, pred: Source, tables: str | Path | dict[str, dict] | 
         >>> evaluate(gold, [{"query": {"sel": 0, "agg": 0, "conds": [[1, 0, "ann"]]}}])["lf_accuracy"]
         1.0
 
-    :param gold: release question file or our records (path or dicts).
+    :param gold: release question file or our records (path or dicts); ``None`` takes the gold
+        queries that our ``predictions.jsonl`` lines carry (``gold_query``).
     :param pred: official predictions (one line per gold line) or ours (with ``id``), path or dicts.
     :param tables: a ``*.tables.jsonl`` path or ``{table_id: table}``; by default the tables carried
         by gold records. Without rows, ``ex_accuracy`` is ``None``.
@@ -253,8 +254,9 @@ def evaluate(gold: Source, pred: Source, tables: str | Path | dict[str, dict] | 
         ``by_conditions`` breakdowns with the same keys.
     :rtype: dict
     """
-    gold_items = _as_list(gold)
-    pred_items = _align(gold_items, _as_list(pred))
+    pred_items = _as_list(pred)
+    gold_items = _as_list(gold) if gold is not None else _embedded_gold(pred_items)
+    pred_items = _align(gold_items, pred_items)
     if isinstance(tables, (str, Path)):
         tables = load_tables(tables)
     elif tables is None:
@@ -276,6 +278,12 @@ def _as_list(source: Source) -> list[dict]:
     return list(source)
 
 
+def _embedded_gold(pred: list[dict]) -> list[dict]:
+    if not all(isinstance(item.get("gold_query"), dict) and "id" in item for item in pred):
+        raise DataError("predictions without id and gold_query (not textsql infer's output); pass --gold the question file")
+    return [{"id": item["id"], "table_id": item.get("table_id"), "sql": item["gold_query"]} for item in pred]
+
+
 def _align(gold: list[dict], pred: list[dict]) -> list[dict]:
     """Pair predictions with gold lines: by ``id`` when both have one, else line by line."""
     if gold and pred and all("id" in item for item in gold) and all("id" in item for item in pred):
@@ -292,7 +300,10 @@ def _align(gold: list[dict], pred: list[dict]) -> list[dict]:
 def _gold_query(item: dict, index: int) -> dict:
     sql = item.get("sql")
     if isinstance(sql, str):
-        sql = json.loads(sql)
+        try:
+            sql = json.loads(sql)
+        except json.JSONDecodeError:
+            sql = None
     if not isinstance(sql, dict) or not {"sel", "agg", "conds"} <= sql.keys() or "table_id" not in item:
         raise DataError(f"gold line {index + 1} has no table_id and sql {{sel, agg, conds}}; pass the release file or our records")
     return sql
