@@ -380,9 +380,10 @@ def _run(command: list[str], env: dict[str, str], ranks: _RemoteRanks | _LocalRa
     try:
         with _sigterm_as_interrupt():
             for line in runner.stdout:
+                # The log first: a line someone has seen is in launch.log even if they interrupt at once.
+                log.write(line)
                 stream.write(line)
                 stream.flush()
-                log.write(line)
                 failed = PDSH_HOST_FAILED.match(line)
                 if failed and int(failed["code"]) != 0 and first_failure is None:
                     first_failure = failed["host"], int(failed["code"])
