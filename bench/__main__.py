@@ -1,0 +1,114 @@
+"""``python -m bench`` (``make bench``): measure every figure and write bench/results.json and bench/README.md.
+
+``--only train,infer`` re-measures some figures and keeps the others from the existing results.json;
+``--smoke`` runs at the smallest sizes that still exercise each code path (for tests/test_bench.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import inference, profiles, rendezvous, startup, tokenization, train_padding
+from bench.machine import describe_machine, releases
+from bench.report import PROFILES_KEY, write
+
+logger = logging.getLogger("bench")
+
+BENCH_DIR = Path(__file__).resolve().parent
+FIGURE_NAMES = ("prepare", "rendezvous", "train", "infer", "profiles", "startup")
+SMOKE = {
+    "prepare": tokenization.Sizes(repetitions=1, warmup=0, dev_questions=200),
+    "rendezvous": rendezvous.Sizes(counts=(4,), repetitions=1, warmup=0, agents=None),
+    "train": train_padding.Sizes(examples=16, batch_size=8, repetitions=1, warmup_steps=1),
+    "infer": inference.Sizes(questions=4, max_new_tokens=4, repetitions=1, warmup_questions=1),
+    "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2),
+    "startup": startup.Sizes(repetitions=1, warmup=0),
+}
+FULL = {
+    "prepare": tokenization.Sizes(),
+    "rendezvous": rendezvous.Sizes(),
+    "train": train_padding.Sizes(),
+    "infer": inference.Sizes(),
+    "profiles": profiles.Sizes(),
+    "startup": startup.Sizes(),
+}
+
+
+def measure(name: str, sizes, data_dir: str, work: Path) -> dict[str, dict]:
+    """Run one figure; its results.json entries.
+
+    :rtype: dict[str, dict]
+    """
+    if name == "prepare":
+        return {"prepare_examples_per_s": tokenization.run(sizes)}
+    if name == "rendezvous":
+        return rendezvous.run(sizes)
+    if name == "train":
+        return {"train_speedup_dynamic_padding": train_padding.run(data_dir, sizes)}
+    if name == "infer":
+        return {"infer_speedup_batched": inference.run(data_dir, sizes)}
+    if name == "profiles":
+        return {PROFILES_KEY: profiles.run(data_dir, work, sizes)}
+    return {"startup_to_first_step_s": startup.run(data_dir, work, sizes)}
+
+
+def prepare_data(work: Path) -> str:
+    """The shipped sample prepared in the seed's question-only input form (the padding and inference figures' data).
+
+    :rtype: str
+    """
+    from textsql.prepare import prepare
+
+    out = work / "data"
+    if not out.exists():
+        prepare(out=str(out), input_format="question")
+    return str(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, then write the results.
+
+    :rtype: int
+    """
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help=f"comma-separated figures among {', '.join(FIGURE_NAMES)} (default: all)")
+    parser.add_argument("--smoke", action="store_true", help="smallest sizes: checks the code paths, measures nothing useful")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results.json and README.md go (default: bench/)")
+    parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed afterwards)")
+    args = parser.parse_args(argv)
+    names = FIGURE_NAMES if not args.only else tuple(name.strip() for name in args.only.split(","))
+    unknown = [name for name in names if name not in FIGURE_NAMES]
+    if unknown:
+        parser.error(f"unknown figure {unknown[0]!r}; pass --only with some of {', '.join(FIGURE_NAMES)}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("worker", "tensorboard", "textsql", "datasets", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if args.only and results_path.is_file() else {}
+    results |= {"machine": describe_machine(), "releases": releases(), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    sizes = SMOKE if args.smoke else FULL
+    with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
+        work = args.work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        data_dir = prepare_data(work) if set(names) - {"prepare", "rendezvous"} else ""
+        for name in names:
+            started = time.monotonic()
+            logger.info("measuring %s", name)
+            results |= measure(name, sizes[name], data_dir, work)
+            logger.info("%s took %.0f s", name, time.monotonic() - started)
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    for path in write(results, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The machine and the releases a bench run measured."""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import subprocess
+from importlib import metadata
+
+import psutil
+
+from textsql.constants import PROJECT_DIR
+
+logger = logging.getLogger(__name__)
+
+RELEASES = ("torch", "deepspeed", "transformers", "datasets", "accelerate", "tokenizers", "tensorboard", "textsql")
+
+
+def describe_machine() -> dict:
+    """CPU, cores, memory, OS, Python and the current load.
+
+    :rtype: dict
+    """
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "gpu": _gpu(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def releases() -> dict:
+    """Installed versions of the packages the figures depend on, and the project's commit.
+
+    :rtype: dict
+    """
+    found = {}
+    for name in RELEASES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    found["commit"] = _git("rev-parse", "--short", "HEAD")
+    found["uncommitted_changes"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    return found
+
+
+def _gpu() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=PROJECT_DIR, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None

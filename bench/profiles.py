@@ -1,0 +1,165 @@
+"""Per DeepSpeed profile on 2 CPU ranks: samples/s and peak resident memory per rank, as ratios to zero0,
+next to what ``textsql estimate`` predicts.
+
+Each profile trains a model of t5-small's shape (random weights from
+``../shared/data/t5/t5-small.config.json``, the real T5 vocabulary) for a few steps through
+``textsql.launch.launch`` with DeepSpeed's own launcher (``--launcher local``, 2 ranks, gloo). The ranks
+run :mod:`bench.rank_probe`, which runs ``textsql.train`` and records its peak RSS at exit; samples/s
+comes from the wall times of the per-step loss events in the run's TensorBoard files.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from bench.events import samples_per_second, step_wall_times
+from bench.rank_probe import PROBE_DIR_VAR
+from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
+from textsql.estimate import estimate
+from textsql.launch import LaunchArguments, launch
+from textsql.profiles import PROFILE_ORDER
+from textsql.train import TENSORBOARD_SUBDIR
+
+logger = logging.getLogger(__name__)
+
+T5_SMALL_CONFIG = PROJECT_DIR.parent / "shared" / "data" / "t5" / "t5-small.config.json"
+TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json")
+RANKS = 2
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Steps and batch of each profile's run."""
+
+    profiles: tuple[str, ...] = PROFILE_ORDER
+    steps: int = 8
+    skip_steps: int = 2
+    batch_size: int = 4  # per rank
+
+
+def model_dir(work: Path, config: Path = T5_SMALL_CONFIG) -> Path:
+    """A config-only model directory of t5-small's shape with the embedded T5 tokenizer (weights built from a seed).
+
+    :rtype: pathlib.Path
+    """
+    target = work / "t5-small-shape"
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(config, target / "config.json")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(DEFAULT_MODEL_DIR / name, target / name)
+    return target
+
+
+def train_only(data_dir: str, work: Path) -> Path:
+    """The prepared train split alone, so the runs spend no time on evaluation.
+
+    :rtype: pathlib.Path
+    """
+    target = work / "train-only"
+    if not target.exists():
+        datasets.DatasetDict({"train": datasets.load_from_disk(data_dir)["train"]}).save_to_disk(str(target))
+    return target
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (torch's store for the ranks).
+
+    :rtype: int
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train_args(model: Path, data: Path, output: Path, profile: str, steps: int, batch_size: int) -> list[str]:
+    """``textsql train`` arguments for a short, evaluation-free run logging every step.
+
+    :rtype: list[str]
+    """
+    return [
+        "--model", str(model), "--data_dir", str(data), "--output_dir", str(output), "--profile", profile,
+        "--max_steps", str(steps), "--per_device_train_batch_size", str(batch_size), "--logging_steps", "1",
+        "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true",
+    ]
+
+
+def run_profile(profile: str, model: Path, data: Path, work: Path, sizes: Sizes) -> dict:
+    """One launch of ``profile`` on 2 local ranks; its samples/s and per-rank peak RSS.
+
+    :rtype: dict
+    """
+    run_dir = work / profile
+    shutil.rmtree(run_dir, ignore_errors=True)
+    probes = run_dir / "probe"
+    probes.mkdir(parents=True)
+    output = run_dir / "out"
+    arguments = LaunchArguments(
+        run_dir=run_dir, launcher="local", ranks=RANKS, module="bench.rank_probe", master_port=free_port(),
+        env={PROBE_DIR_VAR: str(probes)}, train_args=train_args(model, data, output, profile, sizes.steps, sizes.batch_size),
+    )
+    logger.info("profile %s: launching %d ranks (log in %s)", profile, RANKS, run_dir / "bench.log")
+    with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
+        code = launch(arguments, stream=log)
+    if code != 0:
+        raise RuntimeError(f"profile {profile} failed with exit code {code}; see {run_dir / 'bench.log'}")
+    peaks = [json.loads(path.read_text())["peak_rss_bytes"] for path in sorted(probes.glob("rank*.json"))]
+    if len(peaks) != RANKS:
+        raise RuntimeError(f"profile {profile}: {len(peaks)} of {RANKS} ranks recorded their memory; see {run_dir / 'bench.log'}")
+    times = step_wall_times(output / TENSORBOARD_SUBDIR)
+    return {
+        "samples_per_s": round(samples_per_second(times, sizes.batch_size * RANKS, sizes.skip_steps), 3),
+        "peak_rss_gib_per_rank": [round(peak / GIB, 3) for peak in peaks],
+        "peak_rss_gib_max_rank": round(max(peaks) / GIB, 3),
+    }
+
+
+def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
+    """Every profile, then ratios to zero0 beside the estimate's.
+
+    :param data_dir: a ``textsql prepare`` output.
+    :param work: scratch directory for the runs.
+    :rtype: dict
+    """
+    model = model_dir(work)
+    data = train_only(data_dir, work)
+    predicted = estimate(str(model), nodes=1, gpus_per_node=RANKS, gpu_memory_gb=80)
+    measured = {profile: run_profile(profile, model, data, work, sizes) for profile in sizes.profiles}
+    base = measured.get("zero0")
+    rows = {}
+    for profile, numbers in measured.items():
+        estimate_row = predicted["profiles"][profile]
+        # Without a GPU, device and host memory are the same RAM: the estimate's per-rank total is its
+        # device share plus its share of the node's host memory.
+        ram = estimate_row["gpu_gb_per_rank"] + estimate_row["cpu_gb_per_node"] / RANKS
+        base_row = predicted["profiles"]["zero0"]
+        base_ram = base_row["gpu_gb_per_rank"] + base_row["cpu_gb_per_node"] / RANKS
+        rows[profile] = {
+            **numbers,
+            "samples_per_s_vs_zero0": round(numbers["samples_per_s"] / base["samples_per_s"], 2) if base else None,
+            "peak_rss_vs_zero0": round(numbers["peak_rss_gib_max_rank"] / base["peak_rss_gib_max_rank"], 2) if base else None,
+            "estimate_gpu_gb_per_rank": estimate_row["gpu_gb_per_rank"],
+            "estimate_cpu_gb_per_node": estimate_row["cpu_gb_per_node"],
+            "estimate_gpu_vs_zero0": round(estimate_row["gpu_gb_per_rank"] / base_row["gpu_gb_per_rank"], 2),
+            "estimate_ram_vs_zero0": round(ram / base_ram, 2),
+        }
+    return {
+        "parameters": predicted["parameters"],
+        "profiles": rows,
+        "method": (
+            f"textsql.launch.launch(launcher='local', ranks={RANKS}) -> deepspeed --module bench.rank_probe -> textsql.train; "
+            f"model of t5-small's shape ({predicted['parameters'] / 1e6:.1f}M parameters, random weights, seed 42), fp32, "
+            f"CPU accelerator + gloo; batch {sizes.batch_size} per rank, {sizes.steps} steps, no evaluation or checkpoints; "
+            f"samples/s from the train/loss event wall times between step {sizes.skip_steps} and step {sizes.steps}; peak RSS "
+            "per rank = ru_maxrss at the rank's exit (whole run, final model export included); estimate = "
+            f"textsql.estimate.estimate(nodes=1, gpus_per_node={RANKS}); estimate_ram = GPU share + CPU share per rank, since "
+            "both are the same RAM here; one run per profile"
+        ),
+    }

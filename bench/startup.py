@@ -1,0 +1,82 @@
+"""Start-up: seconds from running ``textsql launch`` to the end of the first training step.
+
+The real command (``.venv/bin/textsql launch --launcher local --ranks 2 -- ...``) trains the embedded
+small T5 with the demo's profile (zero1) on 2 local ranks; the first step's time is the wall time of
+its loss event in the run's TensorBoard files. DeepSpeed's compiled ops are cached by then (the
+profile runs before it have built and cached every op this needs), and one unmeasured launch warms
+the file cache first.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.events import step_wall_times
+from bench.profiles import free_port, train_args, train_only
+from bench.timing import summary
+from textsql.constants import DEFAULT_MODEL_DIR
+from textsql.train import TENSORBOARD_SUBDIR
+
+logger = logging.getLogger(__name__)
+
+PROFILE = "zero1"
+RANKS = 2
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Repetitions of the launch."""
+
+    repetitions: int = 2
+    warmup: int = 1
+
+
+def once(data: Path, run_dir: Path) -> float:
+    """One ``textsql launch``; seconds from the command to the first step's loss event.
+
+    :rtype: float
+    """
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    textsql = Path(sys.executable).parent / "textsql"
+    command = [
+        str(textsql), "launch", "--run-dir", str(run_dir), "--launcher", "local", "--ranks", str(RANKS),
+        "--master-port", str(free_port()), "--",
+        *train_args(DEFAULT_MODEL_DIR, data, run_dir / "out", PROFILE, steps=2, batch_size=8),
+    ]
+    with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
+        started = time.time()
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"textsql launch failed with exit code {code}; see {run_dir / 'bench.log'}")
+    first_step, first_time = step_wall_times(run_dir / "out" / TENSORBOARD_SUBDIR)[0]
+    return first_time - started
+
+
+def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
+    """Launch ``warmup + repetitions`` times; the median of the measured ones.
+
+    :rtype: dict
+    """
+    data = train_only(data_dir, work)
+    for index in range(sizes.warmup):
+        once(data, work / f"startup-warmup-{index}")
+    seconds = [once(data, work / f"startup-{index}") for index in range(sizes.repetitions)]
+    logger.info("start-up: median %.1f s", statistics.median(seconds))
+    return {
+        "value": round(statistics.median(seconds), 1),
+        "unit": "s",
+        "goal": None,
+        "seconds": summary(seconds, 1),
+        "method": (
+            f"`textsql launch --launcher local --ranks {RANKS}` as a subprocess, embedded small T5, profile {PROFILE}, batch 8 per "
+            "rank; from starting the command to the wall time of step 1's train/loss event (step 1 done); DeepSpeed ops "
+            f"already cached; {sizes.warmup} warm-up launch, {sizes.repetitions} measured, median"
+        ),
+    }
