@@ -92,10 +92,11 @@ def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_
 
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
+    columns = parse_header(header) if question is not None else None
     options = GenerationOptions(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens)
     predictor = Predictor.load(model_dir, input_format=input_format, device=device)
     if question is not None:
-        click.echo(json.dumps(predictor.ask(question, parse_header(header), options), ensure_ascii=False))
+        click.echo(json.dumps(predictor.ask(question, columns, options), ensure_ascii=False))
     else:
         click.echo(format_summary(predict(predictor, data, split, out, options, limit, official_out)))
 

@@ -1,0 +1,184 @@
+"""Inference on the shipped sample: batching, order, output formats, metrics, one-question answers.
+
+A model overfitted in-process (plain torch, a few hundred steps on eight sample questions) gives
+predictions that mean something, so the tests can check that the right SQL comes back.
+"""
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import DataCollatorForSeq2Seq
+
+from textsql.cli import cli
+from textsql.constants import LABEL_PAD_TOKEN_ID, SAMPLE_DATA_DIR
+from textsql.data import load_split
+from textsql.errors import DataError
+from textsql.evaluate import evaluate, read_jsonl
+from textsql.infer import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
+from textsql.model import load_model, load_tokenizer
+from textsql.prepare import prepare
+from textsql.sql import canonical_sql
+
+QUESTIONS = 8
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("infer") / "data"
+    prepare(out=str(out), limit=QUESTIONS)
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two torch threads on a shared two-core machine contend: one is several times faster here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(prepared: Path, tmp_path_factory) -> Path:
+    """The embedded small T5 trained until it repeats the validation targets it was shown (~80 steps)."""
+    tokenizer, model = load_tokenizer(), load_model()
+    rows = datasets.load_from_disk(str(prepared))["validation"].select_columns(["input_ids", "attention_mask", "labels"])
+    batch = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID)(list(rows))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    model.eval()  # no dropout: memorising eight examples is the point
+    for _ in range(300):
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if loss.item() < 0.05:
+            break
+    out = tmp_path_factory.mktemp("infer") / "model"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def predictor(trained: Path) -> Predictor:
+    return Predictor.load(trained)
+
+
+@pytest.fixture(scope="module")
+def input_ids(prepared: Path) -> list[list[int]]:
+    return list(datasets.load_from_disk(str(prepared))["validation"]["input_ids"])
+
+
+def test_batched_generation_equals_one_at_a_time_in_input_order(predictor, input_ids):
+    one_by_one = predictor.generate(input_ids, GenerationOptions(batch_size=1))
+    assert len(set(one_by_one)) > QUESTIONS // 2  # distinct answers, so order mistakes would show
+    assert predictor.generate(input_ids, GenerationOptions(batch_size=3)) == one_by_one
+    reversed_ids = input_ids[::-1]
+    assert predictor.generate(reversed_ids, GenerationOptions(batch_size=QUESTIONS)) == one_by_one[::-1]
+
+
+def test_batches_are_sorted_longest_first(predictor, input_ids):
+    widths, real_generate = [], predictor.model.generate
+
+    def recording(**kwargs):
+        widths.append(kwargs["input_ids"].shape[1])
+        assert kwargs["attention_mask"].sum(dim=1).max() == kwargs["input_ids"].shape[1]
+        return real_generate(**kwargs)
+
+    predictor.model.generate = recording
+    try:
+        predictor.generate(input_ids, GenerationOptions(batch_size=2, max_new_tokens=4))
+    finally:
+        del predictor.model.generate
+    lengths = sorted((len(ids) for ids in input_ids), reverse=True)
+    assert widths == lengths[::2]
+
+
+def test_predict_writes_lines_official_format_and_metrics(predictor, prepared, tmp_path):
+    out, official = tmp_path / "run" / "predictions.jsonl", tmp_path / "official.jsonl"
+    summary = predict(predictor, prepared, "validation", out, GenerationOptions(batch_size=4), official_out=official, progress=False)
+    lines = list(read_jsonl(out))
+    assert [line["id"] for line in lines] == [f"validation-{i}" for i in range(QUESTIONS)]
+    assert set(lines[0]) == {"id", "table_id", "question", "pred_sql", "query", "error", "gold_sql", "gold_query"}
+    metrics = json.loads((out.parent / "metrics.json").read_text())
+    assert metrics == json.loads(json.dumps(summary["metrics"]))
+    assert metrics["n"] == QUESTIONS and metrics["lf_accuracy"] >= 0.75
+    assert metrics["ex_accuracy"] is None  # the sample's tables carry no rows
+    assert sum(line["pred_sql"] == line["gold_sql"] for line in lines) >= metrics["lf_correct"] - 1
+    # The official format lines up with the release's question file and scores the same.
+    official_lines = list(read_jsonl(official))
+    assert all(list(line) in (["query"], ["error"]) for line in official_lines)
+    release_gold = list(read_jsonl(SAMPLE_DATA_DIR / "dev.jsonl"))[:QUESTIONS]
+    assert evaluate(release_gold, official_lines)["lf_accuracy"] == metrics["lf_accuracy"]
+    assert evaluate(None, lines)["lf_accuracy"] == metrics["lf_accuracy"]
+
+
+def test_records_with_rows_get_execution_accuracy(predictor, tmp_path):
+    records, _ = sample_records()
+    for record in records:  # a hand-made row per table, so every query executes
+        record["types"] = ["text"] * len(record["header"])
+        record["rows"] = [[f"{name} value" for name in record["header"]], ["3"] * len(record["header"])]
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    summary = predict(predictor, path, out=tmp_path / "predictions.jsonl", progress=False)
+    metrics = summary["metrics"]
+    assert metrics["ex_accuracy"] is not None
+    assert metrics["ex_accuracy"] >= metrics["lf_accuracy"] >= 0.75
+
+
+def sample_records():
+    return load_split("sample", "validation", QUESTIONS)
+
+
+def test_ask_answers_a_written_question(trained):
+    records, _ = sample_records()
+    record = records[1]
+    answer = ask(trained, record["question"], record["header"])
+    assert answer["error"] is None
+    assert answer["query"] == canonical_sql(record["sql"])
+
+
+def test_cli_question_and_split(trained, prepared, tmp_path):
+    records, _ = sample_records()
+    record = records[0]
+    runner = CliRunner()
+    answer = runner.invoke(cli, ["infer", "--model", str(trained), "--question", record["question"], "--header", json.dumps(record["header"])])
+    assert answer.exit_code == 0, answer.output
+    assert json.loads(answer.stdout)["query"] == canonical_sql(record["sql"])
+    out = tmp_path / "p.jsonl"
+    result = runner.invoke(cli, ["infer", "--model", str(trained), "--data", str(prepared), "--out", str(out), "--limit", "3", "--num-beams", "2"])
+    assert result.exit_code == 0, result.output
+    assert len(list(read_jsonl(out))) == 3 and (tmp_path / "metrics.json").is_file()
+
+
+def test_cli_mistakes_are_one_line(trained, prepared, tmp_path):
+    runner = CliRunner()
+    missing_header = runner.invoke(cli, ["infer", "--model", str(trained), "--question", "Who?"])
+    assert missing_header.exit_code == 2 and "--header" in missing_header.output
+    bad_header = runner.invoke(cli, ["infer", "--model", str(trained), "--question", "Who?", "--header", "[1, 2"])
+    assert bad_header.exit_code == 1 and bad_header.output.startswith("Error: --header")
+    missing_model = runner.invoke(cli, ["infer", "--model", str(tmp_path / "nope"), "--data", str(prepared)])
+    assert missing_model.exit_code == 1 and "--model" in missing_model.output
+
+
+def test_question_sources_and_bad_input(prepared, tmp_path):
+    assert len(load_questions(prepared, "test").items) == QUESTIONS
+    assert len(load_questions("sample", "validation", limit=5).items) == 5
+    with pytest.raises(DataError, match="no 'dev' split"):
+        load_questions(prepared, "dev")
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"question": "Who?"}) + "\n")
+    with pytest.raises(DataError, match="line 1 needs a question and a header"):
+        load_questions(path)
+    with pytest.raises(DataError, match="batch_size must be at least 1"):
+        GenerationOptions(batch_size=0)
+
+
+def test_parse_header():
+    assert parse_header("Player, No.,Team") == ["Player", "No.", "Team"]
+    assert parse_header('["Points, total", "Team"]') == ["Points, total", "Team"]
+    with pytest.raises(DataError, match="no column names"):
+        parse_header(" , ")
