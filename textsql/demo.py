@@ -7,9 +7,11 @@ with one line naming the cell's error and the executed copy to open.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -181,31 +183,50 @@ def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | 
 
 
 def format_summary(result: DemoResult) -> str:
-    """What the demo produced, what to open next, and where the time went.
+    """What the demo produced, how training and scoring went, what to open next, and where the time went.
 
     :param result: what :func:`run_demo` returned.
     :rtype: str
     """
     out = result.out_dir
-    metrics_file = out / "metrics.json"
     lines = [f"Everything is under {out}:"]
     for name in ("hostfile", "launch.log", "tensorboard", "model", "predictions.jsonl", "metrics.json"):
         lines.append(f"  {name:18} {'ok' if (out / name).exists() else 'MISSING'}")
-    if metrics_file.exists():
-        import json
-
-        metrics = json.loads(metrics_file.read_text())
+    training = _read_json(out / "run.json")
+    losses = [entry["loss"] for entry in training.get("log_history", []) if "loss" in entry]
+    if losses:
+        lines.append(f"Train loss {losses[0]:.2f} -> {losses[-1]:.2f} over {training['global_step']} steps")
+    metrics = _read_json(out / "metrics.json")
+    if metrics:
         ex = metrics.get("ex_accuracy")
         lines.append(
             f"Scores on {metrics['n']} questions: logical form {metrics['lf_accuracy']:.1%}, "
-            f"execution {'n/a' if ex is None else f'{ex:.1%}'}"
+            f"execution {'n/a (the tables carry no rows)' if ex is None else f'{ex:.1%}'}"
         )
     lines += [
         "Open next:",
-        f"  textsql tensorboard --logdir {out / 'tensorboard'}",
-        *(f"  jupyter lab {path}" for path in result.notebooks.values()),
+        f"  {_command('textsql')} tensorboard --logdir {_shown(out / 'tensorboard')}",
+        *(f"  {_command('jupyter')} lab {_shown(path)}" for path in result.notebooks.values()),
         "Time:",
-        *(f"  {name:22} {seconds:7.1f} s" for name, seconds in result.seconds.items()),
-        f"  {'total':22} {sum(result.seconds.values()):7.1f} s",
     ]
+    runtime = next((entry["train_runtime"] for entry in training.get("log_history", []) if "train_runtime" in entry), None)
+    for name, seconds in result.seconds.items():
+        lines.append(f"  {name:22} {seconds:7.1f} s")
+        if name == "02_train_distributed" and runtime is not None:
+            lines.append(f"    of which {runtime:.0f} s optimizer steps on {training['world_size']} ranks, ZeRO-{training['zero_stage']}")
+    lines.append(f"  {'total':22} {sum(result.seconds.values()):7.1f} s")
     return "\n".join(lines)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory when it is below it (shorter to copy), else absolute."""
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def _command(name: str) -> str:
+    """This environment's executable ``name`` (``.venv/bin/textsql``), as a user would type it."""
+    return _shown(Path(sys.executable).parent / name)
