@@ -77,9 +77,9 @@ MODULE = ("--module", "standin_rank")
 
 
 def textsql_launch(run_dir: Path, *options: str, env: dict[str, str] | None = None) -> list[str]:
-    """The `textsql launch` command line for a run dir, on a free master port."""
+    """The `textsql launch` command line for a run dir (the master port: a free one, by default)."""
     return [
-        str(BIN / "textsql"), "launch", "--run-dir", str(run_dir), "--master-port", str(free_port(HOSTS[0])),
+        str(BIN / "textsql"), "launch", "--run-dir", str(run_dir),
         *[f"--env={key}={value}" for key, value in (env or {}).items()], *options,
     ]
 
@@ -95,7 +95,10 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
     assert command[0] == str(BIN / "deepspeed")
     parsed = parse_args(command[1:])
     assert (parsed.hostfile, parsed.launcher, parsed.ssh_port) == (str(tmp_path / "hostfile"), "pdsh", 2022)
-    assert (parsed.master_addr, parsed.master_port) == ("127.0.0.2", 29500)
+    assert parsed.master_addr == "127.0.0.2"
+    assert parsed.master_port != 29500  # loopback hosts share this machine: a free port, not the fixed default
+    remote = parse_args(deepspeed_command(arguments, tmp_path / "hostfile", ["10.0.0.5"])[1:])
+    assert (remote.master_addr, remote.master_port) == ("10.0.0.5", 29500)
     assert parsed.module and parsed.no_local_rank and parsed.no_ssh_check
     assert (parsed.user_script, parsed.user_args) == ("textsql.train", ["--output_dir", "out dir", "--resume", "auto"])
 

@@ -132,7 +132,7 @@ def train(args: tuple[str, ...]) -> None:
 @click.option("--ssh-config", type=click.Path(dir_okay=False), help="ssh_config for every host [default: RUN_DIR/ssh_config].")
 @click.option("--ssh-port", type=click.IntRange(1, 65535), help="sshd port of every host, when the ssh_config does not give it.")
 @click.option("--master-addr", help="Address of rank 0's host [default: the first host].")
-@click.option("--master-port", type=click.IntRange(1, 65535), help="torch.distributed store port on the first host [default: 29500].")
+@click.option("--master-port", type=click.IntRange(1, 65535), help="torch.distributed store port on the first host [default: 29500; a free one when that host is this machine].")
 @click.option("--ranks", type=click.IntRange(min=1), help="--launcher local: ranks on this machine [default: DeepSpeed's device count].")
 @click.option("--socket-ifname", help="NCCL/gloo network interface [default: lo when every host is loopback].")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra variable for every rank (repeatable; no secrets).")

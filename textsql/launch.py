@@ -35,6 +35,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import string
 import subprocess
 import sys
@@ -137,7 +138,10 @@ class LaunchArguments:
     )
     ssh_port: int | None = field(default=None, metadata={"help": "sshd port of every host, when ssh_config does not give it."})
     master_addr: str | None = field(default=None, metadata={"help": "Address ranks reach rank 0 at (default: the first host)."})
-    master_port: int = field(default=DEFAULT_MASTER_PORT, metadata={"help": "Port of torch.distributed's store on the first host."})
+    master_port: int | None = field(
+        default=None,
+        metadata={"help": f"Port of torch.distributed's store on the first host (default: {DEFAULT_MASTER_PORT}; a free one when that host is this machine)."},
+    )
     ranks: int | None = field(
         default=None, metadata={"help": "--launcher local: ranks on this machine (default: DeepSpeed's device count)."}
     )
@@ -158,7 +162,7 @@ class LaunchArguments:
             raise LaunchError("--ranks is for --launcher local; with pdsh the hostfile's slots say how many ranks run")
         if self.ranks is not None and self.ranks < 1:
             raise LaunchError(f"--ranks {self.ranks!r} must be at least 1")
-        if not 0 < self.master_port < 65536:
+        if self.master_port is not None and not 0 < self.master_port < 65536:
             raise LaunchError(f"--master-port {self.master_port!r} is not a TCP port; pass one from 1 to 65535")
         if not re.fullmatch(r"\w+(\.\w+)*", self.module):
             raise LaunchError(f"--module {self.module!r} is not a Python module name; pass one like {TRAIN_MODULE}")
@@ -250,7 +254,7 @@ def deepspeed_command(arguments: LaunchArguments, hostfile: Path, hosts: list[st
         command += ["--launcher", "pdsh"]
         if arguments.ssh_port is not None:
             command += ["--ssh_port", str(arguments.ssh_port)]
-    command += ["--master_addr", master_addr, "--master_port", str(arguments.master_port)]
+    command += ["--master_addr", master_addr, "--master_port", str(arguments.master_port or _default_master_port(master_addr))]
     # Our own check ran with the run's ssh config; DeepSpeed's plain `ssh host hostname` would not use it.
     command += ["--no_ssh_check", "--no_local_rank", "--module", arguments.module]
     return command + arguments.train_args
@@ -478,6 +482,15 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _default_master_port(master_addr: str) -> int:
+    # Local worker pods share this machine with other runs and test sessions: a fixed port collides.
+    if not _is_loopback(master_addr):
+        return DEFAULT_MASTER_PORT
+    with socket.socket() as probe:
+        probe.bind((master_addr, 0))
+        return probe.getsockname()[1]
 
 
 def _local_device_count() -> int:
