@@ -139,3 +139,13 @@ def test_a_previous_run_is_kept_unless_asked(tmp_path):
     _prepare_on_saving_rank(tmp_path, RunArguments(overwrite_output_dir=True))
     assert not (tmp_path / "checkpoint-5").exists()
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_cli_train_errors_are_one_line_without_traceback():
+    from click.testing import CliRunner
+
+    from textsql.cli import cli
+
+    result = CliRunner().invoke(cli, ["train", "--data_dir", "data", "--output_dir", "out", "--lerning_rate", "1e-3"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == ["Error: unknown argument '--lerning_rate' (did you mean --learning_rate?); see `textsql train --help`"]

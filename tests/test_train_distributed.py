@@ -93,3 +93,21 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
         for row in rows:
             ids = model.generate(**tokenizer(row["source"], return_tensors="pt"))
             assert tokenizer.decode(ids[0], skip_special_tokens=True).strip() == row["prediction"], row
+
+
+def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tmp_path):
+    textsql = Path(sys.executable).with_name("textsql")
+    command = [
+        str(textsql), "train", "--data_dir", str(prepared_data), "--output_dir", str(tmp_path), "--profile", "zero1",
+        "--max_steps", "2", "--per_device_train_batch_size", "4", "--save_steps", "2", "--eval_strategy", "no",
+        "--max_eval_samples", "4", "--generation_max_length", "8", "--disable_tqdm", "true",
+    ]
+    result = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    summary = json.loads((tmp_path / "run.json").read_text())
+    assert (summary["engine"], summary["world_size"], summary["global_step"]) == ("deepspeed.runtime.engine.DeepSpeedEngine", 1, 2)
+
+    again = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert again.returncode == 1
+    assert "holds a previous run" in again.stderr and "--resume auto" in again.stderr
+    assert (tmp_path / "checkpoint-2").is_dir() and (tmp_path / "model" / "model.safetensors").is_file()

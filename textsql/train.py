@@ -304,7 +304,9 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
         return run_args.resume
     checkpoint = newest_complete_checkpoint(output)
     if checkpoint is None:
-        logger.info("no complete checkpoint in %s: starting fresh", output)
+        logger.warning("--resume auto: no complete checkpoint in %s, starting fresh", output)
+    else:
+        logger.warning("--resume auto: continuing from %s", checkpoint)
     return checkpoint
 
 
