@@ -97,8 +97,8 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     assert (out / DEMO_MARKER).is_file()
     assert [line.split()[0] for line in (out / "hostfile").read_text().splitlines()] == ["127.0.0.2", "127.0.0.3"]
     assert "pdsh" in (out / "launch.log").read_text()
-    losses = [value for run in read_scalars(out / "tensorboard").values() for value in run.get("train/loss", [])]
-    assert losses, "no train/loss in the TensorBoard event files"
+    eval_steps = [step for run in read_scalars(out / "tensorboard").values() for step, _ in run.get("eval/loss", [])]
+    assert set(eval_steps) == {2, 4}, "eval/loss every 2 steps (and after training) in the TensorBoard event files"
     assert (out / "model" / "config.json").is_file()
     predictions = (out / "predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 6 and json.loads((out / "metrics.json").read_text())["n"] == 6
