@@ -331,7 +331,8 @@ class _SSH:
                 _, error = check.communicate()
                 error = f"no answer in {SSH_CHECK_TIMEOUT_S:.0f} s"
             if check.returncode != 0:
-                failed.append(f"{host} ({(error.strip().splitlines() or ['exit code %d' % check.returncode])[-1]})")
+                reason = error.strip().splitlines()[-1] if error.strip() else f"exit code {check.returncode}"
+                failed.append(f"{host} ({reason})")
         if failed:
             raise LaunchError(
                 f"passwordless ssh failed for {', '.join(failed)} with `{shlex.join(self.command('HOST', 'true'))}`; "
@@ -394,8 +395,8 @@ def _run(command: list[str], env: dict[str, str], ranks: _RemoteRanks | _LocalRa
                     logger.error("ranks on %s failed with exit code %d; ending the other hosts' ranks", *first_failure)
                     ranks.end()
             runner.wait()
-    except BaseException:
-        logger.warning("interrupted: ending every rank of this launch")
+    except BaseException as error:
+        logger.warning("%s: ending every rank of this launch", type(error).__name__)
         ranks.end()
         _stop_runner(runner)
         raise
