@@ -103,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("measuring %s", name)
             results |= measure(name, sizes[name], data_dir, work)
             logger.info("%s took %.0f s", name, time.monotonic() - started)
-    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-    for path in write(results, args.out):
+            # Written after every figure, so a figure that fails later loses nothing measured before it.
+            results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+            results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+            paths = write(results, args.out)
+    for path in paths:
         print(f"wrote {path}")
     return 0
 

@@ -40,8 +40,8 @@ class Sizes:
     """Steps and batch of each profile's run."""
 
     profiles: tuple[str, ...] = PROFILE_ORDER
-    steps: int = 8
-    skip_steps: int = 2
+    steps: int = 5
+    skip_steps: int = 1
     batch_size: int = 4  # per rank
 
 
