@@ -278,3 +278,17 @@ def test_cli_mismatched_lengths_is_one_line_error(tmp_path: Path):
     result = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path)])
     assert result.exit_code == 1
     assert result.output.strip().startswith("Error: ") and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_scores_our_predictions_alone_from_their_gold_queries(tmp_path: Path):
+    pred_path = tmp_path / "predictions.jsonl"
+    lines = [{"id": item["id"], "table_id": "players", "query": item["sql"], "error": None, "gold_query": item["sql"]} for item in players_gold()]
+    lines[0]["query"] = q(1)
+    pred_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(cli, ["evaluate", "--pred", str(pred_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["lf_correct"] == 4
+    official = tmp_path / "official.jsonl"
+    official.write_text(json.dumps({"query": q(1)}) + "\n")
+    refused = CliRunner().invoke(cli, ["evaluate", "--pred", str(official)])
+    assert refused.exit_code == 1 and "pass --gold" in refused.output

@@ -51,7 +51,6 @@ class ExecutionError(Exception):
 class Grade:
     """How one prediction scored."""
 
-    id: str
     agg: int
     n_conds: int
     lf: bool
@@ -343,7 +342,7 @@ def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, order
                 ex, error = False, f"execution failed: {problem}"
         elif ex is None:
             ex = False
-    return Grade(str(gold.get("id", index)), gold_query["agg"], len(gold_query["conds"]), lf, ex, error)
+    return Grade(gold_query["agg"], len(gold_query["conds"]), lf, ex, error)
 
 
 def _summary(grades: list[Grade]) -> dict:
