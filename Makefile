@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
+# The venv's tools come first for everything make runs, ranks on local worker pods included: one
+# ninja (the pinned one) builds DeepSpeed's ops, so the cached build is never invalidated by another.
+export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: setup demo test bench clean
 
