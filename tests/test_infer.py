@@ -162,6 +162,8 @@ def test_cli_mistakes_are_one_line(trained, prepared, tmp_path):
     assert bad_header.exit_code == 1 and bad_header.output.startswith("Error: --header")
     missing_model = runner.invoke(cli, ["infer", "--model", str(tmp_path / "nope"), "--data", str(prepared)])
     assert missing_model.exit_code == 1 and "--model" in missing_model.output
+    bad_device = runner.invoke(cli, ["infer", "--model", str(trained), "--device", "gpu0", "--question", "Who?", "--header", "A"])
+    assert bad_device.exit_code == 1 and bad_device.output.splitlines()[-1].startswith("Error: unknown device 'gpu0'")
 
 
 def test_question_sources_and_bad_input(prepared, tmp_path):

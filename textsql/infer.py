@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME, TABLES_DIR_NAME
 from textsql.data import load_split, source_text
-from textsql.errors import DataError, SQLParseError
+from textsql.errors import DataError, ModelError, SQLParseError
 from textsql.evaluate import evaluate, format_report, load_tables, read_jsonl, write_json
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
 from textsql.sql import render_sql, parse_sql
@@ -58,7 +58,7 @@ class Predictor:
 
     Usage::
 
-        >>> predictor = Predictor.load("runs/demo/train/model")           # doctest: +SKIP
+        >>> predictor = Predictor.load("runs/demo/model")           # doctest: +SKIP
         >>> predictor.ask("How many schools did player number 3 play at?",
         ...               ["Player", "No.", "Nationality", "Position", "Years in Toronto", "School/Club Team"])  # doctest: +SKIP
         {'sql': 'SELECT COUNT School/Club Team FROM table WHERE No. = 3', 'query': {...}, 'error': None}
@@ -67,7 +67,7 @@ class Predictor:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, input_format: str = INPUT_FORMATS[0], device: str | torch.device | None = None):
         if input_format not in INPUT_FORMATS:
             raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = _device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.input_format = input_format
@@ -136,6 +136,19 @@ class Predictor:
         return {"sql": text, **parsed(text, header)}
 
 
+def _device(name: str | torch.device | None) -> torch.device:
+    """The device to generate on: the one named, else CUDA when present, else the CPU."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ModelError(f"unknown device {str(name)!r}; pass --device cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"device {str(name)!r} asked for but this machine has no CUDA GPU; pass --device cpu")
+    return device
+
+
 def parsed(text: str, header: list[str]) -> dict:
     """``{"query": ..., "error": None}`` when the text reads as WikiSQL over the header, else the reason.
 
@@ -163,7 +176,7 @@ def ask(model: str | Path | Predictor | None, question: str, header: list[str], 
 
     Usage::
 
-        >>> ask("runs/demo/train/model", "Who is number 3?", ["Player", "No."])   # doctest: +SKIP
+        >>> ask("runs/demo/model", "Who is number 3?", ["Player", "No."])   # doctest: +SKIP
         {'sql': 'SELECT Player FROM table WHERE No. = 3', 'query': {'sel': 0, 'agg': 0, 'conds': [[1, 0, '3']]}, 'error': None}
 
     :param model: a :class:`Predictor` or a model directory / hub id.
@@ -248,7 +261,7 @@ def predict(
 
     Usage::
 
-        >>> summary = predict("runs/demo/train/model", "runs/demo/data", "validation",
+        >>> summary = predict("runs/demo/model", "runs/demo/data", "validation",
         ...                   out="runs/demo/predictions.jsonl")           # doctest: +SKIP
         >>> summary["metrics"]["lf_accuracy"]                            # doctest: +SKIP
 
