@@ -8,8 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
+from textsql.data import load_split
 from textsql.errors import DataError
-from textsql.evaluate import TableEngine, evaluate, load_tables, read_jsonl, to_number
+from textsql.evaluate import ExecutionError, TableEngine, evaluate, load_tables, read_jsonl, to_number
+from textsql.sql import parse_sql, render_sql
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +189,6 @@ def test_text_is_case_insensitive_and_numbers_are_read_from_text(engine):
 
 
 def test_failing_queries_raise_execution_error(engine):
-    from textsql.evaluate import ExecutionError
-
     for query in (q(9), q(0, 6), q(0, 0, [(1, 3, "3")]), q(0, 0, [(1, 0, "three")]), {"sel": 0}):
         with pytest.raises(ExecutionError):
             engine.execute("players", query)
@@ -297,9 +297,6 @@ def test_cli_scores_our_predictions_alone_from_their_gold_queries(tmp_path: Path
 @pytest.mark.parametrize("split", ["train", "validation", "test"])
 def test_target_text_read_back_scores_one_on_the_sample(split):
     """The model's target text (textsql.sql) loses nothing the official comparison looks at."""
-    from textsql.data import load_split
-    from textsql.sql import parse_sql, render_sql
-
     records, tables = load_split("sample", split)
     pred = [{"id": r["id"], "query": parse_sql(render_sql(r["sql"], r["header"]), r["header"])} for r in records]
     report = evaluate(records, pred, tables=tables, ordered=True)
