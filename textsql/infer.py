@@ -239,7 +239,10 @@ def _prepared_questions(path: Path, split: str, limit: int | None) -> Questions:
 
 def _checked_record(item: dict, index: int, path: Path) -> dict:
     if not isinstance(item.get("question"), str) or not isinstance(item.get("header"), list):
-        raise DataError(f"{path}: line {index + 1} needs a question and a header (list of column names)")
+        raise DataError(
+            f"{path}: line {index + 1} needs a question and a header (list of column names); for the release's "
+            "question files pass --data the directory that also holds their .tables.jsonl"
+        )
     return {**item, "id": str(item.get("id", index)), "table_id": item.get("table_id")}
 
 
