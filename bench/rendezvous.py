@@ -23,6 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.timing import summary
+from worker.cluster import start_workers
+from worker.constants import MAX_CONNECTIONS
+from worker.registration import Registration
+from worker.rendezvous import RendezvousServer, register
+from worker.runfiles import RunFiles
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +55,6 @@ def worker_address(index: int) -> str:
 
 def _client(indices: list[int], endpoint: tuple[str, int], token: str, go, done, starts) -> None:
     """One client process: a thread per worker, all waiting for ``go``, each holding its session until ``done``."""
-    from worker.registration import Registration
-    from worker.rendezvous import register
-
     registrations = [Registration(address=worker_address(i), slots=1, hostname=f"bench-{i}", pod=f"bench-{i}") for i in indices]
     sessions, first = [], []
 
@@ -72,20 +74,19 @@ def _client(indices: list[int], endpoint: tuple[str, int], token: str, go, done,
         session.close()
 
 
-def once(count: int) -> float:
+def once(count: int, backlog: int | None = None) -> float:
     """One rendezvous of ``count`` concurrent register-only workers; seconds to the hostfile.
 
+    :param backlog: a listen backlog to try instead of the server's own ``request_queue_size``.
     :rtype: float
     """
-    from worker.rendezvous import RendezvousServer
-    from worker.runfiles import RunFiles
-
     context = multiprocessing.get_context("fork")
     token = secrets.token_urlsafe(32)
     go, done, starts = context.Event(), context.Event(), context.Queue()
     with tempfile.TemporaryDirectory(prefix="bench-rendezvous-") as run_dir:
         files = RunFiles.in_dir(Path(run_dir))
-        with RendezvousServer(expect=count, token=token, files=files) as server:
+        server_class = RendezvousServer if backlog is None else type("BacklogServer", (RendezvousServer,), {"request_queue_size": backlog})
+        with server_class(expect=count, token=token, files=files) as server:
             shares = [list(range(count))[i::CLIENT_PROCESSES] for i in range(CLIENT_PROCESSES)]
             clients = [context.Process(target=_client, args=(share, server.endpoint, token, go, done, starts)) for share in shares if share]
             for client in clients:
@@ -113,8 +114,6 @@ def agents_end_to_end(count: int) -> float:
 
     :rtype: float
     """
-    from worker.cluster import start_workers
-
     with tempfile.TemporaryDirectory(prefix="bench-agents-") as run_dir:
         started = time.time()
         with start_workers("local", count, Path(run_dir), timeout=600, sshd=False) as cluster:
@@ -132,7 +131,7 @@ def run(sizes: Sizes = Sizes()) -> dict[str, dict]:
     for count in sizes.counts:
         seconds = [once(count) for _ in range(sizes.repetitions)]
         logger.info("rendezvous %d workers: median %.3f s", count, statistics.median(seconds))
-        figures[f"rendezvous_{count}_workers_s"] = {
+        figure = figures[f"rendezvous_{count}_workers_s"] = {
             "value": round(statistics.median(seconds), 3),
             "unit": "s",
             "goal": "<= 2.0" if count == 64 else None,
@@ -144,6 +143,11 @@ def run(sizes: Sizes = Sizes()) -> dict[str, dict]:
                 f"{sizes.warmup} warm-up rendezvous, {sizes.repetitions} repetitions, median"
             ),
         }
+        if count > RendezvousServer.request_queue_size:
+            # More simultaneous connects than the listen backlog: the overflow's SYNs are dropped and
+            # retried by TCP after a second. What a backlog as large as the connection limit gives:
+            larger = [once(count, MAX_CONNECTIONS) for _ in range(sizes.repetitions)]
+            figure["with_listen_backlog"] = {"backlog": MAX_CONNECTIONS, "server_default": RendezvousServer.request_queue_size, "seconds": summary(larger, 3)}
     if sizes.agents:
         seconds = agents_end_to_end(sizes.agents)
         figures[f"rendezvous_{sizes.agents}_agents_end_to_end_s"] = {

@@ -22,21 +22,57 @@ PROFILES_KEY = "deepspeed_profiles"
 # Why a goal can be missed and what would move it, shown under the table when it is.
 MISSED = {
     "train_speedup_dynamic_padding": (
-        "The speed-up is the ratio of padded tokens (see tokens_per_example in results.json) diluted by what does not "
-        "scale with sequence length: the 32k-entry output projection and softmax per target token, the optimizer step, "
-        "and the trainer's per-step overhead, which weigh most on a model this small. Longer fixed padding (the seed's "
-        "96 against ~20-token questions), a larger model, or a bigger batch move it up."
+        "Per-batch padding cuts the tokens per example about fivefold (tokens_per_example_source_plus_target in "
+        "results.json), but a step also has costs that do not shrink with the sequence: the AdamW update of every "
+        "parameter (the 32k x 128 embedding is most of this small model), the trainer's and collator's per-step Python, "
+        "and, on this machine, waiting for a core. A larger batch or model (more work per step that scales with length) "
+        "or a dedicated machine moves it up; the CPU-time ratio (value_cpu_time) removes the waiting."
     ),
     "infer_speedup_batched": (
-        "Batching gains by running 64 questions per decoder step; on 2 shared cores the per-step matrix work grows with "
-        "the batch, so the gain is bounded by how much of a batch-1 step is Python and kernel-launch overhead. On a GPU "
-        "or with more cores the batched arm scales further; fewer threads per process contending would help here."
+        "Batching turns 64 questions x N decoder steps into N steps of 64. On two shared CPU cores the arithmetic of a "
+        "step grows almost linearly with the batch once the cores are busy, so the gain is mostly the per-step overhead "
+        "of generate (Python, cache bookkeeping, kernel dispatch) that batch 1 pays 64 times. On a GPU, where a step of "
+        "64 costs about what a step of 1 does, it grows well past 8; here a quieter machine moves it (see value_cpu_time)."
     ),
     "rendezvous_64_workers_s": (
-        "Registration is one short HMAC-authenticated exchange per worker handled by a thread each; the time goes to "
-        "thread scheduling on the shared cores. Fewer competing processes, or a selector-based server, would move it."
+        "Each registration is one short HMAC-authenticated exchange handled by its own thread; the time goes to thread "
+        "scheduling on the shared cores. Fewer competing processes, or a selector-based server, would move it."
     ),
 }
+
+
+def observations(results: dict) -> list[str]:
+    """Findings worth reading beside the table, from the numbers themselves.
+
+    :rtype: list[str]
+    """
+    notes = []
+    machine = results["machine"]
+    notes.append(
+        f"The machine's 1-minute load average was {machine['load_average_1m']} at the start and "
+        f"{machine.get('load_average_1m_at_end')} at the end, on {machine['cores']} cores shared with other developers: "
+        "single runs vary by up to several times (see the runs lists in results.json); compare the ratios."
+    )
+    for key, figure in results.items():
+        backlog = isinstance(figure, dict) and figure.get("with_listen_backlog")
+        if backlog:
+            notes.append(
+                f"`{key}`: {figure['value']} s against {results.get('rendezvous_64_workers_s', {}).get('value')} s for 64. "
+                f"The server's listen backlog (request_queue_size {backlog['server_default']}) is smaller than the number of "
+                "simultaneous connects, so the kernel drops the overflow's SYNs and TCP retries them after about a second. "
+                f"With a backlog of {backlog['backlog']} (the server's connection limit) the same rendezvous took "
+                f"{backlog['seconds']['median']} s (median); worker/rendezvous.py could set request_queue_size to MAX_CONNECTIONS."
+            )
+    prepare = results.get("prepare_examples_per_s")
+    if prepare and prepare["sample"]["speedup"] < 1:
+        notes.append(
+            "`prepare_examples_per_s`: on these short texts (about 20-50 tokens) batched `datasets.map` is slower than a "
+            "per-example loop: the fast tokenizer's batch call gains little on two busy cores (batched_tokenizer_call_only), "
+            "and map's conversion to and from Arrow costs more than that. prepare still wants map: it writes the Arrow "
+            "dataset that save_to_disk stores, and num_proc spreads the work on machines with cores to spare; the whole "
+            "sample tokenizes in about a second either way."
+        )
+    return notes
 
 
 def write(results: dict, out_dir: Path) -> tuple[Path, Path]:
@@ -102,7 +138,7 @@ def markdown(results: dict) -> str:
                 f"{row['peak_rss_vs_zero0']} | {row['estimate_gpu_gb_per_rank']} | {row['estimate_gpu_vs_zero0']} | {row['estimate_ram_vs_zero0']} |"
             )
     notes = [f"- `{key}` missed its goal ({results[key]['goal']}): {why}" for key, why in MISSED.items() if key in results and not _met(results[key])]
-    notes += [f"- {note}" for note in results.get("notes", [])]
+    notes += [f"- {note}" for note in observations(results)]
     if notes:
         lines += ["", "## Notes", "", *notes]
     return "\n".join(lines) + "\n"
@@ -120,7 +156,15 @@ def _value(key: str, figure: dict) -> str:
                     f"{part['batched_tokenizer_call_only']['median']}/s; map over loop {part['speedup']}x"
                 )
         return "<br>".join(parts)
-    return f"{figure['value']} {figure['unit']}"
+    text = f"**{figure['value']}** {figure['unit']}"
+    for rates_key in ("samples_per_s", "examples_per_s"):
+        if rates_key in figure:
+            text += "<br>" + ", ".join(f"{arm} {rates['median']}/s" for arm, rates in figure[rates_key].items())
+    if "value_cpu_time" in figure:
+        text += f"<br>per CPU second: {figure['value_cpu_time']}x"
+    if "seconds" in figure and len(figure["seconds"]["runs"]) > 1:
+        text += f"<br>runs {figure['seconds']['runs']}"
+    return text
 
 
 def _met(figure: dict) -> bool:
