@@ -81,7 +81,7 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     assert {"train/loss", "train/learning_rate", "eval/loss", "eval/exact_match"} <= tags
 
     model_dir = output / "model"
-    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "prepare.json"):
         assert (model_dir / name).is_file(), name
     model = T5ForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

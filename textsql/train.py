@@ -31,7 +31,7 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 from transformers.trainer_utils import EvalPrediction, sort_checkpoints
 
-from textsql.constants import LABEL_PAD_TOKEN_ID
+from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, ModelError, TextSQLError
 from textsql.model import load_model, load_tokenizer
 from textsql.profiles import load_profile
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.save_state()
     if "validation" in splits:
         evaluate(trainer, tokenizer, splits["validation"])
-    export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR)
+    export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR, Path(data_args.data_dir) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint)
     return 0
@@ -381,8 +381,11 @@ def exact_match_metric(tokenizer):
     return compute_metrics
 
 
-def export_model(trainer: Seq2SeqTrainer, target: Path) -> None:
+def export_model(trainer: Seq2SeqTrainer, target: Path, prepare_record: Path | None = None) -> None:
     """Write a consolidated HuggingFace model directory (weights, config, tokenizer, generation config).
+
+    ``prepare_record`` (the dataset's ``prepare.json``) is copied beside the weights, so inference on
+    a user's own question builds the model input the way training saw it.
 
     Every rank takes part (ZeRO-3 gathers its shards); the world's main process writes to a staging
     directory and renames it, so a crash never leaves a half-written ``model/``.
@@ -390,6 +393,8 @@ def export_model(trainer: Seq2SeqTrainer, target: Path) -> None:
     staging = _staging(target)
     trainer.save_model(str(staging))
     if trainer.is_world_process_zero():
+        if prepare_record is not None and prepare_record.is_file():
+            shutil.copy2(prepare_record, staging / prepare_record.name)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
