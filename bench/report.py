@@ -63,6 +63,17 @@ def observations(results: dict) -> list[str]:
                 f"With a backlog of {backlog['backlog']} (the server's connection limit) the same rendezvous took "
                 f"{backlog['seconds']['median']} s (median); worker/rendezvous.py could set request_queue_size to MAX_CONNECTIONS."
             )
+    if PROFILES_KEY in results:
+        notes.append(
+            f"`{PROFILES_KEY}`: a rank's peak RSS holds the Python, torch, DeepSpeed and transformers runtime and the "
+            "activations as well as the model states, and only the model states are sharded, so measured memory ratios sit "
+            "closer to 1 than the estimate's. Without a GPU the device and the host are the same RAM: offloading moves "
+            "states from one to the other and saves nothing here, and ZeRO-3 also gathers the full weights once to write "
+            "model/. The estimate's GPU column is the figure that matters on GPUs; its GPU+CPU column is the comparable one "
+            "here. Throughput with gloo on one machine mostly reflects extra copies and Python hooks per step (ZeRO-3 "
+            "gathers parameters layer by layer); single runs of a few steps on a shared machine are noisy, see "
+            "samples_per_s_runs in results.json."
+        )
     prepare = results.get("prepare_examples_per_s")
     if prepare and prepare["sample"]["speedup"] < 1:
         notes.append(
