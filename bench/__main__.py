@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             started = time.monotonic()
             logger.info("measuring %s", name)
-            results |= measure(name, sizes[name], data_dir, work)
+            measured_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+            results |= {key: {**figure, "measured_at": measured_at} for key, figure in measure(name, sizes[name], data_dir, work).items()}
             logger.info("%s took %.0f s", name, time.monotonic() - started)
             # Written after every figure, so a figure that fails later loses nothing measured before it.
             results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())

@@ -131,7 +131,8 @@ def markdown(results: dict) -> str:
         figure = results.get(key)
         if figure:
             goal = figure.get("goal") or ""
-            lines.append(f"| {label} | `{key}` | {_value(key, figure)} | {goal} | {figure['method']} |")
+            when = f" (measured {figure['measured_at']} UTC)" if "measured_at" in figure else ""
+            lines.append(f"| {label} | `{key}` | {_value(key, figure)} | {goal} | {figure['method']}{when} |")
     profiles = results.get(PROFILES_KEY)
     if profiles:
         lines += [
