@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from textsql.cli import cli
 from textsql.data import load_split
 from textsql.errors import DataError
-from textsql.evaluate import ExecutionError, TableEngine, evaluate, load_tables, read_jsonl, to_number
+from textsql.evaluate import ExecutionError, TableEngine, evaluate, format_report, load_tables, read_jsonl, to_number
 from textsql.sql import parse_sql, render_sql
 
 
@@ -48,6 +48,7 @@ def test_changed_select_on_k_lines_is_exactly_k_wrong(dev, k):
     report = evaluate(dev, pred)
     assert report["lf_correct"] == len(dev) - k
     assert report["lf_accuracy"] == (len(dev) - k) / len(dev)
+    assert report["components"] == {"sel": (len(dev) - k) / len(dev), "agg": 1.0, "where": 1.0}
 
 
 def test_changed_aggregation_breakdown_points_at_it(dev):
@@ -58,6 +59,9 @@ def test_changed_aggregation_breakdown_points_at_it(dev):
     report = evaluate(dev, pred)
     assert report["by_aggregation"]["COUNT"]["lf_accuracy"] == 0.0
     assert report["by_aggregation"]["none"]["lf_accuracy"] == 1.0
+    counts = sum(item["sql"]["agg"] == 3 for item in dev)
+    assert report["components"] == {"sel": 1.0, "agg": (len(dev) - counts) / len(dev), "where": 1.0}
+    assert "parts right    sel 100.00%" in format_report(report)
 
 
 def test_condition_order_counts_only_when_ordered(dev):

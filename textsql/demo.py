@@ -208,6 +208,9 @@ def format_summary(result: DemoResult) -> str:
             f"Scores on {metrics['n']} questions: logical form {metrics['lf_accuracy']:.1%}, "
             f"execution {'n/a (the tables carry no rows)' if ex is None else f'{ex:.1%}'}"
         )
+        parts = metrics.get("components") or {}
+        if parts:
+            lines.append("  parts right: " + ", ".join(f"{name} {value:.1%}" for name, value in parts.items()))
     lines += [
         "Open next:",
         f"  {_command('textsql')} tensorboard --logdir {_shown(out / 'tensorboard')}",

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 Source = str | Path | Iterable[dict]
 
 TABLES_SUFFIX = ".tables.jsonl"
+# The parts of a logical form, in logical_form_key's order, scored separately in "components".
+COMPONENTS = ("sel", "agg", "where")
 # A whole value written as a number, with optional thousands separators: "1,234.5", "-3", ".5".
 _WHOLE_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d*)(?:\.\d+)?")
 # The first number inside other text ("12 km", "approx. 3.5"), as the official engine falls back to.
@@ -56,6 +58,10 @@ class Grade:
     lf: bool
     ex: bool | None
     error: str | None = None
+    # Which parts of the logical form matched (select column, aggregation, WHERE clause): the
+    # component accuracies of the WikiSQL literature, which show a model learning long before whole
+    # queries come out right.
+    parts: tuple[bool, bool, bool] = (False, False, False)
 
 
 def to_number(value: Any) -> float:
@@ -265,6 +271,10 @@ def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, d
         grades = [_grade(index, g, p, engine if executable else None, ordered) for index, (g, p) in enumerate(zip(gold_items, pred_items))]
     report = _summary(grades)
     report["ordered"] = ordered
+    report["components"] = {
+        name: sum(grade.parts[position] for grade in grades) / len(grades) if grades else None
+        for position, name in enumerate(COMPONENTS)
+    }
     report["by_aggregation"] = _breakdown(grades, lambda grade: (grade.agg, AGG_OPS[grade.agg] or "none"))
     report["by_conditions"] = _breakdown(grades, lambda grade: (grade.n_conds, str(grade.n_conds)))
     logger.info("n=%d lf_accuracy=%.4f ex_accuracy=%s", report["n"], report["lf_accuracy"] or 0.0, report["ex_accuracy"])
@@ -321,10 +331,12 @@ def _pred_query(item: dict) -> tuple[dict | None, str | None]:
 def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, ordered: bool) -> Grade:
     gold_query = _gold_query(gold, index)
     query, error = _pred_query(pred)
-    lf = False
+    lf, parts = False, (False, False, False)
     if query is not None:
         try:
-            lf = logical_form_key(query, ordered) == logical_form_key(gold_query, ordered)
+            predicted, expected_form = logical_form_key(query, ordered), logical_form_key(gold_query, ordered)
+            parts = tuple(a == b for a, b in zip(predicted, expected_form))
+            lf = all(parts)
         except (TypeError, ValueError) as problem:
             error = f"malformed query: {problem}"
     ex = None
@@ -342,7 +354,7 @@ def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, order
                 ex, error = False, f"execution failed: {problem}"
         elif ex is None:
             ex = False
-    return Grade(gold_query["agg"], len(gold_query["conds"]), lf, ex, error)
+    return Grade(gold_query["agg"], len(gold_query["conds"]), lf, ex, error, parts)
 
 
 def _summary(grades: list[Grade]) -> dict:
@@ -397,4 +409,7 @@ def format_report(report: dict) -> str:
     for title, section in (("agg", "by_aggregation"), ("conds", "by_conditions")):
         for name, row in report[section].items():
             lines.append(f"{title + ' ' + name:14} {row['n']:6d} {percent(row['lf_accuracy'])} {percent(row['ex_accuracy'])}")
+    parts = report.get("components") or {}
+    if parts:
+        lines.append("parts right    " + "  ".join(f"{name} {percent(value).strip()}%" for name, value in parts.items()))
     return "\n".join(lines)
