@@ -70,9 +70,7 @@ def check_hostname(value: object) -> str:
     :param value: what the worker sent.
     :rtype: str
     """
-    if not isinstance(value, str) or not _HOSTNAME.fullmatch(value):
-        raise InvalidRegistration(f"hostname {value!r} is not a valid hostname")
-    return value
+    return _matching(value, _HOSTNAME, "hostname {!r} is not a valid hostname")
 
 
 def check_host_key(value: object) -> str:
@@ -106,9 +104,7 @@ def check_user(value: object) -> str:
     :param value: what the worker sent.
     :rtype: str
     """
-    if not isinstance(value, str) or not _USER.fullmatch(value):
-        raise InvalidRegistration(f"user {value!r} is not a valid login name")
-    return value
+    return _matching(value, _USER, "user {!r} is not a valid login name")
 
 
 def check_pod(value: object) -> str:
@@ -117,8 +113,12 @@ def check_pod(value: object) -> str:
     :param value: what the worker sent.
     :rtype: str
     """
-    if not isinstance(value, str) or not _POD.fullmatch(value):
-        raise InvalidRegistration(f"pod {value!r} is not a valid pod name or id")
+    return _matching(value, _POD, "pod {!r} is not a valid pod name or id")
+
+
+def _matching(value: object, pattern: re.Pattern, problem: str) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidRegistration(problem.format(value))
     return value
 
 
