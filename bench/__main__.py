@@ -27,7 +27,7 @@ SMOKE = {
     "rendezvous": rendezvous.Sizes(counts=(4,), repetitions=1, warmup=0, agents=None),
     "train": train_padding.Sizes(examples=16, batch_size=8, repetitions=1, warmup_steps=1),
     "infer": inference.Sizes(questions=4, max_new_tokens=4, repetitions=1, warmup_questions=1),
-    "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1),
+    "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1, warmup=0),
     "startup": startup.Sizes(repetitions=1, warmup=0),
 }
 FULL = {
