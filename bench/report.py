@@ -74,6 +74,12 @@ def observations(results: dict) -> list[str]:
             "gathers parameters layer by layer); single runs of a few steps on a shared machine are noisy, see "
             "samples_per_s_runs in results.json."
         )
+        base_runs = results[PROFILES_KEY]["profiles"].get("zero0", {}).get("samples_per_s_runs", [])
+        if len(base_runs) > 1 and max(base_runs) > 2 * min(base_runs):
+            notes.append(
+                f"zero0's own runs spread from {min(base_runs)} to {max(base_runs)} samples/s, so every samples/s ratio to "
+                "zero0 carries that spread; compare the profiles' samples/s with each other rather than the ratios alone."
+            )
     prepare = results.get("prepare_examples_per_s")
     if prepare and prepare["sample"]["speedup"] < 1:
         notes.append(
@@ -114,7 +120,8 @@ def markdown(results: dict) -> str:
         "numbers are noisy and the ratios are what count. `python -m bench --only FIGURE[,FIGURE]` re-measures some "
         "figures and keeps the others.",
         "",
-        f"Run: {results['started']} to {results['finished']} UTC.",
+        f"Last invocation: {results['started']} to {results['finished']} UTC; each figure says when it was measured "
+        "(machine load average below: at that invocation's start and end).",
         "",
         "| machine | |",
         "|---|---|",
