@@ -180,7 +180,8 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
     block_on_close = False
-    request_queue_size = 128
+    # A whole cluster connects at once: a shorter listen backlog drops connects that TCP retries ~1 s later.
+    request_queue_size = MAX_CONNECTIONS
     #: Connections handled at once (one thread each); more are closed at accept.
     max_connections = MAX_CONNECTIONS
 
