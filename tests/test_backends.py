@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from textsql.errors import WorkerError
+from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends import Resources, make_backend
 from worker.backends.kubernetes import KubernetesBackend

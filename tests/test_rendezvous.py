@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from textsql.errors import RendezvousError
+from worker.errors import RendezvousError
 from worker.protocol import FrameError, recv_frame, send_frame, sign
 from worker.registration import Registration
 from worker.rendezvous import RegistrationRejected, RendezvousServer, new_token, read_token, register

@@ -53,7 +53,7 @@ def test_register_only_needs_no_client_key(env):
 
 
 def test_missing_sshd_names_the_package():
-    from textsql.errors import WorkerError
+    from worker.errors import WorkerError
     from worker.sshd import require_tool
 
     with pytest.raises(WorkerError, match=r"/no/such/sshd is not installed; install it with: apt-get install -y openssh-server"):

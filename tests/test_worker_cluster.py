@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from textsql.errors import RendezvousError
+from worker.errors import RendezvousError
 from worker import constants as c
 from worker.backends.local import LocalBackend
 from worker.cluster import start_workers

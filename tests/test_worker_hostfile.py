@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from textsql.errors import HostfileError
+from worker.errors import HostfileError
 from worker.hostfile import format_hostfile, parse_hostfile, read_hostfile, write_hostfile
 
 ENTRIES = [("127.0.0.2", 1), ("10.42.0.17", 8), ("gpu-node-3.example.com", 4)]

@@ -22,13 +22,8 @@ RELEASE_SPLIT_FILES = {"train": "train", "validation": "dev", "test": "test"}
 HUB_DATASET = "Salesforce/wikisql"
 HUB_REVISION = "refs/convert/parquet"
 
-# Distributed run layout and networking.
-DEFAULT_SSH_PORT = 2222
-DEFAULT_RENDEZVOUS_PORT = 29400
+# Distributed run layout (ports and the run-dir files the workers write: worker.constants).
 DEFAULT_MASTER_PORT = 29500
-HOSTFILE_NAME = "hostfile"
-KNOWN_HOSTS_NAME = "known_hosts"
-SSH_CONFIG_NAME = "ssh_config"
 LAUNCH_LOG_NAME = "launch.log"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
 

@@ -1,12 +1,15 @@
-"""Exceptions raised by textsql and worker.
+"""Exceptions raised by the textsql library, on the base the worker side defines.
 
-Every error a user can cause carries a one-line message that names the fix; the CLI prints that
-line alone (no traceback) and exits non-zero.
+The worker's errors (:class:`RendezvousError`, :class:`HostfileError`, :class:`WorkerError`) and the
+base :class:`TextSQLError` live in :mod:`worker.errors`, the lower layer; they are named here too so
+that library code and users catch every project error from one module.
 """
+from worker.errors import HostfileError, RendezvousError, TextSQLError, WorkerError
 
-
-class TextSQLError(Exception):
-    """Base of every error this project raises on purpose."""
+__all__ = [
+    "TextSQLError", "DataError", "SQLParseError", "ModelError", "ProfileError", "RendezvousError",
+    "HostfileError", "WorkerError", "LaunchError",
+]
 
 
 class DataError(TextSQLError):
@@ -23,18 +26,6 @@ class ModelError(TextSQLError):
 
 class ProfileError(TextSQLError):
     """An unknown or invalid DeepSpeed profile."""
-
-
-class RendezvousError(TextSQLError):
-    """Workers could not register, or not all of them came in time."""
-
-
-class HostfileError(TextSQLError):
-    """A DeepSpeed hostfile is malformed, empty or has duplicate hosts."""
-
-
-class WorkerError(TextSQLError):
-    """A worker pod could not be launched, reached or stopped."""
 
 
 class LaunchError(TextSQLError):

@@ -48,15 +48,9 @@ from typing import TextIO
 
 import psutil
 
-from textsql.constants import (
-    DEEPSPEED_ENV_NAME,
-    DEFAULT_MASTER_PORT,
-    HOSTFILE_NAME,
-    LAUNCH_LOG_NAME,
-    PROJECT_DIR,
-    SSH_CONFIG_NAME,
-)
+from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME, PROJECT_DIR
 from textsql.errors import LaunchError
+from worker.constants import HOSTFILE_NAME, SSH_CONFIG_NAME
 from worker.hostfile import read_hostfile, write_hostfile
 
 logger = logging.getLogger(__name__)

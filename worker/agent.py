@@ -25,9 +25,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from textsql.constants import DEFAULT_SSH_PORT
-from textsql.errors import RendezvousError, TextSQLError, WorkerError
 from worker import constants as c
+from worker.constants import DEFAULT_SSH_PORT
+from worker.errors import RendezvousError, TextSQLError, WorkerError
 from worker.registration import Registration, check_address, check_port, check_slots
 from worker.rendezvous import parse_endpoint, read_token, register_until
 from worker.sshd import Sshd

@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from textsql.errors import RendezvousError, WorkerError
+from worker.errors import RendezvousError, WorkerError
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
 from worker.registration import Registration

@@ -1,8 +1,11 @@
 """Names, limits and defaults of the worker side: environment variables the master passes to each
 agent, frame and field limits of the rendezvous protocol, timings.
 
-Shared names (ports, run-dir file names) live in textsql.constants; these are the worker's own.
+The worker side is the lower layer: textsql imports these names, never the other way round.
 """
+
+DEFAULT_SSH_PORT = 2222
+DEFAULT_RENDEZVOUS_PORT = 29400
 
 # Environment variables the master sets for every agent (never the token itself on a command line).
 ENV_RENDEZVOUS = "TEXTSQL_RENDEZVOUS"  # "HOST:PORT" of the master's rendezvous server
@@ -49,7 +52,10 @@ BACKOFF_MAX_S = 5.0
 SSHD_START_TIMEOUT_S = 15.0
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this
 
-# Run-dir file names owned by the worker side (hostfile, known_hosts, ssh_config: textsql.constants).
+# Run-dir file names written by the worker side.
+HOSTFILE_NAME = "hostfile"
+KNOWN_HOSTS_NAME = "known_hosts"
+SSH_CONFIG_NAME = "ssh_config"
 TOKEN_NAME = "rendezvous.token"
 IDENTITY_NAME = "id_ed25519"
 WORKERS_DIR_NAME = "workers"

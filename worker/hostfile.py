@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from textsql.errors import HostfileError
+from worker.errors import HostfileError
 from worker.constants import MAX_SLOTS
 from worker.files import atomic_write
 

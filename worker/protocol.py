@@ -19,7 +19,7 @@ import socket
 import struct
 import time
 
-from textsql.errors import RendezvousError
+from worker.errors import RendezvousError
 from worker.constants import MAX_FRAME_BYTES, READ_TIMEOUT_S
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from textsql.errors import RendezvousError
+from worker.errors import RendezvousError
 from worker.constants import MAX_SLOTS, SSH_KEY_TYPES
 
 logger = logging.getLogger(__name__)

@@ -33,19 +33,19 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from textsql.constants import DEFAULT_RENDEZVOUS_PORT
-from textsql.errors import RendezvousError
 from worker.constants import (
-    IDENTITY_NAME,
     BACKOFF_MAX_S,
     BACKOFF_START_S,
+    DEFAULT_RENDEZVOUS_PORT,
     HEARTBEAT_S,
+    IDENTITY_NAME,
     MASTER_GONE_AFTER_S,
     MAX_CONNECTIONS,
     MAX_EXPECTED_WORKERS,
     PROTOCOL_VERSION,
     READ_TIMEOUT_S,
 )
+from worker.errors import RendezvousError
 from worker.files import atomic_write
 from worker.protocol import FrameError, recv_frame, send_frame, sign, verify
 from worker.registration import InvalidRegistration, Registration

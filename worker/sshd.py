@@ -24,7 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from textsql.errors import WorkerError
+from worker.errors import WorkerError
 from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.registration import InvalidRegistration, check_host_key
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import logging
 
-from textsql.errors import WorkerError
+from worker.errors import WorkerError
 from worker.backends.base import Backend, Resources, WorkerHandle
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from textsql.constants import DEFAULT_SSH_PORT
+from worker.constants import DEFAULT_SSH_PORT
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import logging
 import os
 from types import ModuleType
 
-from textsql.errors import WorkerError
+from worker.errors import WorkerError
 from worker.backends.base import Backend, Resources, WorkerHandle
 
 logger = logging.getLogger(__name__)

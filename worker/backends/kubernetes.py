@@ -18,7 +18,7 @@ import secrets
 import time
 from pathlib import Path
 
-from textsql.errors import WorkerError
+from worker.errors import WorkerError
 from worker import constants as c
 from worker.agent import route_address
 from worker.backends.base import Backend, Resources, WorkerHandle

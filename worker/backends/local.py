@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from textsql.errors import WorkerError
+from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.sshd import require_tool

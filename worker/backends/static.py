@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from textsql.errors import WorkerError
+from worker.errors import WorkerError
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.hostfile import parse_hostfile, read_hostfile
 from worker.registration import Registration, check_host_key, check_pod
