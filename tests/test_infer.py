@@ -27,6 +27,7 @@ QUESTIONS = 8
 # The fixture checks exact repetition every few steps, up to a cap (about 80 steps are needed here).
 MEMORISE_CHECK_EVERY = 10
 MEMORISE_MAX_STEPS = 600
+CHECKED_BATCH_SIZES = (1, 3, 4, QUESTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +85,10 @@ def trained(prepared: Path, tmp_path_factory) -> Path:
 
 
 def not_repeated(predictor: Predictor, input_ids: list[list[int]], targets: list[str], options: GenerationOptions) -> list[int]:
-    """Indexes of the questions whose greedy output is not exactly their target, alone or batched."""
-    alone = predictor.generate(input_ids, replace(options, batch_size=1))
-    batched = predictor.generate(input_ids, replace(options, batch_size=len(input_ids)))
-    return [i for i, target in enumerate(targets) if alone[i] != target or batched[i] != target]
+    """Indexes of the questions whose greedy output is not exactly their target at some batch size
+    the tests use (padding changes the arithmetic, so each is checked)."""
+    outputs = [predictor.generate(input_ids, replace(options, batch_size=size)) for size in CHECKED_BATCH_SIZES]
+    return [i for i, target in enumerate(targets) if any(output[i] != target for output in outputs)]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def input_ids(prepared: Path) -> list[list[int]]:
 
 def test_batched_generation_equals_one_at_a_time_in_input_order(predictor, input_ids):
     one_by_one = predictor.generate(input_ids, GenerationOptions(batch_size=1))
-    assert len(set(one_by_one)) > QUESTIONS // 2  # distinct answers, so order mistakes would show
+    assert len(set(one_by_one)) == QUESTIONS  # all answers differ, so any order mistake shows
     assert predictor.generate(input_ids, GenerationOptions(batch_size=3)) == one_by_one
     reversed_ids = input_ids[::-1]
     assert predictor.generate(reversed_ids, GenerationOptions(batch_size=QUESTIONS)) == one_by_one[::-1]
@@ -133,9 +134,10 @@ def test_predict_writes_lines_official_format_and_metrics(predictor, prepared, t
     assert set(lines[0]) == {"id", "table_id", "question", "pred_sql", "query", "error", "gold_sql", "gold_query"}
     metrics = json.loads((out.parent / "metrics.json").read_text())
     assert metrics == json.loads(json.dumps(summary["metrics"]))
-    assert metrics["n"] == QUESTIONS and metrics["lf_accuracy"] >= 0.75
+    # The fixture's model repeats every target, and each target reads back as its gold query.
+    assert all(line["pred_sql"] == line["gold_sql"] for line in lines)
+    assert metrics["n"] == QUESTIONS and metrics["lf_accuracy"] == 1.0
     assert metrics["ex_accuracy"] is None  # the sample's tables carry no rows
-    assert sum(line["pred_sql"] == line["gold_sql"] for line in lines) >= metrics["lf_correct"] - 1
     # The official format lines up with the release's question file and scores the same.
     official_lines = list(read_jsonl(official))
     assert all(list(line) in (["query"], ["error"]) for line in official_lines)
@@ -153,8 +155,7 @@ def test_records_with_rows_get_execution_accuracy(predictor, tmp_path):
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     summary = predict(predictor, path, out=tmp_path / "predictions.jsonl", progress=False)
     metrics = summary["metrics"]
-    assert metrics["ex_accuracy"] is not None
-    assert metrics["ex_accuracy"] >= metrics["lf_accuracy"] >= 0.75
+    assert metrics["ex_accuracy"] == metrics["lf_accuracy"] == 1.0
 
 
 def sample_records():

