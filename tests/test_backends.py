@@ -171,7 +171,7 @@ class RecordingCoreV1:
 
 def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secret(tmp_path):
     token_file = tmp_path / "token"
-    from worker.rendezvous import new_token
+    from worker.rendezvous.token import new_token
 
     new_token(token_file)
     api = RecordingCoreV1()
@@ -185,7 +185,7 @@ def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secret(tmp_path):
 
 def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):
     token_file = tmp_path / "token"
-    from worker.rendezvous import new_token
+    from worker.rendezvous.token import new_token
 
     new_token(token_file)
     backend = KubernetesBackend(image="img", api=RecordingCoreV1(phase="Pending", reason="ImagePullBackOff"), poll_s=0.01)

@@ -22,7 +22,8 @@ from worker.errors import RendezvousError, WorkerError
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
 from worker.registration import Registration
-from worker.rendezvous import RendezvousServer, new_token
+from worker.rendezvous.server import RendezvousServer
+from worker.rendezvous.token import new_token
 from worker.runfiles import RunFiles, write_run_files
 from worker.sshd import generate_keypair
 

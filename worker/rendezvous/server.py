@@ -1,16 +1,8 @@
-"""The authenticated rendezvous: workers register over TCP, the master writes the run's files.
+"""The master's side of the rendezvous: a threading TCP server that collects authenticated registrations.
 
-Conversation on one connection (frames from :mod:`worker.protocol`)::
-
-    master -> worker  {"type": "hello", "version": 1, "nonce": SN}
-    worker -> master  {"type": "register", "nonce": CN, "worker": {...}, "mac": HMAC(token, "register", SN, CN, worker)}
-    master -> worker  {"type": "accepted" | "rejected", "reason": ..., "mac": HMAC(token, type, SN, CN, reason)}
-    master -> worker  {"type": "heartbeat"} every few seconds while the run lasts, then
-    master -> worker  {"type": "released", "mac": HMAC(token, "released", SN, CN)}
-
-The worker holds its connection open after it is accepted: the master sees a worker that dies before
-the run is complete (its registration is dropped), and the worker sees the master go away (no
-heartbeat, or the connection closes) as well as its release, without polling.
+Each connection is served by a :class:`~worker.rendezvous.handler.RegistrationHandler` in its own thread;
+the server keeps what the handlers record, writes the run's files once ``expect`` workers are in, and
+releases them all when the run ends.
 
 Usage::
 
@@ -23,9 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import random
-import secrets
-import selectors
 import socket
 import socketserver
 import threading
@@ -34,140 +23,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from worker.constants import (
-    BACKOFF_MAX_S,
-    BACKOFF_START_S,
     DEFAULT_RENDEZVOUS_PORT,
     HEARTBEAT_S,
     IDENTITY_NAME,
-    MASTER_GONE_AFTER_S,
     MAX_CONNECTIONS,
     MAX_EXPECTED_WORKERS,
-    PROTOCOL_VERSION,
     READ_TIMEOUT_S,
 )
 from worker.errors import RendezvousError
-from worker.files import atomic_write
-from worker.protocol import FrameError, recv_frame, send_frame, sign, verify
-from worker.registration import InvalidRegistration, Registration
+from worker.registration import Registration
+from worker.rendezvous.handler import RegistrationHandler
+from worker.rendezvous.token import new_token, read_token
 from worker.runfiles import RunFiles, write_run_files
 
 logger = logging.getLogger(__name__)
-
-
-class RegistrationRejected(RendezvousError):
-    """The master refused a registration; the message is the master's reason."""
-
-
-def _is_nonce(value: object) -> bool:
-    return isinstance(value, str) and 16 <= len(value) <= 64 and all(c in "0123456789abcdef" for c in value)
-
-
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (or ``[V6]:PORT``) as a (host, port) pair.
-
-    :param text: e.g. ``10.0.0.4:29400``.
-    :rtype: tuple[str, int]
-    """
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise RendezvousError(f"master {text!r} must be HOST:PORT, e.g. 10.0.0.4:29400")
-    return host, int(port)
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    """One worker's connection: authenticate, validate, record, then hold until release."""
-
-    timeout = READ_TIMEOUT_S  # applied to the socket in setup(); reads also carry a per-frame deadline
-    disable_nagle_algorithm = True
-
-    server: "RendezvousServer"
-
-    def setup(self) -> None:
-        super().setup()
-        self.server._connection_opened()
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server._connection_closed()
-
-    def handle(self) -> None:
-        peer = self.client_address[0]
-        server_nonce = secrets.token_hex(16)
-        try:
-            send_frame(self.connection, {"type": "hello", "version": PROTOCOL_VERSION, "nonce": server_nonce})
-            message = recv_frame(self.connection, timeout=self.server.read_timeout)
-        except FrameError as error:
-            logger.info("connection from %s dropped before registering: %s", peer, error)
-            return
-        client_nonce = message.get("nonce")
-        if message.get("type") != "register" or not _is_nonce(client_nonce):
-            self._reply(server_nonce, "", "rejected", "expected a register message with a nonce")
-            return
-        worker = message.get("worker")
-        if not verify(self.server.token, message.get("mac"), "register", server_nonce, client_nonce, worker):
-            logger.warning("registration from %s refused: authentication failed", peer)
-            self._reply(server_nonce, client_nonce, "rejected",
-                        "authentication failed: the token does not match this run's; use the run's token file")
-            return
-        try:
-            registration = Registration.from_dict(worker)
-        except InvalidRegistration as error:
-            logger.warning("registration from %s refused: %s", peer, error)
-            self._reply(server_nonce, client_nonce, "rejected", str(error))
-            return
-        refusal = self.server._add(registration, self)
-        if refusal:
-            logger.warning("registration of %s refused: %s", registration.address, refusal)
-            self._reply(server_nonce, client_nonce, "rejected", refusal)
-            return
-        if not self._reply(server_nonce, client_nonce, "accepted", ""):
-            self.server._drop(registration, self)
-            return
-        self._hold(registration, server_nonce, client_nonce)
-
-    def _reply(self, server_nonce: str, client_nonce: str, kind: str, reason: str) -> bool:
-        mac = sign(self.server.token, kind, server_nonce, client_nonce, reason)
-        try:
-            send_frame(self.connection, {"type": kind, "reason": reason, "mac": mac})
-        except FrameError as error:
-            logger.info("could not answer %s: %s", self.client_address[0], error)
-            return False
-        return True
-
-    def _send_release(self, server_nonce: str, client_nonce: str) -> None:
-        try:
-            send_frame(self.connection, {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)})
-        except FrameError as error:
-            logger.info("could not release %s: %s", self.client_address[0], error)
-
-    def _hold(self, registration: Registration, server_nonce: str, client_nonce: str) -> None:
-        """Keep the connection until release, heartbeating; a worker that hangs up is dropped."""
-        if self.server.released.is_set():  # released while this worker was still shaking hands
-            self._send_release(server_nonce, client_nonce)
-            return
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.connection, selectors.EVENT_READ)
-            selector.register(self.server._release_reader, selectors.EVENT_READ)
-            while True:
-                ready = {key.fileobj for key, _ in selector.select(timeout=self.server.heartbeat)}
-                try:
-                    if self.server._release_reader in ready or self.server.released.is_set():
-                        self._send_release(server_nonce, client_nonce)
-                        return
-                    if self.connection in ready:
-                        # A held worker sends one thing only: "detach" (registered, not holding on).
-                        # Anything else, or a close, means it is gone.
-                        if recv_frame(self.connection, timeout=self.server.read_timeout).get("type") == "detach":
-                            logger.info("worker %s detached; its registration stays", registration.address)
-                            return
-                        raise FrameError("the worker sent something other than detach")
-                    send_frame(self.connection, {"type": "heartbeat"})
-                except FrameError as error:
-                    self.server._drop(registration, self, reason=str(error))
-                    return
 
 
 class RendezvousServer(socketserver.ThreadingTCPServer):
@@ -175,6 +44,9 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     Methods for the caller: :meth:`start` (serve in a thread), :meth:`wait`, :meth:`release`,
     :meth:`close` (all three on leaving a ``with`` block), :attr:`endpoint`, :attr:`workers`.
+
+    Methods for handlers: :meth:`record`, :meth:`forget`, :meth:`connection_opened`,
+    :meth:`connection_closed`; :attr:`release_signal` turns readable once the workers are released.
     """
 
     allow_reuse_address = True
@@ -217,20 +89,20 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self.read_timeout = read_timeout
         self.heartbeat = heartbeat
         self._lock = threading.Lock()
-        self._by_address: dict[str, tuple[Registration, _Handler]] = {}
+        self._by_address: dict[str, tuple[Registration, RegistrationHandler]] = {}
         self._complete = threading.Event()
         self._failure: Exception | None = None
         self._connections = 0
         self._idle = threading.Condition(self._lock)
         self.released = threading.Event()
         # Held connections select on this pair so a release wakes them at once, without polling.
-        self._release_reader, self._release_writer = socket.socketpair()
+        self.release_signal, self._release_writer = socket.socketpair()
         self._thread: threading.Thread | None = None
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            super().__init__((host, port), _Handler)
+            super().__init__((host, port), RegistrationHandler)
         except OSError as error:
-            self._release_reader.close()
+            self.release_signal.close()
             self._release_writer.close()
             raise RendezvousError(f"cannot listen on {host}:{port}: {error.strerror}; pick another --port") from None
 
@@ -274,17 +146,25 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     def handle_error(self, request, client_address) -> None:
         logger.exception("rendezvous handler for %s failed", client_address[0])
 
-    def _connection_opened(self) -> None:
+    def connection_opened(self) -> None:
+        """A handler started serving a connection (counted against :attr:`max_connections`)."""
         with self._lock:
             self._connections += 1
 
-    def _connection_closed(self) -> None:
+    def connection_closed(self) -> None:
+        """A handler finished with its connection."""
         with self._lock:
             self._connections -= 1
             self._idle.notify_all()
 
-    def _add(self, registration: Registration, handler: _Handler) -> str:
-        """Record a registration; the refusal reason, or "" when accepted."""
+    def record(self, registration: Registration, handler: RegistrationHandler) -> str:
+        """Record an authenticated registration; the last one completes the run and writes its files.
+
+        :param registration: the worker's validated fields.
+        :param handler: the connection it came on (a retry on a newer connection replaces it).
+        :rtype: str
+        :returns: the refusal reason to send the worker, or "" when accepted.
+        """
         with self._lock:
             existing = self._by_address.get(registration.address)
             if existing and (existing[0].host_key, existing[0].pod) == (registration.host_key, registration.pod):
@@ -317,7 +197,13 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             self._failure = error
         self._complete.set()
 
-    def _drop(self, registration: Registration, handler: _Handler, reason: str = "") -> None:
+    def forget(self, registration: Registration, handler: RegistrationHandler, reason: str = "") -> None:
+        """A held worker hung up: drop its registration unless the run is already complete.
+
+        :param registration: what the worker registered.
+        :param handler: its connection (an older connection of a worker that retried changes nothing).
+        :param reason: why the connection ended, for the log.
+        """
         with self._lock:
             current = self._by_address.get(registration.address)
             if current is None or current[1] is not handler:
@@ -383,7 +269,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         with self._lock:
             self._idle.wait_for(lambda: self._connections == 0, timeout=drain_s)
         self.server_close()
-        self._release_reader.close()
+        self.release_signal.close()
         self._release_writer.close()
 
     def __enter__(self) -> "RendezvousServer":
@@ -391,148 +277,6 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-class Session:
-    """A worker's accepted registration: the open connection it waits for its release on."""
-
-    def __init__(self, sock: socket.socket, token: bytes, server_nonce: str, client_nonce: str) -> None:
-        self._sock = sock
-        self._token = token
-        self._nonces = (server_nonce, client_nonce)
-
-    def wait_released(self, gone_after: float = MASTER_GONE_AFTER_S) -> bool:
-        """Block (no polling) until released or the master is gone.
-
-        :param gone_after: seconds without any frame after which the master counts as gone.
-        :rtype: bool
-        :returns: True when the master released this worker, False when it went away.
-        """
-        while True:
-            try:
-                message = recv_frame(self._sock, timeout=gone_after)
-            except FrameError as error:
-                logger.info("master gone: %s", error)
-                return False
-            if message.get("type") == "released":
-                if verify(self._token, message.get("mac"), "released", *self._nonces):
-                    return True
-                logger.warning("ignoring a release that is not signed with the run's token")
-
-    def detach(self) -> None:
-        """Leave the registration in place without holding the connection (``textsql rendezvous register``)."""
-        try:
-            send_frame(self._sock, {"type": "detach"})
-        finally:
-            self._sock.close()
-
-    def close(self) -> None:
-        """Close the connection; before the run is complete the master then drops this worker."""
-        self._sock.close()
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-
-def register(master: str | tuple[str, int], token: str | bytes, registration: Registration,
-             timeout: float = READ_TIMEOUT_S) -> Session:
-    """Register one worker with the master's rendezvous server.
-
-    :param master: ``HOST:PORT`` or (host, port).
-    :param token: the per-run secret.
-    :param registration: this worker's fields.
-    :param timeout: seconds for connecting and for each reply.
-    :rtype: Session
-    :raises RegistrationRejected: with the master's reason (not worth retrying).
-    :raises FrameError: or OSError when the master could not be reached or hung up (worth retrying).
-    """
-    host, port = parse_endpoint(master) if isinstance(master, str) else master
-    token = token.encode("utf-8") if isinstance(token, str) else bytes(token)
-    sock = socket.create_connection((host, port), timeout=timeout)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = recv_frame(sock, timeout=timeout)
-        server_nonce = hello.get("nonce")
-        if hello.get("type") != "hello" or not _is_nonce(server_nonce):
-            raise FrameError(f"{host}:{port} is not a textsql rendezvous server")
-        if hello.get("version") != PROTOCOL_VERSION:
-            raise RegistrationRejected(f"master {host}:{port} speaks rendezvous protocol {hello.get('version')!r}, "
-                                       f"this worker {PROTOCOL_VERSION}; run the same textsql version on both")
-        client_nonce = secrets.token_hex(16)
-        worker = registration.to_dict()
-        send_frame(sock, {"type": "register", "nonce": client_nonce, "worker": worker,
-                          "mac": sign(token, "register", server_nonce, client_nonce, worker)}, timeout=timeout)
-        reply = recv_frame(sock, timeout=timeout)
-        kind, reason = reply.get("type"), reply.get("reason", "")
-        authentic = verify(token, reply.get("mac"), kind, server_nonce, client_nonce, reason)
-        if kind == "accepted" and authentic:
-            return Session(sock, token, server_nonce, client_nonce)
-        if kind == "rejected":
-            note = "" if authentic else " (reply not signed with this token: check the token file)"
-            raise RegistrationRejected(f"master {host}:{port} refused {registration.address}: {reason}{note}")
-        raise FrameError(f"unexpected or unauthenticated reply {kind!r} from {host}:{port}; check the token file")
-    except BaseException:
-        sock.close()
-        raise
-
-
-def register_until(master: tuple[str, int], token: str, registration: Registration, deadline_s: float) -> Session:
-    """Register, retrying unreachable masters with jittered exponential backoff until ``deadline_s``.
-
-    :param master: (host, port) of the rendezvous.
-    :param token: the per-run secret.
-    :param registration: this worker.
-    :param deadline_s: seconds to keep trying.
-    :rtype: Session
-    :raises RegistrationRejected: at once when the master refuses (retrying would not help).
-    :raises RendezvousError: when the deadline passes.
-    """
-    deadline = time.monotonic() + deadline_s
-    delay = BACKOFF_START_S
-    while True:
-        try:
-            return register(master, token, registration)
-        except RegistrationRejected:
-            raise
-        except (FrameError, OSError) as error:
-            if time.monotonic() + delay > deadline:
-                raise RendezvousError(f"could not register with {master[0]}:{master[1]} within {deadline_s:g}s: {error}") from None
-            logger.info("master %s:%d not reachable yet (%s); retrying in %.1fs", *master, error, delay)
-            time.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, BACKOFF_MAX_S)
-
-
-def read_token(path: Path) -> str:
-    """The token from a token file, refusing files others can read.
-
-    :param path: the token file.
-    :rtype: str
-    """
-    path = Path(path)
-    try:
-        mode = path.stat().st_mode
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as error:
-        raise RendezvousError(f"cannot read token file {str(path)!r}: {error.strerror}; pass --token-file") from None
-    if mode & 0o077:
-        raise RendezvousError(f"token file {str(path)!r} is readable by others; chmod 600 it")
-    if len(token) < 16:
-        raise RendezvousError(f"token file {str(path)!r} holds no usable token (under 16 characters)")
-    return token
-
-
-def new_token(path: Path) -> str:
-    """Create a per-run token file (mode 0600) and return the token.
-
-    :param path: where to write it.
-    :rtype: str
-    """
-    token = secrets.token_urlsafe(32)
-    atomic_write(Path(path), token + "\n", mode=0o600)
-    return token
 
 
 def serve(expect: int, token_file: Path, hostfile: Path, timeout: float, host: str = "0.0.0.0",
@@ -568,23 +312,3 @@ def serve(expect: int, token_file: Path, hostfile: Path, timeout: float, host: s
             except KeyboardInterrupt:
                 logger.info("releasing workers")
     return workers
-
-
-def register_once(master: str, token_file: Path, registration: Registration, timeout: float,
-                  wait: bool = False) -> bool:
-    """``textsql rendezvous register``: register one worker, retrying until ``timeout``.
-
-    :param master: ``HOST:PORT`` of the rendezvous.
-    :param token_file: the per-run token file.
-    :param registration: the worker's fields.
-    :param timeout: seconds to keep retrying an unreachable master.
-    :param wait: hold the connection until released (True) or detach at once (False).
-    :rtype: bool
-    :returns: True when accepted (and, with ``wait``, released rather than abandoned).
-    """
-    session = register_until(parse_endpoint(master), read_token(Path(token_file)), registration, timeout)
-    if not wait:
-        session.detach()
-        return True
-    with session:
-        return session.wait_released()
