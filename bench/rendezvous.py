@@ -1,8 +1,8 @@
 """``rendezvous_{64,256}_workers_s``: seconds from the first connection to the hostfile written.
 
-The master side is the real :class:`worker.rendezvous.RendezvousServer` writing the real run files.
+The master side is the real :class:`worker.rendezvous.server.RendezvousServer` writing the real run files.
 The workers are register-only (no sshd, as ``LocalBackend(sshd=False)`` runs agents for benchmarks)
-and call :func:`worker.rendezvous.register`, the agent's own registration, over loopback TCP. They
+and call :func:`worker.rendezvous.client.register`, the agent's own registration, over loopback TCP. They
 are started beforehand (a few client processes, one thread per worker, every module imported) and
 released at once, so the figure is the rendezvous and not how fast this 2-core machine forks 256
 Pythons. Each worker holds its connection open until the run is complete, as an agent does.
@@ -26,7 +26,8 @@ from bench.timing import summary
 from worker.cluster import start_workers
 from worker.constants import MAX_CONNECTIONS
 from worker.registration import Registration
-from worker.rendezvous import RendezvousServer, register
+from worker.rendezvous.client import register
+from worker.rendezvous.server import RendezvousServer
 from worker.runfiles import RunFiles
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def run(sizes: Sizes = Sizes()) -> dict[str, dict]:
             "seconds": summary(seconds, 3),
             "method": (
                 f"{count} register-only workers in {CLIENT_PROCESSES} pre-started client processes (a thread each, "
-                "worker.rendezvous.register over loopback TCP, HMAC-authenticated) released together; from the earliest "
+                "worker.rendezvous.client.register over loopback TCP, HMAC-authenticated) released together; from the earliest "
                 "client connect to the hostfile's mtime (written with known_hosts and ssh_config by RendezvousServer); "
                 f"{sizes.warmup} warm-up rendezvous, {sizes.repetitions} repetitions, median"
             ),

@@ -61,7 +61,7 @@ def observations(results: dict) -> list[str]:
                 f"The server's listen backlog (request_queue_size {backlog['server_default']}) is smaller than the number of "
                 "simultaneous connects, so the kernel drops the overflow's SYNs and TCP retries them after about a second. "
                 f"With a backlog of {backlog['backlog']} (the server's connection limit) the same rendezvous took "
-                f"{backlog['seconds']['median']} s (median); worker/rendezvous.py could set request_queue_size to MAX_CONNECTIONS."
+                f"{backlog['seconds']['median']} s (median); worker/rendezvous/server.py could set request_queue_size to MAX_CONNECTIONS."
             )
     if PROFILES_KEY in results:
         notes.append(

@@ -14,7 +14,9 @@ import pytest
 from worker.errors import RendezvousError
 from worker.protocol import FrameError, recv_frame, send_frame, sign
 from worker.registration import Registration
-from worker.rendezvous import RegistrationRejected, RendezvousServer, new_token, read_token, register
+from worker.rendezvous.client import RegistrationRejected, register
+from worker.rendezvous.server import RendezvousServer
+from worker.rendezvous.token import new_token, read_token
 from worker.runfiles import RunFiles
 
 TOKEN = secrets.token_urlsafe(32)

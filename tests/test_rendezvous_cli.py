@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from worker.rendezvous import new_token
+from worker.rendezvous.token import new_token
 
 pytestmark = pytest.mark.slow
 

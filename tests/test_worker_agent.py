@@ -6,7 +6,7 @@ import pytest
 from textsql.errors import TextSQLError
 from worker import constants as c
 from worker.agent import AgentConfig, route_address
-from worker.rendezvous import new_token
+from worker.rendezvous.token import new_token
 
 
 @pytest.fixture

@@ -162,7 +162,7 @@ def rendezvous() -> None:
 @click.option("--hold", is_flag=True, help="Keep holding the workers after writing the files, until interrupted.")
 def serve(**options) -> None:
     """Wait for --expect workers, then write the hostfile, known_hosts and ssh_config atomically."""
-    from worker.rendezvous import serve as serve_rendezvous
+    from worker.rendezvous.server import serve as serve_rendezvous
 
     workers = serve_rendezvous(**options)
     click.echo(f"{len(workers)} workers registered; wrote {options['hostfile']}")
@@ -181,7 +181,7 @@ def serve(**options) -> None:
 def register(master: str, token_file: str, timeout: float, wait: bool, **fields) -> None:
     """Register this worker; exit 0 once accepted, non-zero with the master's reason otherwise."""
     from worker.registration import registration_from_options
-    from worker.rendezvous import register_once
+    from worker.rendezvous.client import register_once
 
     register_once(master, token_file, registration_from_options(**fields), timeout, wait=wait)
     click.echo(f"registered {fields['address']} with {master}")

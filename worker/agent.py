@@ -29,7 +29,8 @@ from worker import constants as c
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import RendezvousError, TextSQLError, WorkerError
 from worker.registration import Registration, check_address, check_port, check_slots
-from worker.rendezvous import parse_endpoint, read_token, register_until
+from worker.rendezvous.client import parse_endpoint, register_until
+from worker.rendezvous.token import read_token
 from worker.sshd import Sshd
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from worker.errors import RendezvousError, WorkerError
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
 from worker.registration import Registration
-from worker.rendezvous import RendezvousServer, new_token
+from worker.rendezvous.server import RendezvousServer
+from worker.rendezvous.token import new_token
 from worker.runfiles import RunFiles, write_run_files
 from worker.sshd import generate_keypair
 
@@ -34,7 +35,8 @@ class Cluster:
     """The registered workers of one run and the files that reach them.
 
     ``master_addr`` is the rank-0 worker's address (first hostfile line), the value for DeepSpeed's
-    ``--master_addr``; ``rendezvous`` is where the master's registration server listened.
+    ``--master_addr``; ``rendezvous`` is where the master's registration server listened (``("", 0)``
+    for a backend that attaches to existing hosts, which register nothing).
     ``ssh_port`` is the workers' common sshd port (each worker's own is in ``workers`` and ssh_config).
     """
 
@@ -42,7 +44,7 @@ class Cluster:
     hostfile: Path
     known_hosts: Path
     ssh_config: Path
-    identity_file: Path
+    identity_file: Path | None
     ssh_port: int
     master_addr: str
     rendezvous: tuple[str, int]
@@ -99,15 +101,20 @@ class Cluster:
                               timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def _prepare_run_dir(run_dir: Path) -> tuple[RunFiles, Path, str, str]:
+def _clear_run_files(run_dir: Path) -> RunFiles:
     run_dir.mkdir(parents=True, exist_ok=True)
     files = RunFiles.in_dir(run_dir)
     for stale in (files.hostfile, files.known_hosts, files.ssh_config):
         stale.unlink(missing_ok=True)  # a failed start must not leave an older run's hostfile behind
+    return files
+
+
+def _run_secrets(run_dir: Path) -> tuple[Path, str, str]:
+    """The per-run token and ssh client key that launched agents get: (identity file, token, public key)."""
     token = new_token(run_dir / c.TOKEN_NAME)
     identity = run_dir / c.IDENTITY_NAME
     public_key = generate_keypair(identity, f"textsql-run@{run_dir.name}")
-    return files, identity, token, public_key
+    return identity, token, public_key
 
 
 def _check_pods(backend: Backend) -> None:
@@ -132,19 +139,21 @@ def start_workers(
     master_address: str | None = None,
     **backend_options,
 ) -> Iterator[Cluster]:
-    """Launch ``count`` workers, wait for all of them to register, and yield the :class:`Cluster`.
+    """Launch (or attach to) ``count`` workers, wait for all of them, and yield the :class:`Cluster`.
 
-    Creates in ``run_dir``: the per-run token (``rendezvous.token``, 0600), the per-run ssh client
-    key (``id_ed25519``/``.pub``), and once every worker registered ``hostfile``, ``known_hosts``
-    and ``ssh_config``; worker logs go under ``run_dir/workers``. On leaving the block (normally,
-    on error, on timeout or on KeyboardInterrupt) workers are released and the backend stops them.
+    A launching backend (``attaches`` False) gets, in ``run_dir``, the per-run token
+    (``rendezvous.token``, 0600) and ssh client key (``id_ed25519``/``.pub``) for its agents, and
+    ``hostfile``, ``known_hosts`` and ``ssh_config`` once every worker registered; worker logs go
+    under ``run_dir/workers``. An attaching backend (``static``) writes the same three files from
+    :meth:`Backend.attach`. On leaving the block (normally, on error, on timeout or on
+    KeyboardInterrupt) workers are released and the backend stops them.
 
     :param backend: ``local``, ``cml``, ``kubernetes``, ``static``, or a :class:`Backend` instance.
     :param count: number of workers.
     :param run_dir: the run directory (created; must be visible to pods on a shared volume for cml/kubernetes).
     :param timeout: seconds for all workers to be running and registered.
     :param resources: CPU, memory and GPUs per worker pod.
-    :param ssh_port: sshd port on the workers (local: a free one; others: 2222).
+    :param ssh_port: sshd port on the workers (local: a free one; static: 22; others: 2222).
     :param env: extra environment for every agent.
     :param rendezvous_port: port of the master's rendezvous server (0: any free port).
     :param master_address: the master's address as workers reach it (default: the backend's guess).
@@ -163,37 +172,36 @@ def start_workers(
     deadline = time.monotonic() + timeout
     with ExitStack() as stack:
         stack.callback(backend.stop)
-        if not backend.runs_agents:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            port = backend.ssh_port(ssh_port, count)
-            workers = backend.discover(count, port)
-            files = write_run_files(RunFiles.in_dir(run_dir), workers, backend.identity_file)
-            yield _cluster(run_dir, files, backend.identity_file, port, ("", 0), workers, backend, stack.close)
-            return
-        files, identity, token, public_key = _prepare_run_dir(run_dir)
+        files = _clear_run_files(run_dir)
         port = backend.ssh_port(ssh_port, count)
-        server = stack.enter_context(RendezvousServer(
-            expect=count, token=token, host=backend.rendezvous_host(), port=rendezvous_port,
-            files=files, identity_file=identity,
-        ))
-        advertised = (master_address or backend.advertised_address(), server.endpoint[1])
-        agent_env = {
-            **(env or {}),
-            c.ENV_RENDEZVOUS: f"{advertised[0]}:{advertised[1]}",
-            c.ENV_TOKEN_FILE: str(run_dir / c.TOKEN_NAME),
-            c.ENV_CLIENT_PUBKEY: public_key,
-            c.ENV_SSH_PORT: str(port),
-            c.ENV_DEADLINE: str(int(timeout)),
-        }
-        handles = backend.launch(count, resources or Resources(), agent_env)
-        backend.wait(max(0.0, deadline - time.monotonic()))
-        workers = server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[h.pod for h in handles],
-                              check=lambda: _check_pods(backend), total=timeout)
-        logger.info("%d workers registered: %s", len(workers), " ".join(w.address for w in workers))
-        yield _cluster(run_dir, files, identity, port, advertised, workers, backend, stack.close)
+        if backend.attaches:
+            identity, rendezvous = backend.identity_file, ("", 0)
+            workers = backend.attach(count, port)
+            write_run_files(files, workers, identity)
+        else:
+            identity, token, public_key = _run_secrets(run_dir)
+            server = stack.enter_context(RendezvousServer(
+                expect=count, token=token, host=backend.rendezvous_host(), port=rendezvous_port,
+                files=files, identity_file=identity,
+            ))
+            rendezvous = (master_address or backend.advertised_address(), server.endpoint[1])
+            agent_env = {
+                **(env or {}),
+                c.ENV_RENDEZVOUS: f"{rendezvous[0]}:{rendezvous[1]}",
+                c.ENV_TOKEN_FILE: str(run_dir / c.TOKEN_NAME),
+                c.ENV_CLIENT_PUBKEY: public_key,
+                c.ENV_SSH_PORT: str(port),
+                c.ENV_DEADLINE: str(int(timeout)),
+            }
+            handles = backend.launch(count, resources or Resources(), agent_env)
+            backend.wait(max(0.0, deadline - time.monotonic()))
+            workers = server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[h.pod for h in handles],
+                                  check=lambda: _check_pods(backend), total=timeout)
+        logger.info("%d workers ready: %s", len(workers), " ".join(w.address for w in workers))
+        yield _cluster(run_dir, files, identity, port, rendezvous, workers, backend, stack.close)
 
 
-def _cluster(run_dir: Path, files: RunFiles, identity: Path, port: int, rendezvous: tuple[str, int],
+def _cluster(run_dir: Path, files: RunFiles, identity: Path | None, port: int, rendezvous: tuple[str, int],
              workers: list[Registration], backend: Backend, stop: Callable[[], None]) -> Cluster:
     ports = {worker.ssh_port for worker in workers}
     return Cluster(

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import logging
+import secrets
 import socket
 import struct
 import time
@@ -61,6 +62,23 @@ def verify(token: bytes, signature: object, *parts: object) -> bool:
     if not isinstance(signature, str) or not signature.isascii():
         return False
     return hmac.compare_digest(signature.encode("ascii"), sign(token, *parts).encode("ascii"))
+
+
+def new_nonce() -> str:
+    """A fresh nonce for one side of one connection (32 hex digits).
+
+    :rtype: str
+    """
+    return secrets.token_hex(16)
+
+
+def is_nonce(value: object) -> bool:
+    """Whether ``value`` is shaped like a nonce a peer may send (16..64 lowercase hex digits).
+
+    :param value: a field of a received frame.
+    :rtype: bool
+    """
+    return isinstance(value, str) and 16 <= len(value) <= 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def encode_frame(message: dict, max_bytes: int = MAX_FRAME_BYTES) -> bytes:

@@ -1,4 +1,8 @@
-"""The one interface every backend implements: launch / wait / stop (plus a health check)."""
+"""The one interface every backend implements, and the only one :func:`worker.cluster.start_workers` uses.
+
+A backend declares how its workers come to be (:attr:`Backend.attaches`), and with it how their ssh
+host keys are trusted; everything start_workers calls is declared here.
+"""
 from __future__ import annotations
 
 import logging
@@ -6,8 +10,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from worker.constants import DEFAULT_SSH_PORT
+from worker.errors import WorkerError
+from worker.registration import Registration
 
 logger = logging.getLogger(__name__)
 
@@ -30,21 +37,45 @@ class WorkerHandle:
 
 
 class Backend(ABC):
-    """Starts and stops worker pods that run ``python -m worker.agent``.
+    """Provides the workers of a run: launches pods that run ``python -m worker.agent``, or attaches to hosts.
 
-    Methods that must be overridden: :meth:`launch`, :meth:`stop`. Methods that may be overridden:
-    :meth:`wait` (pods running), :meth:`failures` (pods that died), :meth:`rendezvous_host`,
-    :meth:`advertised_address`, :meth:`ssh_port`. A backend is a context manager that stops its
-    pods on exit.
+    Class variables that may be overridden:
+
+    - :attr:`attaches` ``False`` (``local``, ``cml``, ``kubernetes``): the backend *launches* agents. Each
+      starts its own sshd with a fresh host key and reports that key over the authenticated rendezvous;
+      the run's known_hosts holds exactly those keys and the run's own client key logs in.
+      Must override :meth:`launch` and :meth:`advertised_address`; may override :meth:`wait`,
+      :meth:`failures`, :meth:`rendezvous_host`.
+    - :attr:`attaches` ``True`` (``static``): the backend *attaches* to hosts that already run sshd.
+      Nothing is launched and no agent registers: :meth:`attach` checks every host over ssh and
+      describes it; host keys are copied from :attr:`known_hosts`, a file the user trusts, and
+      :attr:`identity_file` logs in.
+
+    Every backend must override :meth:`stop`, and may override :meth:`ssh_port` and :attr:`pods`. A
+    subclass that lacks a method its declaration needs is refused when it is defined (``TypeError``).
+    A backend is a context manager that stops its pods on exit.
     """
 
-    name = "backend"
-    #: False for backends whose hosts already exist and register no agent (``static``).
-    runs_agents = True
+    name: ClassVar[str] = "backend"
+    #: False: launches agents that register over the rendezvous; True: attaches to hosts running sshd.
+    attaches: ClassVar[bool] = False
+    #: Attaching backends: the trusted known_hosts their hosts' keys come from (launching ones: None,
+    #: the keys arrive with the authenticated registrations).
+    known_hosts: Path | None = None
+    #: Attaching backends: the private key the hosts accept (None: ssh's defaults). Launching ones
+    #: leave it None: start_workers makes a key per run and hands its public half to the agents.
+    identity_file: Path | None = None
     #: Where workers' logs and files go on the master (``RUN_DIR/workers``); start_workers sets it.
     workdir: Path | None = None
 
-    @abstractmethod
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        needed = ("attach",) if cls.attaches else ("launch", "advertised_address")
+        missing = [method for method in needed if getattr(cls, method) is getattr(Backend, method)]
+        if missing:
+            raise TypeError(f"{cls.__name__} declares attaches = {cls.attaches} but does not override "
+                            f"{', '.join(missing)}")
+
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         """Start ``count`` agents with ``env`` (the run's rendezvous settings) added to their environment.
 
@@ -53,6 +84,16 @@ class Backend(ABC):
         :param env: variables every agent gets.
         :rtype: list[WorkerHandle]
         """
+        raise WorkerError(f"the {self.name!r} backend attaches to hosts that already run sshd; it launches nothing")
+
+    def attach(self, count: int, ssh_port: int) -> list[Registration]:
+        """Check ``count`` existing hosts over ssh and describe each as a registration (host key from :attr:`known_hosts`).
+
+        :param count: number of workers asked for.
+        :param ssh_port: sshd port on every host.
+        :rtype: list[Registration]
+        """
+        raise WorkerError(f"the {self.name!r} backend launches its workers; it has no existing hosts to attach to")
 
     def wait(self, timeout: float) -> None:
         """Block until the launched pods are running (or raise WorkerError naming the ones that failed).
@@ -79,11 +120,11 @@ class Backend(ABC):
         return "0.0.0.0"
 
     def advertised_address(self) -> str:
-        """The master's address as workers reach it.
+        """The master's address as launched workers reach it.
 
         :rtype: str
         """
-        raise NotImplementedError
+        raise WorkerError(f"the {self.name!r} backend launches no agents, so they need no master address")
 
     def ssh_port(self, requested: int | None, count: int) -> int:
         """The sshd port workers use.
@@ -96,7 +137,7 @@ class Backend(ABC):
 
     @property
     def pods(self) -> Sequence[WorkerHandle]:
-        """Workers launched so far.
+        """Workers launched (or attached) so far.
 
         :rtype: Sequence[WorkerHandle]
         """

@@ -22,7 +22,7 @@ from worker.errors import WorkerError
 from worker import constants as c
 from worker.agent import route_address
 from worker.backends.base import Backend, Resources, WorkerHandle
-from worker.rendezvous import read_token
+from worker.rendezvous.token import read_token
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from worker.errors import WorkerError
-from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.backends.base import Backend, WorkerHandle
 from worker.hostfile import parse_hostfile, read_hostfile
 from worker.registration import Registration, check_host_key, check_pod
 from worker.runfiles import known_hosts_pattern
@@ -27,10 +27,10 @@ _PROBE = "hostname; nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true"
 
 
 class StaticBackend(Backend):
-    """Existing SSH hosts; :meth:`discover` replaces launch + registration."""
+    """Existing SSH hosts, attached (:meth:`attach`) rather than launched."""
 
     name = "static"
-    runs_agents = False
+    attaches = True
 
     def __init__(self, hosts: Sequence[str] | str | Path, identity_file: str | Path | None = None,
                  known_hosts: str | Path = "~/.ssh/known_hosts", user: str | None = None,
@@ -55,15 +55,18 @@ class StaticBackend(Backend):
         self.known_hosts = Path(known_hosts).expanduser()
         self.user = user
         self.connect_timeout = connect_timeout
+        self._attached: list[Registration] = []
 
     def ssh_port(self, requested: int | None, count: int) -> int:
         return 22 if requested is None else requested
 
-    def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
-        raise WorkerError("the static backend launches nothing; its hosts already run sshd")
+    @property
+    def pods(self) -> list[WorkerHandle]:
+        return [WorkerHandle(worker.pod, f"existing host {worker.address}") for worker in self._attached]
 
     def stop(self) -> None:
         """Nothing to stop: the hosts were there before the run and stay after it."""
+        self._attached = []
 
     def _host_key(self, host: str, port: int) -> str:
         found = subprocess.run([require_tool("ssh-keygen"), "-F", known_hosts_pattern(host, port), "-f", str(self.known_hosts)],
@@ -98,7 +101,7 @@ class StaticBackend(Backend):
             "user": self.user,
         })
 
-    def discover(self, count: int, ssh_port: int) -> list[Registration]:
+    def attach(self, count: int, ssh_port: int) -> list[Registration]:
         """Check every host over ssh, in parallel, and describe it as a registration.
 
         :param count: the number of workers asked for (must equal the number of hosts).
@@ -108,4 +111,5 @@ class StaticBackend(Backend):
         if count != len(self.hosts):
             raise WorkerError(f"asked for {count} workers but the static host list has {len(self.hosts)}; pass count={len(self.hosts)}")
         with ThreadPoolExecutor(max_workers=min(16, len(self.hosts))) as pool:
-            return list(pool.map(lambda item: self._probe(item[0], ssh_port, item[1]), self.hosts.items()))
+            self._attached = list(pool.map(lambda item: self._probe(item[0], ssh_port, item[1]), self.hosts.items()))
+        return self._attached

@@ -1,0 +1,23 @@
+"""The authenticated rendezvous: workers register over TCP, the master writes the run's files.
+
+Modules, split the way :mod:`socketserver` keeps a server apart from its handler:
+
+- :mod:`worker.rendezvous.server`: :class:`~worker.rendezvous.server.RendezvousServer` (listens, keeps the
+  registrations, writes the files, releases) and ``textsql rendezvous serve``;
+- :mod:`worker.rendezvous.handler`: one worker's connection on the master, from hello to release;
+- :mod:`worker.rendezvous.client`: the worker's side (:func:`~worker.rendezvous.client.register`, a held
+  :class:`~worker.rendezvous.client.Session`) and ``textsql rendezvous register``;
+- :mod:`worker.rendezvous.token`: the per-run token file both sides read.
+
+Conversation on one connection (frames and signatures from :mod:`worker.protocol`)::
+
+    master -> worker  {"type": "hello", "version": 1, "nonce": SN}
+    worker -> master  {"type": "register", "nonce": CN, "worker": {...}, "mac": HMAC(token, "register", SN, CN, worker)}
+    master -> worker  {"type": "accepted" | "rejected", "reason": ..., "mac": HMAC(token, type, SN, CN, reason)}
+    master -> worker  {"type": "heartbeat"} every few seconds while the run lasts, then
+    master -> worker  {"type": "released", "mac": HMAC(token, "released", SN, CN)}
+
+The worker holds its connection open after it is accepted: the master sees a worker that dies before
+the run is complete (its registration is dropped), and the worker sees the master go away (no
+heartbeat, or the connection closes) as well as its release, without polling.
+"""

@@ -1,0 +1,314 @@
+"""The master's side of the rendezvous: a threading TCP server that collects authenticated registrations.
+
+Each connection is served by a :class:`~worker.rendezvous.handler.RegistrationHandler` in its own thread;
+the server keeps what the handlers record, writes the run's files once ``expect`` workers are in, and
+releases them all when the run ends.
+
+Usage::
+
+    with RendezvousServer(expect=2, token=token, files=RunFiles.in_dir(run_dir)) as server:
+        workers = server.wait(timeout=300)
+        ...  # ssh / deepspeed over run_dir/ssh_config
+    # leaving the block releases every worker
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from worker.constants import (
+    DEFAULT_RENDEZVOUS_PORT,
+    HEARTBEAT_S,
+    IDENTITY_NAME,
+    MAX_CONNECTIONS,
+    MAX_EXPECTED_WORKERS,
+    READ_TIMEOUT_S,
+)
+from worker.errors import RendezvousError
+from worker.registration import Registration
+from worker.rendezvous.handler import RegistrationHandler
+from worker.rendezvous.token import new_token, read_token
+from worker.runfiles import RunFiles, write_run_files
+
+logger = logging.getLogger(__name__)
+
+
+class RendezvousServer(socketserver.ThreadingTCPServer):
+    """Collects ``expect`` authenticated registrations, then writes the run's files.
+
+    Methods for the caller: :meth:`start` (serve in a thread), :meth:`wait`, :meth:`release`,
+    :meth:`close` (all three on leaving a ``with`` block), :attr:`endpoint`, :attr:`workers`.
+
+    Methods for handlers: :meth:`record`, :meth:`forget`, :meth:`connection_opened`,
+    :meth:`connection_closed`; :attr:`release_signal` turns readable once the workers are released.
+    """
+
+    allow_reuse_address = True
+    daemon_threads = True
+    block_on_close = False
+    # A whole cluster connects at once: a shorter listen backlog drops connects that TCP retries ~1 s later.
+    request_queue_size = MAX_CONNECTIONS
+    #: Connections handled at once (one thread each); more are closed at accept.
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(
+        self,
+        expect: int,
+        token: str | bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        files: RunFiles | None = None,
+        identity_file: Path | None = None,
+        read_timeout: float = READ_TIMEOUT_S,
+        heartbeat: float = HEARTBEAT_S,
+    ) -> None:
+        """
+        :param expect: how many workers make the run complete.
+        :param token: the per-run secret (never logged).
+        :param host: address to listen on ("0.0.0.0" for pods on other machines).
+        :param port: port to listen on; 0 lets the OS choose (see :attr:`endpoint`).
+        :param files: where to write hostfile, known_hosts and ssh_config once complete (None: nowhere).
+        :param identity_file: the run's ssh private key, named in ssh_config.
+        :param read_timeout: seconds a connection has to send its registration.
+        :param heartbeat: seconds between keepalives on held connections.
+        """
+        if isinstance(expect, bool) or not isinstance(expect, int) or not 1 <= expect <= MAX_EXPECTED_WORKERS:
+            raise RendezvousError(f"expected worker count {expect!r} must be 1..{MAX_EXPECTED_WORKERS}; pass --expect")
+        self.token = token.encode("utf-8") if isinstance(token, str) else bytes(token)
+        if len(self.token) < 16:
+            raise RendezvousError("the rendezvous token is shorter than 16 bytes; create one with secrets.token_urlsafe()")
+        self.expect = expect
+        self.files = files
+        self.identity_file = identity_file
+        self.read_timeout = read_timeout
+        self.heartbeat = heartbeat
+        self._lock = threading.Lock()
+        self._by_address: dict[str, tuple[Registration, RegistrationHandler]] = {}
+        self._complete = threading.Event()
+        self._failure: Exception | None = None
+        self._connections = 0
+        self._idle = threading.Condition(self._lock)
+        self.released = threading.Event()
+        # Held connections select on this pair so a release wakes them at once, without polling.
+        self.release_signal, self._release_writer = socket.socketpair()
+        self._thread: threading.Thread | None = None
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            super().__init__((host, port), RegistrationHandler)
+        except OSError as error:
+            self.release_signal.close()
+            self._release_writer.close()
+            raise RendezvousError(f"cannot listen on {host}:{port}: {error.strerror}; pick another --port") from None
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """The (host, port) actually bound.
+
+        :rtype: tuple[str, int]
+        """
+        host, port = self.server_address[:2]
+        return host, port
+
+    @property
+    def workers(self) -> list[Registration]:
+        """Registrations so far, in node-rank order (by address).
+
+        :rtype: list[Registration]
+        """
+        with self._lock:
+            registrations = [registration for registration, _ in self._by_address.values()]
+        return sorted(registrations, key=lambda r: ipaddress.ip_address(r.address))
+
+    def start(self) -> "RendezvousServer":
+        """Serve in a background thread.
+
+        :rtype: RendezvousServer
+        """
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="rendezvous", daemon=True)
+        self._thread.start()
+        logger.info("rendezvous listening on %s:%d for %d workers", *self.endpoint, self.expect)
+        return self
+
+    def verify_request(self, request, client_address) -> bool:
+        with self._lock:
+            if self._connections >= self.max_connections:
+                logger.warning("refusing connection from %s: %d connections open", client_address[0], self._connections)
+                return False
+        return True
+
+    def handle_error(self, request, client_address) -> None:
+        logger.exception("rendezvous handler for %s failed", client_address[0])
+
+    def connection_opened(self) -> None:
+        """A handler started serving a connection (counted against :attr:`max_connections`)."""
+        with self._lock:
+            self._connections += 1
+
+    def connection_closed(self) -> None:
+        """A handler finished with its connection."""
+        with self._lock:
+            self._connections -= 1
+            self._idle.notify_all()
+
+    def record(self, registration: Registration, handler: RegistrationHandler) -> str:
+        """Record an authenticated registration; the last one completes the run and writes its files.
+
+        :param registration: the worker's validated fields.
+        :param handler: the connection it came on (a retry on a newer connection replaces it).
+        :rtype: str
+        :returns: the refusal reason to send the worker, or "" when accepted.
+        """
+        with self._lock:
+            existing = self._by_address.get(registration.address)
+            if existing and (existing[0].host_key, existing[0].pod) == (registration.host_key, registration.pod):
+                # The same worker again (it lost our reply and retried): the newer connection wins.
+                self._by_address[registration.address] = (registration, handler)
+                return ""
+            if existing:
+                return (f"address {registration.address} is already registered by pod {existing[0].pod!r}; "
+                        "each worker needs its own address")
+            same_pod = [r for r, _ in self._by_address.values() if r.pod == registration.pod]
+            if same_pod:
+                return f"pod {registration.pod!r} is already registered from {same_pod[0].address}"
+            if self._complete.is_set():
+                return f"the run is full: {self.expect} of {self.expect} workers registered"
+            self._by_address[registration.address] = (registration, handler)
+            count = len(self._by_address)
+            logger.info("registered %s (pod %s, %d slots) %d/%d",
+                        registration.address, registration.pod, registration.slots, count, self.expect)
+            if count == self.expect:
+                self._finish()
+        return ""
+
+    def _finish(self) -> None:
+        """All workers are in: write the run's files (under the lock, so no one joins or leaves meanwhile)."""
+        ordered = sorted((r for r, _ in self._by_address.values()), key=lambda r: ipaddress.ip_address(r.address))
+        try:
+            if self.files is not None:
+                write_run_files(self.files, ordered, self.identity_file)
+        except Exception as error:  # reported by wait(), which the caller is blocked in
+            self._failure = error
+        self._complete.set()
+
+    def forget(self, registration: Registration, handler: RegistrationHandler, reason: str = "") -> None:
+        """A held worker hung up: drop its registration unless the run is already complete.
+
+        :param registration: what the worker registered.
+        :param handler: its connection (an older connection of a worker that retried changes nothing).
+        :param reason: why the connection ended, for the log.
+        """
+        with self._lock:
+            current = self._by_address.get(registration.address)
+            if current is None or current[1] is not handler:
+                return
+            if self._complete.is_set():
+                logger.warning("worker %s (pod %s) disconnected during the run: %s",
+                               registration.address, registration.pod, reason)
+                return
+            del self._by_address[registration.address]
+        logger.warning("worker %s (pod %s) left before the run was complete: %s",
+                       registration.address, registration.pod, reason)
+
+    def wait(self, timeout: float, expected_pods: Iterable[str] | None = None,
+             check: Callable[[], None] | None = None, total: float | None = None) -> list[Registration]:
+        """Block until ``expect`` workers registered and the files are written.
+
+        :param timeout: seconds to wait.
+        :param expected_pods: names of launched pods, to say which ones are missing.
+        :param check: called about twice a second; raise from it to stop waiting (a pod died).
+        :param total: the whole start's timeout, for the error message (default: ``timeout``).
+        :rtype: list[Registration]
+        :raises RendezvousError: one line naming how many came and which are missing.
+        """
+        deadline = time.monotonic() + timeout
+        while not self._complete.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
+            if check is not None:
+                check()
+            if time.monotonic() >= deadline:
+                raise RendezvousError(self._missing_message(timeout if total is None else total, expected_pods))
+        if self._failure is not None:
+            raise RendezvousError(f"all {self.expect} workers registered but the run files could not be written: {self._failure}")
+        return self.workers
+
+    def _missing_message(self, timeout: float, expected_pods: Iterable[str] | None) -> str:
+        came = self.workers
+        message = f"only {len(came)} of {self.expect} workers registered within {timeout:.0f}s"
+        if expected_pods is not None:
+            arrived = {r.pod for r in came}
+            missing = [pod for pod in expected_pods if pod not in arrived]
+            message += f"; missing: {', '.join(missing) or 'none of the launched pods'}"
+        else:
+            message += f"; registered: {', '.join(r.address for r in came) or 'none'}"
+        return message + "; check the workers' logs, the token and that they can reach this address, or raise the timeout"
+
+    def release(self) -> None:
+        """Tell every held worker it is released (they stop sshd and exit)."""
+        self.released.set()
+        try:
+            self._release_writer.send(b"r")
+        except OSError:
+            pass
+
+    def close(self, drain_s: float = 2.0) -> None:
+        """Release workers, stop serving, close the sockets. Safe to call twice.
+
+        :param drain_s: seconds to let handlers deliver the release before their sockets are closed.
+        """
+        self.release()
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            self._idle.wait_for(lambda: self._connections == 0, timeout=drain_s)
+        self.server_close()
+        self.release_signal.close()
+        self._release_writer.close()
+
+    def __enter__(self) -> "RendezvousServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def serve(expect: int, token_file: Path, hostfile: Path, timeout: float, host: str = "0.0.0.0",
+          port: int | None = None, identity_file: Path | None = None, hold: bool = False) -> list[Registration]:
+    """``textsql rendezvous serve``: wait for ``expect`` workers, write hostfile, known_hosts, ssh_config.
+
+    known_hosts and ssh_config go beside the hostfile. A missing token file is created (0600).
+
+    :param expect: number of workers.
+    :param token_file: the per-run token file.
+    :param hostfile: where the DeepSpeed hostfile goes.
+    :param timeout: seconds to wait for all workers.
+    :param host: address to listen on.
+    :param port: port to listen on (0: any; None: ``DEFAULT_RENDEZVOUS_PORT``).
+    :param identity_file: the private key ssh_config names (default: id_ed25519 beside the hostfile).
+    :param hold: keep holding the workers' connections after writing the files, until interrupted.
+    :rtype: list[Registration]
+    """
+    hostfile = Path(hostfile).resolve()
+    hostfile.parent.mkdir(parents=True, exist_ok=True)
+    token_file = Path(token_file)
+    token = read_token(token_file) if token_file.exists() else new_token(token_file)
+    siblings = RunFiles.in_dir(hostfile.parent)
+    files = RunFiles(hostfile, siblings.known_hosts, siblings.ssh_config)
+    port = DEFAULT_RENDEZVOUS_PORT if port is None else port
+    with RendezvousServer(expect=expect, token=token, host=host, port=port, files=files,
+                          identity_file=identity_file or hostfile.parent / IDENTITY_NAME) as server:
+        workers = server.wait(timeout)
+        if hold:
+            logger.info("holding %d workers until interrupted", len(workers))
+            try:
+                threading.Event().wait()
+            except KeyboardInterrupt:
+                logger.info("releasing workers")
+    return workers
