@@ -12,8 +12,8 @@ from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends import Resources, make_backend
 from worker.backends.kubernetes import KubernetesBackend
-from worker.backends.local import free_port_on_all
 from worker.cluster import start_workers
+from worker.network import free_port_on_all
 from worker.sshd import Sshd, generate_keypair
 
 FAKES = Path(__file__).parent / "fakes"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,11 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from worker.rendezvous import new_token
+from worker.network import free_port
 
 pytestmark = pytest.mark.slow
 
 TEXTSQL = shutil.which("textsql", path=str(Path(sys.executable).parent))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_serve_writes_the_hostfile_once_every_worker_registered(tmp_path):
