@@ -11,7 +11,7 @@ from textsql.errors import DataError
 from textsql.files import (
     load_tables, prepared_tables_path, read_json, read_jsonl, read_jsonl_located, tables_beside, write_json, write_jsonl,
 )
-from worker.files import atomic_write
+from worker.files import atomic_write, last_line
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
@@ -84,3 +84,11 @@ def test_tables_files_of_both_layouts(tmp_path):
     assert tables_beside(SAMPLE_DATA_DIR / "dev.jsonl") == SAMPLE_DATA_DIR / "dev.tables.jsonl"
     assert tables_beside(tmp_path / "dev.jsonl") is None
     assert prepared_tables_path(tmp_path, "validation") == tmp_path / "tables" / "validation.tables.jsonl"
+
+
+def test_last_line_of_a_log_quotes_the_failure(tmp_path):
+    log = tmp_path / "sshd.log"
+    log.write_bytes(b"starting\nfatal: bad config \xff\n\n")
+    assert last_line(log) == "fatal: bad config \ufffd"
+    log.write_text("")
+    assert last_line(log) == "no output"

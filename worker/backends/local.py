@@ -17,6 +17,7 @@ from pathlib import Path
 from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.files import last_line
 from worker.network import free_port_on_all
 from worker.sshd import require_tool
 
@@ -95,8 +96,7 @@ class LocalBackend(Backend):
         failed = {}
         for pod, process in self._processes.items():
             if process.poll() is not None:
-                lines = self._logs[pod].read_text(encoding="utf-8", errors="replace").strip().splitlines()
-                failed[pod] = f"exited with code {process.returncode}: {lines[-1] if lines else 'no output'}"
+                failed[pod] = f"exited with code {process.returncode}: {last_line(self._logs[pod])}"
         return failed
 
     def stop(self) -> None:
