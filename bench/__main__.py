@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from bench import inference, profiles, rendezvous, startup, tokenization, train_padding
 from bench.machine import describe_machine, releases
 from bench.report import PROFILES_KEY, write
+from textsql.files import read_json
 
 logger = logging.getLogger("bench")
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
     results_path = args.out / "results.json"
-    results = json.loads(results_path.read_text()) if args.only and results_path.is_file() else {}
+    results = read_json(results_path) if args.only and results_path.is_file() else {}
     results |= {"machine": describe_machine(), "releases": releases(), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     sizes = SMOKE if args.smoke else FULL
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:

@@ -9,10 +9,8 @@ comes from the wall times of the per-step loss events in the run's TensorBoard f
 """
 from __future__ import annotations
 
-import json
 import logging
 import shutil
-import socket
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +21,11 @@ from bench.events import samples_per_second, step_wall_times
 from bench.rank_probe import PROBE_DIR_VAR
 from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
 from textsql.estimate import estimate
+from textsql.files import read_json
 from textsql.launch import LaunchArguments, launch
 from textsql.profiles import PROFILE_ORDER
 from textsql.train import TENSORBOARD_SUBDIR
+from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +73,6 @@ def train_only(data_dir: str, work: Path) -> Path:
     return target
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (torch's store for the ranks).
-
-    :rtype: int
-    """
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def train_args(model: Path, data: Path, output: Path, profile: str, steps: int, batch_size: int) -> list[str]:
     """``textsql train`` arguments for a short, evaluation-free run logging every step.
 
@@ -114,7 +104,7 @@ def run_profile(profile: str, model: Path, data: Path, work: Path, sizes: Sizes)
         code = launch(arguments, stream=log)
     if code != 0:
         raise RuntimeError(f"profile {profile} failed with exit code {code}; see {run_dir / 'bench.log'}")
-    peaks = [json.loads(path.read_text())["peak_rss_bytes"] for path in sorted(probes.glob("rank*.json"))]
+    peaks = [read_json(path)["peak_rss_bytes"] for path in sorted(probes.glob("rank*.json"))]
     if len(peaks) != RANKS:
         raise RuntimeError(f"profile {profile}: {len(peaks)} of {RANKS} ranks recorded their memory; see {run_dir / 'bench.log'}")
     times = step_wall_times(output / TENSORBOARD_SUBDIR)

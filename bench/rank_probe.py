@@ -7,7 +7,6 @@ The file goes to ``$TEXTSQL_BENCH_PROBE_DIR/rank{RANK}.json``.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import resource
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 from textsql import train
+from textsql.files import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def record_peak_memory() -> None:
     rank = os.environ.get("RANK", "0")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     path = Path(os.environ[PROBE_DIR_VAR]) / f"rank{rank}.json"
-    path.write_text(json.dumps({"rank": int(rank), "peak_rss_bytes": peak}))
+    write_json(path, {"rank": int(rank), "peak_rss_bytes": peak})
 
 
 if __name__ == "__main__":

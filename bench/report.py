@@ -5,6 +5,9 @@ import json
 import logging
 from pathlib import Path
 
+from textsql.files import write_json
+from worker.files import atomic_write
+
 logger = logging.getLogger(__name__)
 
 # Figure keys in reading order, and their labels in the table.
@@ -102,13 +105,7 @@ def write(results: dict, out_dir: Path) -> tuple[Path, Path]:
 
     :rtype: tuple[pathlib.Path, pathlib.Path]
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = out_dir / "results.json", out_dir / "README.md"
-    for path, text in zip(paths, (json.dumps(results, indent=2) + "\n", markdown(results))):
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
-    return paths
+    return write_json(out_dir / "results.json", results), atomic_write(out_dir / "README.md", markdown(results))
 
 
 def markdown(results: dict) -> str:

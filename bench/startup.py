@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.events import step_wall_times
-from bench.profiles import free_port, train_args, train_only
+from bench.profiles import train_args, train_only
 from bench.timing import summary
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.train import TENSORBOARD_SUBDIR
+from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ tokenized question-only (``translate to SQL: ...``) and without targets (a targe
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import datasets
 from bench.timing import alternate, ratio, summary
 from textsql.constants import PROJECT_DIR, SPLITS
 from textsql.data import SAMPLE_SOURCE, load_records, source_text, target_text
+from textsql.files import read_jsonl
 from textsql.model import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def run(sizes: Sizes = Sizes(), dev_file: Path = DEV_QUESTIONS) -> dict:
         "sample": {"source_text": [source_text(r["question"], r["header"]) for r in records], "target": [target_text(r) for r in records]},
     }
     if dev_file.is_file():
-        questions = [json.loads(line)["question"] for line in dev_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        questions = [line["question"] for line in read_jsonl(dev_file)]
         inputs["dev_questions"] = {"source_text": [source_text(q, [], "question") for q in questions[:sizes.dev_questions]]}
 
     def batched_map(columns: dict[str, list[str]]) -> float:

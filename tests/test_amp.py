@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from textsql.demo import ENV_PREFIX, NOTEBOOKS, notebook_path, parameters_from_environ
+from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 METADATA = yaml.safe_load((PROJECT_DIR / ".project-metadata.yaml").read_text())
@@ -94,9 +94,7 @@ def test_job_parameters_come_from_the_environment():
 
 @pytest.mark.slow
 def test_tensorboard_application_script_serves_on_the_application_port(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "CDSW_APP_PORT": str(port), "TEXTSQL_TENSORBOARD_LOGDIR": str(tmp_path)}
     process = subprocess.Popen([sys.executable, str(PROJECT_DIR / "cml" / "launch_tensorboard.py")], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -13,8 +13,8 @@ from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_backend
 from worker.backends.kubernetes import KubernetesBackend
-from worker.backends.local import free_port_on_all
 from worker.cluster import start_workers
+from worker.network import free_port_on_all
 from worker.registration import Registration
 from worker.rendezvous.client import register
 from worker.rendezvous.token import new_token, read_token

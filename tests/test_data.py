@@ -6,7 +6,7 @@ import datasets
 import pytest
 
 from textsql.constants import PROJECT_DIR, SAMPLE_DATA_DIR, SPLITS
-from textsql.data import load_records, load_split, load_tables, records_from_hub, source_text, target_text
+from textsql.data import load_records, load_split, records_from_hub, source_text, target_text
 from textsql.errors import DataError
 
 RECORD_KEYS = {"id", "table_id", "question", "header", "types", "rows", "sql"}
@@ -93,7 +93,7 @@ def test_sample_regenerates_byte_for_byte(shared_data_dir, tmp_path):
 
 
 def test_sample_keeps_headers_whose_names_hold_commas():
-    headers = [table["header"] for table in load_tables("sample", "validation").values()]
+    headers = [table["header"] for table in load_split("sample", "validation")[1].values()]
     assert any("Prevailing types, %" in header for header in headers)
 
 

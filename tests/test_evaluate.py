@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from textsql.cli import cli
 from textsql.data import load_split
 from textsql.errors import DataError
-from textsql.evaluate import ExecutionError, TableEngine, evaluate, format_report, load_tables, read_jsonl, to_number
+from textsql.evaluate import ExecutionError, TableEngine, evaluate, format_report, to_number
+from textsql.files import load_tables, read_jsonl
 from textsql.sql import parse_sql, render_sql
 
 
@@ -135,7 +136,7 @@ def test_our_predictions_match_by_id_in_any_order(dev):
 def test_bad_gold_file_is_one_clear_error(tmp_path: Path):
     path = tmp_path / "gold.jsonl"
     path.write_text('{"table_id": "t", "sql": {"sel": 0, "agg": 0, "conds": []}}\nnot json\n')
-    with pytest.raises(DataError, match="gold.jsonl:2: not JSON"):
+    with pytest.raises(DataError, match="gold.jsonl:2: not a JSON object"):
         evaluate(path, [])
     with pytest.raises(DataError, match="no table_id and sql"):
         evaluate([{"question": "?"}], [{"query": {"sel": 0, "agg": 0, "conds": []}}])

@@ -17,7 +17,8 @@ from textsql.cli import cli
 from textsql.constants import LABEL_PAD_TOKEN_ID, SAMPLE_DATA_DIR
 from textsql.data import load_split
 from textsql.errors import DataError
-from textsql.evaluate import evaluate, read_jsonl
+from textsql.evaluate import evaluate
+from textsql.files import read_jsonl
 from textsql.infer import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
 from textsql.model import load_model, load_tokenizer
 from textsql.prepare import prepare

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from click.testing import CliRunner
 from textsql.cli import cli
 from textsql.errors import LaunchError
 from textsql.launch import LaunchArguments, deepspeed_command, launch, rank_environment
+from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -41,12 +41,6 @@ print(f"stand-in rank {rank}/{dist.get_world_size()} node {os.environ['CROSS_RAN
 time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
 dist.destroy_process_group()
 '''
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def tagged_processes(tag: str) -> list[int]:

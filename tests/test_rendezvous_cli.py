@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -12,17 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
+from worker.network import free_port
 from worker.rendezvous.token import new_token
 
 pytestmark = pytest.mark.slow
 
 TEXTSQL = shutil.which("textsql", path=str(Path(sys.executable).parent))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_serve_writes_the_hostfile_once_every_worker_registered(tmp_path):

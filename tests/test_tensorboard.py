@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 
 from textsql.errors import TextSQLError
 from textsql.tensorboard import Address, platform_address, plot_scalars, read_scalars
+from worker.network import free_port
 
 TEXTSQL = [str(Path(sys.executable).parent / "textsql")]
 
@@ -26,12 +26,6 @@ def write_events(logdir: Path, losses: list[float], tag: str = "train/loss") -> 
     with SummaryWriter(log_dir=str(logdir)) as writer:
         for step, loss in enumerate(losses, start=1):
             writer.add_scalar(tag, loss, global_step=step)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get_json(url: str):

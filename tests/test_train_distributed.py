@@ -8,7 +8,6 @@ TORCH_EXTENSIONS_DIR is passed through untouched.
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from textsql.tensorboard import read_scalars
+from worker.network import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +33,6 @@ def prepared_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(PrepareArguments(out=str(out), limit=48, max_source_length=96))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ from worker.errors import RendezvousError
 from worker import constants as c
 from worker.backends.local import LocalBackend
 from worker.cluster import start_workers
+from worker.network import free_port
 
 pytestmark = pytest.mark.slow
 VENV_BIN = str(Path(sys.executable).parent)
@@ -130,9 +131,7 @@ def test_keyboard_interrupt_inside_the_block_stops_workers(tmp_path):
 
 def test_agent_exits_cleanly_on_sigterm_and_when_the_master_dies(tmp_path):
     token_file, hostfile = tmp_path / "token", tmp_path / "hostfile"
-    with socket.socket() as probe:  # any free port for the master
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # any free port for the master
     serve = subprocess.Popen(
         [shutil.which("textsql", path=VENV_BIN), "rendezvous", "serve", "--expect", "2", "--port", str(port),
          "--host", "127.0.0.1", "--token-file", str(token_file), "--hostfile", str(hostfile), "--hold"],

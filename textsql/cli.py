@@ -62,7 +62,8 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
     """Score predictions with WikiSQL's logical-form and execution accuracy."""
     import json
 
-    from textsql.evaluate import evaluate as score, format_report, tables_beside, write_json
+    from textsql.evaluate import evaluate as score, format_report
+    from textsql.files import tables_beside, write_json
 
     report = score(gold, pred, tables or (gold and tables_beside(gold)), ordered=ordered)
     if out:

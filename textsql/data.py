@@ -13,8 +13,8 @@ every source holding the same release file.
 """
 from __future__ import annotations
 
-import json
 import logging
+from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,6 +23,7 @@ from textsql.constants import (
     RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS, SQL_TASK_PREFIX,
 )
 from textsql.errors import DataError
+from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_jsonl_located
 from textsql.sql import render_sql
 
 logger = logging.getLogger(__name__)
@@ -63,14 +64,6 @@ def load_records(source: str | Path = SAMPLE_SOURCE, split: str = "train", limit
     :rtype: list[dict]
     """
     return load_split(source, split, limit)[0]
-
-
-def load_tables(source: str | Path = SAMPLE_SOURCE, split: str = "train", limit: int | None = None) -> dict[str, dict]:
-    """The tables the records of one split use, by table id, in the release's table form (see :func:`load_split`).
-
-    :rtype: dict[str, dict]
-    """
-    return load_split(source, split, limit)[1]
 
 
 def source_text(question: str, header: list[str], input_format: str = "schema") -> str:
@@ -117,7 +110,7 @@ def records_from_hub(rows: Iterable[dict], split: str, limit: int | None = None)
             break
         where = f"{HUB_DATASET} {split} row {index}"
         table, sql = row["table"], row["sql"]
-        tables.setdefault(table["id"], _checked_table(dict(table), where))
+        tables.setdefault(table["id"], checked_table(dict(table), where))
         conds = sql["conds"]
         # datasets gives a Sequence of dicts as a dict of lists; accept a list of dicts as well.
         if isinstance(conds, dict):
@@ -142,17 +135,14 @@ def _load_hub_split(split: str) -> Any:
 
 def _load_release_split(directory: Path, split: str, limit: int | None) -> tuple[list[dict], dict[str, dict]]:
     stem = RELEASE_SPLIT_FILES[split]
-    questions_path, tables_path = directory / f"{stem}.jsonl", directory / f"{stem}.tables.jsonl"
+    questions_path, tables_path = directory / f"{stem}.jsonl", directory / f"{stem}{TABLES_SUFFIX}"
     for path in (questions_path, tables_path):
         if not path.is_file():
             raise DataError(f"{str(path)!r} is missing; {_SOURCE_HELP}")
-    all_tables = {}
-    for where, line in _json_lines(tables_path):
-        table = _checked_table(line, where)
-        all_tables[table["id"]] = table
+    all_tables = load_tables(tables_path)
     records, tables = [], {}
-    for index, (where, line) in enumerate(_json_lines(questions_path, limit)):
-        if not isinstance(line, dict) or not {"table_id", "question", "sql"} <= line.keys():
+    for index, (where, line) in enumerate(islice(read_jsonl_located(questions_path), limit)):
+        if not {"table_id", "question", "sql"} <= line.keys():
             raise DataError(f"{where}: a question needs table_id, question and sql; fix or remove the line")
         table = all_tables.get(line["table_id"])
         if table is None:
@@ -160,35 +150,6 @@ def _load_release_split(directory: Path, split: str, limit: int | None) -> tuple
         tables[table["id"]] = table
         records.append(_record(split, index, line["question"], table, line["sql"], where))
     return records, tables
-
-
-def _json_lines(path: Path, limit: int | None = None) -> Iterable[tuple[str, Any]]:
-    """(``file:line``, parsed JSON) of each non-blank line; a line that is not JSON is a DataError."""
-    count = 0
-    with open(path, encoding="utf-8") as lines:
-        for number, text in enumerate(lines, 1):
-            if limit is not None and count >= limit:
-                return
-            if not text.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                yield where, json.loads(text)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{where}: not a JSON object ({error.msg} at column {error.colno}); fix or remove the line") from None
-            count += 1
-
-
-def _checked_table(table: Any, where: str) -> dict:
-    """A table in the release form, with types (default text) and rows (default empty) filled in."""
-    header = table.get("header") if isinstance(table, dict) else None
-    if not isinstance(header, list) or not all(isinstance(name, str) for name in header) or not isinstance(table.get("id"), str):
-        raise DataError(f"{where}: a table needs an id and a header (a list of column names); fix or remove the line")
-    table["types"] = list(table.get("types") or ["text"] * len(header))
-    table["rows"] = list(table.get("rows") or [])
-    if len(table["types"]) != len(header):
-        raise DataError(f"{where}: table {table['id']!r} has {len(header)} columns but {len(table['types'])} types; fix its types")
-    return table
 
 
 def _record(split: str, index: int, question: Any, table: dict, sql: Any, where: str) -> dict:

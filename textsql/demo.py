@@ -7,7 +7,6 @@ with one line naming the cell's error and the executed copy to open.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -22,6 +21,7 @@ import yaml
 
 from textsql.constants import PROJECT_DIR
 from textsql.errors import TextSQLError
+from textsql.files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,8 @@ def format_summary(result: DemoResult) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    # A run that failed part-way leaves some files out; the summary says MISSING above instead.
+    return read_json(path) if path.is_file() else {}
 
 
 def _shown(path: Path) -> str:

@@ -23,20 +23,20 @@ import math
 import re
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from textsql.constants import AGG_OPS, COND_OPS
 from textsql.errors import DataError
+from textsql.files import load_tables, read_jsonl
 
 logger = logging.getLogger(__name__)
 
 # What a gold or prediction source may be: a JSON-lines file or dicts already in memory.
 Source = str | Path | Iterable[dict]
 
-TABLES_SUFFIX = ".tables.jsonl"
 # The parts of a logical form, in logical_form_key's order, scored separately in "components".
 COMPONENTS = ("sel", "agg", "where")
 # A whole value written as a number, with optional thousands separators: "1,234.5", "-3", ".5".
@@ -191,55 +191,6 @@ def _stored(cell: Any, kind: str) -> Any:
     return str(cell).lower()
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict]:
-    """Yield one dict per non-empty line of a JSON-lines file.
-
-    :param path: the file.
-    :rtype: Iterator[dict]
-    :raises DataError: for a missing file or a line that is not a JSON object.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{str(path)!r} is not a file; check the path")
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}:{number}: not JSON ({error.msg}); each line must be one JSON object") from None
-            if not isinstance(item, dict):
-                raise DataError(f"{path}:{number}: a JSON {type(item).__name__}, not an object")
-            yield item
-
-
-def load_tables(path: str | Path) -> dict[str, dict]:
-    """Read a release ``*.tables.jsonl`` file into ``{table_id: {"header", "types", "rows"}}``.
-
-    :param path: the tables file.
-    :rtype: dict[str, dict]
-    """
-    tables = {}
-    for table in read_jsonl(path):
-        try:
-            tables[table["id"]] = {"header": table["header"], "types": table["types"], "rows": table.get("rows", [])}
-        except KeyError as error:
-            raise DataError(f"{path}: table without {error.args[0]!r}; expected the release's tables.jsonl format") from None
-    return tables
-
-
-def tables_beside(gold: str | Path) -> Path | None:
-    """The release layout keeps ``dev.tables.jsonl`` beside ``dev.jsonl``: return it when present.
-
-    :param gold: a gold question file.
-    :rtype: pathlib.Path | None
-    """
-    path = Path(gold)
-    candidate = path.with_name(path.name.removesuffix(".jsonl") + TABLES_SUFFIX)
-    return candidate if path.suffix == ".jsonl" and candidate.is_file() else None
-
-
 def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, dict] | None = None, ordered: bool = False) -> dict:
     """Score predictions with WikiSQL's logical-form and execution accuracy.
 
@@ -378,21 +329,6 @@ def _breakdown(grades: list[Grade], key: Callable[[Grade], tuple[int, str]]) -> 
     for grade in grades:
         groups[key(grade)].append(grade)
     return {name: _summary(group) for (_, name), group in sorted(groups.items())}
-
-
-def write_json(path: str | Path, data: dict) -> Path:
-    """Write JSON through a temporary file and a rename, so a reader never sees half of it.
-
-    :param path: destination; its folder is created.
-    :param data: what to write.
-    :rtype: pathlib.Path
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    partial.replace(path)
-    return path
 
 
 def format_report(report: dict) -> str:

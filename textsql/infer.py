@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,10 +24,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME, TABLES_DIR_NAME
+from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME
 from textsql.data import load_split, source_text
 from textsql.errors import DataError, ModelError, SQLParseError
-from textsql.evaluate import evaluate, format_report, load_tables, read_jsonl, write_json
+from textsql.evaluate import evaluate, format_report
+from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
 from textsql.sql import render_sql, parse_sql
 
@@ -167,7 +168,7 @@ def recorded_input_format(model_dir: str | Path) -> str:
     """
     record = Path(model_dir) / PREPARE_JSON_NAME
     if record.is_file():
-        return json.loads(record.read_text()).get("input_format", INPUT_FORMATS[0])
+        return read_json(record).get("input_format", INPUT_FORMATS[0])
     return INPUT_FORMATS[0]
 
 
@@ -233,7 +234,7 @@ def _prepared_questions(path: Path, split: str, limit: int | None) -> Questions:
         {"id": row["id"], "table_id": row["table_id"], "question": row["question"], "header": row["header"], "sql": json.loads(row["sql"])}
         for row in dataset.select_columns(["id", "table_id", "question", "header", "sql"])
     ]
-    tables_path = path / TABLES_DIR_NAME / f"{split}.tables.jsonl"
+    tables_path = prepared_tables_path(path, split)
     return Questions(items, load_tables(tables_path) if tables_path.is_file() else None, list(dataset["input_ids"]))
 
 
@@ -290,9 +291,9 @@ def predict(
     seconds = time.perf_counter() - started
     lines = [_prediction_line(item, text) for item, text in zip(questions.items, texts)]
     out = Path(out)
-    _write_jsonl(out, lines)
+    write_jsonl(out, lines)
     if official_out:
-        _write_jsonl(Path(official_out), [_official_line(line) for line in lines])
+        write_jsonl(official_out, [_official_line(line) for line in lines])
     summary = {
         "predictions": str(out), "official": str(official_out) if official_out else None, "n": len(lines),
         "parse_errors": sum(line["error"] is not None for line in lines), "seconds": round(seconds, 3),
@@ -319,16 +320,6 @@ def _prediction_line(item: dict, text: str) -> dict:
 
 def _official_line(line: dict) -> dict:
     return {"query": line["query"]} if line["query"] is not None else {"error": line["error"]}
-
-
-def _write_jsonl(path: Path, lines: Iterable[dict]) -> None:
-    """Write through a temporary file and a rename, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-    partial.replace(path)
 
 
 def parse_header(text: str) -> list[str]:

@@ -35,7 +35,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -51,7 +50,9 @@ import psutil
 from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME, PROJECT_DIR
 from textsql.errors import LaunchError
 from worker.constants import HOSTFILE_NAME, SSH_CONFIG_NAME
+from worker.files import atomic_write
 from worker.hostfile import read_hostfile, write_hostfile
+from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -451,11 +452,7 @@ def _check_env_entry(key: str, value: str) -> None:
 
 def _write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:
     # DeepSpeed's runner splits each line at the first '=' and fails on anything else: no blank lines.
-    text = "".join(f"{key}={value}\n" for key, value in env.items())
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
-    return path
+    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()))
 
 
 def _ssh_setting(options: tuple[str, ...], host: str, name: str) -> str:
@@ -483,9 +480,7 @@ def _default_master_port(master_addr: str) -> int:
     # Local worker pods share this machine with other runs and test sessions: a fixed port collides.
     if not _is_loopback(master_addr):
         return DEFAULT_MASTER_PORT
-    with socket.socket() as probe:
-        probe.bind((master_addr, 0))
-        return probe.getsockname()[1]
+    return free_port(master_addr)
 
 
 def _local_device_count() -> int:

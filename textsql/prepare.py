@@ -25,10 +25,11 @@ from datasets import Dataset, DatasetDict, Features, List, Value
 from transformers import PreTrainedTokenizerBase
 
 from textsql.constants import (
-    DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME, SPLITS, TABLES_DIR_NAME,
+    DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME, SPLITS,
 )
 from textsql.data import SAMPLE_SOURCE, load_split, source_text, target_text
 from textsql.errors import DataError
+from textsql.files import prepared_tables_path, write_json, write_jsonl
 from textsql.model import load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -190,11 +191,9 @@ def _write(out: Path, tokenized: DatasetDict, tables: dict[str, dict], summary: 
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary shared directory
         tokenized.save_to_disk(str(staging))
-        (staging / TABLES_DIR_NAME).mkdir()
         for split, split_tables in tables.items():
-            lines = "".join(json.dumps(table) + "\n" for table in split_tables.values())
-            (staging / TABLES_DIR_NAME / f"{split}.tables.jsonl").write_text(lines)
-        (staging / PREPARE_JSON_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+            write_jsonl(prepared_tables_path(staging, split), split_tables.values())
+        write_json(staging / PREPARE_JSON_NAME, summary)
         if out.exists() and overwrite:
             previous = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
             out.rename(previous / out.name)

@@ -13,11 +13,9 @@ batch-size check, or silently trains with plain DDP instead of a DeepSpeed engin
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import os
 import shutil
-import socket
 import sys
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -33,8 +31,10 @@ from transformers.trainer_utils import EvalPrediction, sort_checkpoints
 
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, ModelError, TextSQLError
+from textsql.files import write_json, write_jsonl
 from textsql.model import load_model, load_tokenizer
 from textsql.profiles import load_profile
+from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -205,8 +205,8 @@ def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> d
     if trainer.is_world_process_zero() and trainer.args.predict_with_generate:
         sources = tokenizer.batch_decode(list(dataset["input_ids"]), skip_special_tokens=True)
         rows = zip(sources, _decode(tokenizer, output.predictions), _decode(tokenizer, output.label_ids))
-        lines = [json.dumps({"source": source, "prediction": prediction, "target": target}) for source, prediction, target in rows]
-        _write_atomic(Path(trainer.args.output_dir) / PREDICTIONS_FILE, "\n".join(lines) + "\n")
+        lines = [{"source": source, "prediction": prediction, "target": target} for source, prediction, target in rows]
+        write_jsonl(Path(trainer.args.output_dir) / PREDICTIONS_FILE, lines)
     return output.metrics
 
 
@@ -276,7 +276,7 @@ def init_distributed(timeout: timedelta) -> None:
     if "LOCAL_RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     backend = None if torch.cuda.is_available() else "gloo"
     PartialState(backend=backend, timeout=timeout)
 
@@ -415,13 +415,7 @@ def _write_summary(trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args
         "global_step": trainer.state.global_step,
         "log_history": trainer.state.log_history,
     }
-    _write_atomic(Path(trainer.args.output_dir) / SUMMARY_FILE, json.dumps(summary, indent=2))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    staging = path.with_name(path.name + ".partial")
-    staging.write_text(text)
-    staging.replace(path)
+    write_json(Path(trainer.args.output_dir) / SUMMARY_FILE, summary)
 
 
 def _field_values(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -456,12 +450,6 @@ def _first(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
 
 def _staging(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 from worker import constants as c
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import RendezvousError, TextSQLError, WorkerError
+from worker.network import free_port
 from worker.registration import Registration, check_address, check_port, check_slots
 from worker.rendezvous.client import parse_endpoint, register_until
 from worker.rendezvous.token import read_token
@@ -62,18 +63,6 @@ def count_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 1
     return max(1, sum(1 for line in listing.splitlines() if line.startswith("GPU ")))
-
-
-def free_port(address: str) -> int:
-    """A port the OS reports free on ``address`` right now.
-
-    :param address: the address to bind.
-    :rtype: int
-    """
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Writing run-dir files all at once: a reader sees the old file or the new one, never half of one."""
+"""Run-dir files: writes all at once (a reader sees the old file or the new one, never half of one),
+and the last line of a log."""
 from __future__ import annotations
 
 import logging
@@ -32,3 +33,13 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def last_line(path: Path) -> str:
+    """The last non-blank line of a log, to quote why a process stopped (``"no output"`` when empty).
+
+    :param path: a text file that exists (undecodable bytes are replaced: a crash can cut a character in half).
+    :rtype: str
+    """
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    return lines[-1] if lines else "no output"

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from worker.errors import WorkerError
+from worker.files import last_line
 from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.registration import InvalidRegistration, check_host_key
 
@@ -161,7 +162,7 @@ class Sshd:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise WorkerError(f"sshd on {self.address}:{self.port} exited with code {self._process.returncode}: {self._last_log_line()}")
+                raise WorkerError(f"sshd on {self.address}:{self.port} exited with code {self._process.returncode}: {last_line(self.log_path)}")
             if self._answers():
                 logger.info("sshd listening on %s:%d (pid %d)", self.address, self.port, self._process.pid)
                 return self
@@ -175,10 +176,6 @@ class Sshd:
                 return sock.recv(4).startswith(b"SSH-")
         except OSError:
             return False
-
-    def _last_log_line(self) -> str:
-        lines = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        return lines[-1] if lines else "no output"
 
     @property
     def running(self) -> bool:

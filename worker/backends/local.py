@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,8 @@ from pathlib import Path
 from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.files import last_line
+from worker.network import free_port_on_all
 from worker.sshd import require_tool
 
 logger = logging.getLogger(__name__)
@@ -35,32 +36,6 @@ def loopback_address(index: int) -> str:
     if host > 254:
         raise WorkerError(f"the local backend runs at most {255 - _FIRST_HOST} workers; ask for fewer")
     return f"127.0.0.{host}"
-
-
-def free_port_on_all(addresses: list[str], attempts: int = 20) -> int:
-    """A port that is free on every address right now.
-
-    :param addresses: addresses that must all be able to bind it.
-    :param attempts: candidate ports to try.
-    :rtype: int
-    """
-    for _ in range(attempts):
-        with socket.socket() as probe:
-            probe.bind((addresses[0], 0))
-            port = probe.getsockname()[1]
-        sockets = []
-        try:
-            for address in addresses:
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind((address, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise WorkerError(f"found no port free on all of {addresses[0]}..{addresses[-1]}; pass ssh_port=")
 
 
 class LocalBackend(Backend):
@@ -121,8 +96,7 @@ class LocalBackend(Backend):
         failed = {}
         for pod, process in self._processes.items():
             if process.poll() is not None:
-                lines = self._logs[pod].read_text(encoding="utf-8", errors="replace").strip().splitlines()
-                failed[pod] = f"exited with code {process.returncode}: {lines[-1] if lines else 'no output'}"
+                failed[pod] = f"exited with code {process.returncode}: {last_line(self._logs[pod])}"
         return failed
 
     def stop(self) -> None:

@@ -1,0 +1,164 @@
+"""The library's files: JSON and JSON lines, and WikiSQL's tables files.
+
+Reads raise :class:`~textsql.errors.DataError` naming the file (and the line, for JSON lines) and
+what to do. Every write goes through :func:`worker.files.atomic_write`, so a reader (TensorBoard, a
+notebook, a second rank) sees the old file or the new one, never half of one; the folder is created.
+
+The module is called ``files``, not ``io``: a script run from inside ``textsql/`` would otherwise
+shadow the standard library's ``io`` for the whole interpreter.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from textsql.constants import TABLES_DIR_NAME
+from textsql.errors import DataError
+from worker.files import atomic_write
+
+logger = logging.getLogger(__name__)
+
+# The release layout keeps each question file's tables beside it: dev.jsonl, dev.tables.jsonl.
+TABLES_SUFFIX = ".tables.jsonl"
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value in a file.
+
+    :param path: the file.
+    :rtype: Any
+    :raises DataError: for a missing file or text that is not JSON.
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{str(path)!r} is not a file; check the path") from None
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}:{error.lineno}: not JSON ({error.msg} at column {error.colno}); fix or rewrite the file") from None
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON, atomically.
+
+    :param path: destination; its folder is created.
+    :param data: what to write.
+    :rtype: pathlib.Path
+    """
+    return _write(Path(path), json.dumps(data, indent=2) + "\n")
+
+
+def read_jsonl_located(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """Yield ``("file:line", object)`` for each non-blank line of a JSON-lines file, so that a caller
+    checking the objects can say where a bad one is.
+
+    :param path: the file.
+    :rtype: Iterator[tuple[str, dict]]
+    :raises DataError: for a missing file or a line that is not one JSON object, naming file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{str(path)!r} is not a file; check the path")
+    with path.open(encoding="utf-8") as lines:
+        for number, text in enumerate(lines, start=1):
+            if not text.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                item = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{where}: not a JSON object ({error.msg} at column {error.colno}); fix or remove the line") from None
+            if not isinstance(item, dict):
+                raise DataError(f"{where}: a JSON {type(item).__name__}, not an object; fix or remove the line")
+            yield where, item
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    """Yield one dict per non-blank line of a JSON-lines file (see :func:`read_jsonl_located`).
+
+    Usage::
+
+        >>> lines = list(read_jsonl("runs/demo/predictions.jsonl"))    # doctest: +SKIP
+
+    :param path: the file.
+    :rtype: Iterator[dict]
+    """
+    for _, item in read_jsonl_located(path):
+        yield item
+
+
+def write_jsonl(path: str | Path, items: Iterable[dict]) -> Path:
+    """Write one JSON object per line (non-ASCII text kept readable), atomically.
+
+    :param path: destination; its folder is created.
+    :param items: the objects, in order.
+    :rtype: pathlib.Path
+    """
+    return _write(Path(path), "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items))
+
+
+def load_tables(path: str | Path) -> dict[str, dict]:
+    """Read a release ``*.tables.jsonl`` file into ``{table_id: table}``, each checked by :func:`checked_table`.
+
+    Usage::
+
+        >>> from textsql.constants import SAMPLE_DATA_DIR
+        >>> load_tables(SAMPLE_DATA_DIR / "dev.tables.jsonl")["1-10015132-11"]["header"][:2]
+        ['Player', 'No.']
+
+    :param path: the tables file.
+    :rtype: dict[str, dict]
+    :raises DataError: for a missing file, a bad line, or a table without id or header.
+    """
+    tables = {}
+    for where, line in read_jsonl_located(path):
+        table = checked_table(line, where)
+        tables[table["id"]] = table
+    return tables
+
+
+def checked_table(table: Any, where: str) -> dict:
+    """A table in the release form, with types (default text) and rows (default empty) filled in.
+
+    :param table: one table as read (a release line or a hub row's ``table``); completed in place.
+    :param where: where it came from, for the error message (``file:line``).
+    :rtype: dict
+    :raises DataError: without an id and a header, or when its types do not match its columns.
+    """
+    header = table.get("header") if isinstance(table, dict) else None
+    if not isinstance(header, list) or not all(isinstance(name, str) for name in header) or not isinstance(table.get("id"), str):
+        raise DataError(f"{where}: a table needs an id and a header (a list of column names); fix or remove the line")
+    table["types"] = list(table.get("types") or ["text"] * len(header))
+    table["rows"] = list(table.get("rows") or [])
+    if len(table["types"]) != len(header):
+        raise DataError(f"{where}: table {table['id']!r} has {len(header)} columns but {len(table['types'])} types; fix its types")
+    return table
+
+
+def tables_beside(questions: str | Path) -> Path | None:
+    """The tables file the release layout keeps beside a question file (``dev.jsonl``: ``dev.tables.jsonl``), when present.
+
+    :param questions: a question file.
+    :rtype: pathlib.Path | None
+    """
+    path = Path(questions)
+    candidate = path.with_name(path.name.removesuffix(".jsonl") + TABLES_SUFFIX)
+    return candidate if path.suffix == ".jsonl" and candidate.is_file() else None
+
+
+def prepared_tables_path(data_dir: str | Path, split: str) -> Path:
+    """Where ``textsql prepare`` keeps a split's tables in its output directory.
+
+    :param data_dir: the prepared dataset's directory.
+    :param split: ``train``, ``validation`` or ``test``.
+    :rtype: pathlib.Path
+    """
+    return Path(data_dir) / TABLES_DIR_NAME / f"{split}{TABLES_SUFFIX}"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, text)
