@@ -43,3 +43,15 @@ def prepared_sample(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(PrepareArguments(out=str(out), limit=64))
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` on a machine without CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

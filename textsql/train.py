@@ -29,9 +29,12 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 from transformers.trainer_utils import EvalPrediction, sort_checkpoints
 
+from textsql.batching import TokenBudgetTrainer
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, ModelError, TextSQLError
 from textsql.files import write_json, write_jsonl
+from textsql.generation import KeepGenerationBound, bound_generation
+from textsql.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.model import load_model, load_tokenizer
 from textsql.profiles import load_profile
 from worker.network import free_port
@@ -102,6 +105,10 @@ class DataArguments:
         metadata={"help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."},
     )
     pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={"help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."},
+    )
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -158,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
     model.accepts_loss_kwargs = False
     # Saved with model/, so inference generates as the evaluation here did.
-    model.generation_config.max_length = training_args.generation_max_length
+    bound_generation(model, training_args, splits.get("validation"))
     if training_args.generation_num_beams:
         model.generation_config.num_beams = training_args.generation_num_beams
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
-    trainer = Seq2SeqTrainer(
+    trainer = TokenBudgetTrainer(
+        max_tokens_per_batch=data_args.max_tokens_per_batch,
         model=model,
         args=training_args,
         train_dataset=splits["train"],
@@ -172,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=exact_match_metric(tokenizer) if training_args.predict_with_generate else None,
+        callbacks=[KeepGenerationBound()],
     )
 
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -183,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR, Path(data_args.data_dir) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint)
+    teardown_distributed()
     return 0
 
 
@@ -233,7 +243,7 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, D
     parser = _StrictParser(
         (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments), prog="textsql train", allow_abbrev=False
     )
-    parser.set_defaults(**TRAINING_DEFAULTS)
+    parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
     namespace, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if unknown:
         raise LaunchError(f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`")
