@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from textsql.constants import PROJECT_DIR
 from textsql.ranks import LAUNCH_ID_VAR, RemoteRanks, end_marked, marked_processes, remote_end_command
 from worker.ssh import ssh_options
 
@@ -75,9 +77,12 @@ def test_the_remote_command_runs_the_module_from_any_directory(sleepers, tmp_pat
     """What each host runs, through a shell as ssh runs it, from a directory where textsql is not
     importable and with no PYTHONPATH of its own: the command itself must make the module found."""
     launch_id = secrets.token_hex(8)
+    command = remote_end_command(launch_id, grace=5)
+    # The venv may import another checkout's textsql; the host must run the ranks' own.
+    assert shlex.split(command)[:3] == ["env", f"PYTHONPATH={PROJECT_DIR}", sys.executable]
     ours, unmarked = sleepers(launch_id), sleepers(None)
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", LAUNCH_ID_VAR)}
-    result = subprocess.run(["sh", "-c", remote_end_command(launch_id, grace=5)], cwd=tmp_path, env=env,
+    result = subprocess.run(["sh", "-c", command], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert f"ended 1 processes of launch {launch_id}" in result.stderr
