@@ -19,7 +19,8 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.errors import LaunchError
-from textsql.launch import LaunchArguments, deepspeed_command, launch, rank_environment
+from textsql.launch import LaunchArguments, launch
+from textsql.launch_command import deepspeed_command, rank_environment
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
