@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from test_launch import HOSTS, tagged_processes, textsql_launch
-from textsql.train import is_complete_checkpoint, newest_complete_checkpoint
+from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 
 MAX_STEPS = 6
 TRAIN_ARGS = [

@@ -4,17 +4,12 @@ import json
 import pytest
 import torch
 
+from textsql.arguments import RunArguments, train_argv
+from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 from textsql.errors import DataError, LaunchError, ModelError, ProfileError
-from textsql.train import (
-    RunArguments,
-    _prepare_on_saving_rank,
-    is_complete_checkpoint,
-    newest_complete_checkpoint,
-    parse_command_line,
-    resolve_precision,
-)
+from textsql.train import _prepare_on_saving_rank, parse_command_line, resolve_precision
 
-REQUIRED = ["--data_dir", "data", "--output_dir", "out"]
+REQUIRED = train_argv(data_dir="data", output_dir="out")
 
 
 def parse(*flags: str):

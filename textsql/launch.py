@@ -48,7 +48,7 @@ from typing import TextIO
 
 import psutil
 
-from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME, PROJECT_DIR
+from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, LAUNCH_LOG_NAME, PROJECT_DIR
 from textsql.errors import LaunchError
 from worker.constants import HOSTFILE_NAME, SSH_CONFIG_NAME
 from worker.hostfile import read_hostfile, write_hostfile
@@ -70,7 +70,7 @@ RUNNER_EXIT_S = 20.0
 # ~/.cache/torch_extensions/py311_cpu, not the root it would get if set to the default root).
 CARRIED_VARS = (
     "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR",
-    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR",
+    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", DSCONFIG_DIR_VAR,
 )
 # Names that hold credentials: never written to .deepspeed_env (it ends up on pdsh's command line and
 # in the log) and kept from DeepSpeed's runner, which exports every MLFLOW*/PYTHON*/... variable.
