@@ -6,7 +6,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from conftest import PROJECT_DIR
 

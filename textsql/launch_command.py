@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textsql.constants import DEFAULT_MASTER_PORT, PROJECT_DIR
+from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
 from textsql.errors import LaunchError
 from textsql.ranks import LAUNCH_ID_VAR
 from worker.files import atomic_write
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 # ~/.cache/torch_extensions/py311_cpu, not the root it would get if set to the default root).
 CARRIED_VARS = (
     "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR",
-    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR",
+    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", DSCONFIG_DIR_VAR,
 )
 # Names that hold credentials: never written to .deepspeed_env (it ends up on pdsh's command line and
 # in the log) and kept from DeepSpeed's runner, which exports every MLFLOW*/PYTHON*/... variable.
