@@ -26,7 +26,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import AutoConfig, DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback, default_data_collator
+from transformers import AutoConfig, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback, default_data_collator
 
 from bench import inference
 from bench.events import scalars
@@ -35,13 +35,12 @@ from bench.profiles import model_dir, train_only
 from bench.rank_probe import PROBE_DIR_VAR
 from bench.train_padding import StepClock, seed_padding
 from textsql.batching import TokenBudgetBatchSampler
-from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.estimate import estimate
 from textsql.files import read_json
 from textsql.hardware import device_facts, fast_defaults
 from textsql.launch import LaunchArguments, launch
 from textsql.model import load_model, load_tokenizer
-from textsql.profiles import PROFILE_ORDER
+from textsql.profiles import available_profiles
 from textsql.train import TENSORBOARD_SUBDIR
 from worker.network import free_port
 
@@ -58,7 +57,7 @@ class Sizes:
 
     epochs: int = 3
     skip_steps: int = 20  # warm-up steps left out of samples/s (allocator, cuDNN/cuBLAS heuristics)
-    profiles: tuple[str, ...] = PROFILE_ORDER
+    profiles: tuple[str, ...] = ()  # empty: every profile in dsconfig/
     target_eval_loss: float = 1.0
     loss_epochs: int = 20
     eval_steps: int = 50
@@ -189,7 +188,7 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
     per_step = step_samples(lengths, budget, shape, steps)
     common = ["--num_train_epochs", str(sizes.epochs), "--eval_strategy", "no", "--logging_steps", str(sizes.skip_steps)]
     rows, predicted = {}, estimate(str(model), nodes=1, gpus_per_node=1, gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / GIB)
-    for name in ("default", *sizes.profiles):
+    for name in ("default", *(sizes.profiles or available_profiles())):
         output = launch_ours(work, name, model, data, common + ([] if name == "default" else ["--profile", name]))
         samples, flops = throughput(output, per_step, sizes.skip_steps)
         probe = read_json(output.parent / "probe" / "rank0.json")

@@ -19,11 +19,12 @@ import datasets
 
 from bench.events import samples_per_second, step_wall_times
 from bench.rank_probe import PROBE_DIR_VAR
+from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
 from textsql.estimate import estimate
 from textsql.files import read_json
 from textsql.launch import LaunchArguments, launch
-from textsql.profiles import PROFILE_ORDER
+from textsql.profiles import available_profiles
 from textsql.train import TENSORBOARD_SUBDIR
 from worker.network import free_port
 
@@ -39,7 +40,8 @@ GIB = 1024**3
 class Sizes:
     """Steps and batch of each profile's run."""
 
-    profiles: tuple[str, ...] = PROFILE_ORDER
+    # Empty: every profile in dsconfig/ when the bench runs, cheapest first.
+    profiles: tuple[str, ...] = ()
     steps: int = 5
     skip_steps: int = 1
     batch_size: int = 4  # per rank
@@ -47,6 +49,13 @@ class Sizes:
     repetitions: int = 2
     # Unmeasured launches first: the first launch of a bench ran several times slower in every run so far.
     warmup: int = 1
+
+    def names(self) -> tuple[str, ...]:
+        """The profiles to run: the ones given, else every profile in ``dsconfig/``.
+
+        :rtype: tuple[str, ...]
+        """
+        return self.profiles or tuple(available_profiles())
 
 
 def model_dir(work: Path, config: Path = T5_SMALL_CONFIG) -> Path:
@@ -78,11 +87,10 @@ def train_args(model: Path, data: Path, output: Path, profile: str, steps: int, 
 
     :rtype: list[str]
     """
-    return [
-        "--model", str(model), "--data_dir", str(data), "--output_dir", str(output), "--profile", profile,
-        "--max_steps", str(steps), "--per_device_train_batch_size", str(batch_size), "--logging_steps", "1",
-        "--eval_strategy", "no", "--save_strategy", "no", "--disable_tqdm", "true",
-    ]
+    return train_argv(
+        model=model, data_dir=data, output_dir=output, profile=profile, max_steps=steps, per_device_train_batch_size=batch_size,
+        logging_steps=1, eval_strategy="no", save_strategy="no", disable_tqdm=True,
+    )
 
 
 def run_profile(profile: str, model: Path, data: Path, work: Path, sizes: Sizes) -> dict:
@@ -125,11 +133,12 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
     model = model_dir(work)
     data = train_only(data_dir, work)
     predicted = estimate(str(model), nodes=1, gpus_per_node=RANKS, gpu_memory_gb=80)
+    names = sizes.names()
     for _ in range(sizes.warmup):
-        run_profile(sizes.profiles[0], model, data, work, sizes)
-    runs: dict[str, list[dict]] = {profile: [] for profile in sizes.profiles}
+        run_profile(names[0], model, data, work, sizes)
+    runs: dict[str, list[dict]] = {profile: [] for profile in names}
     for round_index in range(sizes.repetitions):
-        for profile in sizes.profiles if round_index % 2 == 0 else reversed(sizes.profiles):
+        for profile in names if round_index % 2 == 0 else reversed(names):
             runs[profile].append(run_profile(profile, model, data, work, sizes))
     measured = {
         profile: {

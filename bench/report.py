@@ -1,7 +1,6 @@
 """Write a bench run as ``results.json`` and a markdown table (``README.md``)."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 

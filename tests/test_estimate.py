@@ -6,8 +6,8 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from textsql.cli import cli
-from textsql.estimate import GIB, count_parameters, estimate, load_config
-from textsql.model import load_model
+from textsql.estimate import GIB, count_parameters, estimate
+from textsql.model import load_config, load_model
 
 T5_SMALL_PARAMETERS = 60_506_624  # t5-small as published (tied embeddings counted once)
 

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.errors import LaunchError
-from textsql.launch import LaunchArguments, deepspeed_command, launch, rank_environment
+from textsql.launch import LaunchArguments, launch
+from textsql.launch_command import deepspeed_command, rank_environment
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -125,10 +126,14 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
         (["--ranks", "2"], "--ranks is for --launcher local"),
         (["--", "--output_dir", "$HOME/x"], "characters the hosts' shell would interpret"),
         (["--", "--run_name", "run-%h"], "characters the hosts' shell would interpret"),
-        ([], "does not exist; start the workers first"),
+        ([], "no dataset given; pass --data_dir"),
+        (["--", "--data_dir", "data", "--output_dir", "out"], "does not exist; start the workers first"),
     ],
 )
-def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path, options: list[str], message: str) -> None:
+def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dataset_dict.json").write_text('{"splits": ["train"]}')
     result = CliRunner().invoke(cli, ["launch", "--run-dir", str(tmp_path), *options])
     assert result.exit_code == 1
     assert message in result.output and result.output.startswith("Error: ")

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from test_launch import HOSTS, tagged_processes, textsql_launch
-from textsql.train import is_complete_checkpoint, newest_complete_checkpoint
+from textsql.arguments import train_argv
+from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 
 MAX_STEPS = 6
-TRAIN_ARGS = [
-    "--max_steps", str(MAX_STEPS), "--per_device_train_batch_size", "4", "--save_steps", "2",
-    "--eval_steps", "1000", "--logging_steps", "1", "--max_eval_samples", "8", "--log_level", "info",
-]
+TRAIN_ARGS = dict(
+    max_steps=MAX_STEPS, per_device_train_batch_size=4, save_steps=2, eval_steps=1000, logging_steps=1, max_eval_samples=8, log_level="info",
+)
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen:
@@ -46,7 +46,7 @@ def wait_for(condition, process: subprocess.Popen, log: Path, timeout: float = 9
 def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(two_local_workers, prepared_sample: Path, tmp_path: Path) -> None:
     run_dir, out = two_local_workers.run_dir, tmp_path / "out"
     tag = {"LAUNCH_TEST_TAG": uuid.uuid4().hex}
-    args = ["--", "--data_dir", str(prepared_sample), "--output_dir", str(out), *TRAIN_ARGS]
+    args = ["--", *train_argv(data_dir=prepared_sample, output_dir=out, **TRAIN_ARGS)]
 
     first_log = tmp_path / "first.log"
     first = start(textsql_launch(run_dir, env=tag) + args, first_log)
@@ -62,7 +62,7 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(tw
 
     second_log = tmp_path / "second.log"
     started = time.monotonic()
-    second = start(textsql_launch(run_dir, env=tag) + [*args, "--resume", "auto"], second_log)
+    second = start(textsql_launch(run_dir, env=tag) + [*args, *train_argv(resume="auto")], second_log)
     assert second.wait(timeout=900) == 0, second_log.read_text()[-4000:]
     resumed_run = time.monotonic() - started
     output = second_log.read_text()

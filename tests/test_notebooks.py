@@ -16,8 +16,11 @@ import nbformat
 import papermill
 import psutil
 import pytest
+from click.testing import CliRunner
 
+from textsql.cli import cli
 from textsql.demo import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
+from textsql.errors import DataError, ModelError
 from textsql.tensorboard import read_scalars
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
@@ -85,6 +88,34 @@ def test_unknown_notebook_and_foreign_directory_are_refused(tmp_path):
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
 
+def test_demo_refuses_a_bad_profile_before_any_notebook_or_worker(tmp_path):
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(cli, ["demo", "--out", str(out), "-p", "profile=zero9"])
+    assert result.exit_code == 1
+    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("Error: unknown profile 'zero9'; pass --profile one of zero0")
+    assert not out.exists(), "nothing was written, no notebook ran, no worker started"
+
+
+def test_a_bad_model_or_data_dir_leaves_the_previous_demo_as_it_was(tmp_path):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / DEMO_MARKER).touch()
+    (out / "hostfile").write_text("127.0.0.2 slots=1\n")
+    with pytest.raises(ModelError, match="no-such-model"):
+        run_demo(out, {"02_train_distributed": {"model": str(tmp_path / "no-such-model")}})
+    with pytest.raises(DataError, match="no prepared dataset at .*elsewhere.*run notebook 01"):
+        run_demo(out, {"02_train_distributed": {"data_dir": str(tmp_path / "elsewhere")}})
+    assert sorted(path.name for path in out.iterdir()) == [DEMO_MARKER, "hostfile"]
+
+
+@pytest.mark.slow
+def test_training_notebook_refuses_a_bad_profile_before_any_worker(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(NotebookError, match="02_train_distributed failed.*ProfileError: unknown profile 'zero9'"):
+        run_notebook("02_train_distributed", tmp_path / "02.ipynb", {"run_dir": str(run_dir), "profile": "zero9"})
+    assert not run_dir.exists(), "start_workers never ran: no token, no hostfile, no worker"
+
+
 @pytest.mark.slow
 def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     out = tmp_path / "demo"
@@ -112,11 +143,13 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_notebook_releases_workers_when_the_training_cell_fails(tmp_path):
+def test_training_notebook_releases_workers_when_the_training_cell_fails(tmp_path, prepared_sample):
     run_dir = tmp_path / "run"
-    # Refused inside the `with start_workers(...)` block, after both workers registered.
+    # A real dataset passes the check before the workers; its path is refused inside the
+    # `with start_workers(...)` block, after both workers registered.
+    data_dir = tmp_path / "da;ta"
+    data_dir.symlink_to(prepared_sample)
     with pytest.raises(NotebookError, match="02_train_distributed failed.*LaunchError.*shell would interpret"):
-        run_notebook("02_train_distributed", tmp_path / "02.ipynb",
-                     {"run_dir": str(run_dir), "data_dir": str(tmp_path / "da;ta")})
+        run_notebook("02_train_distributed", tmp_path / "02.ipynb", {"run_dir": str(run_dir), "data_dir": str(data_dir)})
     assert len((run_dir / "hostfile").read_text().splitlines()) == 2, "the workers never registered"
     assert not processes_mentioning(str(run_dir)), "workers were left running after the failure"

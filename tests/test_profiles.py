@@ -1,13 +1,22 @@
-"""DeepSpeed profiles: names, overlays, errors, and acceptance by DeepSpeed's own config parser."""
+"""DeepSpeed profiles: names, overlays, errors, acceptance by DeepSpeed's own config parser, and one
+place for them: a new JSON file is a new profile in the estimate, the CLI, notebook 02 and the bench."""
 import json
+import shutil
 
+import nbformat
 import pytest
+from click.testing import CliRunner
 from transformers import Seq2SeqTrainingArguments
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
+from bench import profiles as bench_profiles
+from textsql.cli import cli
+from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
+from textsql.demo import notebook_path
 from textsql.errors import ProfileError
+from textsql.estimate import GIB, estimate, format_estimate
 from textsql.model import load_model
-from textsql.profiles import available_overlays, available_profiles, load_profile, merge, profile_path
+from textsql.profiles import available_overlays, available_profiles, get_profile, load_profile, merge, profile_path, profiles
 
 PROFILES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
 
@@ -66,7 +75,7 @@ def test_deepspeed_accepts_each_profile_after_the_trainer_fills_auto(name, train
     assert '"auto"' not in json.dumps(hf_config.config)
 
     config = DeepSpeedConfig(hf_config.config)
-    assert config.zero_optimization_stage == int(name[4])
+    assert config.zero_optimization_stage == get_profile(name).stage
     assert (config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) == (4, 2)
     assert config.gradient_clipping == 0.5
     assert config.flops_profiler_config.enabled
@@ -77,3 +86,66 @@ def test_deepspeed_accepts_each_profile_after_the_trainer_fills_auto(name, train
         assert config.optimizer_params["lr"] == 3e-4
     if name.startswith("zero3"):
         assert config.zero_config.gather_16bit_weights_on_model_save
+
+
+def test_each_profile_says_its_stage_offload_and_precision():
+    facts = {profile.name: (profile.stage, profile.offload_optimizer, profile.offload_params) for profile in profiles()}
+    assert facts == {
+        "zero0": (0, False, False), "zero1": (1, False, False), "zero2": (2, False, False),
+        "zero3": (3, False, False), "zero3_offload": (3, True, True),
+    }
+    assert all(profile.precision == {"bf16": "auto", "fp16": "auto"} for profile in profiles())
+
+
+@pytest.fixture
+def sixth_profile(tmp_path, monkeypatch):
+    """A copy of dsconfig/ plus one new file, zero2_offload.json, made the profile directory."""
+    directory = tmp_path / "dsconfig"
+    shutil.copytree(DSCONFIG_DIR, directory)
+    config = load_profile("zero2")
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    (directory / "zero2_offload.json").write_text(json.dumps(config))
+    monkeypatch.setenv(DSCONFIG_DIR_VAR, str(directory))
+    return "zero2_offload"
+
+
+def test_a_sixth_json_file_is_a_profile_everywhere(sixth_profile):
+    assert available_profiles() == ["zero0", "zero1", "zero2", sixth_profile, "zero3", "zero3_offload"]
+    assert load_profile(sixth_profile)["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+    report = estimate(None, nodes=1, gpus_per_node=2, gpu_memory_gb=16)
+    row = report["profiles"][sixth_profile]
+    assert (row["zero_stage"], row["offload"]) == (2, "optimizer")
+    assert row["gpu_gb_per_rank"] == round(2 * report["parameters"] / GIB, 3), "offloaded ZeRO-2 keeps only 16-bit weights on the GPU"
+    # Notebook 02's table is format_estimate over that report.
+    assert "format_estimate(estimate(" in "".join(cell.source for cell in nbformat.read(notebook_path("02_train_distributed"), as_version=4).cells)
+    assert any(line.split()[:3] == [sixth_profile, "2", "optimizer"] for line in format_estimate(report).splitlines())
+
+    assert f"|{sixth_profile}|" in CliRunner().invoke(cli, ["estimate", "--help"]).output
+    chosen = CliRunner().invoke(cli, ["estimate", "--gpu-memory-gb", "16", "--profile", sixth_profile, "--json"])
+    assert chosen.exit_code == 0, chosen.output
+    assert list(json.loads(chosen.stdout)["profiles"]) == [sixth_profile]
+
+    assert sixth_profile in bench_profiles.Sizes().names()
+
+
+def test_the_cli_refuses_an_unknown_profile_with_the_choices():
+    result = CliRunner().invoke(cli, ["estimate", "--gpu-memory-gb", "16", "--profile", "zero9"])
+    assert result.exit_code == 2
+    assert "unknown profile 'zero9'" in result.output and "zero3_offload" in result.output
+
+
+def test_a_stage_deepspeed_does_not_have_is_refused(tmp_path):
+    bad = tmp_path / "zero5.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 5}}))
+    with pytest.raises(ProfileError, match="zero_optimization.stage 5"):
+        get_profile(str(bad))
+
+
+def test_a_precision_the_profile_fixes_otherwise_is_refused(tmp_path):
+    fixed = tmp_path / "bf16_only.json"
+    fixed.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
+    profile = get_profile(str(fixed))
+    profile.check_precision("bf16")
+    with pytest.raises(ProfileError, match=r'fixes bf16.enabled to true but the run uses fp32.*"auto".*--precision bf16'):
+        profile.check_precision("fp32")

@@ -4,17 +4,12 @@ import json
 import pytest
 import torch
 
+from textsql.arguments import RunArguments, train_argv
+from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 from textsql.errors import DataError, LaunchError, ModelError, ProfileError
-from textsql.train import (
-    RunArguments,
-    _prepare_on_saving_rank,
-    is_complete_checkpoint,
-    newest_complete_checkpoint,
-    parse_command_line,
-    resolve_precision,
-)
+from textsql.train import _prepare_on_saving_rank, check_train_args, parse_command_line, resolve_precision
 
-REQUIRED = ["--data_dir", "data", "--output_dir", "out"]
+REQUIRED = train_argv(data_dir="data", output_dir="out")
 
 
 def parse(*flags: str):
@@ -149,3 +144,57 @@ def test_cli_train_errors_are_one_line_without_traceback():
     result = CliRunner().invoke(cli, ["train", "--data_dir", "data", "--output_dir", "out", "--lerning_rate", "1e-3"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == ["Error: unknown argument '--lerning_rate' (did you mean --learning_rate?); see `textsql train --help`"]
+
+
+def fake_prepared(directory):
+    """What check_train_args reads of a prepared dataset: the split list save_to_disk writes."""
+    directory.mkdir()
+    (directory / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "validation", "test"]}))
+    return directory
+
+
+@pytest.mark.parametrize(("values", "error", "fix"), [
+    ({"profile": "zero9"}, ProfileError, "unknown profile 'zero9'; pass --profile one of zero0, zero1"),
+    ({"model": "./no-such-model"}, ModelError, "model directory './no-such-model' does not exist; check --model"),
+    ({"data_dir": "missing"}, DataError, "no such directory); run notebook 01 or `textsql prepare --out DIR`"),
+    ({"data_dir": "."}, DataError, "not a prepared dataset (no readable dataset_dict.json); run notebook 01"),
+    ({"max_stepz": "3"}, LaunchError, "did you mean max_steps?"),
+])
+def test_check_train_args_refuses_in_one_line_what_the_ranks_would(tmp_path, monkeypatch, values, error, fix):
+    monkeypatch.chdir(tmp_path)
+    fake_prepared(tmp_path / "data")
+    with pytest.raises(error) as raised:
+        check_train_args(train_argv(**({"data_dir": "data", "output_dir": "out"} | values)))
+    assert fix in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_check_train_args_accepts_a_complete_run(tmp_path):
+    check_train_args(train_argv(data_dir=fake_prepared(tmp_path / "data"), output_dir=tmp_path / "out", profile="zero3", overlay=["flops_profiler"]))
+    assert not (tmp_path / "out").exists(), "checking writes nothing"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"profile": "zero9"}, "Error: unknown profile 'zero9'"),
+    ({"model": "./no-such-model"}, "Error: model directory './no-such-model' does not exist"),
+    ({"data_dir": "missing"}, "Error: no prepared dataset at 'missing'"),
+])
+def test_textsql_launch_refuses_before_any_rank_starts(tmp_path, monkeypatch, values, message):
+    from click.testing import CliRunner
+
+    from textsql.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    fake_prepared(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    train_args = train_argv(**({"data_dir": "data", "output_dir": "out"} | values))
+    result = CliRunner().invoke(cli, ["launch", "--run-dir", str(run_dir), "--launcher", "local", "--", *train_args])
+    assert result.exit_code == 1
+    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith(message), result.output
+    # launch() creates the run directory before anything else (launch.log, .deepspeed_env, the ranks).
+    assert not run_dir.exists() and not (tmp_path / "out").exists()
+
+
+def test_train_argv_refuses_a_name_that_is_no_argument():
+    with pytest.raises(LaunchError, match="unknown training argument 'lerning_rate' \\(did you mean learning_rate\\?\\)"):
+        train_argv(lerning_rate=1e-3)
+    assert train_argv(overlay=[], resume=None, overwrite_output_dir=False) == ["--overwrite_output_dir", "false"]

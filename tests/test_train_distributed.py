@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from textsql.arguments import train_argv
+from textsql.profiles import available_profiles, get_profile
 from textsql.tensorboard import read_scalars
 from worker.network import free_port
 
@@ -40,11 +42,12 @@ def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.Co
     accelerator counts one device; --num_gpus sets the ranks per host)."""
     command = [
         str(DEEPSPEED), "--num_gpus", str(RANKS), "--master_port", str(free_port()), "--module", "textsql.train",
-        "--data_dir", str(data), "--output_dir", str(output), "--profile", profile,
-        "--max_steps", str(STEPS), "--per_device_train_batch_size", "4", "--learning_rate", "3e-3",
-        "--logging_steps", "1", "--eval_steps", "4", "--save_steps", str(STEPS),
-        "--max_eval_samples", "8", "--per_device_eval_batch_size", "4", "--generation_max_length", "24",
-        "--disable_tqdm", "true", *flags,
+        *train_argv(
+            data_dir=data, output_dir=output, profile=profile, max_steps=STEPS, per_device_train_batch_size=4, learning_rate=3e-3,
+            logging_steps=1, eval_steps=4, save_steps=STEPS, max_eval_samples=8, per_device_eval_batch_size=4,
+            generation_max_length=24, disable_tqdm=True,
+        ),
+        *flags,
     ]
     environment = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -53,7 +56,7 @@ def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.Co
     return result
 
 
-@pytest.mark.parametrize("profile", ["zero0", "zero1", "zero2", "zero3", "zero3_offload"])
+@pytest.mark.parametrize("profile", available_profiles())
 def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, prepared_data, tmp_path):
     from transformers import AutoTokenizer, T5ForConditionalGeneration
 
@@ -65,7 +68,7 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     summary = json.loads((output / "run.json").read_text())
     assert summary["engine"] == "deepspeed.runtime.engine.DeepSpeedEngine"
     assert summary["world_size"] == RANKS
-    assert summary["zero_stage"] == int(profile[4])
+    assert summary["zero_stage"] == get_profile(profile).stage
     assert summary["global_step"] == STEPS
     losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
     assert len(losses) == STEPS
@@ -98,9 +101,11 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
 def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tmp_path):
     textsql = Path(sys.executable).with_name("textsql")
     command = [
-        str(textsql), "train", "--data_dir", str(prepared_data), "--output_dir", str(tmp_path), "--profile", "zero1",
-        "--max_steps", "2", "--per_device_train_batch_size", "4", "--save_steps", "2", "--eval_strategy", "no",
-        "--max_eval_samples", "4", "--generation_max_length", "8", "--disable_tqdm", "true",
+        str(textsql), "train",
+        *train_argv(
+            data_dir=prepared_data, output_dir=tmp_path, profile="zero1", max_steps=2, per_device_train_batch_size=4, save_steps=2,
+            eval_strategy="no", max_eval_samples=4, generation_max_length=8, disable_tqdm=True,
+        ),
     ]
     result = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]

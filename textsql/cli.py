@@ -6,11 +6,16 @@ the shell run the same code. A user mistake surfaces as one line on stderr and a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import MISSING
 
 import click
 
-from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
-from textsql.errors import TextSQLError
+from textsql.arguments import PrepareArguments, argument_field
+from textsql.constants import INPUT_FORMATS
+from textsql.errors import ProfileError, TextSQLError
+from textsql.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
+from textsql.profiles import available_profiles, profile_path
 
 
 class _Group(click.Group):
@@ -21,6 +26,42 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except TextSQLError as error:
             raise click.ClickException(str(error)) from None
+
+
+class ProfileType(click.ParamType):
+    """A DeepSpeed profile: a name from ``dsconfig/``, read when the command runs (a new file is a new
+    choice at once), or a path to a DeepSpeed ``.json`` file."""
+
+    name = "profile"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return f"[{'|'.join(available_profiles())}|FILE.json]"
+
+    def convert(self, value, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            profile_path(value)
+        except ProfileError as error:
+            self.fail(str(error), param, ctx)
+        return str(value)
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+        return [click.shell_completion.CompletionItem(name) for name in available_profiles() if name.startswith(incomplete)]
+
+
+def field_option(cls: type, name: str, **attrs) -> Callable:
+    """``--the-name`` for the field ``name`` of an arguments dataclass, its help and default taken from the
+    field, so the CLI and the dataclass cannot say different things; ``attrs`` add click's type and the like.
+
+    :rtype: typing.Callable
+    """
+    spec = argument_field(cls, name)
+    attrs.setdefault("help", spec.metadata["help"])
+    if spec.default is not MISSING:
+        attrs.setdefault("default", spec.default)
+        attrs.setdefault("show_default", spec.default not in (None, False))
+    elif spec.default_factory is MISSING:
+        attrs.setdefault("required", True)
+    return click.option(f"--{name.replace('_', '-')}", name, **attrs)
 
 
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "TEXTSQL", "help_option_names": ["-h", "--help"]})
@@ -35,18 +76,18 @@ def cli(verbose: bool) -> None:
 
 
 @cli.command()
-@click.option("--source", default="sample", show_default=True, help="sample (shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write: the tokenized DatasetDict, prepare.json, tables/.")
-@click.option("--model", help="Tokenizer: a model directory or hub id [default: the embedded T5].")
-@click.option("--input-format", type=click.Choice(INPUT_FORMATS), default=INPUT_FORMATS[0], show_default=True, help="Question with column names, or the question alone.")
-@click.option("--num-proc", type=click.IntRange(min=1), default=1, show_default=True, help="Tokenization processes.")
-@click.option("--max-source-length", type=click.IntRange(min=2), default=DEFAULT_MAX_SOURCE_LENGTH, show_default=True, help="Input tokens kept (longer inputs are truncated and counted).")
-@click.option("--max-target-length", type=click.IntRange(min=2), default=DEFAULT_MAX_TARGET_LENGTH, show_default=True, help="Target tokens kept (longer targets are truncated and counted).")
-@click.option("--limit", type=click.IntRange(min=1), help="Keep only the first N questions of each split.")
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@field_option(PrepareArguments, "source")
+@field_option(PrepareArguments, "out", type=click.Path(file_okay=False))
+@field_option(PrepareArguments, "model")
+@field_option(PrepareArguments, "input_format", type=click.Choice(INPUT_FORMATS))
+@field_option(PrepareArguments, "num_proc", type=click.IntRange(min=1))
+@field_option(PrepareArguments, "max_source_length", type=click.IntRange(min=2))
+@field_option(PrepareArguments, "max_target_length", type=click.IntRange(min=2))
+@field_option(PrepareArguments, "limit", type=click.IntRange(min=1))
+@field_option(PrepareArguments, "overwrite", is_flag=True)
 def prepare(**options) -> None:
     """Load WikiSQL, render SQL targets, tokenize for T5 and save the splits with save_to_disk."""
-    from textsql.prepare import PrepareArguments, format_summary, prepare as run_prepare
+    from textsql.prepare import format_summary, prepare as run_prepare
 
     click.echo(format_summary(run_prepare(PrepareArguments(**options))))
 
@@ -127,24 +168,33 @@ def train(args: tuple[str, ...]) -> None:
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory: the workers' hostfile, ssh_config, known_hosts; launch.log is appended here.")
-@click.option("--launcher", type=click.Choice(["pdsh", "local"]), default="pdsh", show_default=True, help="pdsh: the hostfile's hosts over ssh; local: this machine, no ssh.")
-@click.option("--hostfile", type=click.Path(dir_okay=False), help="DeepSpeed hostfile [default: RUN_DIR/hostfile].")
-@click.option("--ssh-config", type=click.Path(dir_okay=False), help="ssh_config for every host [default: RUN_DIR/ssh_config].")
-@click.option("--ssh-port", type=click.IntRange(1, 65535), help="sshd port of every host, when the ssh_config does not give it.")
-@click.option("--master-addr", help="Address of rank 0's host [default: the first host].")
-@click.option("--master-port", type=click.IntRange(1, 65535), help="torch.distributed store port on the first host [default: 29500; a free one when that host is this machine].")
-@click.option("--ranks", type=click.IntRange(min=1), help="--launcher local: ranks on this machine [default: DeepSpeed's device count].")
-@click.option("--socket-ifname", help="NCCL/gloo network interface [default: lo when every host is loopback].")
-@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra variable for every rank (repeatable; no secrets).")
-@click.option("--module", default="textsql.train", show_default=True, help="Python module each rank runs.")
+@field_option(LaunchArguments, "run_dir", type=click.Path(file_okay=False))
+@field_option(LaunchArguments, "launcher", type=click.Choice(LAUNCHERS))
+@field_option(LaunchArguments, "hostfile", type=click.Path(dir_okay=False))
+@field_option(LaunchArguments, "ssh_config", type=click.Path(dir_okay=False))
+@field_option(LaunchArguments, "ssh_port", type=click.IntRange(1, 65535))
+@field_option(LaunchArguments, "master_addr")
+@field_option(LaunchArguments, "master_port", type=click.IntRange(1, 65535))
+@field_option(LaunchArguments, "ranks", type=click.IntRange(min=1))
+@field_option(LaunchArguments, "socket_ifname")
+@field_option(LaunchArguments, "env", multiple=True, metavar="KEY=VALUE")
+@field_option(LaunchArguments, "module")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def launch(env: tuple[str, ...], train_args: tuple[str, ...], **options) -> None:
-    """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`."""
-    from textsql.launch import LaunchArguments, launch as run_launch, parse_env
+    """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
+
+    The training arguments are checked here first (profile, model, data_dir, flags), so a mistake is
+    one line before any rank starts rather than one per rank on every host.
+    """
+    from textsql.launch import launch as run_launch, parse_env
 
     given = {name: value for name, value in options.items() if value is not None}
-    raise SystemExit(run_launch(LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)))
+    arguments = LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)
+    if arguments.module == TRAIN_MODULE:
+        from textsql.train import check_train_args
+
+        check_train_args(arguments.train_args)
+    raise SystemExit(run_launch(arguments))
 
 
 @cli.group()
@@ -193,8 +243,9 @@ def register(master: str, token_file: str, timeout: float, wait: bool, **fields)
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Worker nodes.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per node.")
 @click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), required=True, help="Memory of one GPU in GiB.")
+@click.option("--profile", "names", type=ProfileType(), multiple=True, help="Only this profile (repeatable) [default: every one in dsconfig/].")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
-def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, as_json: bool) -> None:
+def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], as_json: bool) -> None:
     """Per-rank memory of each DeepSpeed profile for a model, from its config, and the cheapest that fits."""
     import contextlib
     import json
@@ -204,7 +255,7 @@ def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, a
 
     # DeepSpeed logs to stdout (its import announces the accelerator); stdout is for the report.
     with contextlib.redirect_stdout(sys.stderr):
-        report = run_estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb)
+        report = run_estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, names=names or None)
     click.echo(json.dumps(report, indent=2) if as_json else format_estimate(report))
 
 

@@ -10,6 +10,8 @@ SAMPLE_DATA_DIR = ASSETS_DIR / "wikisql_sample"
 # The repository root when running from a checkout (dsconfig/, notebooks/ live there).
 PROJECT_DIR = PACKAGE_DIR.parent
 DSCONFIG_DIR = PROJECT_DIR / "dsconfig"
+# Another directory of profiles in place of dsconfig/ (textsql.profiles); ranks inherit it.
+DSCONFIG_DIR_VAR = "TEXTSQL_DSCONFIG_DIR"
 
 # WikiSQL's own encodings (lib/query.py in the release).
 AGG_OPS = ("", "MAX", "MIN", "COUNT", "SUM", "AVG")

@@ -22,6 +22,7 @@ import yaml
 from textsql.constants import PROJECT_DIR
 from textsql.errors import TextSQLError
 from textsql.files import read_json
+from textsql.profiles import get_profile
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
     return {
         "01_prepare_dataset": {"source": "sample", "model": "default", "data_dir": data_dir},
         "02_train_distributed": {
-            "data_dir": data_dir, "run_dir": str(out_dir), "backend": "local", "workers": 2, "profile": "zero1",
+            "data_dir": data_dir, "run_dir": str(out_dir), "backend": "local", "workers": 2, "profile": "zero1", "model": "default",
             # The small T5 starts from random weights: a high rate and a short schedule show the loss
             # falling within the demo's time on two CPU cores.
             "learning_rate": 3e-3, "max_steps": 200, "eval_steps": 50,
@@ -158,16 +159,41 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
     return overrides
 
 
+def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse notebook 02's profile, model and data_dir before any notebook runs, so before any worker starts.
+
+    The data_dir notebook 01 is about to write is not checked; any other one must hold a prepared dataset now.
+
+    :param chosen: every notebook's parameters, as :func:`run_demo` will pass them.
+    :raises TextSQLError: a ProfileError, ModelError or DataError naming the fix.
+    """
+    from textsql.model import load_config
+    from textsql.prepare import check_prepared
+
+    training = chosen["02_train_distributed"]
+    get_profile(training["profile"])
+    load_config(training["model"])
+    if training["data_dir"] != chosen["01_prepare_dataset"]["data_dir"]:
+        check_prepared(training["data_dir"])
+
+
 def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | None = None) -> DemoResult:
     """Run the three notebooks in order on the embedded default; everything lands under ``out_dir``.
 
     A previous demo in ``out_dir`` is replaced; any other existing, non-empty directory is refused.
+    The training parameters are checked first (:func:`check_training_parameters`), so a mistake
+    there leaves ``out_dir`` as it was and starts no worker.
 
     :param out_dir: run directory (``runs/demo``).
     :param parameters: per-notebook overrides merged onto :func:`demo_parameters`.
+    :raises TextSQLError: a ProfileError, ModelError or DataError from the check, or a NotebookError.
     :rtype: DemoResult
     """
     out_dir = Path(out_dir).expanduser().resolve()
+    chosen = demo_parameters(out_dir)
+    for name, overrides in (parameters or {}).items():
+        chosen[notebook_path(name).stem].update(overrides)
+    check_training_parameters(chosen)
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not (out_dir / DEMO_MARKER).is_file():
             raise NotebookError(f"{str(out_dir)!r} exists and is not a previous demo; pass another --out")
@@ -175,9 +201,6 @@ def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | 
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DEMO_MARKER).touch()
-    chosen = demo_parameters(out_dir)
-    for name, overrides in (parameters or {}).items():
-        chosen[notebook_path(name).stem].update(overrides)
     result = DemoResult(out_dir)
     for name in NOTEBOOKS:
         started = time.monotonic()

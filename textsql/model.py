@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase, T5ForConditionalGeneration
 
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.errors import ModelError
@@ -42,6 +42,20 @@ def resolve_model(name_or_dir: str | Path | None) -> str:
     if str(name_or_dir).startswith((".", "/", "~")):
         raise ModelError(f"model directory {str(name_or_dir)!r} does not exist; check --model")
     return str(name_or_dir)
+
+
+def load_config(model: str | Path | None) -> PretrainedConfig:
+    """Read a model's config: a model directory, a ``config.json`` file, or a hub id (needs the network).
+
+    :rtype: transformers.PretrainedConfig
+    """
+    path = Path(str(model)).expanduser() if model not in (None, "", "default") else None
+    try:
+        if path is not None and path.is_file():
+            return AutoConfig.from_pretrained(str(path.resolve()))
+        return AutoConfig.from_pretrained(resolve_model(model))
+    except (OSError, ValueError) as error:
+        raise ModelError(f"cannot read a model config from {str(model)!r} ({error}); pass --model a directory with config.json, a config.json file, or a hub id on a connected machine") from None
 
 
 def has_weights(model_dir: str | Path) -> bool:

@@ -16,7 +16,7 @@ import logging
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -24,9 +24,8 @@ import numpy
 from datasets import Dataset, DatasetDict, Features, List, Value
 from transformers import PreTrainedTokenizerBase
 
-from textsql.constants import (
-    DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME, SPLITS,
-)
+from textsql.arguments import PrepareArguments
+from textsql.constants import PREPARE_JSON_NAME, SPLITS
 from textsql.data import SAMPLE_SOURCE, load_split, source_text, target_text
 from textsql.errors import DataError
 from textsql.files import prepared_tables_path, write_json, write_jsonl
@@ -42,34 +41,8 @@ TEXT_FEATURES = Features({
 # Untruncated token counts and whether a target holds <unk> (the model cannot write it exactly),
 # kept only until the statistics are taken.
 STATISTICS_COLUMNS = ("source_length", "target_length", "target_unknown")
-
-
-@dataclass
-class PrepareArguments:
-    """What ``textsql prepare`` reads, how it tokenizes, and where it writes."""
-
-    out: str = field(metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."})
-    source: str = field(default=SAMPLE_SOURCE, metadata={"help": "sample (the shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."})
-    model: str | None = field(default=None, metadata={"help": "Tokenizer to use: a model directory or hub id (default: the embedded T5)."})
-    input_format: str = field(default="schema", metadata={"help": "schema: the question and the table's column names; question: the question alone."})
-    num_proc: int = field(default=1, metadata={"help": "Processes for tokenization (datasets map num_proc)."})
-    max_source_length: int = field(default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (longer ones are truncated and counted)."})
-    max_target_length: int = field(default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Target tokens kept per query (longer ones are truncated and counted)."})
-    limit: int | None = field(default=None, metadata={"help": "Keep only the first N questions of each split (quick runs)."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace --out if it exists."})
-
-    def __post_init__(self) -> None:
-        if not str(self.out).strip():
-            raise DataError("no output directory; pass --out DIR")
-        if self.input_format not in INPUT_FORMATS:
-            raise DataError(f"unknown input format {self.input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
-        if self.num_proc < 1:
-            raise DataError(f"num_proc must be at least 1, got {self.num_proc!r}; pass --num-proc 1 or more")
-        for name in ("max_source_length", "max_target_length"):
-            if getattr(self, name) < 2:
-                raise DataError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)!r}; pass --{name.replace('_', '-')} N")
-        if self.limit is not None and self.limit < 1:
-            raise DataError(f"limit must be at least 1, got {self.limit!r}; pass --limit N or leave it out")
+# What save_to_disk writes for a DatasetDict: the split names, readable without loading anything.
+DATASET_DICT_FILE = "dataset_dict.json"
 
 
 def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
@@ -115,6 +88,26 @@ def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
     _write(out, tokenized, {split: tables for split, (_, tables) in loaded.items()}, summary, arguments.overwrite)
     logger.info("wrote %s in %.1fs", out, summary["seconds"])
     return {**summary, "out": str(out)}
+
+
+def check_prepared(data_dir: str | Path) -> None:
+    """Refuse, in milliseconds and before any worker starts, a directory that holds no prepared train split.
+
+    Only the split list ``save_to_disk`` wrote is read; the ranks load the data themselves.
+
+    :param data_dir: what training will read (``--data_dir``, notebook 02's ``data_dir``).
+    :raises DataError: naming the step that writes one.
+    """
+    fix = "run notebook 01 or `textsql prepare --out DIR` first and pass that DIR as data_dir (--data_dir)"
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise DataError(f"no prepared dataset at {str(data_dir)!r} (no such directory); {fix}")
+    try:
+        splits = json.loads((path / DATASET_DICT_FILE).read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(f"{str(data_dir)!r} is not a prepared dataset (no readable {DATASET_DICT_FILE}); {fix}") from None
+    if "train" not in splits:
+        raise DataError(f"prepared dataset {str(data_dir)!r} has no train split; {fix}")
 
 
 def format_summary(summary: dict) -> str:

@@ -1,53 +1,210 @@
 """DeepSpeed profiles: the JSON configs in ``dsconfig/`` and the overlays that switch extras on.
 
-A profile is named by its file stem (``zero2``) or given as a path to any DeepSpeed JSON. Overlays
-(``dsconfig/overlays/*.json``, e.g. ``flops_profiler``) are merged on top, nested keys included.
-Batch size, accumulation, clipping, learning rate and precision stay ``"auto"`` in the files: the
-HuggingFace trainer fills them from its own arguments, so they are set in one place only.
+This module is the one place that reads ``dsconfig/``: a profile is a ``*.json`` file there, named by
+its stem (``zero2``), and everything else (the estimate, the CLI's choices, notebook 02's table, the
+bench, the ranks' DeepSpeed config) asks :func:`profiles` or :func:`get_profile`, so a new file is a
+new profile everywhere. ``TEXTSQL_DSCONFIG_DIR`` points at another directory of profiles.
+
+A profile may also be given as a path to any DeepSpeed JSON. Overlays (``dsconfig/overlays/*.json``,
+e.g. ``flops_profiler``) are merged on top, nested keys included. Batch size, accumulation, clipping,
+learning rate and precision stay ``"auto"`` in the files: the HuggingFace trainer fills them from its
+own arguments, so they are set in one place only.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from textsql.constants import DSCONFIG_DIR
+from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
 from textsql.errors import ProfileError
 
 logger = logging.getLogger(__name__)
 
-OVERLAY_DIR = DSCONFIG_DIR / "overlays"
-# Cheapest first: what `textsql estimate` walks when it recommends one.
-PROFILE_ORDER = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
+OVERLAY_SUBDIR = "overlays"
+ZERO_STAGES = (0, 1, 2, 3)
+# Offload targets that move the states off the GPU ("none" keeps them there).
+OFFLOAD_DEVICES = ("cpu", "nvme")
+# Config sections the trainer's --precision fills while they say "auto".
+PRECISION_KEYS = ("bf16", "fp16")
+# Bytes per parameter in mixed-precision Adam training, DeepSpeed's own accounting (its estimators'
+# 2 + 18): 16-bit parameters, 16-bit gradients, fp32 gradients, fp32 master parameters, fp32 Adam moments.
+PARAM16_BYTES = 2
+GRAD_BYTES = 2 + 4
+OPTIMIZER_BYTES = 4 + 8
+# DeepSpeed's estimators count fp32 weights per local rank, times this, in host memory while loading.
+LOAD_BUFFER_FACTOR = 1.5
 
 
-def available_profiles(directory: Path = DSCONFIG_DIR) -> list[str]:
-    """Names of the profiles shipped in ``dsconfig/``, cheapest first.
+@dataclass(frozen=True)
+class ModelStateMemory:
+    """Bytes the model states take under one profile: per rank on the GPU, per node in host memory."""
 
-    :param directory: where the profile files live.
+    gpu: int
+    cpu: int
+    estimator: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One DeepSpeed profile as its JSON file says: ZeRO stage, offload, precision, and its memory model.
+
+    Usage::
+
+        >>> profile = get_profile("zero3_offload")
+        >>> (profile.stage, profile.offload_optimizer, profile.offload_params)
+        (3, True, True)
+    """
+
+    name: str
+    path: Path
+    config: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def read(cls, path: Path) -> Profile:
+        """Read and check one DeepSpeed JSON file.
+
+        :raises ProfileError: the file is unreadable, not a JSON object, or names no valid ZeRO stage.
+        :rtype: Profile
+        """
+        profile = cls(path.stem, path, _read(path))
+        if profile.stage not in ZERO_STAGES:
+            raise ProfileError(
+                f"DeepSpeed config {str(path)!r} has zero_optimization.stage {profile.stage!r}; "
+                f"set it to one of {', '.join(map(str, ZERO_STAGES))}"
+            )
+        return profile
+
+    @property
+    def stage(self) -> int:
+        """The ZeRO stage (0 when the file has no ``zero_optimization``)."""
+        return self.config.get("zero_optimization", {}).get("stage", 0)
+
+    @property
+    def offload_optimizer(self) -> bool:
+        """Whether the optimizer states live in host memory (or NVMe) instead of the GPU."""
+        return self._offloaded("offload_optimizer")
+
+    @property
+    def offload_params(self) -> bool:
+        """Whether the parameters live in host memory (or NVMe) between uses (ZeRO-3)."""
+        return self._offloaded("offload_param")
+
+    @property
+    def precision(self) -> dict[str, Any]:
+        """``enabled`` of each precision section the file has (``"auto"``: set by ``--precision``)."""
+        return {key: self.config[key].get("enabled", False) for key in PRECISION_KEYS if isinstance(self.config.get(key), dict)}
+
+    @property
+    def cost(self) -> tuple[int, bool, bool]:
+        """Sort key, cheapest in communication and transfers first: stage, then offload."""
+        return self.stage, self.offload_optimizer, self.offload_params
+
+    def check_precision(self, precision: str) -> None:
+        """Refuse a precision this file fixes otherwise (DeepSpeed would fail it on every rank, later).
+
+        :param precision: the resolved precision, ``bf16``, ``fp16`` or ``fp32``.
+        :raises ProfileError: when a section's ``enabled`` is fixed and disagrees with ``precision``.
+        """
+        for key, enabled in self.precision.items():
+            if enabled != "auto" and bool(enabled) != (precision == key):
+                raise ProfileError(
+                    f"profile {self.name!r} fixes {key}.enabled to {json.dumps(enabled)} but the run uses {precision}; "
+                    f'set it to "auto" in {str(self.path)!r} or pass --precision {key if enabled else "fp32"}'
+                )
+
+    def memory(self, total: int, largest: int, nodes: int, gpus_per_node: int) -> ModelStateMemory:
+        """Model-state memory under this profile, from DeepSpeed's estimators where it has them.
+
+        DeepSpeed has estimators for ZeRO-2 (and the optimizer offload of stages 1 and 2) and ZeRO-3;
+        below that every rank holds everything (stage 0), or only the optimizer side (fp32 gradients,
+        master weights, moments) is split across ranks (stage 1).
+
+        :param total: parameter count.
+        :param largest: parameters of the largest module (ZeRO-3 gathers one at a time).
+        :rtype: ModelStateMemory
+        """
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        offload = " (cpu offload)" if self.offload_optimizer else ""
+        if self.stage == 3:
+            cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+                total, largest, gpus_per_node, nodes, cpu_offload=self.offload_optimizer, cpu_offload_params=self.offload_params
+            )
+            return ModelStateMemory(gpu, cpu, f"deepspeed estimate_zero3_model_states_mem_needs{offload}")
+        if self.stage == 2 or self.offload_optimizer:
+            cpu, gpu = estimate_zero2_model_states_mem_needs(total, gpus_per_node, nodes, cpu_offload=self.offload_optimizer)
+            return ModelStateMemory(gpu, cpu, f"deepspeed estimate_zero2_model_states_mem_needs{offload}")
+        cpu = total * 4 * gpus_per_node * LOAD_BUFFER_FACTOR
+        if self.stage == 1:
+            ranks = nodes * gpus_per_node
+            gpu = total * (PARAM16_BYTES + 2) + total * (4 + OPTIMIZER_BYTES) // ranks
+            return ModelStateMemory(gpu, cpu, "2+18 bytes/parameter, optimizer states sharded")
+        return ModelStateMemory(total * (PARAM16_BYTES + GRAD_BYTES + OPTIMIZER_BYTES), cpu, "2+18 bytes/parameter, nothing sharded")
+
+    def _offloaded(self, key: str) -> bool:
+        return self.config.get("zero_optimization", {}).get(key, {}).get("device", "none") in OFFLOAD_DEVICES
+
+
+def dsconfig_dir() -> Path:
+    """The directory of profiles: ``$TEXTSQL_DSCONFIG_DIR`` when set, else the project's ``dsconfig/``.
+
+    :rtype: pathlib.Path
+    """
+    return Path(os.environ.get(DSCONFIG_DIR_VAR) or DSCONFIG_DIR).expanduser()
+
+
+def profiles(names: Iterable[str | Path] | None = None) -> list[Profile]:
+    """Every profile in :func:`dsconfig_dir`, or only the ones named, cheapest first (what ``textsql estimate`` walks).
+
+    :param names: profile names or DeepSpeed JSON paths (default: every ``*.json`` in :func:`dsconfig_dir`).
+    :raises ProfileError: an unknown name, or a broken file; the message names it.
+    :rtype: list[Profile]
+    """
+    if names is None:
+        found = [Profile.read(path) for path in dsconfig_dir().glob("*.json")]
+    else:
+        found = [get_profile(name) for name in dict.fromkeys(names)]
+    return sorted(found, key=lambda profile: (profile.cost, profile.name))
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles in :func:`dsconfig_dir`, cheapest first.
+
     :rtype: list[str]
     """
-    names = {path.stem for path in directory.glob("*.json")}
-    return [name for name in PROFILE_ORDER if name in names] + sorted(names - set(PROFILE_ORDER))
+    return [profile.name for profile in profiles()]
 
 
-def available_overlays(directory: Path = OVERLAY_DIR) -> list[str]:
-    """Names of the overlays shipped in ``dsconfig/overlays/``.
+def available_overlays() -> list[str]:
+    """Names of the overlays in ``dsconfig/overlays/``.
 
     :rtype: list[str]
     """
-    return sorted(path.stem for path in directory.glob("*.json"))
+    return sorted(path.stem for path in (dsconfig_dir() / OVERLAY_SUBDIR).glob("*.json"))
+
+
+def get_profile(name_or_path: str | Path) -> Profile:
+    """The profile called ``name_or_path`` (``zero3``), or the one in that DeepSpeed JSON file.
+
+    :raises ProfileError: neither a profile name nor a readable DeepSpeed file; the message lists the names.
+    :rtype: Profile
+    """
+    return Profile.read(profile_path(name_or_path))
 
 
 def profile_path(name_or_path: str | Path) -> Path:
     """Resolve a profile name (``zero3``) or a path to a DeepSpeed JSON file.
 
-    :raises ProfileError: when it is neither a shipped profile nor an existing file.
+    :raises ProfileError: when it is neither a profile in :func:`dsconfig_dir` nor an existing file.
     :rtype: pathlib.Path
     """
-    return _resolve(name_or_path, DSCONFIG_DIR, available_profiles(), "profile", "--profile")
+    return _resolve(name_or_path, dsconfig_dir(), available_profiles(), "profile", "--profile")
 
 
 def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -70,7 +227,7 @@ def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]
 
 
 def load_profile(name_or_path: str | Path, overlays: Iterable[str | Path] = ()) -> dict[str, Any]:
-    """Load a profile and merge the given overlays (names from ``dsconfig/overlays`` or paths) on top.
+    """A profile's DeepSpeed config with the given overlays (names from ``dsconfig/overlays`` or paths) on top.
 
     Usage::
 
@@ -79,13 +236,13 @@ def load_profile(name_or_path: str | Path, overlays: Iterable[str | Path] = ()) 
 
     :param name_or_path: a profile name from :func:`available_profiles` or a JSON file path.
     :param overlays: overlay names or JSON file paths, applied in order.
-    :raises ProfileError: unknown name, missing file, or a file that is not a JSON object.
+    :raises ProfileError: unknown name, missing file, or a file that is not a valid profile.
     :rtype: dict
     """
-    config = _read(profile_path(name_or_path))
+    config = get_profile(name_or_path).config
+    directory = dsconfig_dir() / OVERLAY_SUBDIR
     for overlay in overlays:
-        path = _resolve(overlay, OVERLAY_DIR, available_overlays(), "overlay", "--overlay")
-        config = merge(config, _read(path))
+        config = merge(config, _read(_resolve(overlay, directory, available_overlays(), "overlay", "--overlay")))
     return config
 
 

@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,112 +27,28 @@ import numpy as np
 import torch
 import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
-from transformers.trainer_utils import EvalPrediction, sort_checkpoints
+from transformers.trainer_utils import EvalPrediction
 
+from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
 from textsql.batching import TokenBudgetTrainer
+from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
-from textsql.errors import DataError, LaunchError, ModelError, TextSQLError
+from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
 from textsql.generation import KeepGenerationBound, bound_generation
 from textsql.hardware import device_facts, fast_defaults, teardown_distributed
-from textsql.model import load_model, load_tokenizer
-from textsql.profiles import load_profile
+from textsql.model import load_config, load_model, load_tokenizer
+from textsql.prepare import check_prepared
+from textsql.profiles import get_profile, load_profile
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
 MODEL_SUBDIR = "model"
 TENSORBOARD_SUBDIR = "tensorboard"
 SUMMARY_FILE = "run.json"
 PREDICTIONS_FILE = "eval_predictions.jsonl"
-# The pieces of a checkpoint written last by the trainer and by DeepSpeed: a checkpoint without them
-# was cut off while saving and cannot be resumed.
-TRAINER_STATE_FILE = "trainer_state.json"
-DEEPSPEED_LATEST_FILE = "latest"
-# Trainer flags this program sets itself, and the flag to use instead.
-REPLACED_FLAGS = {"deepspeed": "--profile", "bf16": "--precision bf16", "fp16": "--precision fp16", "resume_from_checkpoint": "--resume"}
-# Defaults that differ from Seq2SeqTrainingArguments' own, for this task (every one can be overridden).
-TRAINING_DEFAULTS: dict[str, Any] = {
-    "report_to": "tensorboard",
-    "predict_with_generate": True,
-    "generation_max_length": 64,
-    "learning_rate": 1e-3,
-    "eval_strategy": "steps",
-    "eval_steps": 50,
-    "save_steps": 50,
-    "save_total_limit": 2,
-    "logging_steps": 10,
-    "train_sampling_strategy": "group_by_length",
-}
-
-
-@dataclass
-class ModelArguments:
-    """Which model to fine-tune, and in which precision."""
-
-    model: str = field(
-        default="default",
-        metadata={"help": "Model to fine-tune: a hub id (t5-small), a local directory, or 'default' for the embedded small T5."},
-    )
-    precision: str = field(
-        default="auto",
-        metadata={"help": "auto (bf16 where the GPU supports it, else fp32), bf16, fp16 or fp32.", "choices": PRECISIONS},
-    )
-    force_fp16: bool = field(
-        default=False,
-        metadata={"help": "Allow --precision fp16 although T5 overflows in fp16 (inf/NaN losses)."},
-    )
-
-    def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ModelError(f"unknown precision {self.precision!r}; pass --precision one of {', '.join(PRECISIONS)}")
-        if self.precision == "fp16" and not self.force_fp16:
-            raise ModelError(
-                "T5 overflows in fp16 (inf/NaN loss); pass --precision bf16 or fp32, or add --force_fp16 true to insist"
-            )
-
-
-@dataclass
-class DataArguments:
-    """The prepared dataset (``textsql prepare --out DIR``) and how much of it to use."""
-
-    data_dir: str | None = field(default=None, metadata={"help": "Prepared dataset directory written by `textsql prepare --out DIR`."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples only."})
-    max_eval_samples: int = field(
-        default=64,
-        metadata={"help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."},
-    )
-    pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
-    max_tokens_per_batch: int | None = field(
-        default=None,
-        metadata={"help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."},
-    )
-
-    def __post_init__(self) -> None:
-        if not self.data_dir:
-            raise DataError("no dataset given; pass --data_dir DIR written by `textsql prepare --out DIR`")
-
-
-@dataclass
-class RunArguments:
-    """The DeepSpeed profile and what to do with an existing output directory."""
-
-    profile: str = field(default="zero2", metadata={"help": "DeepSpeed profile: zero0, zero1, zero2, zero3, zero3_offload, or a .json path."})
-    overlay: list[str] = field(default_factory=list, metadata={"help": "Overlays merged onto the profile, e.g. flops_profiler."})
-    resume: str | None = field(
-        default=None,
-        metadata={"help": "'auto' continues from the newest complete checkpoint in --output_dir (fresh start if none); or a checkpoint path."},
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Delete the checkpoints and model/ of a previous run in --output_dir before training."},
-    )
-
-    def __post_init__(self) -> None:
-        if self.resume and self.overwrite_output_dir:
-            raise LaunchError("--resume and --overwrite_output_dir contradict each other; pass only one")
 
 
 class _StrictParser(HfArgumentParser):
@@ -255,6 +171,7 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, D
     if values["output_dir"] is None:
         raise LaunchError("no output directory; pass --output_dir DIR")
     model_args.precision = resolve_precision(model_args.precision)
+    get_profile(run_args.profile).check_precision(model_args.precision)
     training_values = _field_values(Seq2SeqTrainingArguments, values) | {
         "deepspeed": load_profile(run_args.profile, run_args.overlay),
         "bf16": model_args.precision == "bf16",
@@ -262,6 +179,26 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, D
         "accelerator_config": {"use_configured_state": True},
     }
     return model_args, data_args, run_args, training_values
+
+
+def check_train_args(argv: list[str]) -> None:
+    """Check a training command line on the launching machine, before any worker or rank starts.
+
+    It is parsed exactly as every rank will parse it (flags, profile, precision, output directory), and
+    the model's config and the prepared dataset it names are read; nothing distributed starts.
+
+    Usage::
+
+        >>> check_train_args(train_argv(data_dir="runs/data", output_dir="runs/r1", profile="zero9"))
+        Traceback (most recent call last):
+        textsql.errors.ProfileError: unknown profile 'zero9'; pass --profile one of zero0, ...
+
+    :param argv: the arguments of ``textsql train`` (see :func:`textsql.arguments.train_argv`).
+    :raises TextSQLError: a ProfileError, ModelError, DataError or LaunchError naming the fix.
+    """
+    model_args, data_args, _, _ = parse_command_line(argv)
+    load_config(model_args.model)
+    check_prepared(data_args.data_dir)
 
 
 def resolve_precision(precision: str) -> str:
@@ -334,29 +271,6 @@ def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
             shutil.rmtree(path)
     output.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(_staging(output / MODEL_SUBDIR), ignore_errors=True)
-
-
-def is_complete_checkpoint(path: Path) -> bool:
-    """Whether a ``checkpoint-N`` directory was written to the end (trainer state and DeepSpeed tag).
-
-    :rtype: bool
-    """
-    latest = path / DEEPSPEED_LATEST_FILE
-    return (path / TRAINER_STATE_FILE).is_file() and latest.is_file() and (path / latest.read_text().strip()).is_dir()
-
-
-def newest_complete_checkpoint(output: Path) -> str | None:
-    """The highest-step complete checkpoint in ``output``, skipping ones cut off while saving.
-
-    :rtype: str | None
-    """
-    if not output.is_dir():
-        return None
-    for checkpoint in reversed(sort_checkpoints(str(output))):
-        if is_complete_checkpoint(Path(checkpoint)):
-            return checkpoint
-        logger.warning("skipping incomplete checkpoint %s", checkpoint)
-    return None
 
 
 def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:

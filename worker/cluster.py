@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +26,7 @@ from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
 from worker.rendezvous.token import new_token
 from worker.runfiles import RunFiles, write_run_files
+from worker.ssh import ssh_options
 from worker.sshd import generate_keypair
 
 logger = logging.getLogger(__name__)
@@ -78,16 +80,16 @@ class Cluster:
 
         :rtype: dict[str, str]
         """
-        return {"PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": f"-F {self.ssh_config}"}
+        return {"PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": shlex.join(ssh_options(self.ssh_config))}
 
     def ssh_command(self, host: str, command: str) -> list[str]:
-        """``ssh -F ssh_config HOST COMMAND`` as an argument list (host keys verified, batch mode).
+        """``ssh -F ssh_config -o BatchMode=yes HOST COMMAND`` as an argument list (host keys verified).
 
         :param host: a worker address.
         :param command: the remote shell command.
         :rtype: list[str]
         """
-        return ["ssh", "-F", str(self.ssh_config), host, command]
+        return ["ssh", *ssh_options(self.ssh_config), host, command]
 
     def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run ``command`` on ``host`` over the run's ssh configuration.

@@ -14,6 +14,7 @@ from worker.constants import HOSTFILE_NAME, KNOWN_HOSTS_NAME, SSH_CONFIG_NAME
 from worker.files import atomic_write
 from worker.hostfile import format_hostfile
 from worker.registration import Registration
+from worker.ssh import ssh_settings
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +59,6 @@ def format_known_hosts(workers: Sequence[Registration]) -> str:
     )
 
 
-def _config_path(path: Path) -> str:
-    # ssh_config expands %-tokens in these paths and splits on spaces unless quoted.
-    return '"' + str(Path(path).resolve()).replace("%", "%%") + '"'
-
-
 def format_ssh_config(workers: Sequence[Registration], identity_file: Path | None, known_hosts: Path) -> str:
     """An ssh_config with one ``Host`` block per worker that runs sshd.
 
@@ -77,22 +73,9 @@ def format_ssh_config(workers: Sequence[Registration], identity_file: Path | Non
     for worker in workers:
         if not worker.host_key:
             continue
-        lines = [f"Host {worker.address}", f"    HostName {worker.address}", f"    Port {worker.ssh_port}"]
-        if worker.user:
-            lines.append(f"    User {worker.user}")
-        if identity_file is not None:
-            lines += [f"    IdentityFile {_config_path(identity_file)}", "    IdentitiesOnly yes"]
-        lines += [
-            f"    UserKnownHostsFile {_config_path(known_hosts)}",
-            "    GlobalKnownHostsFile /dev/null",
-            "    StrictHostKeyChecking yes",
-            "    CheckHostIP no",
-            "    BatchMode yes",
-            "    PasswordAuthentication no",
-            "    ConnectTimeout 10",
-            "    ServerAliveInterval 15",
-            "    LogLevel ERROR",
-        ]
+        settings = ssh_settings(port=worker.ssh_port, user=worker.user, identity_file=identity_file, known_hosts=known_hosts)
+        lines = [f"Host {worker.address}", f"    HostName {worker.address}"]
+        lines += [f"    {name} {value}" for name, value in settings.items()]
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)
 

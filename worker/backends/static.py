@@ -19,6 +19,7 @@ from worker.backends.base import Backend, WorkerHandle
 from worker.hostfile import parse_hostfile, read_hostfile
 from worker.registration import Registration, check_host_key, check_pod
 from worker.runfiles import known_hosts_pattern
+from worker.ssh import ssh_options
 from worker.sshd import require_tool
 
 logger = logging.getLogger(__name__)
@@ -82,12 +83,9 @@ class StaticBackend(Backend):
 
     def _probe(self, host: str, port: int, slots: int | None) -> Registration:
         host_key = self._host_key(host, port)
-        command = [require_tool("ssh"), "-p", str(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                   "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", f"ConnectTimeout={self.connect_timeout}"]
-        if self.identity_file:
-            command += ["-i", str(self.identity_file), "-o", "IdentitiesOnly=yes"]
-        if self.user:
-            command += ["-l", self.user]
+        options = ssh_options(port=port, user=self.user, identity_file=self.identity_file, known_hosts=self.known_hosts,
+                              connect_timeout=self.connect_timeout)
+        command = [require_tool("ssh"), *options]
         result = subprocess.run(command + [host, _PROBE], capture_output=True, text=True, stdin=subprocess.DEVNULL,
                                 timeout=self.connect_timeout * 3)
         if result.returncode != 0:

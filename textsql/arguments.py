@@ -1,0 +1,175 @@
+"""The arguments of each stage as dataclasses: one place for their names, defaults, help and checks.
+
+``textsql prepare`` reads :class:`PrepareArguments`; every training rank reads :class:`ModelArguments`,
+:class:`DataArguments` and :class:`RunArguments` beside HuggingFace's ``Seq2SeqTrainingArguments``
+(parsed in :mod:`textsql.train`). The CLI's options take their help texts and defaults from these
+fields (:func:`argument_field`), and notebooks, the bench and the tests build a training command line with
+:func:`train_argv` instead of writing flags by hand. Nothing heavy is imported here, so ``textsql
+--help`` stays fast.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
+
+from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
+from textsql.data import SAMPLE_SOURCE
+from textsql.errors import DataError, LaunchError, ModelError
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+# Trainer flags this program sets itself, and the flag to use instead.
+REPLACED_FLAGS = {"deepspeed": "--profile", "bf16": "--precision bf16", "fp16": "--precision fp16", "resume_from_checkpoint": "--resume"}
+# Defaults that differ from Seq2SeqTrainingArguments' own, for this task (every one can be overridden).
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "report_to": "tensorboard",
+    "predict_with_generate": True,
+    "generation_max_length": 64,
+    "learning_rate": 1e-3,
+    "eval_strategy": "steps",
+    "eval_steps": 50,
+    "save_steps": 50,
+    "save_total_limit": 2,
+    "logging_steps": 10,
+    "train_sampling_strategy": "group_by_length",
+}
+
+
+@dataclass
+class PrepareArguments:
+    """What ``textsql prepare`` reads, how it tokenizes, and where it writes."""
+
+    out: str = field(metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."})
+    source: str = field(default=SAMPLE_SOURCE, metadata={"help": "sample (the shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."})
+    model: str | None = field(default=None, metadata={"help": "Tokenizer to use: a model directory or hub id (default: the embedded T5)."})
+    input_format: str = field(default="schema", metadata={"help": "schema: the question and the table's column names; question: the question alone."})
+    num_proc: int = field(default=1, metadata={"help": "Processes for tokenization (datasets map num_proc)."})
+    max_source_length: int = field(default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (longer ones are truncated and counted)."})
+    max_target_length: int = field(default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Target tokens kept per query (longer ones are truncated and counted)."})
+    limit: int | None = field(default=None, metadata={"help": "Keep only the first N questions of each split (quick runs)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace --out if it exists."})
+
+    def __post_init__(self) -> None:
+        if not str(self.out).strip():
+            raise DataError("no output directory; pass --out DIR")
+        if self.input_format not in INPUT_FORMATS:
+            raise DataError(f"unknown input format {self.input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
+        if self.num_proc < 1:
+            raise DataError(f"num_proc must be at least 1, got {self.num_proc!r}; pass --num-proc 1 or more")
+        for name in ("max_source_length", "max_target_length"):
+            if getattr(self, name) < 2:
+                raise DataError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)!r}; pass --{name.replace('_', '-')} N")
+        if self.limit is not None and self.limit < 1:
+            raise DataError(f"limit must be at least 1, got {self.limit!r}; pass --limit N or leave it out")
+
+
+@dataclass
+class ModelArguments:
+    """Which model to fine-tune, and in which precision."""
+
+    model: str = field(
+        default="default",
+        metadata={"help": "Model to fine-tune: a hub id (t5-small), a local directory, or 'default' for the embedded small T5."},
+    )
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto (bf16 where the GPU supports it, else fp32), bf16, fp16 or fp32.", "choices": PRECISIONS},
+    )
+    force_fp16: bool = field(
+        default=False,
+        metadata={"help": "Allow --precision fp16 although T5 overflows in fp16 (inf/NaN losses)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ModelError(f"unknown precision {self.precision!r}; pass --precision one of {', '.join(PRECISIONS)}")
+        if self.precision == "fp16" and not self.force_fp16:
+            raise ModelError(
+                "T5 overflows in fp16 (inf/NaN loss); pass --precision bf16 or fp32, or add --force_fp16 true to insist"
+            )
+
+
+@dataclass
+class DataArguments:
+    """The prepared dataset (``textsql prepare --out DIR``) and how much of it to use."""
+
+    data_dir: str | None = field(default=None, metadata={"help": "Prepared dataset directory written by `textsql prepare --out DIR`."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples only."})
+    max_eval_samples: int = field(
+        default=64,
+        metadata={"help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."},
+    )
+    pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={"help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."},
+    )
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            raise DataError("no dataset given; pass --data_dir DIR written by `textsql prepare --out DIR`")
+
+
+@dataclass
+class RunArguments:
+    """The DeepSpeed profile and what to do with an existing output directory."""
+
+    profile: str = field(
+        default="zero2",
+        metadata={"help": "DeepSpeed profile: the name of a dsconfig/*.json file (`textsql estimate --help` lists them), or a .json path."},
+    )
+    overlay: list[str] = field(default_factory=list, metadata={"help": "Overlays merged onto the profile, e.g. flops_profiler."})
+    resume: str | None = field(
+        default=None,
+        metadata={"help": "'auto' continues from the newest complete checkpoint in --output_dir (fresh start if none); or a checkpoint path."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Delete the checkpoints and model/ of a previous run in --output_dir before training."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite_output_dir:
+            raise LaunchError("--resume and --overwrite_output_dir contradict each other; pass only one")
+
+
+def argument_field(cls: type, name: str) -> Field:
+    """The field ``name`` of the arguments dataclass ``cls``: the CLI takes an option's help and default from it.
+
+    :raises KeyError: when ``cls`` has no such field.
+    :rtype: dataclasses.Field
+    """
+    return next(spec for spec in fields(cls) if spec.name == name)
+
+
+def train_argv(**values: Any) -> list[str]:
+    """The command line of ``textsql train`` (and of each rank under ``textsql launch``) for these values.
+
+    Names are fields of :class:`ModelArguments`, :class:`DataArguments`, :class:`RunArguments` or
+    ``Seq2SeqTrainingArguments``; ``None`` and empty lists leave a flag out, booleans are written
+    ``true``/``false`` and lists give one value each. The list is what the ranks parse, so checking it
+    with :func:`textsql.train.check_train_args` checks the run.
+
+    Usage::
+
+        >>> train_argv(data_dir="data", output_dir="out", profile="zero3", max_steps=10, overwrite_output_dir=True)
+        ['--data_dir', 'data', '--output_dir', 'out', '--profile', 'zero3', '--max_steps', '10', '--overwrite_output_dir', 'true']
+
+    :raises LaunchError: for a name that is no training argument (with the closest one).
+    :rtype: list[str]
+    """
+    from transformers import Seq2SeqTrainingArguments
+
+    known = [spec.name for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments) for spec in fields(cls)]
+    argv: list[str] = []
+    for name, value in values.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            raise LaunchError(f"unknown training argument {name!r}{f' (did you mean {close[0]}?)' if close else ''}; see `textsql train --help`")
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if value is not None and items:
+            argv += [f"--{name}", *(str(item).lower() if isinstance(item, bool) else str(item) for item in items)]
+    return argv

@@ -1,0 +1,162 @@
+"""DeepSpeed's launcher command for a launch, and the environment its ranks get.
+
+``deepspeed --hostfile H --launcher pdsh --master_addr A --master_port M --no_ssh_check
+--no_local_rank --module textsql.train ARGS`` (or without ``--launcher`` for the ranks of one machine).
+The ranks' variables go to the run's ``.deepspeed_env`` (DeepSpeed's runner finds it through
+``DS_ENV_FILE`` and exports each ``KEY=VAL`` line on pdsh's command line), so no credential may be
+among them: names that look like one are refused here, and kept from the runner's own environment.
+
+Usage::
+
+    >>> command = deepspeed_command(arguments, run_dir / "hostfile", ["127.0.0.2", "127.0.0.3"])
+    >>> write_deepspeed_env(run_dir / ".deepspeed_env", rank_environment(arguments, hosts, launch_id))
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
+from textsql.errors import LaunchError
+from textsql.ranks import LAUNCH_ID_VAR
+from worker.files import atomic_write
+from worker.network import free_port
+
+if TYPE_CHECKING:
+    from textsql.launch import LaunchArguments
+
+logger = logging.getLogger(__name__)
+
+# Variables a rank inherits from the launching environment when set there. Caches are carried only
+# when set: unset, each host keeps its own default (torch's default extensions dir is
+# ~/.cache/torch_extensions/py311_cpu, not the root it would get if set to the default root).
+CARRIED_VARS = (
+    "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR",
+    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", DSCONFIG_DIR_VAR,
+)
+# Names that hold credentials: never written to .deepspeed_env (it ends up on pdsh's command line and
+# in the log) and kept from DeepSpeed's runner, which exports every MLFLOW*/PYTHON*/... variable.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY", re.IGNORECASE)
+# Characters that reach a rank unchanged through pdsh (which fills in %h, %n, %u) and the hosts' shell
+# (DeepSpeed double-quotes an argument with spaces).
+SHELL_SAFE = re.compile(r"[\w@+=:,./ -]+")
+
+
+def deepspeed_command(arguments: LaunchArguments, hostfile: Path, hosts: list[str]) -> list[str]:
+    """DeepSpeed's launcher invocation for these hosts (rank 0 runs on the first).
+
+    :param arguments: launcher, ports, module and training arguments.
+    :param hostfile: the hostfile DeepSpeed reads.
+    :param hosts: its hosts, in node-rank order.
+    :rtype: list[str]
+    """
+    master_addr = "127.0.0.1" if arguments.launcher == "local" else arguments.master_addr or hosts[0]
+    command = [_deepspeed_executable(), "--hostfile", str(hostfile)]
+    if arguments.launcher == "pdsh":
+        command += ["--launcher", "pdsh"]
+        if arguments.ssh_port is not None:
+            command += ["--ssh_port", str(arguments.ssh_port)]
+    command += ["--master_addr", master_addr, "--master_port", str(arguments.master_port or _default_master_port(master_addr))]
+    # Our own check ran with the run's ssh config; DeepSpeed's plain `ssh host hostname` would not use it.
+    command += ["--no_ssh_check", "--no_local_rank", "--module", arguments.module]
+    return command + arguments.train_args
+
+
+def rank_environment(arguments: LaunchArguments, hosts: list[str], launch_id: str) -> dict[str, str]:
+    """The variables every rank gets (``$VAR`` in a value expands on the rank's host).
+
+    :param arguments: socket interface and extra variables.
+    :param hosts: the hosts (all loopback: NCCL and gloo use ``lo``).
+    :param launch_id: this launch's marker value.
+    :rtype: dict[str, str]
+    """
+    env = {
+        LAUNCH_ID_VAR: launch_id,
+        "PYTHONPATH": str(PROJECT_DIR),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}$PATH",
+    }
+    env |= {name: os.environ[name] for name in CARRIED_VARS if os.environ.get(name)}
+    ifname = arguments.socket_ifname or ("lo" if all(_is_loopback(host) for host in hosts) else None)
+    if ifname:
+        env |= {"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname}
+    return env | arguments.env
+
+
+def check_env_entry(key: str, value: str) -> None:
+    """Refuse a rank variable that is no shell name, looks like a credential, or would break the export.
+
+    :param key: the variable's name.
+    :param value: its value.
+    :raises LaunchError: naming the ``--env`` to change.
+    """
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise LaunchError(f"environment name {key!r} is not a shell variable name; pass --env NAME=VALUE")
+    if SECRET_NAME.search(key):
+        raise LaunchError(
+            f"{key!r} looks like a secret, and .deepspeed_env ends up on pdsh's command line and in launch.log; "
+            "give ranks credentials through the hosts' own environment or files"
+        )
+    if re.search(r'["`\\\n]', value):
+        raise LaunchError(f"value of {key} ({value!r}) has a quote, backslash or newline; pass a plain value")
+
+
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less the variables whose names look like credentials.
+
+    :param environ: an environment (the launching process's).
+    :rtype: dict[str, str]
+    """
+    return {key: value for key, value in environ.items() if not SECRET_NAME.search(key)}
+
+
+def write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:
+    """Write ``KEY=VAL`` lines where DeepSpeed's runner reads them (``DS_ENV_FILE``).
+
+    :param path: the run's ``.deepspeed_env``.
+    :param env: the ranks' variables, checked by :func:`check_env_entry`.
+    :rtype: Path
+    """
+    # DeepSpeed's runner splits each line at the first '=' and fails on anything else: no blank lines.
+    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()))
+
+
+def local_device_count() -> int:
+    """The devices DeepSpeed's accelerator sees here (its default rank count for ``--launcher local``).
+
+    :rtype: int
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().device_count()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _default_master_port(master_addr: str) -> int:
+    # Local worker pods share this machine with other runs and test sessions: a fixed port collides.
+    if not _is_loopback(master_addr):
+        return DEFAULT_MASTER_PORT
+    return free_port(master_addr)
+
+
+def _deepspeed_executable() -> str:
+    # The launcher of this interpreter's environment, so a notebook kernel's venv is the one used.
+    beside = Path(sys.executable).parent / "deepspeed"
+    found = str(beside) if beside.is_file() else shutil.which("deepspeed")
+    if found is None:
+        raise LaunchError("DeepSpeed's `deepspeed` launcher is not installed; run `make setup`")
+    return found
