@@ -21,6 +21,9 @@ _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _POD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 _MAX_KEY_CHARS = 4096
+# Only digits, hex letters, ':' and '.': no scope id ('%') and nothing OpenSSH reads as a pattern
+# (`*?!,[]`, whitespace), so a known_hosts or ssh_config entry names this one host and no other.
+_PLAIN_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 
 
 class InvalidRegistration(RendezvousError):
@@ -34,12 +37,27 @@ def check_address(value: object) -> str:
     :rtype: str
     """
     try:
-        address = ipaddress.ip_address(value if isinstance(value, str) else "")
+        if not isinstance(value, str) or not _PLAIN_ADDRESS.fullmatch(value):
+            raise ValueError(value)
+        address = ipaddress.ip_address(value)
     except ValueError:
-        raise InvalidRegistration(f"address {value!r} is not an IP address; pass --address with the pod's IP") from None
+        raise InvalidRegistration(f"address {value!r} is not a plain IP address (no scope id); "
+                                  "pass --address with the pod's IP") from None
     if address.is_unspecified or address.is_multicast:
         raise InvalidRegistration(f"address {value!r} cannot be reached; pass the pod's own IP")
     return str(address)
+
+
+def node_order(registration: "Registration") -> tuple[int, int]:
+    """Sort key giving node-rank order: IPv4 before IPv6, then by numeric address.
+
+    Comparing ``IPv4Address`` with ``IPv6Address`` raises TypeError, so mixed families need a key.
+
+    :param registration: a validated registration.
+    :rtype: tuple[int, int]
+    """
+    address = ipaddress.ip_address(registration.address)
+    return address.version, int(address)
 
 
 def check_slots(value: object) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 from worker.constants import HOSTFILE_NAME, KNOWN_HOSTS_NAME, SSH_CONFIG_NAME
 from worker.files import atomic_write
 from worker.hostfile import format_hostfile
-from worker.registration import Registration
+from worker.registration import Registration, check_address
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +40,13 @@ class RunFiles:
 def known_hosts_pattern(address: str, port: int) -> str:
     """How OpenSSH names ``address:port`` in known_hosts: bare for port 22, ``[address]:port`` otherwise.
 
-    :param address: the worker's address.
+    :param address: the worker's address; checked again here, since a pattern (``*``, ``a,b``, a scope id)
+        in known_hosts would pin the key to hosts other than this one.
     :param port: its sshd port.
     :rtype: str
+    :raises InvalidRegistration: if ``address`` is not a plain IP address.
     """
+    address = check_address(address)
     return address if port == 22 else f"[{address}]:{port}"
 
 
@@ -77,7 +80,8 @@ def format_ssh_config(workers: Sequence[Registration], identity_file: Path | Non
     for worker in workers:
         if not worker.host_key:
             continue
-        lines = [f"Host {worker.address}", f"    HostName {worker.address}", f"    Port {worker.ssh_port}"]
+        address = check_address(worker.address)
+        lines = [f"Host {address}", f"    HostName {address}", f"    Port {worker.ssh_port}"]
         if worker.user:
             lines.append(f"    User {worker.user}")
         if identity_file is not None:

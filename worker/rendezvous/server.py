@@ -13,7 +13,6 @@ Usage::
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import socketserver
@@ -31,7 +30,7 @@ from worker.constants import (
     READ_TIMEOUT_S,
 )
 from worker.errors import RendezvousError
-from worker.registration import Registration
+from worker.registration import Registration, node_order
 from worker.rendezvous.handler import RegistrationHandler
 from worker.rendezvous.token import new_token, read_token
 from worker.runfiles import RunFiles, write_run_files
@@ -117,13 +116,13 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     @property
     def workers(self) -> list[Registration]:
-        """Registrations so far, in node-rank order (by address).
+        """Registrations so far, in node-rank order (IPv4 then IPv6, each by address).
 
         :rtype: list[Registration]
         """
         with self._lock:
             registrations = [registration for registration, _ in self._by_address.values()]
-        return sorted(registrations, key=lambda r: ipaddress.ip_address(r.address))
+        return sorted(registrations, key=node_order)
 
     def start(self) -> "RendezvousServer":
         """Serve in a background thread.
@@ -189,8 +188,8 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     def _finish(self) -> None:
         """All workers are in: write the run's files (under the lock, so no one joins or leaves meanwhile)."""
-        ordered = sorted((r for r, _ in self._by_address.values()), key=lambda r: ipaddress.ip_address(r.address))
         try:
+            ordered = sorted((r for r, _ in self._by_address.values()), key=node_order)
             if self.files is not None:
                 write_run_files(self.files, ordered, self.identity_file)
         except Exception as error:  # reported by wait(), which the caller is blocked in
