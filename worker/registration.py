@@ -41,7 +41,7 @@ def check_address(value: object) -> str:
             raise ValueError(value)
         address = ipaddress.ip_address(value)
     except ValueError:
-        raise InvalidRegistration(f"address {value!r} is not a plain IP address (no scope id); "
+        raise InvalidRegistration(f"address {value!r} is not an IP address (plain, with no scope id); "
                                   "pass --address with the pod's IP") from None
     if address.is_unspecified or address.is_multicast:
         raise InvalidRegistration(f"address {value!r} cannot be reached; pass the pod's own IP")
