@@ -93,7 +93,8 @@ class AgentConfig:
             raise RendezvousError(f"{c.ENV_RENDEZVOUS} is not set; the master's backend sets it to HOST:PORT")
         master = parse_endpoint(env[c.ENV_RENDEZVOUS])
         if env.get(c.ENV_TOKEN_FILE):
-            token = read_token(Path(env[c.ENV_TOKEN_FILE]))
+            group = env.get(c.ENV_TOKEN_GROUP)
+            token = read_token(Path(env[c.ENV_TOKEN_FILE]), group=int(group) if group and group.isdigit() else None)
         elif env.get(c.ENV_TOKEN):
             token = env[c.ENV_TOKEN]
         else:

@@ -10,6 +10,9 @@ DEFAULT_RENDEZVOUS_PORT = 29400
 # Environment variables the master sets for every agent (never the token itself on a command line).
 ENV_RENDEZVOUS = "TEXTSQL_RENDEZVOUS"  # "HOST:PORT" of the master's rendezvous server
 ENV_TOKEN_FILE = "TEXTSQL_RENDEZVOUS_TOKEN_FILE"  # path of a file holding the per-run token
+# The one group besides the owner allowed to read the token file: a Kubernetes pod's fsGroup, which
+# the kubelet gives the mounted Secret's files (mode 0440) and the pod's processes.
+ENV_TOKEN_GROUP = "TEXTSQL_RENDEZVOUS_TOKEN_GROUP"
 ENV_TOKEN = "TEXTSQL_RENDEZVOUS_TOKEN"  # the token itself, for platforms without a shared filesystem
 ENV_CLIENT_PUBKEY = "TEXTSQL_CLIENT_PUBKEY"  # the run's ssh client public key, the only one sshd accepts
 ENV_SSH_PORT = "TEXTSQL_SSH_PORT"
