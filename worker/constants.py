@@ -38,6 +38,7 @@ FORWARDED_ENV = (
 # Rendezvous protocol limits.
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024  # a registration is a few hundred bytes; an ssh public key under 1 KiB
+MAX_FRAME_DEPTH = 8  # a register message nests 2 levels; nothing honest nests deeper than this
 READ_TIMEOUT_S = 10.0  # a whole frame must arrive within this, however slowly it drips
 # The master's deadline for a new connection's registration: a worker sends it as soon as the hello
 # arrives, so only an idle or hostile peer needs longer, and it must not hold a slot for long.

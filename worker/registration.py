@@ -193,6 +193,16 @@ class Registration:
         return {key: value for key, value in asdict(self).items() if value is not None}
 
 
+def default_pod(address: str) -> str:
+    """A worker's name when the platform gives none: its address, prefixed where a pod name cannot start
+    with it (``::1`` becomes ``ipv6-::1``).
+
+    :param address: the worker's address.
+    :rtype: str
+    """
+    return address if address[:1].isalnum() else f"ipv6-{address}"
+
+
 def registration_from_options(address: str, slots: int, ssh_port: int | None = None,
                               ssh_host_key_file: str | None = None, pod: str | None = None) -> Registration:
     """A registration for this host from command-line values (``textsql rendezvous register``).
@@ -201,13 +211,13 @@ def registration_from_options(address: str, slots: int, ssh_port: int | None = N
     :param slots: its slot count.
     :param ssh_port: its sshd port (with ``ssh_host_key_file``).
     :param ssh_host_key_file: its sshd host public key file.
-    :param pod: the platform's name for this worker (default: its address).
+    :param pod: the platform's name for this worker (default: :func:`default_pod` of its address).
     :rtype: Registration
     """
     if (ssh_port is None) != (ssh_host_key_file is None):
         raise InvalidRegistration("--ssh-port and --ssh-host-key-file go together; pass both or neither")
     host_key = Path(ssh_host_key_file).read_text(encoding="utf-8").strip() if ssh_host_key_file else None
     return Registration.from_dict({
-        "address": address, "slots": slots, "hostname": socket.gethostname(), "pod": pod or address,
+        "address": address, "slots": slots, "hostname": socket.gethostname(), "pod": pod or default_pod(address),
         "ssh_port": ssh_port, "host_key": host_key, "user": getpass.getuser(),
     })
