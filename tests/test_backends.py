@@ -14,11 +14,10 @@ from worker import constants as c
 from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_backend
 from worker.backends.kubernetes import KubernetesBackend
 from worker.cluster import start_workers
-from worker.network import free_port_on_all
 from worker.registration import Registration
 from worker.rendezvous.client import register
 from worker.rendezvous.token import new_token, read_token
-from worker.sshd import Sshd, generate_keypair
+from worker.sshd import generate_keypair
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -112,16 +111,13 @@ def test_kubernetes_cpu_pod_asks_for_no_gpu():
 
 
 @pytest.fixture
-def static_host(tmp_path):
+def static_host(loopback_sshd, tmp_path):
     """A real sshd on 127.0.0.2 standing in for an existing host, with the user's key and known_hosts."""
-    identity = tmp_path / "user_key"
-    public = generate_keypair(identity, "user")
-    port = free_port_on_all(["127.0.0.2"])
-    with Sshd(tmp_path / "host", "127.0.0.2", port, public) as sshd:
-        known_hosts = tmp_path / "known_hosts"
-        known_hosts.write_text(f"[127.0.0.2]:{port} {sshd.host_public_key}\n")
-        yield {"port": port, "identity": identity, "known_hosts": known_hosts,
-               "key": " ".join(sshd.host_public_key.split()[:2])}
+    sshd, identity = loopback_sshd
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.2]:{sshd.port} {sshd.host_public_key}\n")
+    return {"port": sshd.port, "identity": identity, "known_hosts": known_hosts,
+            "key": " ".join(sshd.host_public_key.split()[:2])}
 
 
 @pytest.mark.slow

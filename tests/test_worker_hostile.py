@@ -10,12 +10,10 @@ import subprocess
 
 import pytest
 
-from worker.network import free_port_on_all
 from worker.protocol import new_nonce, recv_frame
 from worker.registration import Registration, registration_from_options
 from worker.rendezvous.server import RendezvousServer
 from worker.runfiles import RunFiles, write_run_files
-from worker.sshd import Sshd, generate_keypair
 
 TOKEN = secrets.token_urlsafe(32)
 
@@ -41,16 +39,13 @@ def test_register_with_an_ipv6_address_builds_a_valid_default_pod_name():
 
 
 @pytest.fixture
-def worker_sshd(tmp_path):
-    """A worker's sshd as the agent starts it, under /tmp (where StrictModes once had to be off), and the run's files."""
-    identity = tmp_path / "id_ed25519"
-    public = generate_keypair(identity, "run")
-    port = free_port_on_all(["127.0.0.2"])
-    with Sshd(tmp_path / "worker", "127.0.0.2", port, public) as sshd:
-        registration = Registration(address="127.0.0.2", slots=1, hostname="w", pod="w", ssh_port=port,
-                                    host_key=sshd.host_public_key, user="root")
-        (tmp_path / "run").mkdir()
-        yield sshd, write_run_files(RunFiles.in_dir(tmp_path / "run"), [registration], identity)
+def worker_sshd(loopback_sshd, tmp_path):
+    """A worker's sshd under /tmp (where StrictModes once had to be off), and the run's files for it."""
+    sshd, identity = loopback_sshd
+    registration = Registration(address="127.0.0.2", slots=1, hostname="w", pod="w", ssh_port=sshd.port,
+                                host_key=sshd.host_public_key, user="root")
+    (tmp_path / "run").mkdir()
+    return sshd, write_run_files(RunFiles.in_dir(tmp_path / "run"), [registration], identity)
 
 
 @pytest.mark.slow

@@ -11,12 +11,10 @@ import subprocess
 
 import pytest
 
-from worker.network import free_port_on_all
 from worker.registration import InvalidRegistration, Registration, check_address
 from worker.rendezvous.client import register
 from worker.rendezvous.server import RendezvousServer
 from worker.runfiles import RunFiles, format_known_hosts, write_run_files
-from worker.sshd import Sshd, generate_keypair
 
 TOKEN = secrets.token_urlsafe(32)
 WILDCARD = "fe80::1%x,*"  # OpenSSH reads "a,*" in known_hosts as a pattern list: "*" matches every host
@@ -46,21 +44,18 @@ def test_a_registration_that_skipped_validation_cannot_reach_known_hosts():
 
 
 @pytest.mark.slow
-def test_a_wildcard_registration_does_not_make_ssh_trust_an_impostor(tmp_path):
+def test_a_wildcard_registration_does_not_make_ssh_trust_an_impostor(loopback_sshd, tmp_path):
     """The attacker holds the token, registers its own key under a pattern address, then answers for 127.0.0.2."""
-    identity = tmp_path / "id_ed25519"
-    client_public = generate_keypair(identity, "run")
-    port = free_port_on_all(["127.0.0.2"])
-    honest = Registration.from_dict(fields("127.0.0.2", host_key(7), "honest", port))
-    with Sshd(tmp_path / "impostor", "127.0.0.2", port, client_public) as impostor:
-        try:
-            attacker = Registration.from_dict(fields(WILDCARD, impostor.host_public_key, "attacker", port))
-        except InvalidRegistration:  # the best it can do now: pin its key to an address of its own
-            attacker = Registration.from_dict(fields("127.0.0.9", impostor.host_public_key, "attacker", port))
-        (tmp_path / "run").mkdir()
-        files = write_run_files(RunFiles.in_dir(tmp_path / "run"), [honest, attacker], identity)
-        result = subprocess.run(["ssh", "-F", str(files.ssh_config), "127.0.0.2", "true"],
-                                capture_output=True, text=True, timeout=30)
+    impostor, identity = loopback_sshd  # accepts the run's client key: only the host key check can stop ssh
+    honest = Registration.from_dict(fields("127.0.0.2", host_key(7), "honest", impostor.port))
+    try:
+        attacker = Registration.from_dict(fields(WILDCARD, impostor.host_public_key, "attacker", impostor.port))
+    except InvalidRegistration:  # the best it can do now: pin its key to an address of its own
+        attacker = Registration.from_dict(fields("127.0.0.9", impostor.host_public_key, "attacker", impostor.port))
+    (tmp_path / "run").mkdir()
+    files = write_run_files(RunFiles.in_dir(tmp_path / "run"), [honest, attacker], identity)
+    result = subprocess.run(["ssh", "-F", str(files.ssh_config), "127.0.0.2", "true"],
+                            capture_output=True, text=True, timeout=30)
     assert result.returncode == 255 and "Host key verification failed" in result.stderr, (result.returncode, result.stderr)
 
 

@@ -1,8 +1,8 @@
 """One worker's connection on the master: hello, authenticated registration, reply, hold until release.
 
 The handler speaks the protocol; what it learns it hands to its :class:`~worker.rendezvous.server.RendezvousServer`
-through the server's methods for handlers (:meth:`record`, :meth:`forget`, the connection count and
-:attr:`release_signal`), which keep the run's state.
+through the server's methods for handlers (:meth:`authenticated`, :meth:`record`, :meth:`forget`,
+:attr:`refusals` and :attr:`release_signal`), which keep the run's state and count the connections.
 """
 from __future__ import annotations
 
