@@ -238,6 +238,22 @@ def register(master: str, token_file: str, timeout: float, wait: bool, **fields)
     click.echo(f"registered {fields['address']} with {master}")
 
 
+@cli.group()
+def workers() -> None:
+    """Worker pods outside a run: `cleanup` removes what a dead kernel left behind."""
+
+
+@workers.command()
+@click.option("--namespace", default="default", show_default=True, help="Namespace the worker pods ran in.")
+@click.option("--run", "run_id", help="Only this run's pods and Secret (the `textsql/run` label) [default: every textsql run].")
+def cleanup(namespace: str, run_id: str | None) -> None:
+    """Delete the Kubernetes worker Pods and token Secrets of a run, found by their labels."""
+    from worker.backends import kubernetes
+
+    pods, secrets = kubernetes.cleanup(kubernetes.connect(), namespace, run_id)
+    click.echo(f"deleted {len(pods)} pods and {len(secrets)} secrets in namespace {namespace}")
+
+
 @cli.command()
 @click.option("--model", default="default", show_default=True, help="Hub id, model directory or config.json file (only the config is read).")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Worker nodes.")

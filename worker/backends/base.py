@@ -113,11 +113,15 @@ class Backend(ABC):
         """Stop every pod this backend launched. Idempotent; never raises for pods already gone."""
 
     def rendezvous_host(self) -> str:
-        """The address the rendezvous server listens on.
+        """The address the rendezvous server listens on: the interface the workers reach
+        (:meth:`advertised_address`), so it is not open on every interface; "0.0.0.0" where that is unknown.
 
         :rtype: str
         """
-        return "0.0.0.0"
+        try:
+            return self.advertised_address()
+        except WorkerError:
+            return "0.0.0.0"
 
     def advertised_address(self) -> str:
         """The master's address as launched workers reach it.
