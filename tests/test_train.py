@@ -121,6 +121,21 @@ def test_newest_complete_checkpoint_skips_one_cut_off_while_saving(tmp_path):
     assert newest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
 
 
+@pytest.mark.parametrize(("latest", "reason"), [
+    (b"", "names no state directory ('')"),
+    (b"\n", "names no state directory ('')"),
+    (b"\xff\xfe", "is not text"),
+    (b"..", "names no state directory ('..')"),
+    (b"global_step99", "names 'global_step99', which is missing"),
+])
+def test_a_checkpoint_with_a_broken_latest_tag_is_skipped_and_named(tmp_path, caplog, latest, reason):
+    fake_checkpoint(tmp_path, 10)
+    broken = fake_checkpoint(tmp_path, 15)
+    (broken / "latest").write_bytes(latest)
+    assert newest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+    assert f"skipping checkpoint {broken}: its 'latest' file {reason}" in caplog.text
+
+
 def test_a_previous_run_is_kept_unless_asked(tmp_path):
     fake_checkpoint(tmp_path, 5)
     (tmp_path / "notes.txt").write_text("mine")

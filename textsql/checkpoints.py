@@ -18,24 +18,47 @@ TRAINER_STATE_FILE = "trainer_state.json"
 DEEPSPEED_LATEST_FILE = "latest"
 
 
+def incomplete_reason(path: Path) -> str | None:
+    """Why a ``checkpoint-N`` directory cannot be resumed, or ``None`` when it was written to the end
+    (trainer state, and a DeepSpeed ``latest`` tag naming a directory inside it).
+
+    :rtype: str | None
+    """
+    if not (path / TRAINER_STATE_FILE).is_file():
+        return f"no {TRAINER_STATE_FILE}"
+    latest = path / DEEPSPEED_LATEST_FILE
+    try:
+        tag = latest.read_bytes().decode("utf-8").strip()
+    except FileNotFoundError:
+        return f"no DeepSpeed '{DEEPSPEED_LATEST_FILE}' file"
+    except UnicodeDecodeError:
+        return f"its '{DEEPSPEED_LATEST_FILE}' file is not text"
+    # An empty or path-like tag would name the checkpoint itself or a directory outside it.
+    if not tag or Path(tag).name != tag or tag in (".", ".."):
+        return f"its '{DEEPSPEED_LATEST_FILE}' file names no state directory ({tag!r})"
+    if not (path / tag).is_dir():
+        return f"its '{DEEPSPEED_LATEST_FILE}' file names {tag!r}, which is missing"
+    return None
+
+
 def is_complete_checkpoint(path: Path) -> bool:
-    """Whether a ``checkpoint-N`` directory was written to the end (trainer state and DeepSpeed tag).
+    """Whether a ``checkpoint-N`` directory was written to the end (see :func:`incomplete_reason`).
 
     :rtype: bool
     """
-    latest = path / DEEPSPEED_LATEST_FILE
-    return (path / TRAINER_STATE_FILE).is_file() and latest.is_file() and (path / latest.read_text().strip()).is_dir()
+    return incomplete_reason(path) is None
 
 
 def newest_complete_checkpoint(output: Path) -> str | None:
-    """The highest-step complete checkpoint in ``output``, skipping ones cut off while saving.
+    """The highest-step complete checkpoint in ``output``; each newer one skipped is logged with why.
 
     :rtype: str | None
     """
     if not output.is_dir():
         return None
     for checkpoint in reversed(sort_checkpoints(str(output))):
-        if is_complete_checkpoint(Path(checkpoint)):
+        reason = incomplete_reason(Path(checkpoint))
+        if reason is None:
             return checkpoint
-        logger.warning("skipping incomplete checkpoint %s", checkpoint)
+        logger.warning("skipping checkpoint %s: %s (cut off while saving?)", checkpoint, reason)
     return None

@@ -31,7 +31,7 @@ from transformers.trainer_utils import EvalPrediction
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
 from textsql.batching import TokenBudgetTrainer
-from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
+from textsql.checkpoints import incomplete_reason, newest_complete_checkpoint
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
@@ -246,8 +246,9 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
     if not run_args.resume:
         return None
     if run_args.resume != "auto":
-        if not is_complete_checkpoint(Path(run_args.resume)):
-            raise LaunchError(f"{run_args.resume!r} is not a complete checkpoint; pass --resume auto or another checkpoint-N directory")
+        reason = incomplete_reason(Path(run_args.resume))
+        if reason is not None:
+            raise LaunchError(f"{run_args.resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory")
         return run_args.resume
     checkpoint = newest_complete_checkpoint(output)
     if checkpoint is None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from worker.errors import WorkerError
-from worker.files import last_line
+from worker.files import last_line, private_opener
 from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.registration import InvalidRegistration, check_host_key
 
@@ -161,7 +161,7 @@ class Sshd:
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         config = self._write_config()
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab", opener=private_opener) as log:
             self._process = subprocess.Popen(
                 [sshd, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=_die_with_parent,

@@ -17,7 +17,7 @@ from pathlib import Path
 from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
-from worker.files import last_line
+from worker.files import last_line, private_opener
 from worker.network import free_port_on_all
 from worker.sshd import require_tool
 
@@ -84,7 +84,7 @@ class LocalBackend(Backend):
                 c.ENV_SSHD: "1" if self.sshd else "0",
             })
             self._logs[pod] = workdir / f"{pod}.log"
-            with open(self._logs[pod], "ab") as log:
+            with open(self._logs[pod], "ab", opener=private_opener) as log:
                 self._processes[pod] = subprocess.Popen(
                     [self.python, "-m", "worker.agent"], env=agent_env, stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
