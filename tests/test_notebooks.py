@@ -124,6 +124,10 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     result = subprocess.run([TEXTSQL, "demo", "--out", str(out), *small], capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "MISSING" not in result.stdout and "textsql tensorboard --logdir" in result.stdout
+    terminal = result.stdout + result.stderr
+    assert terminal.count("\n") < 60, f"the demo is noisy again:\n{terminal[-3000:]}"
+    assert "done in" in result.stderr and "[IPKernelApp]" not in terminal and "[INFO]" not in terminal
+    assert "[INFO]" in (out / "launch.log").read_text() and "Executing Cell" in (out / "demo.log").read_text(), "the logs keep it all"
 
     assert (out / DEMO_MARKER).is_file()
     assert [line.split()[0] for line in (out / "hostfile").read_text().splitlines()] == ["127.0.0.2", "127.0.0.3"]

@@ -5,13 +5,13 @@ the shell run the same code. A user mistake surfaces as one line on stderr and a
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import MISSING
 
 import click
 
 from textsql.arguments import PrepareArguments, argument_field
+from textsql.console import configure_cli
 from textsql.constants import INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
 from textsql.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
@@ -65,14 +65,10 @@ def field_option(cls: type, name: str, **attrs) -> Callable:
 
 
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "TEXTSQL", "help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.option("-v", "--verbose", is_flag=True, help="Show third-party output (DeepSpeed, transformers, datasets, the notebooks' cells) and debug messages; the run's log files hold it either way.")
 def cli(verbose: bool) -> None:
     """Fine-tune T5 for WikiSQL text-to-SQL with DeepSpeed across worker pods."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    configure_cli(verbose)
 
 
 @cli.command()

@@ -7,6 +7,7 @@ with one line naming the cell's error and the executed copy to open.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -19,21 +20,29 @@ from typing import Any
 
 import yaml
 
+from textsql.console import is_verbose, log_level
 from textsql.constants import PROJECT_DIR
 from textsql.errors import TextSQLError
 from textsql.files import read_json
 from textsql.profiles import get_profile
+from textsql.stages import StageView, cell_output_to
 
 logger = logging.getLogger(__name__)
 
 NOTEBOOKS_DIR = PROJECT_DIR / "notebooks"
 NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed", "03_inference")
 KERNEL_NAME = "python3"
+# The kernel's own start-up warning (TCP on loopback, which papermill chose) is no concern of a user's.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 # Any notebook parameter can be set from the environment as TEXTSQL_<PARAMETER> (CML job and project
 # variables, the AMP's defaults); values are read as YAML so numbers and booleans keep their type.
 ENV_PREFIX = "TEXTSQL_"
 # Marks a directory as the demo's own, so a second `make demo` may replace it (and nothing else).
 DEMO_MARKER = ".textsql-demo"
+# The cells' output of a demo at the default log level (the executed notebooks hold it too).
+DEMO_LOG_NAME = "demo.log"
+# Notebooks whose first cell sets the run's log level from their `log_level` parameter.
+LOG_LEVEL_NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed")
 
 
 class NotebookError(TextSQLError):
@@ -99,7 +108,7 @@ def run_notebook(name: str, output: str | Path, parameters: Mapping[str, Any] | 
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("running %s -> %s with %s", name, output, dict(parameters or {}))
+    logger.debug("running %s -> %s with %s", name, output, dict(parameters or {}))
     try:
         papermill.execute_notebook(
             str(notebook_path(name)),
@@ -109,6 +118,7 @@ def run_notebook(name: str, output: str | Path, parameters: Mapping[str, Any] | 
             cwd=str(NOTEBOOKS_DIR),
             log_output=log_output,
             progress_bar=False,
+            extra_arguments=KERNEL_ARGUMENTS,
         )
     except PapermillExecutionError as error:
         raise NotebookError(
@@ -201,12 +211,19 @@ def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | 
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DEMO_MARKER).touch()
+    for name in LOG_LEVEL_NOTEBOOKS:
+        chosen[name].setdefault("log_level", log_level())
     result = DemoResult(out_dir)
-    for name in NOTEBOOKS:
-        started = time.monotonic()
-        result.notebooks[name] = run_notebook(name, out_dir / "notebooks" / f"{name}.ipynb", chosen[name])
-        result.seconds[name] = time.monotonic() - started
-        logger.info("%s done in %.0f s", name, result.seconds[name])
+    view = StageView(len(NOTEBOOKS), live=not is_verbose())
+    quiet = contextlib.nullcontext() if is_verbose() else cell_output_to(out_dir / DEMO_LOG_NAME, view)
+    if not is_verbose():
+        view.stream.write(f"The cells' output goes to {out_dir / DEMO_LOG_NAME} (--verbose shows it here)\n")
+    with quiet:
+        for name in NOTEBOOKS:
+            started = time.monotonic()
+            with view.stage(name):
+                result.notebooks[name] = run_notebook(name, out_dir / "notebooks" / f"{name}.ipynb", chosen[name])
+            result.seconds[name] = time.monotonic() - started
     return result
 
 

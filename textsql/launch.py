@@ -12,7 +12,8 @@ of one machine. This module puts the steps together; each lives in its own modul
 
 What this module adds to DeepSpeed's runner:
 
-- the output streamed live (pdsh prefixes each line with ``host: ``) and appended to ``launch.log``;
+- the output appended to ``launch.log`` and streamed live (pdsh prefixes each line with ``host: ``),
+  at the default log level only the lines :func:`textsql.console.shown_rank_line` picks;
 - the exit code of the first host whose ranks failed, and the other hosts' ranks ended at once
   (a rank that dies before the process group forms would otherwise leave the rest waiting for
   torch's 30-minute rendezvous timeout);
@@ -48,6 +49,7 @@ from typing import TextIO
 
 import psutil
 
+from textsql.console import shown_rank_line
 from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launch_command import (
@@ -205,8 +207,9 @@ def _run(command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRank
             for line in map(mask_credentials, runner.stdout):
                 # The log first: a line someone has seen is in launch.log even if they interrupt at once.
                 log.write(line)
-                stream.write(line)
-                stream.flush()
+                if shown_rank_line(line):
+                    stream.write(line)
+                    stream.flush()
                 failed = PDSH_HOST_FAILED.match(line)
                 if failed and int(failed["code"]) != 0 and first_failure is None:
                     first_failure = failed["host"], int(failed["code"])

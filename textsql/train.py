@@ -39,6 +39,7 @@ from textsql.generation import KeepGenerationBound, bound_generation
 from textsql.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.model import load_config, load_model, load_tokenizer
 from textsql.prepare import check_prepared
+from textsql.progress import announce_op_build, use_step_lines
 from textsql.profiles import get_profile, load_profile
 from worker.network import free_port
 
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         compute_metrics=exact_match_metric(tokenizer) if training_args.predict_with_generate else None,
         callbacks=[KeepGenerationBound()],
     )
+    use_step_lines(trainer)
 
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.log_metrics("train", result.metrics)
@@ -225,6 +227,7 @@ def init_distributed(timeout: timedelta) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     backend = None if torch.cuda.is_available() else "gloo"
+    announce_op_build()
     PartialState(backend=backend, timeout=timeout)
 
 

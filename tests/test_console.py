@@ -1,0 +1,94 @@
+"""A run is quiet by default: third-party loggers at WARNING, ranks' noise only in launch.log, a few terminal lines."""
+from __future__ import annotations
+
+import io
+import os
+import logging
+import warnings
+
+import pytest
+
+from textsql.console import (
+    LOG_LEVEL_VAR, QUIET_ENVIRONMENT, THIRD_PARTY_LOGGERS, configure_cli, is_verbose, set_log_level, shown_rank_line,
+)
+from textsql.errors import TextSQLError
+from textsql.stages import StageView, cell_output_to
+
+# Lines DeepSpeed's runner and the ranks print in a demo, read from a real launch.log.
+NOISE = [
+    "127.0.0.2: [2026-11-23 13:30:27,753] [INFO] [launch.py:170:main] dist_world_size=2",
+    "127.0.0.3: [2026-11-23 13:30:26,176] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU.",
+    "127.0.0.3: DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully",
+    "127.0.0.2:   0%|          | 0/200 [00:00<?, ?it/s]",
+    "127.0.0.3: /venv/torch/distributed/c10d_logger.py:83: FutureWarning: `all_gather_into_tensor` is deprecated.",
+    "127.0.0.2:   return func(*args, **kwargs)",
+    "127.0.0.2: {'loss': '7.955', 'grad_norm': '0.8696', 'learning_rate': '0.002865', 'epoch': '0.3125'}",
+    "127.0.0.2: ",
+]
+SHOWN = [
+    "127.0.0.2: 13:30:52 WARNING __main__: rank 0/2 (local 0) on cpu: profile zero1, precision fp32",
+    "127.0.0.2: step 20/200: loss 3.120 (14 s)",
+    "127.0.0.2: stage: compiling DeepSpeed's shared-memory communication op for CPU (once per machine, about 2 min)",
+    "127.0.0.3: Traceback (most recent call last):",
+    "127.0.0.3: ValueError: the failing rank's reason",
+    "pdsh@host: 127.0.0.3: ssh exited with exit code 1",
+]
+
+
+@pytest.fixture(autouse=True)
+def restore_logging(monkeypatch):
+    for name in (LOG_LEVEL_VAR, "PYTHONWARNINGS", *QUIET_ENVIRONMENT):
+        monkeypatch.delenv(name, raising=False)
+    levels = {name: logging.getLogger(name).level for name in THIRD_PARTY_LOGGERS}
+    with warnings.catch_warnings():
+        yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_third_party_loggers_are_at_warning_unless_verbose(monkeypatch):
+    configure_cli(verbose=False)
+    assert not is_verbose()
+    assert all(logging.getLogger(name).level == logging.WARNING for name in THIRD_PARTY_LOGGERS)
+    assert "ignore:IProgress not found" in os.environ["PYTHONWARNINGS"]
+    assert all(os.environ[name] == value for name, value in QUIET_ENVIRONMENT.items())
+
+    configure_cli(verbose=True)
+    assert is_verbose() and os.environ[LOG_LEVEL_VAR] == "debug"
+    assert all(logging.getLogger(name).level == logging.DEBUG for name in THIRD_PARTY_LOGGERS)
+    assert not set(QUIET_ENVIRONMENT) & set(os.environ)
+
+
+def test_unknown_log_level_names_the_known_ones():
+    with pytest.raises(TextSQLError, match="unknown log_level 'loud'; pass log_level one of debug, info, warning, error"):
+        set_log_level("loud")
+
+
+def test_ranks_show_only_their_own_and_error_lines_unless_verbose():
+    set_log_level("warning")
+    assert [line for line in NOISE + SHOWN if shown_rank_line(line)] == SHOWN
+    set_log_level("info")
+    assert all(shown_rank_line(line) for line in NOISE)
+
+
+def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
+    stream = io.StringIO()
+    view = StageView(total=2, stream=stream)
+    with view.stage("02_train_distributed"):
+        for step in range(10, 201, 10):
+            view.feed(f"127.0.0.2: step {step}/200: loss {5 - step / 100:.3f} ({step} s)")
+        view.feed(SHOWN[2])
+    # Counted as a terminal (and `wc -l`) counts them: the bar redraws in place with \r.
+    lines = stream.getvalue().split("\n")
+    assert len(lines) <= 4, lines
+    assert "compiling DeepSpeed's shared-memory communication op" in stream.getvalue()
+    assert "200/200 steps" in stream.getvalue() and "loss 3.000" in stream.getvalue()
+    assert lines[-2].rpartition("\r")[2].startswith("[1/2] 02_train_distributed done in")
+
+
+def test_cell_output_goes_to_the_log_file_not_the_terminal(tmp_path, capsys):
+    view = StageView(total=1, stream=io.StringIO(), live=False)
+    with cell_output_to(tmp_path / "demo.log", view):
+        logging.getLogger("papermill").warning("Tokenizing: 100%%|##########| 1000/1000")
+    assert "Tokenizing" in (tmp_path / "demo.log").read_text()
+    assert "Tokenizing" not in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""What a run shows a person as it goes: quiet by default, one switch for everything.
+
+One log level holds for every process of a run: the CLI's ``--verbose``, a notebook's ``log_level``
+parameter, and the kernels and launchers they start (through ``TEXTSQL_LOG_LEVEL``, which is also how a
+CML job sets the notebooks' ``log_level``). At the default, ``warning``, third-party libraries log only
+warnings, their progress bars are off, and of the ranks' output only this package's own lines (stage
+lines, ``step N/M`` progress) and errors reach the terminal or notebook; every line still goes to the
+run's ``launch.log``. ``info`` or ``debug`` bring all of it back.
+
+Usage::
+
+    >>> set_log_level("warning")            # a notebook's first cell; the CLI calls configure_cli
+    >>> shown_rank_line("127.0.0.2: [2026-01-01 10:00:00,000] [INFO] [launch.py:145:main] ...")
+    False
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+
+from textsql.errors import TextSQLError
+
+logger = logging.getLogger(__name__)
+
+LOG_LEVEL_VAR = "TEXTSQL_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_LEVEL = "warning"
+# Loggers of the libraries a run uses; the root logger stays at INFO for this package's own messages.
+THIRD_PARTY_LOGGERS = (
+    "datasets", "transformers", "accelerate", "DeepSpeed", "deepspeed", "torch", "papermill", "nbclient",
+    "traitlets", "tensorboard", "absl", "werkzeug", "huggingface_hub", "filelock", "urllib3", "httpx",
+    "matplotlib", "asyncio",
+)
+# Read by the libraries at import, so kernels and ranks started from here are quiet from their first line.
+QUIET_ENVIRONMENT = {"HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+# tqdm.auto in a kernel without ipywidgets warns on every import; the text progress bar works.
+IPROGRESS_WARNING = "IProgress not found"
+# Lines the ranks print for a person (textsql.progress); STAGE_PREFIX marks a stage of its own.
+STEP_LINE = re.compile(r"^(?:\S+: )?step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)(?: \(\d+ s\))?$")
+STAGE_PREFIX = "stage: "
+# Ranks' lines that reach the terminal at the default level: this package's own log lines, stage and
+# step lines, and errors; DeepSpeed's launcher INFO, warnings and progress bars only go to launch.log.
+SHOWN_RANK_LINE = re.compile(
+    r"^(?:\S+: )?(?:\d\d:\d\d:\d\d (?:WARNING|ERROR|CRITICAL) (?:textsql|__main__)"
+    r"|step \d+/\d+|stage: |Error: |Traceback |\w*(?:Error|Exception)\b)"
+    r"|^pdsh@\S+: \S+: ssh exited with exit code [1-9]"
+)
+
+
+def log_level() -> str:
+    """The run's log level: ``TEXTSQL_LOG_LEVEL``, else ``warning``.
+
+    :rtype: str
+    """
+    return os.environ.get(LOG_LEVEL_VAR, DEFAULT_LOG_LEVEL).strip().lower() or DEFAULT_LOG_LEVEL
+
+
+def is_verbose() -> bool:
+    """Whether the run shows third-party output (log level ``info`` or ``debug``).
+
+    :rtype: bool
+    """
+    return logging.getLevelName(log_level().upper()) <= logging.INFO
+
+
+def set_log_level(level: str = DEFAULT_LOG_LEVEL) -> None:
+    """Set the run's log level in this process and for every process it starts.
+
+    :param level: ``debug``, ``info``, ``warning`` (quiet, the default) or ``error``.
+    :raises TextSQLError: for another level, naming the known ones.
+    """
+    level = str(level).strip().lower()
+    if level not in LOG_LEVELS:
+        raise TextSQLError(f"unknown log_level {level!r}; pass log_level one of {', '.join(LOG_LEVELS)}")
+    os.environ[LOG_LEVEL_VAR] = level
+    verbose = is_verbose()
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.getLevelName(level.upper()) if verbose else logging.WARNING)
+    if verbose:
+        for name in QUIET_ENVIRONMENT:
+            os.environ.pop(name, None)
+        return
+    os.environ.update(QUIET_ENVIRONMENT)
+    warnings.filterwarnings("ignore", message=IPROGRESS_WARNING)
+    filters = [entry for entry in os.environ.get("PYTHONWARNINGS", "").split(",") if entry]
+    os.environ["PYTHONWARNINGS"] = ",".join(dict.fromkeys([*filters, f"ignore:{IPROGRESS_WARNING}"]))
+    # Libraries imported before this call read their switches already; tell them directly.
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.set_verbosity_warning()
+
+
+def configure_cli(verbose: bool) -> None:
+    """Log this package's messages to stderr, third-party ones only when ``verbose`` (the CLI's ``--verbose``).
+
+    :param verbose: show third-party output and this package's debug messages.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    set_log_level("debug" if verbose else log_level())
+
+
+def shown_rank_line(line: str) -> bool:
+    """Whether a line of the ranks' output reaches the terminal or notebook at the run's log level.
+
+    :param line: one line as the launcher prints it (``host: `` prefix from pdsh).
+    :rtype: bool
+    """
+    return is_verbose() or bool(SHOWN_RANK_LINE.search(line))

@@ -1,0 +1,71 @@
+"""The lines a training rank prints for a person: one per logged step, one per evaluation, and a notice
+before DeepSpeed's one-off op compilation.
+
+They replace the Trainer's tqdm bar, which reaches the launcher through pdsh as one ever-growing line,
+and its raw ``{'loss': ...}`` dicts. :mod:`textsql.console` shows exactly these lines at the default
+log level, and ``textsql demo`` turns ``step N/M`` into its progress bar.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from textsql.console import STAGE_PREFIX
+
+logger = logging.getLogger(__name__)
+
+# DeepSpeed's CPU accelerator compiles its shared-memory collectives on the first launch on a machine.
+SHM_OP_NAME = "deepspeed_shm_comm"
+OP_BUILD_NOTICE = (
+    STAGE_PREFIX + "compiling DeepSpeed's shared-memory communication op for CPU (once per machine, about "
+    "2 min; cached in {root})"
+)
+
+
+class StepLines(TrainerCallback):
+    """``step N/M: loss L`` on each logging step and ``step N/M: eval ...`` after each evaluation, on rank 0."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        elapsed = f"{time.monotonic() - self.started:.0f} s"
+        if "loss" in logs:
+            print(f"step {state.global_step}/{state.max_steps}: loss {float(logs['loss']):.3f} ({elapsed})", flush=True)
+        elif "eval_loss" in logs:
+            scores = ", ".join(f"{name.removeprefix('eval_')} {float(value):.3f}" for name, value in logs.items()
+                               if name.startswith("eval_") and not name.endswith(("runtime", "per_second")))
+            print(f"step {state.global_step}/{state.max_steps}: eval {scores} ({elapsed})", flush=True)
+
+
+def use_step_lines(trainer) -> None:
+    """Replace the Trainer's progress bar and dict printer with :class:`StepLines`.
+
+    :param trainer: a ``transformers.Trainer``.
+    """
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StepLines())
+
+
+def announce_op_build() -> None:
+    """Say what the coming silence is before DeepSpeed compiles its CPU op, once per machine.
+
+    Only the first rank of each host speaks (the others wait on the same build); nothing is said where a
+    GPU is used or the op is already in the extensions cache.
+    """
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    if os.environ.get("LOCAL_RANK", "0") != "0" or torch.cuda.is_available():
+        return
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    if not any(root.glob(f"**/{SHM_OP_NAME}/{SHM_OP_NAME}*.so")):
+        print(OP_BUILD_NOTICE.format(root=root), flush=True)

@@ -1,0 +1,135 @@
+"""The terminal view of a long run: one line per stage with its time, and a live bar in between.
+
+``textsql demo`` runs notebooks whose cells print hundreds of lines; at the default log level they go to
+a log file, and the terminal shows only this: a bar for the running stage that ticks every second (so a
+quiet minute still shows the clock moving), the ranks' ``step N/M`` lines as its progress, their
+``stage:`` lines (DeepSpeed's one-off op compilation) as lines of their own, and each stage's end.
+
+Usage::
+
+    >>> view = StageView(total=3)
+    >>> with view.stage("01_prepare_dataset"):
+    ...     view.feed("step 10/200: loss 3.2 (5 s)")
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+from tqdm import tqdm
+
+from textsql.console import STAGE_PREFIX, STEP_LINE
+
+logger = logging.getLogger(__name__)
+
+TICK_S = 1.0
+WAITING_FORMAT = "{desc}: {elapsed}{postfix}"
+# No time left: the stage's clock includes start-up, so a rate-based guess would mislead.
+STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} steps [{elapsed}]{postfix}"
+
+
+class StageView:
+    """Stage lines and one live bar on ``stream`` (stderr), fed with the running stage's output lines.
+
+    With ``live`` false (``--verbose``, where the cells' output is shown as it comes) only the stage lines.
+    """
+
+    def __init__(self, total: int, stream: TextIO | None = None, live: bool = True) -> None:
+        self.total = total
+        self.live = live
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self.bar: tqdm | None = None
+        self.started = 0.0
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Show a ticking bar while the block runs, then one line with the stage's time."""
+        label = f"[{self.done + 1}/{self.total}] {name}"
+        self.started = time.monotonic()
+        if self.live:
+            self.bar = tqdm(desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True)
+        stop = threading.Event()
+        ticker = threading.Thread(target=self._tick, args=(stop,), daemon=True)
+        ticker.start()
+        outcome = "failed after"
+        try:
+            yield
+            outcome = "done in"
+        finally:
+            stop.set()
+            ticker.join()
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+            self.done += 1
+            self._line(f"{label} {outcome} {time.monotonic() - self.started:.0f} s")
+
+    def feed(self, text: str) -> None:
+        """Take output of the running stage: ``step N/M`` moves the bar, ``stage:`` lines are shown."""
+        for line in text.splitlines():
+            line = line.strip()
+            step = STEP_LINE.match(line)
+            if self.bar is not None and step:
+                if self.bar.total != int(step["total"]):
+                    self.bar.bar_format, self.bar.total = STEPS_FORMAT, int(step["total"])
+                self.bar.n = int(step["step"])
+                self.bar.set_postfix_str(step["text"], refresh=True)
+            elif STAGE_PREFIX in line:
+                self._line(f"      {line.partition(STAGE_PREFIX)[2]} (at {time.monotonic() - self.started:.0f} s)")
+
+    def _line(self, text: str) -> None:
+        tqdm.write(text, file=self.stream)
+
+    def _tick(self, stop: threading.Event) -> None:
+        # tqdm redraws only on updates; a stage can be silent for minutes (op compilation, rank start-up).
+        while not stop.wait(TICK_S):
+            if self.bar is not None:
+                self.bar.refresh()
+
+
+class CellOutput(logging.Handler):
+    """Papermill's live record of the cells' output: all of it to a log file, each text to a :class:`StageView`."""
+
+    def __init__(self, path: Path, view: StageView) -> None:
+        super().__init__()
+        self.path = path
+        self.view = view
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        self.file = open(path, "a", encoding="utf-8")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.file.write(self.format(record) + "\n")
+        self.file.flush()
+        self.view.feed(record.getMessage())
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+@contextlib.contextmanager
+def cell_output_to(path: Path, view: StageView, logger_name: str = "papermill") -> Iterator[None]:
+    """Route a logger's records (papermill's cell output) to ``path`` and ``view`` instead of the terminal.
+
+    :param path: the log file (appended).
+    :param view: the stage view fed with every record.
+    :param logger_name: the logger whose records are taken.
+    """
+    source = logging.getLogger(logger_name)
+    handler = CellOutput(path, view)
+    saved = source.propagate, source.level
+    source.addHandler(handler)
+    source.propagate, source.level = False, logging.INFO
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
+        source.propagate, source.level = saved
+        handler.close()
