@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,19 @@ def test_training_notebook_releases_workers_when_the_training_cell_fails(tmp_pat
         run_notebook("02_train_distributed", tmp_path / "02.ipynb", {"run_dir": str(run_dir), "data_dir": str(data_dir)})
     assert len((run_dir / "hostfile").read_text().splitlines()) == 2, "the workers never registered"
     assert not processes_mentioning(str(run_dir)), "workers were left running after the failure"
+
+
+def test_an_unknown_notebook_parameter_is_an_error_naming_the_known_ones(tmp_path):
+    with pytest.raises(NotebookError, match=r"notebook 03_inference has no parameter 'profil'; its parameters are run_dir, data_dir"):
+        run_notebook("03_inference", tmp_path / "03.ipynb", {"profil": "zero1"})
+    result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "demo"), "-p", "profil=zero1"])
+    assert result.exit_code == 1 and "sets no notebook parameter" in result.output and "profile" in result.output
+    assert not (tmp_path / "demo").exists()
+
+
+def test_cml_job_reports_a_failing_notebook_in_one_line(tmp_path):
+    job = Path(__file__).resolve().parent.parent / "cml" / "run_notebook.py"
+    env = {**os.environ, "TEXTSQL_PROFILE": "zero9"}
+    result = subprocess.run([sys.executable, str(job), "not_a_notebook"], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: unknown notebook 'not_a_notebook'; pass one of 01_prepare_dataset")

@@ -107,7 +107,7 @@ def test_num_proc_and_input_format(tmp_path):
 def test_overwrite_replaces_and_refuses_without_the_flag(tmp_path):
     out = tmp_path / "data"
     prepare(out=str(out), limit=3)
-    with pytest.raises(DataError, match="already exists; pass --overwrite"):
+    with pytest.raises(DataError, match="already exists; pass --overwrite \\(notebook: overwrite=True\\)"):
         prepare(out=str(out), limit=4)
     prepare(out=str(out), limit=4, overwrite=True)
     assert json.loads((out / "prepare.json").read_text())["counts"]["train"] == 4

@@ -106,6 +106,7 @@ def run_notebook(name: str, output: str | Path, parameters: Mapping[str, Any] | 
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    check_parameters(name, parameters or {})
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     logger.debug("running %s -> %s with %s", name, output, dict(parameters or {}))
@@ -125,6 +126,21 @@ def run_notebook(name: str, output: str | Path, parameters: Mapping[str, Any] | 
             f"notebook {name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}; open {output}"
         ) from None
     return output
+
+
+def check_parameters(name: str, parameters: Mapping[str, Any]) -> None:
+    """Refuse parameters the notebook does not declare (papermill would only warn and run without them).
+
+    :param name: the notebook.
+    :param parameters: the values about to be passed.
+    :raises NotebookError: naming the unknown parameters and the notebook's own.
+    """
+    import papermill
+
+    declared = papermill.inspect_notebook(str(notebook_path(name)))
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise NotebookError(f"notebook {name} has no parameter {', '.join(map(repr, unknown))}; its parameters are {', '.join(declared)}")
 
 
 def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:

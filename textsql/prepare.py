@@ -63,7 +63,10 @@ def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
     started = time.perf_counter()
     out = Path(arguments.out).expanduser().resolve()
     if out.exists() and not arguments.overwrite:
-        raise DataError(f"{str(out)!r} already exists; pass --overwrite to replace it or choose another --out")
+        raise DataError(
+            f"{str(out)!r} already exists; pass --overwrite (notebook: overwrite=True) to replace it, "
+            "or another --out (notebook: data_dir)"
+        )
     tokenizer = load_tokenizer(arguments.model)
     loaded = {split: load_split(arguments.source, split, arguments.limit) for split in SPLITS}
     texts = DatasetDict({
