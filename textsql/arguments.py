@@ -103,6 +103,9 @@ class DataArguments:
         metadata={"help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."},
     )
     pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
+    constrained: bool = field(
+        default=True, metadata={"help": "Evaluation generates only WikiSQL queries over each question's table (textsql.grammar); false generates freely."}
+    )
 
     def __post_init__(self) -> None:
         if not self.data_dir:

@@ -34,6 +34,7 @@ from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoi
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
+from textsql.grammar_trainer import GrammarSeq2SeqTrainer
 from textsql.model import load_config, load_model, load_tokenizer
 from textsql.prepare import check_prepared
 from textsql.profiles import get_profile, load_profile
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
-    trainer = Seq2SeqTrainer(
+    # Evaluation writes only WikiSQL queries over each question's table unless --constrained false.
+    trainer_class = GrammarSeq2SeqTrainer if data_args.constrained else Seq2SeqTrainer
+    trainer = trainer_class(
         model=model,
         args=training_args,
         train_dataset=splits["train"],
