@@ -126,7 +126,8 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
 @click.option("--header", help="With --question: the table's column names, 'A,B,C' or a JSON list.")
 @click.option("--input-format", type=click.Choice(INPUT_FORMATS), help="Model input form [default: as recorded with the model, else schema].")
 @click.option("--device", help="cuda, cpu, ... [default: cuda when present].")
-def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_new_tokens, limit, question, header, input_format, device) -> None:
+@click.option("--constrained", type=bool, default=True, show_default=True, help="Write only WikiSQL queries over the question's own table; false decodes freely (for comparison).")
+def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_new_tokens, limit, question, header, input_format, device, constrained) -> None:
     """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
     import json
 
@@ -135,7 +136,7 @@ def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
     columns = parse_header(header) if question is not None else None
-    options = GenerationOptions(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens)
+    options = GenerationOptions(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens, constrained=constrained)
     predictor = Predictor.load(model_dir, input_format=input_format, device=device)
     if question is not None:
         click.echo(json.dumps(predictor.ask(question, columns, options), ensure_ascii=False))
