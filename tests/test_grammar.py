@@ -150,6 +150,27 @@ def test_questions_and_headers_are_read_back_from_model_inputs(tokenizer, record
     assert processor_for_inputs(tokenizer, encoded, 40).automata[0] is not None
 
 
+def test_the_evaluation_during_training_generates_only_queries(predictor, records, tmp_path):
+    import datasets
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+    from textsql.grammar_trainer import GrammarSeq2SeqTrainer
+
+    tokenizer, items = predictor.tokenizer, records[:6]
+    dataset = datasets.Dataset.from_dict({
+        "input_ids": [predictor.encode(item["question"], item["header"]) for item in items],
+        "labels": [tokenizer(target_text(item))["input_ids"] for item in items],
+    })
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=3, predict_with_generate=True,
+                                    generation_max_length=32, report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = GrammarSeq2SeqTrainer(model=predictor.model, args=args, processing_class=tokenizer,
+                                    data_collator=DataCollatorForSeq2Seq(tokenizer, model=predictor.model))
+    output = trainer.predict(dataset)
+    predictions = torch.where(torch.tensor(output.predictions) < 0, tokenizer.pad_token_id, torch.tensor(output.predictions))
+    for text, item in zip(tokenizer.batch_decode(predictions, skip_special_tokens=True), items):
+        parse_sql(text, item["header"])
+
+
 def test_the_generation_budget_follows_generate():
     config = GenerationConfig(max_length=64)
     assert generation_budget({}, config) == 63
