@@ -47,9 +47,9 @@ class QueryAutomaton:
     Usage::
 
         >>> automaton = QueryAutomaton.build(tokenizer, "How many schools?", ["No.", "School"])  # doctest: +SKIP
-        >>> state = automaton.start                                            # doctest: +SKIP
-        >>> automaton.allowed(state, remaining=64)                             # doctest: +SKIP
-        tensor([  3])
+        >>> state = automaton.advance(automaton.start, 3)                      # doctest: +SKIP
+        >>> tokenizer.convert_ids_to_tokens(automaton.allowed(state, remaining=64))  # doctest: +SKIP
+        ['SEL']
     """
 
     def __init__(self, eos_token_id: int, pad_token_id: int):
@@ -68,6 +68,7 @@ class QueryAutomaton:
         self._moves: list[dict[int, int]] = []
         self._tokens: list[torch.Tensor] = []
         self._costs: list[torch.Tensor] = []
+        self._highest_cost: list[float] = []
         self.start = -1
 
     @classmethod
@@ -125,10 +126,10 @@ class QueryAutomaton:
 
         :rtype: torch.Tensor
         """
-        tokens, costs = self._tokens[state], self._costs[state]
-        if costs.numel() and costs[-1] < remaining:
+        tokens = self._tokens[state]
+        if self._highest_cost[state] < remaining:
             return tokens
-        fitting = tokens[costs < remaining]
+        fitting = tokens[self._costs[state] < remaining]
         return fitting if fitting.numel() else tokens
 
     def _state(self, nodes: frozenset[int]) -> int:
@@ -155,6 +156,7 @@ class QueryAutomaton:
         ordered = sorted(cost, key=cost.__getitem__)
         self._tokens.append(torch.tensor(ordered, dtype=torch.long))
         self._costs.append(torch.tensor([cost[token] for token in ordered], dtype=torch.float))
+        self._highest_cost.append(max(cost.values(), default=0))
         return number
 
 
@@ -279,6 +281,8 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self._states: dict[tuple[int, tuple[int, ...]], int] = {}
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if not any(self.automata):
+            return scores
         sequences = input_ids[:, 1:].tolist()
         per_question = len(sequences) // len(self.automata)
         remaining = self.max_new_tokens - input_ids.shape[1] + 1
@@ -336,4 +340,6 @@ def processor_for_inputs(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Te
     :rtype: GrammarLogitsProcessor
     """
     sources = [read_source_text(text) for text in tokenizer.batch_decode(input_ids, skip_special_tokens=True)]
+    if not any(header for _, header in sources):
+        logger.debug("the inputs carry no table header (question-only input format): generation is not constrained")
     return grammar_processor(tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens)
