@@ -35,6 +35,10 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "save_total_limit": 2,
     "logging_steps": 10,
     "train_sampling_strategy": "group_by_length",
+    # Bounded wait for a dead peer in a collective (torch's default is 30 minutes): the survivors of a
+    # lost worker fail within this, so the supervisor can relaunch. Generous for a first collective
+    # that waits out CPU Adam's one-time compile.
+    "ddp_timeout": 300,
 }
 
 
