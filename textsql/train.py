@@ -31,7 +31,7 @@ from transformers.trainer_utils import EvalPrediction
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
 from textsql.batching import TokenBudgetTrainer
-from textsql.checkpoints import incomplete_reason, newest_complete_checkpoint
+from textsql.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=exact_match_metric(tokenizer) if training_args.predict_with_generate else None,
-        callbacks=[KeepGenerationBound()],
+        callbacks=[KeepGenerationBound(), MarkComplete()],
     )
 
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -270,6 +270,8 @@ def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
         for path in previous:
             logger.warning("deleting %s of a previous run (--overwrite_output_dir)", path)
             shutil.rmtree(path)
+    if run_args.resume == "auto":
+        set_aside_incomplete(output)
     output.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(_staging(output / MODEL_SUBDIR), ignore_errors=True)
 
