@@ -63,6 +63,8 @@ RANK_RETURN = re.compile(r"exits with return code = (?P<code>-?\d+)")
 # A DeepSpeed launcher log line ("[2025-01-01 10:00:00,000] [INFO] ..."): never a rank's own last word.
 LAUNCHER_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d ")
 TRACEBACK = "Traceback (most recent call last):"
+# torch's prefix on what a rank writes to stderr once its process group exists.
+TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class LaunchWatch:
         host, separator, text = line.partition(": ")
         if not separator or host not in self.hosts:
             host, text = None, line
+        text = TORCH_RANK_PREFIX.sub("", text)
         returned = RANK_RETURN.search(text)
         if returned and killing_signal(int(returned["code"])):
             self._exit(host, int(returned["code"]))
