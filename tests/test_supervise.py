@@ -97,6 +97,18 @@ def test_a_raising_rank_is_an_application_error_with_its_exception_line() -> Non
     assert classify(1, watch, {"127.0.0.3": "pod local-1 exited"}).kind == WORKER_LOST
 
 
+def test_the_cause_is_the_raising_rank_not_the_peer_that_lost_it_first() -> None:
+    """Whichever host's failure shows first, the error named is the one that is not a lost peer."""
+    watch = watched(
+        "127.0.0.2: [rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:19894.",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+        "127.0.0.3: Traceback (most recent call last):", "127.0.0.3: ValueError: bad batch",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 1",
+    )
+    failure = classify(1, watch, {})
+    assert (failure.kind, failure.host, failure.message) == (APPLICATION_ERROR, "127.0.0.3", "ValueError: bad batch")
+
+
 def test_resumed_replaces_any_resume_with_auto(tmp_path: Path) -> None:
     arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", "out", "--resume", "out/checkpoint-2", "--seed=3"])
     assert resumed(arguments).train_args == ["--output_dir", "out", "--seed=3", "--resume", "auto"]

@@ -65,6 +65,9 @@ LAUNCHER_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d ")
 TRACEBACK = "Traceback (most recent call last):"
 # torch's prefix on what a rank writes to stderr once its process group exists.
 TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+# What a rank raises when a peer died first (gloo, NCCL, sockets): the peer's own error is the cause,
+# and which of the two is seen first depends on timing.
+PEER_FAILURE = re.compile(r"closed by peer|reset by peer|remote worker crash|DistBackendError|Broken pipe|communicator was aborted", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,11 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
         if signum is not None and signum not in OWN_SIGNALS:
             return Failure(WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}")
     host = watch.exits[0][0] if watch.exits else None
-    message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
+    causes = [(failed, error) for failed, error in watch.errors.items() if not PEER_FAILURE.search(error)]
+    if causes:
+        host, message = causes[0]
+    else:
+        message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
     return Failure(APPLICATION_ERROR, host, code, message)
 
 
