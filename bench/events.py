@@ -15,18 +15,26 @@ def step_wall_times(tensorboard_dir: Path, tag: str = LOSS_TAG) -> list[tuple[in
     :param tensorboard_dir: the run's ``tensorboard/`` folder (searched recursively).
     :rtype: list[tuple[int, float]]
     """
+    return [(step, wall_time) for step, wall_time, _ in scalars(tensorboard_dir, tag)]
+
+
+def scalars(tensorboard_dir: Path, tag: str = LOSS_TAG) -> list[tuple[int, float, float]]:
+    """``(step, wall time, value)`` of every logged value of ``tag``, by step.
+
+    :rtype: list[tuple[int, float, float]]
+    """
     from tensorboard.backend.event_processing import event_accumulator, event_multiplexer
 
     multiplexer = event_multiplexer.EventMultiplexer(size_guidance={event_accumulator.SCALARS: 0})
     multiplexer.AddRunsFromDirectory(str(tensorboard_dir)).Reload()
-    times = [
-        (event.step, event.wall_time)
+    found = [
+        (event.step, event.wall_time, event.value)
         for run, tags in multiplexer.Runs().items() if tag in tags["scalars"]
         for event in multiplexer.Scalars(run, tag)
     ]
-    if not times:
+    if not found:
         raise RuntimeError(f"no {tag!r} events under {tensorboard_dir}; did the run log any step?")
-    return sorted(times)
+    return sorted(found)
 
 
 def samples_per_second(times: list[tuple[int, float]], samples_per_step: int, skip_steps: int) -> float:

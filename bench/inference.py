@@ -42,16 +42,17 @@ class Sizes:
     warmup_questions: int = 2
 
 
-def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
+def run(data_dir: str, sizes: Sizes = Sizes(), device: str = "cpu") -> dict:
     """Measure both arms alternately and return the figure.
 
     :param data_dir: a ``textsql prepare`` output.
     :param sizes: questions, generated length, repetitions.
+    :param device: where both arms generate.
     :rtype: dict
     """
     questions = datasets.load_from_disk(data_dir)["validation"]
     input_ids = [list(ids) for ids in questions.select(range(min(sizes.questions, len(questions))))["input_ids"]]
-    predictor = Predictor(load_model(), load_tokenizer(), input_format="question", device="cpu")
+    predictor = Predictor(load_model(), load_tokenizer(), input_format="question", device=device)
     options = GenerationOptions(batch_size=BATCH_SIZE, max_new_tokens=sizes.max_new_tokens, constrained=False)
     generated: dict[str, int] = {}
 
@@ -70,7 +71,7 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
         tokens = 0
         with torch.inference_mode():
             for ids in batch:
-                output = predictor.model.generate(torch.tensor([ids]), max_new_tokens=sizes.max_new_tokens, do_sample=False)
+                output = predictor.model.generate(torch.tensor([ids], device=predictor.model.device), max_new_tokens=sizes.max_new_tokens, do_sample=False)
                 tokens += output.shape[1] - 1  # less the decoder start token
         generated["seed"] = tokens
 
@@ -93,7 +94,7 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
         "generated_tokens_per_question": round(generated["seed"] / len(input_ids), 1),
         "method": (
             f"{len(input_ids)} validation questions of the prepared sample (question-only input), untrained "
-            f"textsql.model.load_model() (seed 42), greedy, max_new_tokens {sizes.max_new_tokens}, torch on CPU with "
+            f"textsql.model.load_model() (seed 42), greedy, max_new_tokens {sizes.max_new_tokens}, torch on {device} with "
             f"{torch.get_num_threads()} threads; ours: textsql.infer.Predictor.generate, batch {BATCH_SIZE}, length-sorted, "
             f"attention mask; seed: model.generate per question; warm-up: each arm on {sizes.warmup_questions} questions; {sizes.repetitions} rounds "
             "alternating the arms; value = ratio of median wall-clock examples/s; value_cpu_time = the same from process CPU time"

@@ -13,6 +13,8 @@ import resource
 import sys
 from pathlib import Path
 
+import torch
+
 from textsql import train
 from textsql.files import write_json
 
@@ -26,7 +28,9 @@ def record_peak_memory() -> None:
     rank = os.environ.get("RANK", "0")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     path = Path(os.environ[PROBE_DIR_VAR]) / f"rank{rank}.json"
-    write_json(path, {"rank": int(rank), "peak_rss_bytes": peak})
+    # On a GPU, also the device's high-water mark of tensors allocated by torch.
+    cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    write_json(path, {"rank": int(rank), "peak_rss_bytes": peak, "cuda_max_memory_allocated_bytes": cuda_peak})
 
 
 if __name__ == "__main__":

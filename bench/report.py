@@ -19,6 +19,7 @@ FIGURES = {
     "rendezvous_64_agents_end_to_end_s": "64 real register-only agent processes, start_workers call to hostfile",
     "prepare_examples_per_s": "Tokenizing the sample with batched datasets.map (examples/s)",
     "startup_to_first_step_s": "Start-up, `textsql launch` to the first training step done",
+    "gpu": "One CUDA GPU: training samples/s of the defaults over the old notebook's recipe (details in results.json)",
 }
 PROFILES_KEY = "deepspeed_profiles"
 

@@ -40,7 +40,7 @@ class Sizes:
     warmup_steps: int = 2  # a short unmeasured run of each arm first
 
 
-class _StepClock(TrainerCallback):
+class StepClock(TrainerCallback):
     """Wall and process CPU time from the first step's start to the last step's end (trainer set-up excluded)."""
 
     def __init__(self) -> None:
@@ -66,12 +66,12 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
     prepared = prepared.select(range(min(sizes.examples, len(prepared))))
     steps = len(prepared) // sizes.batch_size  # one epoch, last partial batch dropped
     ours = prepared.select_columns(["input_ids", "attention_mask", "labels"])
-    seed = prepared.map(partial(_seed_padding, tokenizer=tokenizer), batched=True, remove_columns=prepared.column_names)
+    seed = prepared.map(partial(seed_padding, tokenizer=tokenizer), batched=True, remove_columns=prepared.column_names)
 
     cpu_rates: dict[str, list[float]] = {}
 
     def arm(name: str, dataset: datasets.Dataset, collator, strategy: str, steps: int = steps) -> float:
-        clock = _StepClock()
+        clock = StepClock()
         with tempfile.TemporaryDirectory(prefix="bench-train-") as output:
             args = Seq2SeqTrainingArguments(
                 output_dir=output, per_device_train_batch_size=sizes.batch_size, max_steps=steps, learning_rate=1e-3,
@@ -118,7 +118,7 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
     }
 
 
-def _seed_padding(batch: dict, tokenizer) -> dict:
+def seed_padding(batch: dict, tokenizer) -> dict:
     """The seed notebook's preprocessing: pad everything to 96 and keep pad ids in the labels."""
     sources = tokenizer(batch["source_text"], padding="max_length", max_length=SEED_MAX_LENGTH, truncation=True)
     targets = tokenizer(text_target=batch["target"], padding="max_length", max_length=SEED_MAX_LENGTH, truncation=True)

@@ -43,3 +43,27 @@ def prepared_sample(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(PrepareArguments(out=str(out), limit=64))
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` on a machine without CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def loopback_sshd(tmp_path: Path):
+    """A real sshd on 127.0.0.2 (as the agent starts one) accepting one fresh client key: yields (sshd, client key)."""
+    from worker.network import free_port_on_all
+    from worker.sshd import Sshd, generate_keypair
+
+    identity = tmp_path / "client_key"
+    public = generate_keypair(identity, "client")
+    with Sshd(tmp_path / "sshd", "127.0.0.2", free_port_on_all(["127.0.0.2"]), public) as sshd:
+        yield sshd, identity

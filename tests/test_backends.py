@@ -14,11 +14,10 @@ from worker import constants as c
 from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_backend
 from worker.backends.kubernetes import KubernetesBackend
 from worker.cluster import start_workers
-from worker.network import free_port_on_all
 from worker.registration import Registration
 from worker.rendezvous.client import register
 from worker.rendezvous.token import new_token, read_token
-from worker.sshd import Sshd, generate_keypair
+from worker.sshd import generate_keypair
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -81,16 +80,25 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert spec["automountServiceAccountToken"] is False
     (container,) = spec["containers"]
     assert container["image"] == "registry.example.com/textsql:1.0"
-    assert container["command"] == ["python", "-m", "worker.agent"] and container["workingDir"] == "/home/cdsw"
+    assert container["args"] == ["python", "-m", "worker.agent"] and "command" not in container  # tini stays pid 1
+    assert container["workingDir"] == "/home/cdsw"
     assert container["resources"]["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}
     values = {e["name"]: e.get("value") for e in container["env"]}
     refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
     assert values[c.ENV_TOKEN_FILE] == "/var/run/textsql/token" and values[c.ENV_SLOTS] == "4"
     assert values[c.ENV_RENDEZVOUS] == "10.0.0.4:29400"
     assert refs == {"POD_IP": "status.podIP", c.ENV_POD: "metadata.name"}
-    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {"token": "/var/run/textsql", "project": "/home/cdsw"}
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {
+        "token": "/var/run/textsql", "project": "/home/cdsw", "shm": "/dev/shm"}
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-token", "defaultMode": 0o400}
+    assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-token", "defaultMode": 0o440}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["activeDeadlineSeconds"] == 24 * 3600
+    assert values[c.ENV_TOKEN_GROUP] == "1000"
     assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
     assert token not in str(pod)
     secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec(token))
@@ -103,16 +111,13 @@ def test_kubernetes_cpu_pod_asks_for_no_gpu():
 
 
 @pytest.fixture
-def static_host(tmp_path):
+def static_host(loopback_sshd, tmp_path):
     """A real sshd on 127.0.0.2 standing in for an existing host, with the user's key and known_hosts."""
-    identity = tmp_path / "user_key"
-    public = generate_keypair(identity, "user")
-    port = free_port_on_all(["127.0.0.2"])
-    with Sshd(tmp_path / "host", "127.0.0.2", port, public) as sshd:
-        known_hosts = tmp_path / "known_hosts"
-        known_hosts.write_text(f"[127.0.0.2]:{port} {sshd.host_public_key}\n")
-        yield {"port": port, "identity": identity, "known_hosts": known_hosts,
-               "key": " ".join(sshd.host_public_key.split()[:2])}
+    sshd, identity = loopback_sshd
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.2]:{sshd.port} {sshd.host_public_key}\n")
+    return {"port": sshd.port, "identity": identity, "known_hosts": known_hosts,
+            "key": " ".join(sshd.host_public_key.split()[:2])}
 
 
 @pytest.mark.slow
@@ -157,6 +162,16 @@ class RecordingCoreV1:
     def create_namespaced_pod(self, namespace, body):
         self.pods[body.metadata.name] = body
 
+    @staticmethod
+    def selected(body, label_selector):
+        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
+        return wanted.items() <= (body.metadata.labels or {}).items()
+
+    def list_namespaced_secret(self, namespace, label_selector):
+        from kubernetes import client
+
+        return client.V1SecretList(items=[body for body in self.secrets.values() if self.selected(body, label_selector)])
+
     def list_namespaced_pod(self, namespace, label_selector):
         from kubernetes import client
 
@@ -165,7 +180,7 @@ class RecordingCoreV1:
                                              state=waiting)] if waiting else None
         return client.V1PodList(items=[
             client.V1Pod(metadata=client.V1ObjectMeta(name=name), status=client.V1PodStatus(phase=self.phase, container_statuses=statuses))
-            for name, pod in self.pods.items() if label_selector == f"textsql/run={pod.metadata.labels['textsql/run']}"
+            for name, pod in self.pods.items() if self.selected(pod, label_selector)
         ])
 
     def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
@@ -185,6 +200,28 @@ def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secret(tmp_path):
     backend.wait(timeout=5)
     backend.stop()
     assert api.pods == {} and api.secrets == {}
+
+
+def test_workers_cleanup_deletes_a_dead_runs_pods_and_secret_by_label(tmp_path, monkeypatch):
+    """The kernel died without stop(): `textsql workers cleanup --run` finds its Pods and Secret by label."""
+    from click.testing import CliRunner
+
+    from textsql.cli import cli
+    from worker.backends import kubernetes
+
+    token_file = tmp_path / "token"
+    new_token(token_file)
+    api = RecordingCoreV1()
+    dead, alive = (KubernetesBackend(image="img", api=api) for _ in range(2))
+    for backend in (dead, alive):
+        backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file)})
+    monkeypatch.setattr(kubernetes, "connect", lambda: api)
+    result = CliRunner().invoke(cli, ["workers", "cleanup", "--namespace", "default", "--run", dead.run_id])
+    assert result.exit_code == 0, result.output
+    assert "deleted 2 pods and 1 secrets" in result.output
+    assert sorted(api.pods) == [p.pod for p in alive.pods] and len(api.secrets) == 1
+    result = CliRunner().invoke(cli, ["workers", "cleanup"])
+    assert result.exit_code == 0 and api.pods == {} and api.secrets == {}, result.output
 
 
 def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):

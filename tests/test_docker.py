@@ -91,6 +91,15 @@ def test_image_runs_as_a_non_root_user():
     assert users and users[-1] not in ("root", "0")
 
 
+def test_base_image_is_pinned_by_digest_as_well_as_tag():
+    """A tag can be re-pushed; the digest names exactly the image the build was checked with."""
+    text = DOCKERFILE.read_text()
+    bases = [args.split()[0] for name, args in instructions(text) if name == "FROM"]
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.MULTILINE))
+    resolved = [defaults.get(base.strip("${}"), base) for base in bases]
+    assert resolved and all(re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image) for image in resolved), resolved
+
+
 def test_versions_come_from_requirements():
     requirements = (PROJECT_DIR / "requirements.txt").read_text()
     greps = re.findall(r"grep -E '\^([A-Za-z0-9_.-]+)==' requirements.txt", DOCKERFILE.read_text())

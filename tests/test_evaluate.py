@@ -333,3 +333,16 @@ def test_target_text_read_back_scores_one_on_the_sample(split):
     pred = [{"id": r["id"], "query": parse_sql(render_sql(r["sql"], r["header"]), r["header"])} for r in records]
     report = evaluate(records, pred, tables=tables, ordered=True)
     assert report["n"] == len(records) and report["lf_accuracy"] == 1.0
+
+
+def test_cli_invalid_utf8_in_gold_is_one_line_naming_file_and_line(tmp_path: Path):
+    gold_path, pred_path = tmp_path / "dev.jsonl", tmp_path / "pred.jsonl"
+    gold = players_gold()
+    lines = [json.dumps({k: v for k, v in item.items() if k != "id"}).encode() for item in gold]
+    lines[2] = lines[2].replace(b'"table_id": "', b'"table_id": "\xc3\x28', 1)
+    gold_path.write_bytes(b"\n".join(lines) + b"\n")
+    (tmp_path / "dev.tables.jsonl").write_text(json.dumps({"id": "players", **PLAYERS}) + "\n")
+    pred_path.write_text("".join(json.dumps({"query": item["sql"]}) + "\n" for item in gold))
+    result = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.count("\n") == 1 and f"{gold_path}:3: not UTF-8" in result.output, result.output

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from textsql.cli import cli
 from textsql.errors import LaunchError
 from textsql.launch import LaunchArguments, launch
-from textsql.launch_command import deepspeed_command, rank_environment
+from textsql.launch_command import deepspeed_command, mask_credentials, rank_environment, without_secrets
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -118,10 +118,24 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
     assert "GLOO_SOCKET_IFNAME" not in remote_env
 
 
+def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
+    environ = {
+        "HF_TOKEN": "hf_abc", "HTTPS_PROXY": "http://alice:hunter2@proxy:3128", "PIP_INDEX_URL": "https://bob:pw@index/simple",
+        "HTTP_PROXY": "http://proxy:3128", "MLFLOW_TRACKING_URI": "https://mlflow.example/a:b@c", "PATH": "/usr/bin",
+    }
+    assert without_secrets(environ) == {
+        "HTTP_PROXY": "http://proxy:3128", "MLFLOW_TRACKING_URI": "https://mlflow.example/a:b@c", "PATH": "/usr/bin",
+    }
+    line = "export HTTPS_PROXY=http://alice:hunter2@proxy:3128; export B=git+ssh://git:s3cret@host/repo\n"
+    assert mask_credentials(line) == "export HTTPS_PROXY=http://alice:***@proxy:3128; export B=git+ssh://git:***@host/repo\n"
+    assert mask_credentials("https://mlflow.example/a:b@c no user part") == "https://mlflow.example/a:b@c no user part"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         (["--env", "HF_TOKEN=hf_abc"], "looks like a secret"),
+        (["--env", "MLFLOW_TRACKING_URI=https://alice:hunter2@mlflow.example"], "holds a password in a URL"),
         (["--env", "NOVALUE"], "pass --env KEY=VALUE"),
         (["--ranks", "2"], "--ranks is for --launcher local"),
         (["--", "--output_dir", "$HOME/x"], "characters the hosts' shell would interpret"),
@@ -173,7 +187,10 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
     while DeepSpeed's runner still exports the rest of its MLFLOW*/PYTHON* variables.
     """
     command = textsql_launch(two_local_workers.run_dir, *MODULE, env=standin_env | {"STANDIN_FAIL_RANK": "1"})
-    environment = os.environ | {"MLFLOW_TRACKING_TOKEN": "do-not-show", "MLFLOW_EXPERIMENT_NAME": "launch-test"}
+    environment = os.environ | {
+        "MLFLOW_TRACKING_TOKEN": "do-not-show", "MLFLOW_EXPERIMENT_NAME": "launch-test",
+        "MLFLOW_TRACKING_URI": "https://alice:hunter2@mlflow.example/",  # DeepSpeed's runner exports MLFLOW*
+    }
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
     lines, failed_at = [], None
     for line in process.stdout:
@@ -185,8 +202,13 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
     assert "127.0.0.3: stand-in rank 1 fails on purpose before the process group forms\n" in lines
     assert "ranks on 127.0.0.3 failed with exit code 1" in output
     assert tagged_processes(standin_env["LAUNCH_TEST_TAG"]) == []
-    log = (two_local_workers.run_dir / "launch.log").read_text()
-    assert "export MLFLOW_EXPERIMENT_NAME=launch-test;" in output and "do-not-show" not in output + log
+    log_path = two_local_workers.run_dir / "launch.log"
+    log = log_path.read_text()
+    assert "export MLFLOW_EXPERIMENT_NAME=launch-test;" in output
+    assert "do-not-show" not in output + log and "hunter2" not in output + log
+    assert oct(log_path.stat().st_mode & 0o777) == "0o600"
+    worker_logs = list((two_local_workers.run_dir / "workers").rglob("*.log"))
+    assert worker_logs and {oct(path.stat().st_mode & 0o777) for path in worker_logs} == {"0o600"}
     print(f"failing rank: textsql launch exited {time.monotonic() - failed_at:.1f} s after the rank failed")
 
 

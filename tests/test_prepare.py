@@ -140,6 +140,22 @@ def missing_table(release, tmp_path):
     return ["--source", str(release)]
 
 
+def invalid_utf8(release, tmp_path):
+    path = release / "dev.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + lines[1].replace(b'"question": "', b'"question": "\xff\xfe', 1) + b"".join(lines[2:]))
+    return ["--source", str(release)]
+
+
+def _sel_as(value):
+    def setup(release, tmp_path):
+        first = json.loads((release / "dev.jsonl").read_text().splitlines()[0])
+        first["sql"]["sel"] = value
+        _insert_line(release, "dev", json.dumps(first))
+        return ["--source", str(release)]
+    return setup
+
+
 def unknown_source(release, tmp_path):
     return ["--source", "wikisql"]
 
@@ -159,6 +175,9 @@ def no_tokenizer(release, tmp_path):
 @pytest.mark.parametrize("setup, expected", [
     (malformed_line, "test.jsonl:2: not a JSON object"),
     (missing_table, "dev.jsonl:2: table '1-0-0' is not in"),
+    (invalid_utf8, "dev.jsonl:2: not UTF-8"),
+    (_sel_as("3"), "dev.jsonl:2: sql must be"),
+    (_sel_as(True), "dev.jsonl:2: sql must be"),
     (unknown_source, "unknown source 'wikisql'"),
     (broken_tokenizer, "cannot load a tokenizer"),
     (no_tokenizer, "no tokenizer in"),

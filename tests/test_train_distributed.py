@@ -116,3 +116,17 @@ def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tm
     assert again.returncode == 1
     assert "holds a previous run" in again.stderr and "--resume auto" in again.stderr
     assert (tmp_path / "checkpoint-2").is_dir() and (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_token_budget_batches_train_on_two_ranks_with_a_bounded_generation_and_a_clean_exit(prepared_data, tmp_path):
+    output = tmp_path / "run"
+    result = launch(prepared_data, output, "zero1", "--max_tokens_per_batch", "1024")
+    log = result.stdout + result.stderr
+    summary = json.loads((output / "run.json").read_text())
+    assert summary["global_step"] == STEPS and summary["world_size"] == RANKS
+    losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
+    assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses), losses
+    saved = json.loads((output / "model" / "generation_config.json").read_text())
+    assert saved["max_new_tokens"] <= 24 and "max_length" not in saved
+    assert "seem to have been set" not in log
+    assert "destroy_process_group" not in log

@@ -12,7 +12,7 @@ from dataclasses import MISSING
 import click
 
 from textsql.arguments import PrepareArguments, argument_field
-from textsql.constants import INPUT_FORMATS
+from textsql.constants import DEFAULT_MAX_RESTARTS, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
 from textsql.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
 from textsql.profiles import available_profiles, profile_path
@@ -180,14 +180,17 @@ def train(args: tuple[str, ...]) -> None:
 @field_option(LaunchArguments, "socket_ifname")
 @field_option(LaunchArguments, "env", multiple=True, metavar="KEY=VALUE")
 @field_option(LaunchArguments, "module")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULT_MAX_RESTARTS, show_default=True,
+              help="Relaunches after a failure, from the newest complete checkpoint (0: the first failure ends the run).")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def launch(env: tuple[str, ...], train_args: tuple[str, ...], **options) -> None:
+def launch(env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, **options) -> None:
     """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
 
     The training arguments are checked here first (profile, model, data_dir, flags), so a mistake is
     one line before any rank starts rather than one per rank on every host.
     """
-    from textsql.launch import launch as run_launch, parse_env
+    from textsql.launch import parse_env
+    from textsql.supervise import supervise
 
     given = {name: value for name, value in options.items() if value is not None}
     arguments = LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)
@@ -195,7 +198,7 @@ def launch(env: tuple[str, ...], train_args: tuple[str, ...], **options) -> None
         from textsql.train import check_train_args
 
         check_train_args(arguments.train_args)
-    raise SystemExit(run_launch(arguments))
+    raise SystemExit(supervise(arguments, max_restarts=max_restarts))
 
 
 @cli.group()
@@ -237,6 +240,22 @@ def register(master: str, token_file: str, timeout: float, wait: bool, **fields)
 
     register_once(master, token_file, registration_from_options(**fields), timeout, wait=wait)
     click.echo(f"registered {fields['address']} with {master}")
+
+
+@cli.group()
+def workers() -> None:
+    """Worker pods outside a run: `cleanup` removes what a dead kernel left behind."""
+
+
+@workers.command()
+@click.option("--namespace", default="default", show_default=True, help="Namespace the worker pods ran in.")
+@click.option("--run", "run_id", help="Only this run's pods and Secret (the `textsql/run` label) [default: every textsql run].")
+def cleanup(namespace: str, run_id: str | None) -> None:
+    """Delete the Kubernetes worker Pods and token Secrets of a run, found by their labels."""
+    from worker.backends import kubernetes
+
+    pods, secrets = kubernetes.cleanup(kubernetes.connect(), namespace, run_id)
+    click.echo(f"deleted {len(pods)} pods and {len(secrets)} secrets in namespace {namespace}")
 
 
 @cli.command()

@@ -181,10 +181,17 @@ def _record(split: str, index: int, question: Any, table: dict, sql: Any, where:
     }
 
 
+def _index(value: Any) -> int:
+    # int("3") and int(True) would pass; a malformed row must not.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
 def _checked_sql(sql: Any, columns: int, where: str) -> dict:
     """The query as ``{sel, agg, conds}`` with its indices checked against the table's width."""
     try:
-        sel, agg, conds = int(sql["sel"]), int(sql["agg"]), [[int(col), int(op), value] for col, op, value in sql["conds"]]
+        sel, agg, conds = _index(sql["sel"]), _index(sql["agg"]), [[_index(col), _index(op), value] for col, op, value in sql["conds"]]
     except (KeyError, TypeError, ValueError):
         raise DataError(f"{where}: sql must be {{\"sel\": int, \"agg\": int, \"conds\": [[col, op, value], ...]}}; fix the line") from None
     if not 0 <= sel < columns or not all(0 <= col < columns for col, _, _ in conds):

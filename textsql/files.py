@@ -34,9 +34,13 @@ def read_json(path: str | Path) -> Any:
     """
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        return json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise DataError(f"{str(path)!r} is not a file; check the path") from None
+    except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: {_not_utf8(error)}") from None
     except json.JSONDecodeError as error:
         raise DataError(f"{path}:{error.lineno}: not JSON ({error.msg} at column {error.colno}); fix or rewrite the file") from None
 
@@ -62,11 +66,16 @@ def read_jsonl_located(path: str | Path) -> Iterator[tuple[str, dict]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{str(path)!r} is not a file; check the path")
-    with path.open(encoding="utf-8") as lines:
-        for number, text in enumerate(lines, start=1):
+    # Bytes, decoded line by line, so that text that is not UTF-8 is reported with its line.
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"{path}:{number}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{where}: {_not_utf8(error)}") from None
             if not text.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 item = json.loads(text)
             except json.JSONDecodeError as error:
@@ -88,6 +97,10 @@ def read_jsonl(path: str | Path) -> Iterator[dict]:
     """
     for _, item in read_jsonl_located(path):
         yield item
+
+
+def _not_utf8(error: UnicodeDecodeError) -> str:
+    return f"not UTF-8 (byte {error.object[error.start]:#04x}); re-save the file as UTF-8"
 
 
 def write_jsonl(path: str | Path, items: Iterable[dict]) -> Path:

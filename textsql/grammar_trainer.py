@@ -11,8 +11,9 @@ import logging
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, Seq2SeqTrainer
+from transformers import GenerationConfig, LogitsProcessorList
 
+from textsql.batching import TokenBudgetTrainer
 from textsql.grammar import processor_for_inputs
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def generation_budget(gen_kwargs: dict[str, Any], config: GenerationConfig) -> i
     return int(gen_kwargs.get("max_length") or config.max_length) - 1
 
 
-class GrammarSeq2SeqTrainer(Seq2SeqTrainer):
+class GrammarSeq2SeqTrainer(TokenBudgetTrainer):
     """A ``Seq2SeqTrainer`` whose generating evaluation writes only WikiSQL queries over each question's table.
 
     Usage::

@@ -51,12 +51,13 @@ import psutil
 from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launch_command import (
-    SHELL_SAFE, check_env_entry, deepspeed_command, local_device_count, rank_environment, without_secrets,
-    write_deepspeed_env,
+    SHELL_SAFE, check_env_entry, deepspeed_command, local_device_count, mask_credentials, rank_environment,
+    without_secrets, write_deepspeed_env,
 )
 from textsql.preflight import preflight
 from textsql.ranks import LocalRanks, RemoteRanks
 from worker.constants import HOSTFILE_NAME
+from worker.files import private_opener
 from worker.hostfile import read_hostfile, write_hostfile
 
 logger = logging.getLogger(__name__)
@@ -146,8 +147,8 @@ def launch(arguments: LaunchArguments, stream: TextIO | None = None) -> int:
     hostfile, hosts, env, ranks = prepare(arguments, run_dir, launch_id)
     command = deepspeed_command(arguments, hostfile, hosts)
     logger.info("cmd = %s", shlex.join(command))
-    with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8") as log:
-        log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
+    with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
+        log.write(mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n"))
         return _run(command, env, ranks, stream or sys.stdout, log)
 
 
@@ -201,7 +202,7 @@ def _run(command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRank
     )
     try:
         with _sigterm_as_interrupt():
-            for line in runner.stdout:
+            for line in map(mask_credentials, runner.stdout):
                 # The log first: a line someone has seen is in launch.log even if they interrupt at once.
                 log.write(line)
                 stream.write(line)

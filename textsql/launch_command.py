@@ -44,6 +44,10 @@ CARRIED_VARS = (
 # Names that hold credentials: never written to .deepspeed_env (it ends up on pdsh's command line and
 # in the log) and kept from DeepSpeed's runner, which exports every MLFLOW*/PYTHON*/... variable.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY", re.IGNORECASE)
+# A password in a URL's user part (a proxy, a package index, a tracking URI): a credential whatever
+# the variable is called. Group 1 is what stays visible when it is masked.
+URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@", re.IGNORECASE)
+MASK = "***"
 # Characters that reach a rank unchanged through pdsh (which fills in %h, %n, %u) and the hosts' shell
 # (DeepSpeed double-quotes an argument with spaces).
 SHELL_SAFE = re.compile(r"[\w@+=:,./ -]+")
@@ -103,17 +107,44 @@ def check_env_entry(key: str, value: str) -> None:
             f"{key!r} looks like a secret, and .deepspeed_env ends up on pdsh's command line and in launch.log; "
             "give ranks credentials through the hosts' own environment or files"
         )
+    if URL_PASSWORD.search(value):
+        raise LaunchError(
+            f"the value of {key} holds a password in a URL, and .deepspeed_env ends up on pdsh's command line "
+            "and in launch.log; give ranks credentials through the hosts' own environment or files"
+        )
     if re.search(r'["`\\\n]', value):
         raise LaunchError(f"value of {key} ({value!r}) has a quote, backslash or newline; pass a plain value")
 
 
 def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` less the variables whose names look like credentials.
+    """``environ`` less the variables that hold credentials, by name or by value (a URL with a password).
 
     :param environ: an environment (the launching process's).
     :rtype: dict[str, str]
     """
-    return {key: value for key, value in environ.items() if not SECRET_NAME.search(key)}
+    kept = {}
+    for key, value in environ.items():
+        if SECRET_NAME.search(key):
+            continue
+        if URL_PASSWORD.search(value):
+            logger.warning("%s holds a password in a URL: not passed to DeepSpeed's runner, whose command line "
+                           "shows it; give ranks credentials through the hosts' own environment or files", key)
+            continue
+        kept[key] = value
+    return kept
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``, for logs and terminals.
+
+    Usage::
+
+        >>> mask_credentials("proxy http://alice:hunter2@proxy:3128 used")
+        'proxy http://alice:***@proxy:3128 used'
+
+    :rtype: str
+    """
+    return URL_PASSWORD.sub(rf"\1:{MASK}@", text)
 
 
 def write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:

@@ -30,11 +30,14 @@ from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTraine
 from transformers.trainer_utils import EvalPrediction
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
-from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
+from textsql.batching import TokenBudgetTrainer
+from textsql.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
 from textsql.grammar_trainer import GrammarSeq2SeqTrainer
+from textsql.generation import KeepGenerationBound, bound_generation
+from textsql.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.model import load_config, load_model, load_tokenizer
 from textsql.prepare import check_prepared
 from textsql.profiles import get_profile, load_profile
@@ -79,15 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
     model.accepts_loss_kwargs = False
     # Saved with model/, so inference generates as the evaluation here did.
-    model.generation_config.max_length = training_args.generation_max_length
+    bound_generation(model, training_args, splits.get("validation"))
     if training_args.generation_num_beams:
         model.generation_config.num_beams = training_args.generation_num_beams
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
     # Evaluation writes only WikiSQL queries over each question's table unless --constrained false.
-    trainer_class = GrammarSeq2SeqTrainer if data_args.constrained else Seq2SeqTrainer
+    trainer_class = GrammarSeq2SeqTrainer if data_args.constrained else TokenBudgetTrainer
     trainer = trainer_class(
+        max_tokens_per_batch=data_args.max_tokens_per_batch,
         model=model,
         args=training_args,
         train_dataset=splits["train"],
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=exact_match_metric(tokenizer) if training_args.predict_with_generate else None,
+        callbacks=[KeepGenerationBound(), MarkComplete()],
     )
 
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR, Path(data_args.data_dir) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint)
+    teardown_distributed()
     return 0
 
 
@@ -156,7 +162,7 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, D
     parser = _StrictParser(
         (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments), prog="textsql train", allow_abbrev=False
     )
-    parser.set_defaults(**TRAINING_DEFAULTS)
+    parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
     namespace, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if unknown:
         raise LaunchError(f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`")
@@ -243,8 +249,9 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
     if not run_args.resume:
         return None
     if run_args.resume != "auto":
-        if not is_complete_checkpoint(Path(run_args.resume)):
-            raise LaunchError(f"{run_args.resume!r} is not a complete checkpoint; pass --resume auto or another checkpoint-N directory")
+        reason = incomplete_reason(Path(run_args.resume))
+        if reason is not None:
+            raise LaunchError(f"{run_args.resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory")
         return run_args.resume
     checkpoint = newest_complete_checkpoint(output)
     if checkpoint is None:
@@ -266,6 +273,8 @@ def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
         for path in previous:
             logger.warning("deleting %s of a previous run (--overwrite_output_dir)", path)
             shutil.rmtree(path)
+    if run_args.resume == "auto":
+        set_aside_incomplete(output)
     output.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(_staging(output / MODEL_SUBDIR), ignore_errors=True)
 

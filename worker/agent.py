@@ -13,6 +13,7 @@ SIGTERM and SIGINT stop sshd and exit 0 as well. A refused registration exits 1 
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import logging
 import os
 import signal
@@ -92,7 +93,8 @@ class AgentConfig:
             raise RendezvousError(f"{c.ENV_RENDEZVOUS} is not set; the master's backend sets it to HOST:PORT")
         master = parse_endpoint(env[c.ENV_RENDEZVOUS])
         if env.get(c.ENV_TOKEN_FILE):
-            token = read_token(Path(env[c.ENV_TOKEN_FILE]))
+            group = env.get(c.ENV_TOKEN_GROUP)
+            token = read_token(Path(env[c.ENV_TOKEN_FILE]), group=int(group) if group and group.isdigit() else None)
         elif env.get(c.ENV_TOKEN):
             token = env[c.ENV_TOKEN]
         else:
@@ -133,6 +135,16 @@ def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
     raise failure
 
 
+def _loopback_source(address: str, master_host: str) -> str | None:
+    # Local workers connect from their own 127.0.0.x, as pods do from their own IP, so the master's
+    # per-address limit on unauthenticated connections sees one worker per address there too.
+    try:
+        own, master = ipaddress.ip_address(address), ipaddress.ip_address(master_host)
+    except ValueError:
+        return None
+    return address if own.is_loopback and master.is_loopback and own.version == master.version else None
+
+
 def run(config: AgentConfig) -> bool:
     """Start sshd (unless register-only), register, wait for release; always stop sshd.
 
@@ -148,7 +160,8 @@ def run(config: AgentConfig) -> bool:
             ssh_port=sshd.port if sshd else None, host_key=sshd.host_public_key if sshd else None,
             user=getpass.getuser(),
         )
-        session = stack.enter_context(register_until(config.master, config.token, registration, config.deadline_s))
+        session = stack.enter_context(register_until(config.master, config.token, registration, config.deadline_s,
+                                                     source=_loopback_source(config.address, config.master[0])))
         logger.info("registered %s (pod %s, %d slots) with %s:%d; waiting for release",
                     config.address, config.pod, config.slots, *config.master)
         released = session.wait_released()

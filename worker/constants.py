@@ -10,6 +10,9 @@ DEFAULT_RENDEZVOUS_PORT = 29400
 # Environment variables the master sets for every agent (never the token itself on a command line).
 ENV_RENDEZVOUS = "TEXTSQL_RENDEZVOUS"  # "HOST:PORT" of the master's rendezvous server
 ENV_TOKEN_FILE = "TEXTSQL_RENDEZVOUS_TOKEN_FILE"  # path of a file holding the per-run token
+# The one group besides the owner allowed to read the token file: a Kubernetes pod's fsGroup, which
+# the kubelet gives the mounted Secret's files (mode 0440) and the pod's processes.
+ENV_TOKEN_GROUP = "TEXTSQL_RENDEZVOUS_TOKEN_GROUP"
 ENV_TOKEN = "TEXTSQL_RENDEZVOUS_TOKEN"  # the token itself, for platforms without a shared filesystem
 ENV_CLIENT_PUBKEY = "TEXTSQL_CLIENT_PUBKEY"  # the run's ssh client public key, the only one sshd accepts
 ENV_SSH_PORT = "TEXTSQL_SSH_PORT"
@@ -35,10 +38,18 @@ FORWARDED_ENV = (
 # Rendezvous protocol limits.
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024  # a registration is a few hundred bytes; an ssh public key under 1 KiB
+MAX_FRAME_DEPTH = 8  # a register message nests 2 levels; nothing honest nests deeper than this
 READ_TIMEOUT_S = 10.0  # a whole frame must arrive within this, however slowly it drips
+# The master's deadline for a new connection's registration: a worker sends it as soon as the hello
+# arrives, so only an idle or hostile peer needs longer, and it must not hold a slot for long.
+REGISTER_TIMEOUT_S = 3.0
 HEARTBEAT_S = 5.0  # master -> worker keepalive on the held connection
 MASTER_GONE_AFTER_S = 3 * HEARTBEAT_S  # no frame for this long: the master is gone
 MAX_CONNECTIONS = 512  # connections handled at once; more are closed at accept
+# Connections one address may hold before they authenticate: a worker needs one, so a flood from
+# one address cannot take the slots of the others. Authenticated (held) connections do not count.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 64
+REFUSAL_LOG_INTERVAL_S = 5.0  # one log line per kind of refusal per this many seconds
 MAX_SLOTS = 16  # GPUs per worker
 MAX_EXPECTED_WORKERS = 1024
 SSH_KEY_TYPES = (

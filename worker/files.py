@@ -1,5 +1,5 @@
 """Run-dir files: writes all at once (a reader sees the old file or the new one, never half of one),
-and the last line of a log."""
+logs only their owner can read, and the last line of a log."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +8,19 @@ import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+
+def private_opener(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open` that gives the file mode 0600, a file that already exists included.
+
+    Run logs carry hosts, commands and whatever a rank prints: like the run's other files, they are
+    for the user who started the run. Usage: ``open(path, "a", opener=private_opener)``.
+
+    :rtype: int
+    """
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> Path:

@@ -21,7 +21,7 @@ import struct
 import time
 
 from worker.errors import RendezvousError
-from worker.constants import MAX_FRAME_BYTES, READ_TIMEOUT_S
+from worker.constants import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, READ_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,17 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float, what: str) ->
     return bytes(buffer)
 
 
+def _depth(value: object) -> int:
+    # Iterative, so that measuring a deep value cannot itself exhaust the stack.
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def recv_frame(sock: socket.socket, timeout: float = READ_TIMEOUT_S, max_bytes: int = MAX_FRAME_BYTES) -> dict:
     """Read one frame: at most ``max_bytes`` of body, all of it within ``timeout`` seconds.
 
@@ -137,7 +148,8 @@ def recv_frame(sock: socket.socket, timeout: float = READ_TIMEOUT_S, max_bytes: 
     :param timeout: seconds allowed for the whole frame, length prefix included.
     :param max_bytes: the largest body accepted; a larger length prefix is refused unread.
     :rtype: dict
-    :raises FrameError: on timeout, close, oversize, truncation, or a body that is not a JSON object.
+    :raises FrameError: on timeout, close, oversize, truncation, a body that is not a JSON object, or one
+        nested deeper than ``MAX_FRAME_DEPTH``.
     """
     deadline = time.monotonic() + timeout
     (size,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size, deadline, "frame length"))
@@ -148,6 +160,10 @@ def recv_frame(sock: socket.socket, timeout: float = READ_TIMEOUT_S, max_bytes: 
         message = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise FrameError("frame body is not UTF-8 JSON") from None
+    except RecursionError:  # the parser recurses once per level: thousands of "[" fit in one frame
+        raise FrameError(f"frame body nests deeper than {MAX_FRAME_DEPTH} levels") from None
+    if _depth(message) > MAX_FRAME_DEPTH:
+        raise FrameError(f"frame body nests deeper than {MAX_FRAME_DEPTH} levels")
     if not isinstance(message, dict):
         raise FrameError(f"frame holds a JSON {type(message).__name__}, not an object")
     return message

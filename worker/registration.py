@@ -21,6 +21,9 @@ _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _POD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 _MAX_KEY_CHARS = 4096
+# Only digits, hex letters, ':' and '.': no scope id ('%') and nothing OpenSSH reads as a pattern
+# (`*?!,[]`, whitespace), so a known_hosts or ssh_config entry names this one host and no other.
+_PLAIN_ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 
 
 class InvalidRegistration(RendezvousError):
@@ -34,12 +37,27 @@ def check_address(value: object) -> str:
     :rtype: str
     """
     try:
-        address = ipaddress.ip_address(value if isinstance(value, str) else "")
+        if not isinstance(value, str) or not _PLAIN_ADDRESS.fullmatch(value):
+            raise ValueError(value)
+        address = ipaddress.ip_address(value)
     except ValueError:
-        raise InvalidRegistration(f"address {value!r} is not an IP address; pass --address with the pod's IP") from None
+        raise InvalidRegistration(f"address {value!r} is not an IP address (plain, with no scope id); "
+                                  "pass --address with the pod's IP") from None
     if address.is_unspecified or address.is_multicast:
         raise InvalidRegistration(f"address {value!r} cannot be reached; pass the pod's own IP")
     return str(address)
+
+
+def node_order(registration: "Registration") -> tuple[int, int]:
+    """Sort key giving node-rank order: IPv4 before IPv6, then by numeric address.
+
+    Comparing ``IPv4Address`` with ``IPv6Address`` raises TypeError, so mixed families need a key.
+
+    :param registration: a validated registration.
+    :rtype: tuple[int, int]
+    """
+    address = ipaddress.ip_address(registration.address)
+    return address.version, int(address)
 
 
 def check_slots(value: object) -> int:
@@ -175,6 +193,16 @@ class Registration:
         return {key: value for key, value in asdict(self).items() if value is not None}
 
 
+def default_pod(address: str) -> str:
+    """A worker's name when the platform gives none: its address, prefixed where a pod name cannot start
+    with it (``::1`` becomes ``ipv6-::1``).
+
+    :param address: the worker's address.
+    :rtype: str
+    """
+    return address if address[:1].isalnum() else f"ipv6-{address}"
+
+
 def registration_from_options(address: str, slots: int, ssh_port: int | None = None,
                               ssh_host_key_file: str | None = None, pod: str | None = None) -> Registration:
     """A registration for this host from command-line values (``textsql rendezvous register``).
@@ -183,13 +211,13 @@ def registration_from_options(address: str, slots: int, ssh_port: int | None = N
     :param slots: its slot count.
     :param ssh_port: its sshd port (with ``ssh_host_key_file``).
     :param ssh_host_key_file: its sshd host public key file.
-    :param pod: the platform's name for this worker (default: its address).
+    :param pod: the platform's name for this worker (default: :func:`default_pod` of its address).
     :rtype: Registration
     """
     if (ssh_port is None) != (ssh_host_key_file is None):
         raise InvalidRegistration("--ssh-port and --ssh-host-key-file go together; pass both or neither")
     host_key = Path(ssh_host_key_file).read_text(encoding="utf-8").strip() if ssh_host_key_file else None
     return Registration.from_dict({
-        "address": address, "slots": slots, "hostname": socket.gethostname(), "pod": pod or address,
+        "address": address, "slots": slots, "hostname": socket.gethostname(), "pod": pod or default_pod(address),
         "ssh_port": ssh_port, "host_key": host_key, "user": getpass.getuser(),
     })

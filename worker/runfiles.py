@@ -13,7 +13,7 @@ from pathlib import Path
 from worker.constants import HOSTFILE_NAME, KNOWN_HOSTS_NAME, SSH_CONFIG_NAME
 from worker.files import atomic_write
 from worker.hostfile import format_hostfile
-from worker.registration import Registration
+from worker.registration import Registration, check_address
 from worker.ssh import ssh_settings
 
 logger = logging.getLogger(__name__)
@@ -41,10 +41,13 @@ class RunFiles:
 def known_hosts_pattern(address: str, port: int) -> str:
     """How OpenSSH names ``address:port`` in known_hosts: bare for port 22, ``[address]:port`` otherwise.
 
-    :param address: the worker's address.
+    :param address: the worker's address; checked again here, since a pattern (``*``, ``a,b``, a scope id)
+        in known_hosts would pin the key to hosts other than this one.
     :param port: its sshd port.
     :rtype: str
+    :raises InvalidRegistration: if ``address`` is not a plain IP address.
     """
+    address = check_address(address)
     return address if port == 22 else f"[{address}]:{port}"
 
 
@@ -73,8 +76,9 @@ def format_ssh_config(workers: Sequence[Registration], identity_file: Path | Non
     for worker in workers:
         if not worker.host_key:
             continue
+        address = check_address(worker.address)
         settings = ssh_settings(port=worker.ssh_port, user=worker.user, identity_file=identity_file, known_hosts=known_hosts)
-        lines = [f"Host {worker.address}", f"    HostName {worker.address}"]
+        lines = [f"Host {address}", f"    HostName {address}"]
         lines += [f"    {name} {value}" for name, value in settings.items()]
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)

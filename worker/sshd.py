@@ -2,7 +2,8 @@
 
 Runs ``/usr/sbin/sshd -D -e -f CONFIG`` as a child process (root is not needed; as root the
 privilege-separation directory /run/sshd is created if missing). Only public-key logins with the
-run's client key are accepted; passwords, PAM, forwarding and user environment files are off.
+run's client key are accepted; passwords, PAM, every kind of forwarding and user environment files
+are off, and ``StrictModes`` is on (the authorized key lives in a private directory in the user's home).
 The agent's PATH and a few other variables (``FORWARDED_ENV``) are passed to sessions with
 ``SetEnv``, so ``ssh worker python ...`` from pdsh finds the same interpreter the pod runs.
 
@@ -21,11 +22,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from worker.errors import WorkerError
-from worker.files import last_line
+from worker.files import last_line, private_opener
 from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.registration import InvalidRegistration, check_host_key
 
@@ -100,11 +102,16 @@ class Sshd:
         self.host_public_key = ""
         self.log_path = self.workdir / "sshd.log"
         self._process: subprocess.Popen | None = None
+        self._keys_dir: Path | None = None
 
     def _write_config(self) -> Path:
         host_key = self.workdir / "ssh_host_ed25519_key"
         self.host_public_key = generate_keypair(host_key, f"textsql-worker@{self.address}")
-        authorized = self.workdir / "authorized_keys"
+        # StrictModes checks every directory from the key file up to the home directory (or /): a run
+        # dir under /tmp or a shared volume fails it, so the one authorized key lives in a private
+        # directory in the user's home, removed by stop().
+        self._keys_dir = Path(tempfile.mkdtemp(prefix=".textsql-sshd-", dir=Path.home()))
+        authorized = self._keys_dir / "authorized_keys"
         authorized.write_text(self.authorized_key + "\n", encoding="utf-8")
         authorized.chmod(0o600)
         forwarded = [
@@ -124,11 +131,11 @@ class Sshd:
             "PermitRootLogin prohibit-password",
             "PermitEmptyPasswords no",
             "UsePAM no",
-            # Run dirs under /tmp or a shared project volume fail sshd's ownership checks.
-            "StrictModes no",
+            "StrictModes yes",
             "PermitUserEnvironment no",
             "AllowAgentForwarding no",
             "AllowTcpForwarding no",
+            "AllowStreamLocalForwarding no",
             "X11Forwarding no",
             "PermitTunnel no",
             "PrintMotd no",
@@ -154,7 +161,7 @@ class Sshd:
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         config = self._write_config()
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab", opener=private_opener) as log:
             self._process = subprocess.Popen(
                 [sshd, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=_die_with_parent,
@@ -162,7 +169,9 @@ class Sshd:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise WorkerError(f"sshd on {self.address}:{self.port} exited with code {self._process.returncode}: {last_line(self.log_path)}")
+                code = self._process.returncode
+                self.stop()
+                raise WorkerError(f"sshd on {self.address}:{self.port} exited with code {code}: {last_line(self.log_path)}")
             if self._answers():
                 logger.info("sshd listening on %s:%d (pid %d)", self.address, self.port, self._process.pid)
                 return self
@@ -186,18 +195,21 @@ class Sshd:
         return self._process is not None and self._process.poll() is None
 
     def stop(self) -> None:
-        """Stop sshd (SIGTERM, then SIGKILL after a grace period). Safe to call twice."""
-        if self._process is None:
-            return
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        logger.info("sshd on %s:%d stopped", self.address, self.port)
-        self._process = None
+        """Stop sshd (SIGTERM, then SIGKILL after a grace period) and remove its key directory. Safe to call twice."""
+        try:
+            if self._process is not None and self._process.poll() is None:
+                self._process.terminate()
+                try:
+                    self._process.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait()
+                logger.info("sshd on %s:%d stopped", self.address, self.port)
+        finally:
+            self._process = None
+            if self._keys_dir is not None:
+                shutil.rmtree(self._keys_dir, ignore_errors=True)
+                self._keys_dir = None
 
     def __enter__(self) -> "Sshd":
         return self if self.running else self.start()

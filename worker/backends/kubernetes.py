@@ -4,7 +4,13 @@ Per run: one Secret holding the rendezvous token (mounted read-only as a file; t
 holds the value) and N pods running ``python -m worker.agent`` with the project's shared volume
 mounted at the same path as on the master (DeepSpeed's pdsh launcher ``cd``s there on every worker),
 ``POD_IP`` and the pod name from the downward API, and ``nvidia.com/gpu`` limits. ``wait`` polls
-until every pod is Running; ``stop`` deletes the pods and the Secret.
+until every pod is Running; ``stop`` deletes the pods and the Secret; :func:`cleanup`
+(``textsql workers cleanup``) deletes them by label when the kernel that started them died.
+
+Pods run as the image's non-root user with no privilege escalation, no capabilities and the
+runtime's default seccomp profile, for at most ``max_runtime_s``. The Secret is mounted 0440 with
+the pod's ``fsGroup`` as its group, so that user can read it and nobody else; the agent is told
+that group (``TEXTSQL_RENDEZVOUS_TOKEN_GROUP``) so its token check accepts exactly that.
 
 No cluster runs in this project's tests: they check the Pod and Secret objects through the
 client's own (validating) models, not a live API server.
@@ -27,6 +33,7 @@ from worker.rendezvous.token import read_token
 logger = logging.getLogger(__name__)
 
 TOKEN_MOUNT = "/var/run/textsql"
+APP_LABEL = "app.kubernetes.io/name=textsql-worker"
 _SECRET_KEY = "token"
 _ENDED = {"Failed", "Succeeded"}
 
@@ -41,6 +48,20 @@ def _client():
     return client
 
 
+def connect():
+    """A CoreV1Api: in-cluster config inside a pod, else ~/.kube/config.
+
+    :rtype: kubernetes.client.CoreV1Api
+    """
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return _client().CoreV1Api()
+
+
 class KubernetesBackend(Backend):
     """Worker pods in one namespace."""
 
@@ -48,7 +69,8 @@ class KubernetesBackend(Backend):
 
     def __init__(self, image: str, namespace: str = "default", project_claim: str | None = None,
                  project_path: str | None = None, service_account: str | None = None,
-                 node_selector: dict[str, str] | None = None, api=None, poll_s: float = 2.0) -> None:
+                 node_selector: dict[str, str] | None = None, api=None, poll_s: float = 2.0,
+                 user_id: int = 1000, group_id: int = 1000, max_runtime_s: int = 24 * 3600) -> None:
         """
         :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
         :param namespace: namespace for pods and the Secret.
@@ -58,6 +80,9 @@ class KubernetesBackend(Backend):
         :param node_selector: pod node selector (e.g. a GPU node pool).
         :param api: a ``CoreV1Api`` (default: in-cluster config, else ~/.kube/config).
         :param poll_s: seconds between status polls.
+        :param user_id: the image's non-root user (docker/Dockerfile: 1000).
+        :param group_id: the pod's fsGroup: the group of the mounted token and of the pod's processes.
+        :param max_runtime_s: ``activeDeadlineSeconds``: the pods end after this even if no one stops them.
         """
         self.image = image
         self.namespace = namespace
@@ -66,6 +91,9 @@ class KubernetesBackend(Backend):
         self.service_account = service_account
         self.node_selector = node_selector
         self.poll_s = poll_s
+        self.user_id = user_id
+        self.group_id = group_id
+        self.max_runtime_s = max_runtime_s
         self._api = api
         self.run_id = ""
         self._pods: list[str] = []
@@ -78,13 +106,7 @@ class KubernetesBackend(Backend):
         :rtype: kubernetes.client.CoreV1Api
         """
         if self._api is None:
-            from kubernetes import config
-
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            self._api = _client().CoreV1Api()
+            self._api = connect()
         return self._api
 
     def advertised_address(self) -> str:
@@ -118,7 +140,8 @@ class KubernetesBackend(Backend):
         :rtype: kubernetes.client.V1Pod
         """
         client = _client()
-        plain = {**env, c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}", c.ENV_SLOTS: str(max(1, resources.gpus))}
+        plain = {**env, c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}", c.ENV_TOKEN_GROUP: str(self.group_id),
+                 c.ENV_SLOTS: str(max(1, resources.gpus))}
         plain.pop(c.ENV_TOKEN, None)
         variables = [client.V1EnvVar(name=key, value=value) for key, value in sorted(plain.items())]
         variables += [
@@ -130,17 +153,27 @@ class KubernetesBackend(Backend):
         limits = {"cpu": str(resources.cpu), "memory": f"{resources.memory_gb:g}Gi"}
         if resources.gpus:
             limits["nvidia.com/gpu"] = str(resources.gpus)
-        mounts = [client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True)]
+        mounts = [client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True),
+                  client.V1VolumeMount(name="shm", mount_path="/dev/shm")]
+        # 0440: with an fsGroup the kubelet makes the files group-readable anyway; say so, and check it.
         volumes = [client.V1Volume(name="token", secret=client.V1SecretVolumeSource(
-            secret_name=f"textsql-{self.run_id}-token", default_mode=0o400))]
+            secret_name=f"textsql-{self.run_id}-token", default_mode=0o440)),
+            # NCCL's shared-memory transport needs more than the runtime's 64 MB /dev/shm.
+            client.V1Volume(name="shm", empty_dir=client.V1EmptyDirVolumeSource(
+                medium="Memory", size_limit=f"{max(1.0, resources.memory_gb / 2):g}Gi"))]
         if self.project_claim:
             mounts.append(client.V1VolumeMount(name="project", mount_path=self.project_path))
             volumes.append(client.V1Volume(name="project", persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
                 claim_name=self.project_claim)))
+        seccomp = client.V1SeccompProfile(type="RuntimeDefault")
         container = client.V1Container(
-            name="agent", image=self.image, command=["python", "-m", "worker.agent"], env=variables,
+            # args, not command: the image's entrypoint (tini) stays pid 1 and reaps sshd's children.
+            name="agent", image=self.image, args=["python", "-m", "worker.agent"], env=variables,
             working_dir=self.project_path, volume_mounts=mounts,
             resources=client.V1ResourceRequirements(requests=dict(limits), limits=limits),
+            security_context=client.V1SecurityContext(
+                run_as_non_root=True, allow_privilege_escalation=False,
+                capabilities=client.V1Capabilities(drop=["ALL"]), seccomp_profile=seccomp),
         )
         return client.V1Pod(
             api_version="v1", kind="Pod",
@@ -148,7 +181,10 @@ class KubernetesBackend(Backend):
             spec=client.V1PodSpec(
                 containers=[container], volumes=volumes, restart_policy="Never",
                 service_account_name=self.service_account, node_selector=self.node_selector,
-                automount_service_account_token=False,
+                automount_service_account_token=False, active_deadline_seconds=self.max_runtime_s,
+                security_context=client.V1PodSecurityContext(
+                    run_as_non_root=True, run_as_user=self.user_id, run_as_group=self.group_id,
+                    fs_group=self.group_id, seccomp_profile=seccomp),
             ),
         )
 
@@ -217,3 +253,25 @@ class KubernetesBackend(Backend):
         if self._pods:
             logger.info("deleted %d pods in namespace %s", len(self._pods), self.namespace)
         self._pods, self._secret = [], None
+
+
+def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
+    """Delete the worker Pods and token Secrets of one run (or of every run) by their labels.
+
+    For runs whose kernel died before ``stop``: the labels are all that is left to find them by.
+
+    :param api: a ``CoreV1Api``.
+    :param namespace: the namespace the workers ran in.
+    :param run_id: the run's id (the ``textsql/run`` label; None: every textsql run in the namespace).
+    :rtype: tuple[list[str], list[str]]
+    :returns: names of the deleted Pods and Secrets.
+    """
+    selector = APP_LABEL + (f",textsql/run={run_id}" if run_id else "")
+    pod_names = [pod.metadata.name for pod in api.list_namespaced_pod(namespace, label_selector=selector).items]
+    secret_names = [secret.metadata.name for secret in api.list_namespaced_secret(namespace, label_selector=selector).items]
+    for name in pod_names:
+        api.delete_namespaced_pod(name, namespace, grace_period_seconds=int(c.STOP_GRACE_S))
+    for name in secret_names:
+        api.delete_namespaced_secret(name, namespace)
+    logger.info("deleted %d pods and %d secrets labelled %s in namespace %s", len(pod_names), len(secret_names), selector, namespace)
+    return pod_names, secret_names

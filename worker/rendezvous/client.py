@@ -84,20 +84,21 @@ class Session:
 
 
 def register(master: str | tuple[str, int], token: str | bytes, registration: Registration,
-             timeout: float = READ_TIMEOUT_S) -> Session:
+             timeout: float = READ_TIMEOUT_S, source: str | None = None) -> Session:
     """Register one worker with the master's rendezvous server.
 
     :param master: ``HOST:PORT`` or (host, port).
     :param token: the per-run secret.
     :param registration: this worker's fields.
     :param timeout: seconds for connecting and for each reply.
+    :param source: the local address to connect from (None: the one the route picks).
     :rtype: Session
     :raises RegistrationRejected: with the master's reason (not worth retrying).
     :raises FrameError: or OSError when the master could not be reached or hung up (worth retrying).
     """
     host, port = parse_endpoint(master) if isinstance(master, str) else master
     token = token.encode("utf-8") if isinstance(token, str) else bytes(token)
-    sock = socket.create_connection((host, port), timeout=timeout)
+    sock = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         hello = recv_frame(sock, timeout=timeout)
@@ -125,13 +126,15 @@ def register(master: str | tuple[str, int], token: str | bytes, registration: Re
         raise
 
 
-def register_until(master: tuple[str, int], token: str, registration: Registration, deadline_s: float) -> Session:
+def register_until(master: tuple[str, int], token: str, registration: Registration, deadline_s: float,
+                   source: str | None = None) -> Session:
     """Register, retrying unreachable masters with jittered exponential backoff until ``deadline_s``.
 
     :param master: (host, port) of the rendezvous.
     :param token: the per-run secret.
     :param registration: this worker.
     :param deadline_s: seconds to keep trying.
+    :param source: the local address to connect from (None: the one the route picks).
     :rtype: Session
     :raises RegistrationRejected: at once when the master refuses (retrying would not help).
     :raises RendezvousError: when the deadline passes.
@@ -140,7 +143,7 @@ def register_until(master: tuple[str, int], token: str, registration: Registrati
     delay = BACKOFF_START_S
     while True:
         try:
-            return register(master, token, registration)
+            return register(master, token, registration, source=source)
         except RegistrationRejected:
             raise
         except (FrameError, OSError) as error:

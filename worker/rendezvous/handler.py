@@ -1,8 +1,8 @@
 """One worker's connection on the master: hello, authenticated registration, reply, hold until release.
 
 The handler speaks the protocol; what it learns it hands to its :class:`~worker.rendezvous.server.RendezvousServer`
-through the server's methods for handlers (:meth:`record`, :meth:`forget`, the connection count and
-:attr:`release_signal`), which keep the run's state.
+through the server's methods for handlers (:meth:`authenticated`, :meth:`record`, :meth:`forget`,
+:attr:`refusals` and :attr:`release_signal`), which keep the run's state and count the connections.
 """
 from __future__ import annotations
 
@@ -29,16 +29,6 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
 
     server: "RendezvousServer"
 
-    def setup(self) -> None:
-        super().setup()
-        self.server.connection_opened()
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.connection_closed()
-
     def handle(self) -> None:
         peer = self.client_address[0]
         server_nonce = new_nonce()
@@ -46,7 +36,7 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
             send_frame(self.connection, {"type": "hello", "version": PROTOCOL_VERSION, "nonce": server_nonce})
             message = recv_frame(self.connection, timeout=self.server.read_timeout)
         except FrameError as error:
-            logger.info("connection from %s dropped before registering: %s", peer, error)
+            self.server.refusals.log(logging.INFO, "connection from %s dropped before registering: %s", peer, error)
             return
         client_nonce = message.get("nonce")
         if message.get("type") != "register" or not is_nonce(client_nonce):
@@ -54,10 +44,11 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
             return
         worker = message.get("worker")
         if not verify(self.server.token, message.get("mac"), "register", server_nonce, client_nonce, worker):
-            logger.warning("registration from %s refused: authentication failed", peer)
+            self.server.refusals.log(logging.WARNING, "registration from %s refused: authentication failed", peer)
             self._reply(server_nonce, client_nonce, "rejected",
                         "authentication failed: the token does not match this run's; use the run's token file")
             return
+        self.server.authenticated(self.connection)
         try:
             registration = Registration.from_dict(worker)
         except InvalidRegistration as error:

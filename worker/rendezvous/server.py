@@ -13,7 +13,6 @@ Usage::
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import socketserver
@@ -28,10 +27,13 @@ from worker.constants import (
     IDENTITY_NAME,
     MAX_CONNECTIONS,
     MAX_EXPECTED_WORKERS,
-    READ_TIMEOUT_S,
+    MAX_UNAUTHENTICATED_PER_ADDRESS,
+    REFUSAL_LOG_INTERVAL_S,
+    REGISTER_TIMEOUT_S,
 )
 from worker.errors import RendezvousError
-from worker.registration import Registration
+from worker.ratelog import RateLimitedLog
+from worker.registration import Registration, node_order
 from worker.rendezvous.handler import RegistrationHandler
 from worker.rendezvous.token import new_token, read_token
 from worker.runfiles import RunFiles, write_run_files
@@ -45,8 +47,11 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     Methods for the caller: :meth:`start` (serve in a thread), :meth:`wait`, :meth:`release`,
     :meth:`close` (all three on leaving a ``with`` block), :attr:`endpoint`, :attr:`workers`.
 
-    Methods for handlers: :meth:`record`, :meth:`forget`, :meth:`connection_opened`,
-    :meth:`connection_closed`; :attr:`release_signal` turns readable once the workers are released.
+    Methods for handlers: :meth:`authenticated`, :meth:`record`, :meth:`forget`; :attr:`refusals` for
+    lines a hostile peer can trigger; :attr:`release_signal` turns readable once the workers are released.
+
+    Connections are counted from accept to close: at most :attr:`max_connections` in all, and at most
+    :attr:`max_unauthenticated_per_address` from one address that have not yet authenticated.
     """
 
     allow_reuse_address = True
@@ -56,6 +61,8 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     request_queue_size = MAX_CONNECTIONS
     #: Connections handled at once (one thread each); more are closed at accept.
     max_connections = MAX_CONNECTIONS
+    #: Connections from one address not yet authenticated; more from it are closed at accept.
+    max_unauthenticated_per_address = MAX_UNAUTHENTICATED_PER_ADDRESS
 
     def __init__(
         self,
@@ -65,17 +72,17 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         port: int = 0,
         files: RunFiles | None = None,
         identity_file: Path | None = None,
-        read_timeout: float = READ_TIMEOUT_S,
+        read_timeout: float = REGISTER_TIMEOUT_S,
         heartbeat: float = HEARTBEAT_S,
     ) -> None:
         """
         :param expect: how many workers make the run complete.
         :param token: the per-run secret (never logged).
-        :param host: address to listen on ("0.0.0.0" for pods on other machines).
+        :param host: address to listen on: the interface the workers reach ("0.0.0.0" only where it is unknown).
         :param port: port to listen on; 0 lets the OS choose (see :attr:`endpoint`).
         :param files: where to write hostfile, known_hosts and ssh_config once complete (None: nowhere).
         :param identity_file: the run's ssh private key, named in ssh_config.
-        :param read_timeout: seconds a connection has to send its registration.
+        :param read_timeout: seconds a new connection has to send its registration (and a held one its detach).
         :param heartbeat: seconds between keepalives on held connections.
         """
         if isinstance(expect, bool) or not isinstance(expect, int) or not 1 <= expect <= MAX_EXPECTED_WORKERS:
@@ -92,8 +99,14 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self._by_address: dict[str, tuple[Registration, RegistrationHandler]] = {}
         self._complete = threading.Event()
         self._failure: Exception | None = None
+        # Workers whose held connection dropped once the run was complete: address -> why.
+        self._lost: dict[str, str] = {}
         self._connections = 0
+        # Accepted connections, each mapped to its peer address until it authenticates (then to None).
+        self._open: dict[socket.socket, str | None] = {}
+        self._unauthenticated: dict[str, int] = {}
         self._idle = threading.Condition(self._lock)
+        self.refusals = RateLimitedLog(logger, REFUSAL_LOG_INTERVAL_S)
         self.released = threading.Event()
         # Held connections select on this pair so a release wakes them at once, without polling.
         self.release_signal, self._release_writer = socket.socketpair()
@@ -117,13 +130,13 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     @property
     def workers(self) -> list[Registration]:
-        """Registrations so far, in node-rank order (by address).
+        """Registrations so far, in node-rank order (IPv4 then IPv6, each by address).
 
         :rtype: list[Registration]
         """
         with self._lock:
             registrations = [registration for registration, _ in self._by_address.values()]
-        return sorted(registrations, key=lambda r: ipaddress.ip_address(r.address))
+        return sorted(registrations, key=node_order)
 
     def start(self) -> "RendezvousServer":
         """Serve in a background thread.
@@ -137,25 +150,47 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         return self
 
     def verify_request(self, request, client_address) -> bool:
+        peer = client_address[0]
         with self._lock:
             if self._connections >= self.max_connections:
-                logger.warning("refusing connection from %s: %d connections open", client_address[0], self._connections)
-                return False
-        return True
+                reason = f"{self._connections} connections open"
+            elif self._unauthenticated.get(peer, 0) >= self.max_unauthenticated_per_address:
+                reason = f"{self.max_unauthenticated_per_address} connections from it not yet authenticated"
+            else:
+                self._connections += 1
+                self._open[request] = peer
+                self._unauthenticated[peer] = self._unauthenticated.get(peer, 0) + 1
+                return True
+        self.refusals.log(logging.WARNING, "refusing connection from %s: %s", peer, reason)
+        return False
+
+    def shutdown_request(self, request) -> None:
+        # Called once for every accepted connection, after its handler, and for refused ones.
+        with self._lock:
+            if request in self._open:
+                self._uncount(self._open.pop(request))
+                self._connections -= 1
+                self._idle.notify_all()
+        super().shutdown_request(request)
+
+    def _uncount(self, peer: str | None) -> None:
+        if peer is not None:
+            self._unauthenticated[peer] -= 1
+            if not self._unauthenticated[peer]:
+                del self._unauthenticated[peer]
 
     def handle_error(self, request, client_address) -> None:
         logger.exception("rendezvous handler for %s failed", client_address[0])
 
-    def connection_opened(self) -> None:
-        """A handler started serving a connection (counted against :attr:`max_connections`)."""
-        with self._lock:
-            self._connections += 1
+    def authenticated(self, request: socket.socket) -> None:
+        """A connection proved it holds the token: it no longer counts against its address's limit.
 
-    def connection_closed(self) -> None:
-        """A handler finished with its connection."""
+        :param request: the handler's connection.
+        """
         with self._lock:
-            self._connections -= 1
-            self._idle.notify_all()
+            if self._open.get(request) is not None:
+                self._uncount(self._open[request])
+                self._open[request] = None
 
     def record(self, registration: Registration, handler: RegistrationHandler) -> str:
         """Record an authenticated registration; the last one completes the run and writes its files.
@@ -189,8 +224,8 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
     def _finish(self) -> None:
         """All workers are in: write the run's files (under the lock, so no one joins or leaves meanwhile)."""
-        ordered = sorted((r for r, _ in self._by_address.values()), key=lambda r: ipaddress.ip_address(r.address))
         try:
+            ordered = sorted((r for r, _ in self._by_address.values()), key=node_order)
             if self.files is not None:
                 write_run_files(self.files, ordered, self.identity_file)
         except Exception as error:  # reported by wait(), which the caller is blocked in
@@ -211,10 +246,31 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             if self._complete.is_set():
                 logger.warning("worker %s (pod %s) disconnected during the run: %s",
                                registration.address, registration.pod, reason)
+                self._lost[registration.address] = f"pod {registration.pod} disconnected from the rendezvous: {reason or 'connection closed'}"
                 return
             del self._by_address[registration.address]
         logger.warning("worker %s (pod %s) left before the run was complete: %s",
                        registration.address, registration.pod, reason)
+
+    def lost(self) -> dict[str, str]:
+        """Workers whose agent hung up after the run was complete (its pod is gone or cut off): address -> why.
+
+        :rtype: dict[str, str]
+        """
+        with self._lock:
+            return dict(self._lost)
+
+    def reopen(self, address: str) -> None:
+        """Make room for a replacement of the worker at ``address``: its registration is dropped and the
+        run is incomplete until one more worker registers (same token; the files are rewritten with its host key).
+
+        :param address: the lost worker's address.
+        """
+        with self._lock:
+            self._by_address.pop(address, None)
+            self._lost.pop(address, None)
+            self._failure = None
+            self._complete.clear()
 
     def wait(self, timeout: float, expected_pods: Iterable[str] | None = None,
              check: Callable[[], None] | None = None, total: float | None = None) -> list[Registration]:

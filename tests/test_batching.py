@@ -1,0 +1,111 @@
+"""Token-budget batching: budget, coverage, determinism, ranks and shapes, on lengths like WikiSQL's."""
+import random
+from collections import Counter
+
+import pytest
+import torch
+from transformers import DataCollatorForSeq2Seq
+
+from textsql.batching import BucketPadding, TokenBudgetBatchSampler, bucket_bounds, padded_length, round_up
+from textsql.constants import LABEL_PAD_TOKEN_ID
+from textsql.errors import DataError
+
+BUDGET = 2048
+
+
+@pytest.fixture(scope="module")
+def lengths() -> tuple[list[int], list[int]]:
+    """1,000 (source, target) lengths around WikiSQL's (inputs 20-140 tokens, queries 8-50)."""
+    generator = random.Random(7)
+    sources = [min(140, max(20, int(generator.gauss(65, 20)))) for _ in range(1000)]
+    targets = [min(50, max(8, int(generator.gauss(22, 7)))) for _ in range(1000)]
+    return sources, targets
+
+
+def sampler(lengths, **kwargs) -> TokenBudgetBatchSampler:
+    return TokenBudgetBatchSampler(*lengths, BUDGET, **kwargs)
+
+
+def test_bounds_are_multiples_of_8_and_cover_the_longest(lengths):
+    bounds = bucket_bounds(lengths[0], buckets=4)
+    assert len(bounds) <= 4 and all(bound % 8 == 0 for bound in bounds)
+    assert bounds[-1] == round_up(max(lengths[0])) and list(bounds) == sorted(bounds)
+    assert padded_length(bounds[0] + 1, bounds) == bounds[1]
+
+
+def test_every_batch_fits_the_budget_in_padded_tokens(lengths):
+    sources, targets = lengths
+    batches = list(sampler(lengths))
+    for batch in batches:
+        source = padded_length(max(sources[i] for i in batch), sampler(lengths).source_bounds)
+        target = padded_length(max(targets[i] for i in batch), sampler(lengths).target_bounds)
+        assert len(batch) * (source + target) <= BUDGET
+    # Filled, not trickling: most batches use most of the budget.
+    assert len(batches) < 1000 * (65 + 22) / BUDGET * 2
+
+
+def test_every_example_once_an_epoch(lengths):
+    batches = sampler(lengths)
+    for epoch in (0, 1):
+        batches.set_epoch(epoch)
+        assert sorted(index for batch in batches for index in batch) == list(range(1000))
+
+
+def test_order_is_fixed_by_seed_and_epoch(lengths):
+    first, again, other_seed = sampler(lengths, seed=1), sampler(lengths, seed=1), sampler(lengths, seed=2)
+    assert list(first) == list(again)
+    assert list(first) != list(other_seed)
+    epoch0 = list(first)
+    first.set_epoch(1)
+    assert list(first) != epoch0
+
+
+def test_ranks_get_equal_batch_counts_and_cover_everything(lengths):
+    for world in (2, 3, 4):
+        ranks = [list(sampler(lengths, seed=3, num_replicas=world, rank=rank)) for rank in range(world)]
+        assert len({len(batches) for batches in ranks}) == 1
+        assert all(len(batches) == len(sampler(lengths, num_replicas=world, rank=0)) for batches in ranks)
+        seen = Counter(index for batches in ranks for batch in batches for index in batch)
+        assert set(seen) == set(range(1000))
+        # Only the batches repeated to even out the ranks come twice: fewer than one per rank.
+        assert sum(seen.values()) - 1000 < world * max(len(batch) for batch in ranks[0])
+
+
+def test_a_tiny_dataset_still_feeds_every_rank():
+    batches = [list(TokenBudgetBatchSampler([10], [5], 64, num_replicas=4, rank=rank)) for rank in range(4)]
+    assert batches == [[[0]]] * 4
+
+
+def test_distinct_shapes_are_bounded_and_predicted(lengths):
+    padder = sampler(lengths)
+    sources, targets = lengths
+    seen = set()
+    for epoch in range(3):
+        padder.set_epoch(epoch)
+        for batch in padder:
+            seen.add((len(batch), padded_length(max(sources[i] for i in batch), padder.source_bounds),
+                      padded_length(max(targets[i] for i in batch), padder.target_bounds)))
+    assert seen <= padder.shapes()
+    assert len(padder.shapes()) <= 2 * 4 * 4
+
+
+def test_an_example_over_the_budget_names_the_flag():
+    with pytest.raises(DataError, match="--max_tokens_per_batch"):
+        TokenBudgetBatchSampler([100, 20], [40, 8], 64)
+
+
+def test_bucket_padding_pads_to_the_bucket_bounds(tmp_path):
+    from textsql.model import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    collator = BucketPadding(DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=8),
+                             (16, 40), (8, 24), tokenizer.pad_token_id)
+    features = [{"input_ids": [5] * 17, "attention_mask": [1] * 17, "labels": [6] * 9},
+                {"input_ids": [5] * 20, "attention_mask": [1] * 20, "labels": [6] * 10}]
+    batch = collator(features)
+    assert batch["input_ids"].shape == (2, 40) and batch["attention_mask"].shape == (2, 40)
+    assert batch["labels"].shape == (2, 24)
+    assert int(batch["attention_mask"].sum()) == 37
+    assert (batch["labels"][:, 10:] == LABEL_PAD_TOKEN_ID).all()
+    assert (batch["input_ids"][0, 17:] == tokenizer.pad_token_id).all()
+    assert isinstance(batch["input_ids"], torch.Tensor)

@@ -1,0 +1,219 @@
+"""Batches filled to a token budget from length buckets, as translation toolkits batch (fairseq's
+``--max-tokens``), instead of a fixed count of questions.
+
+Each example falls into a (source, target) bucket whose bounds are length quantiles rounded up to a
+multiple of 8; a batch holds examples of one bucket only, padded to that bucket's bounds, and as many of
+them as the budget allows. So a batch never exceeds the budget, padding is small, and the model sees a
+few distinct shapes (one per bucket, plus each bucket's last, shorter batch): ``torch.compile``
+recompiles a bounded number of times. The batch order is shuffled per epoch from a seed, and every rank
+draws from the same global order, so all ranks step the same number of times.
+
+Usage::
+
+    >>> sampler = TokenBudgetBatchSampler([12, 30, 31, 9], [7, 20, 22, 5], max_tokens=128)
+    >>> sorted(index for batch in sampler for index in batch)
+    [0, 1, 2, 3]
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+from transformers import Seq2SeqTrainer
+
+from textsql.constants import LABEL_PAD_TOKEN_ID
+from textsql.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+ALIGN = 8  # tensor cores want dimensions in multiples of 8
+DEFAULT_BUCKETS = 4  # per side: at most 4 x 4 (source, target) buckets, so a few dozen shapes at most
+SOURCE_KEYS = ("input_ids", "attention_mask")
+TARGET_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
+
+
+def round_up(length: int, multiple: int = ALIGN) -> int:
+    """``length`` rounded up to a multiple of ``multiple``.
+
+    :rtype: int
+    """
+    return -(-length // multiple) * multiple
+
+
+def bucket_bounds(lengths: Sequence[int], buckets: int = DEFAULT_BUCKETS, align: int = ALIGN) -> tuple[int, ...]:
+    """Upper length bounds of at most ``buckets`` buckets holding about as many examples each.
+
+    Bounds sit at the length quantiles, rounded up to multiples of ``align``; the last covers the longest.
+
+    :rtype: tuple[int, ...]
+    """
+    if not lengths:
+        raise DataError("no examples to batch; the train split is empty")
+    ordered = sorted(lengths)
+    quantiles = (ordered[math.ceil(i * len(ordered) / buckets) - 1] for i in range(1, buckets + 1))
+    return tuple(sorted({round_up(max(length, 1), align) for length in quantiles}))
+
+
+def padded_length(length: int, bounds: Sequence[int]) -> int:
+    """The smallest bound that holds ``length``.
+
+    :rtype: int
+    """
+    position = bisect.bisect_left(bounds, length)
+    if position == len(bounds):
+        raise DataError(f"length {length} exceeds the longest bucket ({bounds[-1]})")
+    return bounds[position]
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Batches of dataset indices, each within ``max_tokens`` padded source plus target tokens.
+
+    Every rank builds the same global list of batches for an epoch (seeded by ``seed`` and the epoch),
+    repeats its first batches until the count divides by ``num_replicas`` (as torch's
+    ``DistributedSampler`` repeats examples), and takes every ``num_replicas``-th batch from ``rank``.
+    With one replica every example comes exactly once an epoch.
+
+    :param source_lengths: tokens of each example's input.
+    :param target_lengths: tokens of each example's labels.
+    :param max_tokens: budget of a batch: examples x (source bound + target bound) of their bucket.
+    :param buckets: quantile buckets per side.
+    :param seed: the shuffle's seed; the same on every rank.
+    """
+
+    # Not a fixed-size sampler: accelerate's shard wrapper must treat the batches as of varying size.
+    batch_size = None
+    drop_last = False
+
+    def __init__(
+        self, source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int, *,
+        buckets: int = DEFAULT_BUCKETS, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+    ) -> None:
+        if len(source_lengths) != len(target_lengths):
+            raise DataError(f"{len(source_lengths)} source lengths but {len(target_lengths)} target lengths")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank!r} outside a world of {num_replicas!r}")
+        self.source_bounds = bucket_bounds(source_lengths, buckets)
+        self.target_bounds = bucket_bounds(target_lengths, buckets)
+        self.max_tokens, self.seed, self.num_replicas, self.rank = max_tokens, seed, num_replicas, rank
+        self.epoch = 0
+        groups: dict[tuple[int, int], list[int]] = {}
+        for index, (source, target) in enumerate(zip(source_lengths, target_lengths)):
+            key = (padded_length(source, self.source_bounds), padded_length(target, self.target_bounds))
+            groups.setdefault(key, []).append(index)
+        self.groups = dict(sorted(groups.items()))
+        self.batch_sizes = {key: max_tokens // sum(key) for key in self.groups}
+        too_long = [key for key, size in self.batch_sizes.items() if size == 0]
+        if too_long:
+            raise DataError(
+                f"examples padded to {too_long[-1][0]} + {too_long[-1][1]} tokens exceed the budget of {max_tokens}; "
+                f"pass --max_tokens_per_batch {sum(too_long[-1])} or more"
+            )
+        self.global_batches = sum(math.ceil(len(group) / self.batch_sizes[key]) for key, group in self.groups.items())
+        logger.info(
+            "token batches: budget %d, source bounds %s, target bounds %s, %d batches an epoch over %d rank(s)",
+            max_tokens, self.source_bounds, self.target_bounds, self.global_batches, num_replicas,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle for ``epoch`` next (the trainer calls it at the start of each epoch)."""
+        self.epoch = epoch
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """All ranks' batches of one epoch, in order, padded to a multiple of the replica count.
+
+        :rtype: list[list[int]]
+        """
+        generator = np.random.default_rng([self.seed, epoch])
+        batches = []
+        for key, group in self.groups.items():
+            shuffled = [group[i] for i in generator.permutation(len(group))]
+            size = self.batch_sizes[key]
+            batches += [shuffled[start:start + size] for start in range(0, len(shuffled), size)]
+        batches = [batches[i] for i in generator.permutation(len(batches))]
+        missing = -len(batches) % self.num_replicas
+        return batches + list(itertools.islice(itertools.cycle(batches), missing))
+
+    def shapes(self) -> set[tuple[int, int, int]]:
+        """Every (examples, source tokens, target tokens) a batch can have.
+
+        :rtype: set[tuple[int, int, int]]
+        """
+        shapes = set()
+        for (source, target), group in self.groups.items():
+            size = self.batch_sizes[(source, target)]
+            shapes |= {(min(size, len(group)), source, target), (len(group) % size or size, source, target)}
+        return shapes
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.epoch_batches(self.epoch)[self.rank::self.num_replicas]
+
+    def __len__(self) -> int:
+        return math.ceil(self.global_batches / self.num_replicas)
+
+
+class BucketPadding:
+    """Wrap a collator so each batch is padded to its bucket's bounds, not to its longest member.
+
+    :param collator: pads to the longest member (``DataCollatorForSeq2Seq``).
+    :param source_bounds: bucket bounds of the inputs; ``target_bounds`` those of the labels.
+    """
+
+    def __init__(self, collator: Callable[[list[dict]], dict], source_bounds: Sequence[int], target_bounds: Sequence[int], pad_token_id: int) -> None:
+        self.collator, self.source_bounds, self.target_bounds = collator, tuple(source_bounds), tuple(target_bounds)
+        self.fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": LABEL_PAD_TOKEN_ID,
+                     "decoder_input_ids": pad_token_id, "decoder_attention_mask": 0}
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.collator(features)
+        for keys, bounds in ((SOURCE_KEYS, self.source_bounds), (TARGET_KEYS, self.target_bounds)):
+            for key in keys:
+                if key in batch:
+                    tensor = batch[key]
+                    width = padded_length(tensor.shape[1], bounds)
+                    batch[key] = torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=self.fill[key])
+        return batch
+
+
+class TokenBudgetTrainer(Seq2SeqTrainer):
+    """``Seq2SeqTrainer`` whose training batches are filled to ``max_tokens_per_batch`` from length buckets.
+
+    With ``max_tokens_per_batch`` unset it is the plain trainer (``per_device_train_batch_size`` examples a batch).
+    """
+
+    def __init__(self, *args, max_tokens_per_batch: int | None = None, buckets: int = DEFAULT_BUCKETS, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
+
+    def get_train_dataloader(self) -> DataLoader:
+        """The token-budget loader, or the trainer's own without a budget.
+
+        :rtype: torch.utils.data.DataLoader
+        """
+        if not self.max_tokens_per_batch:
+            return super().get_train_dataloader()
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        sampler = TokenBudgetBatchSampler(
+            [len(ids) for ids in dataset["input_ids"]], [len(ids) for ids in dataset["labels"]], self.max_tokens_per_batch,
+            buckets=self.buckets, seed=self.args.seed, num_replicas=self.args.world_size, rank=self.args.process_index,
+        )
+        pad_id = self.processing_class.pad_token_id
+        loader = DataLoader(
+            dataset, batch_sampler=sampler,
+            collate_fn=BucketPadding(self.data_collator, sampler.source_bounds, sampler.target_bounds, pad_id),
+            num_workers=self.args.dataloader_num_workers, pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers and self.args.dataloader_num_workers > 0,
+            prefetch_factor=self.args.dataloader_prefetch_factor,
+        )
+        prepared = self.accelerator.prepare(loader)
+        # The sampler shards by rank itself; accelerate's wrapper would shard again and drop batches, so
+        # it is made a pass-through, as the trainer does for its own rank-aware batch sampler.
+        wrapper = getattr(prepared, "batch_sampler", None)
+        if getattr(wrapper, "batch_sampler", None) is sampler:
+            wrapper.num_processes, wrapper.process_index = 1, 0
+        return prepared
