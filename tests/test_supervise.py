@@ -107,6 +107,9 @@ def test_the_cause_is_the_raising_rank_not_the_peer_that_lost_it_first() -> None
     )
     failure = classify(1, watch, {})
     assert (failure.kind, failure.host, failure.message) == (APPLICATION_ERROR, "127.0.0.3", "ValueError: bad batch")
+    # Ranks we end after that failure may need SIGKILL on a loaded machine: still the same error.
+    watch.write("pdsh@m: 127.0.0.2: ssh exited with exit code 247\n")
+    assert classify(1, watch, {}).kind == APPLICATION_ERROR
 
 
 def test_resumed_replaces_any_resume_with_auto(tmp_path: Path) -> None:

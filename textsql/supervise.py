@@ -166,15 +166,17 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     for host, exit_code in watch.exits:
         if exit_code == SSH_FAILED:
             return Failure(WORKER_LOST, host, exit_code, f"ssh to {host} failed (exit code {SSH_FAILED})")
+    # A rank that raised its own error is the cause: ranks still running then are ended by us, and on
+    # a loaded machine some only go with SIGKILL, which must not read as a lost worker.
+    causes = [(failed, error) for failed, error in watch.errors.items() if not PEER_FAILURE.search(error)]
+    if causes:
+        return Failure(APPLICATION_ERROR, causes[0][0], code, causes[0][1])
+    for host, exit_code in watch.exits:
         signum = killing_signal(exit_code)
         if signum is not None and signum not in OWN_SIGNALS:
             return Failure(WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}")
     host = watch.exits[0][0] if watch.exits else None
-    causes = [(failed, error) for failed, error in watch.errors.items() if not PEER_FAILURE.search(error)]
-    if causes:
-        host, message = causes[0]
-    else:
-        message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
+    message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
     return Failure(APPLICATION_ERROR, host, code, message)
 
 
