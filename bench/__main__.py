@@ -21,12 +21,13 @@ from textsql.files import read_json
 logger = logging.getLogger("bench")
 
 BENCH_DIR = Path(__file__).resolve().parent
-FIGURE_NAMES = ("prepare", "rendezvous", "train", "infer", "profiles", "startup", "gpu")
+FIGURE_NAMES = ("prepare", "rendezvous", "train", "infer", "constrained", "profiles", "startup", "gpu")
 SMOKE = {
     "prepare": tokenization.Sizes(repetitions=1, warmup=0, dev_questions=200),
     "rendezvous": rendezvous.Sizes(counts=(4,), repetitions=1, warmup=0, agents=None),
     "train": train_padding.Sizes(examples=16, batch_size=8, repetitions=1, warmup_steps=1),
     "infer": inference.Sizes(questions=4, max_new_tokens=4, repetitions=1, warmup_questions=1),
+    "constrained": inference.ConstrainedSizes(questions=4, max_new_tokens=12, repetitions=1),
     "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1, warmup=0),
     "startup": startup.Sizes(repetitions=1, warmup=0),
     "gpu": gpu.Sizes(epochs=1, skip_steps=1, profiles=("zero0",), loss_epochs=1, eval_steps=5, curve_steps=10,
@@ -37,6 +38,7 @@ FULL = {
     "rendezvous": rendezvous.Sizes(),
     "train": train_padding.Sizes(),
     "infer": inference.Sizes(),
+    "constrained": inference.ConstrainedSizes(),
     "profiles": profiles.Sizes(),
     "startup": startup.Sizes(),
     "gpu": gpu.Sizes(),
@@ -56,6 +58,8 @@ def measure(name: str, sizes, data_dir: str, work: Path) -> dict[str, dict]:
         return {"train_speedup_dynamic_padding": train_padding.run(data_dir, sizes)}
     if name == "infer":
         return {"infer_speedup_batched": inference.run(data_dir, sizes)}
+    if name == "constrained":
+        return {"infer_constrained_over_free": inference.run_constrained(sizes)}
     if name == "profiles":
         return {PROFILES_KEY: profiles.run(data_dir, work, sizes)}
     if name == "gpu":
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        data_dir = prepare_data(work) if set(names) - {"prepare", "rendezvous"} else ""
+        data_dir = prepare_data(work) if set(names) - {"prepare", "rendezvous", "constrained"} else ""
         for name in names:
             started = time.monotonic()
             logger.info("measuring %s", name)

@@ -13,6 +13,7 @@ logger = logging.getLogger(__name__)
 FIGURES = {
     "train_speedup_dynamic_padding": "Training samples/s, per-batch padding + length grouping over fixed 96 padding",
     "infer_speedup_batched": "Inference examples/s, batched (64, mask, length-sorted) over one question at a time",
+    "infer_constrained_over_free": "Batched inference questions/s, constrained to each table's WikiSQL grammar over free decoding",
     "rendezvous_64_workers_s": "Rendezvous of 64 concurrent register-only workers, first connection to hostfile",
     "rendezvous_256_workers_s": "Rendezvous of 256 concurrent register-only workers, first connection to hostfile",
     "rendezvous_64_agents_end_to_end_s": "64 real register-only agent processes, start_workers call to hostfile",
@@ -181,6 +182,8 @@ def _value(key: str, figure: dict) -> str:
     for rates_key in ("samples_per_s", "examples_per_s"):
         if rates_key in figure:
             text += "<br>" + ", ".join(f"{arm} {rates['median']}/s" for arm, rates in figure[rates_key].items())
+    if "parse_rate" in figure:
+        text += "<br>parsed: " + ", ".join(f"{arm} {rate:.0%}" for arm, rate in figure["parse_rate"].items())
     if "value_cpu_time" in figure:
         text += f"<br>per CPU second: {figure['value_cpu_time']}x"
     if "seconds" in figure and len(figure["seconds"]["runs"]) > 1:

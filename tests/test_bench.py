@@ -22,3 +22,14 @@ def test_bench_smoke_writes_results_and_table(tmp_path):
     assert figure["value"] > 0 and figure["seconds"]["runs"] and "register-only" in figure["method"]
     readme = (tmp_path / "README.md").read_text()
     assert "| release |" in readme and "deepspeed" in readme
+
+
+def test_bench_smoke_compares_constrained_and_free_inference(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--only", "constrained", "--out", str(tmp_path), "--work", str(tmp_path / "work")],
+        cwd=PROJECT_DIR, check=True, timeout=300, capture_output=True,
+    )
+    figure = json.loads((tmp_path / "results.json").read_text())["infer_constrained_over_free"]
+    assert figure["value"] > 0 and set(figure["examples_per_s"]) == {"free", "constrained"}
+    assert figure["parse_rate"]["constrained"] == 1.0
+    assert "parsed: free" in (tmp_path / "README.md").read_text()

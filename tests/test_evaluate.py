@@ -117,6 +117,33 @@ def test_error_and_malformed_lines_are_wrong_not_fatal(dev):
     assert report["errors"] == 4
 
 
+def test_parse_rate_counts_queries_whose_columns_belong_to_their_table():
+    records, tables = load_split("sample", "validation")
+    pred = [{"id": item["id"], "query": copy.deepcopy(item["sql"])} for item in records]
+    pred[0] = {"id": records[0]["id"], "error": "could not parse"}
+    pred[1]["query"]["sel"] = len(records[1]["header"])                    # one column past the table
+    pred[2]["query"]["conds"] = [[len(records[2]["header"]) + 3, 0, "x"]]  # a condition on no column
+    report = evaluate(records, pred)
+    assert report["parse_rate"] == (len(records) - 3) / len(records)
+    assert report["lf_correct"] == len(records) - 3
+    assert "parsed" in format_report(report)
+
+
+def test_the_trivial_baseline_is_scored_on_the_same_questions():
+    records, _ = load_split("sample", "validation")
+    common = Counter(item["sql"]["agg"] for item in records).most_common(1)[0][0]
+    report = evaluate(records, [{"id": item["id"], "query": copy.deepcopy(item["sql"])} for item in records])
+    baseline = report["baseline"]
+    assert baseline["query"] == {"sel": 0, "agg": common, "conds": []}
+    assert baseline["components"] == {
+        "sel": sum(item["sql"]["sel"] == 0 for item in records) / len(records),
+        "agg": sum(item["sql"]["agg"] == common for item in records) / len(records),
+        "where": sum(not item["sql"]["conds"] for item in records) / len(records),
+    }
+    assert baseline["parse_rate"] == 1.0 and report["components"] == {"sel": 1.0, "agg": 1.0, "where": 1.0}
+    assert "baseline" in format_report(report)
+
+
 def test_official_predictions_need_one_line_per_gold_line(dev):
     with pytest.raises(DataError, match="8421 gold lines but 8420 predictions"):
         evaluate(dev, official(dev)[:-1])
@@ -231,7 +258,7 @@ def test_execution_accuracy_differs_from_logical_form_where_it_should():
     assert (report["lf_correct"], report["ex_correct"]) == (2, 4)
     assert report["ex_accuracy"] == 0.8
     assert report["errors"] == 1
-    assert report["by_aggregation"]["COUNT"] == {"n": 1, "lf_accuracy": 0.0, "ex_accuracy": 1.0, "lf_correct": 0, "ex_correct": 1, "errors": 0}
+    assert report["by_aggregation"]["COUNT"] == {"n": 1, "lf_accuracy": 0.0, "ex_accuracy": 1.0, "lf_correct": 0, "ex_correct": 1, "errors": 0, "parse_rate": 1.0}
     assert report["by_conditions"]["2"]["ex_accuracy"] == 1.0
 
 

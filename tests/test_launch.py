@@ -72,9 +72,10 @@ MODULE = ("--module", "standin_rank")
 
 
 def textsql_launch(run_dir: Path, *options: str, env: dict[str, str] | None = None) -> list[str]:
-    """The `textsql launch` command line for a run dir (the master port: a free one, by default)."""
+    """The `textsql launch` command line for a run dir (the master port: a free one, by default), verbose:
+    these tests read the ranks' own output, which the default level keeps to launch.log."""
     return [
-        str(BIN / "textsql"), "launch", "--run-dir", str(run_dir),
+        str(BIN / "textsql"), "--verbose", "launch", "--run-dir", str(run_dir),
         *[f"--env={key}={value}" for key, value in (env or {}).items()], *options,
     ]
 

@@ -65,8 +65,8 @@ def test_training_runs_inside_the_workers_context():
     blocks = [node for node in ast.walk(tree) if isinstance(node, ast.With)
               and any(isinstance(item.context_expr, ast.Call) and getattr(item.context_expr.func, "id", "") == "start_workers" for item in node.items)]
     assert len(blocks) == 1
-    launches = [node for node in ast.walk(blocks[0]) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "launch"]
-    assert launches, "launch() must run inside the start_workers block"
+    launches = [node for node in ast.walk(blocks[0]) if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("launch", "supervise")]
+    assert launches, "launch() or supervise() must run inside the start_workers block"
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

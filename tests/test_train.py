@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from textsql.arguments import RunArguments, train_argv
-from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
+from textsql.checkpoints import COMPLETE_MARKER, is_complete_checkpoint, newest_complete_checkpoint, set_aside_incomplete
 from textsql.errors import DataError, LaunchError, ModelError, ProfileError
 from textsql.train import _prepare_on_saving_rank, check_train_args, parse_command_line, resolve_precision
 
@@ -109,6 +109,7 @@ def fake_checkpoint(output, step: int, complete: bool = True):
     (checkpoint / "latest").write_text(f"global_step{step}")
     if complete:
         (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        (checkpoint / COMPLETE_MARKER).write_text(f"global step {step}\n")
     return checkpoint
 
 
@@ -119,6 +120,16 @@ def test_newest_complete_checkpoint_skips_one_cut_off_while_saving(tmp_path):
     cut_off = fake_checkpoint(tmp_path, 15, complete=False)
     assert not is_complete_checkpoint(cut_off)
     assert newest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+def test_a_checkpoint_not_every_rank_finished_is_set_aside(tmp_path, caplog):
+    fake_checkpoint(tmp_path, 5)
+    unmarked = fake_checkpoint(tmp_path, 10)
+    (unmarked / COMPLETE_MARKER).unlink()  # rank 0 wrote `latest`, another rank was still writing
+    assert newest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-5")
+    assert set_aside_incomplete(tmp_path) == [tmp_path / "incomplete-checkpoint-10"]
+    assert "set aside incomplete checkpoint" in caplog.text and "marker" in caplog.text
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-5", "incomplete-checkpoint-10"]
 
 
 @pytest.mark.parametrize(("latest", "reason"), [

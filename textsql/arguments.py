@@ -35,6 +35,10 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "save_total_limit": 2,
     "logging_steps": 10,
     "train_sampling_strategy": "group_by_length",
+    # Bounded wait for a dead peer in a collective (torch's default is 30 minutes): the survivors of a
+    # lost worker fail within this, so the supervisor can relaunch. Generous for a first collective
+    # that waits out CPU Adam's one-time compile.
+    "ddp_timeout": 300,
 }
 
 
@@ -103,6 +107,9 @@ class DataArguments:
         metadata={"help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."},
     )
     pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
+    constrained: bool = field(
+        default=True, metadata={"help": "Evaluation generates only WikiSQL queries over each question's table (textsql.grammar); false generates freely."}
+    )
     max_tokens_per_batch: int | None = field(
         default=None,
         metadata={"help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."},

@@ -2,13 +2,18 @@
 
 The trainer writes ``checkpoint-N/`` and DeepSpeed its engine state inside it; a run killed while
 saving leaves one without the last pieces, and ``--resume auto`` must skip it rather than fail.
+DeepSpeed's ``save_checkpoint`` lets rank 0 write ``latest`` with no barrier before it, while other
+ranks may still be writing their shards, so ``latest`` proves nothing on its own: a checkpoint
+counts only once :class:`MarkComplete` wrote its marker, after every rank had finished saving.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
-from transformers.trainer_utils import sort_checkpoints
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -16,14 +21,34 @@ logger = logging.getLogger(__name__)
 # was cut off while saving and cannot be resumed.
 TRAINER_STATE_FILE = "trainer_state.json"
 DEEPSPEED_LATEST_FILE = "latest"
+# Written by rank 0 into a checkpoint once every rank has finished writing it.
+COMPLETE_MARKER = "textsql-complete"
+# What an incomplete checkpoint is renamed to, out of the trainer's sight (its glob is checkpoint-*).
+SET_ASIDE_PREFIX = "incomplete-"
+
+
+class MarkComplete(TrainerCallback):
+    """Marks each checkpoint complete once every rank has saved its part (a barrier, then rank 0 writes the marker)."""
+
+    def on_save(self, args, state, control, **kwargs) -> None:
+        from accelerate import PartialState
+
+        # Each rank is here only after its own save returned: once all are, every shard is on disk.
+        PartialState().wait_for_everyone()
+        if state.is_world_process_zero:
+            checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            (checkpoint / COMPLETE_MARKER).write_text(f"global step {state.global_step}\n", encoding="utf-8")
 
 
 def incomplete_reason(path: Path) -> str | None:
     """Why a ``checkpoint-N`` directory cannot be resumed, or ``None`` when it was written to the end
-    (trainer state, and a DeepSpeed ``latest`` tag naming a directory inside it).
+    (trainer state, a DeepSpeed ``latest`` tag naming a directory inside it, and the marker that every
+    rank had finished: see :class:`MarkComplete`).
 
     :rtype: str | None
     """
+    if not (path / COMPLETE_MARKER).is_file():
+        return f"no {COMPLETE_MARKER!r} marker (not every rank had finished writing it)"
     if not (path / TRAINER_STATE_FILE).is_file():
         return f"no {TRAINER_STATE_FILE}"
     latest = path / DEEPSPEED_LATEST_FILE
@@ -62,3 +87,24 @@ def newest_complete_checkpoint(output: Path) -> str | None:
             return checkpoint
         logger.warning("skipping checkpoint %s: %s (cut off while saving?)", checkpoint, reason)
     return None
+
+
+def set_aside_incomplete(output: Path) -> list[Path]:
+    """Rename each incomplete checkpoint newer than the newest complete one to ``incomplete-checkpoint-N``,
+    so a resumed run neither loads nor rotates it; each is logged with why. Run on the saving rank only.
+
+    :param output: the training output directory.
+    :rtype: list[Path]
+    :returns: where the incomplete checkpoints went.
+    """
+    moved = []
+    for checkpoint in reversed(sort_checkpoints(str(output)) if output.is_dir() else []):
+        reason = incomplete_reason(Path(checkpoint))
+        if reason is None:
+            break
+        target = output / f"{SET_ASIDE_PREFIX}{Path(checkpoint).name}"
+        shutil.rmtree(target, ignore_errors=True)
+        Path(checkpoint).rename(target)
+        logger.warning("set aside incomplete checkpoint %s as %s: %s", checkpoint, target.name, reason)
+        moved.append(target)
+    return moved

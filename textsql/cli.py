@@ -12,7 +12,7 @@ import click
 
 from textsql.arguments import PrepareArguments, argument_field
 from textsql.console import configure_cli
-from textsql.constants import INPUT_FORMATS
+from textsql.constants import DEFAULT_MAX_RESTARTS, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
 from textsql.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
 from textsql.profiles import available_profiles, profile_path
@@ -122,7 +122,8 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
 @click.option("--header", help="With --question: the table's column names, 'A,B,C' or a JSON list.")
 @click.option("--input-format", type=click.Choice(INPUT_FORMATS), help="Model input form [default: as recorded with the model, else schema].")
 @click.option("--device", help="cuda, cpu, ... [default: cuda when present].")
-def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_new_tokens, limit, question, header, input_format, device) -> None:
+@click.option("--constrained", type=bool, default=True, show_default=True, help="Write only WikiSQL queries over the question's own table; false decodes freely (for comparison).")
+def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_new_tokens, limit, question, header, input_format, device, constrained) -> None:
     """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
     import json
 
@@ -131,7 +132,7 @@ def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
     columns = parse_header(header) if question is not None else None
-    options = GenerationOptions(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens)
+    options = GenerationOptions(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens, constrained=constrained)
     predictor = Predictor.load(model_dir, input_format=input_format, device=device)
     if question is not None:
         click.echo(json.dumps(predictor.ask(question, columns, options), ensure_ascii=False))
@@ -175,14 +176,17 @@ def train(args: tuple[str, ...]) -> None:
 @field_option(LaunchArguments, "socket_ifname")
 @field_option(LaunchArguments, "env", multiple=True, metavar="KEY=VALUE")
 @field_option(LaunchArguments, "module")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULT_MAX_RESTARTS, show_default=True,
+              help="Relaunches after a failure, from the newest complete checkpoint (0: the first failure ends the run).")
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def launch(env: tuple[str, ...], train_args: tuple[str, ...], **options) -> None:
+def launch(env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, **options) -> None:
     """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
 
     The training arguments are checked here first (profile, model, data_dir, flags), so a mistake is
     one line before any rank starts rather than one per rank on every host.
     """
-    from textsql.launch import launch as run_launch, parse_env
+    from textsql.launch import parse_env
+    from textsql.supervise import supervise
 
     given = {name: value for name, value in options.items() if value is not None}
     arguments = LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)
@@ -190,7 +194,7 @@ def launch(env: tuple[str, ...], train_args: tuple[str, ...], **options) -> None
         from textsql.train import check_train_args
 
         check_train_args(arguments.train_args)
-    raise SystemExit(run_launch(arguments))
+    raise SystemExit(supervise(arguments, max_restarts=max_restarts))
 
 
 @cli.group()

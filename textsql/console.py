@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import warnings
+from typing import TextIO
 
 from textsql.errors import TextSQLError
 
@@ -44,9 +45,10 @@ STAGE_PREFIX = "stage: "
 # Ranks' lines that reach the terminal at the default level: this package's own log lines, stage and
 # step lines, and errors; DeepSpeed's launcher INFO, warnings and progress bars only go to launch.log.
 SHOWN_RANK_LINE = re.compile(
-    r"^(?:\S+: )?(?:\d\d:\d\d:\d\d (?:WARNING|ERROR|CRITICAL) (?:textsql|__main__)"
+    r"^(?:\S+: )?(?:\[rank\d+\]: )?(?:\d\d:\d\d:\d\d (?:WARNING|ERROR|CRITICAL) (?:textsql|__main__)"
     r"|step \d+/\d+|stage: |Error: |Traceback |\w*(?:Error|Exception)\b)"
     r"|^pdsh@\S+: \S+: ssh exited with exit code [1-9]"
+    r"|^\[supervisor\] "
 )
 
 
@@ -105,6 +107,27 @@ def configure_cli(verbose: bool) -> None:
         datefmt="%H:%M:%S",
     )
     set_log_level("debug" if verbose else log_level())
+
+
+class ShownLines:
+    """A text stream that passes on only the ranks' lines :func:`shown_rank_line` picks.
+
+    :func:`textsql.launch.launch` and the supervisor see every line (the supervisor reads exit codes
+    and exceptions from them) and write them all to ``launch.log``; only what a person is shown is
+    filtered, here, at the edge.
+    """
+
+    def __init__(self, target: TextIO) -> None:
+        self.target = target
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines(keepends=True):
+            if shown_rank_line(line):
+                self.target.write(line)
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
 
 
 def shown_rank_line(line: str) -> bool:

@@ -44,3 +44,5 @@ DEFAULT_MAX_TARGET_LENGTH = 128
 PREPARE_JSON_NAME = "prepare.json"
 TABLES_DIR_NAME = "tables"
 LABEL_PAD_TOKEN_ID = -100
+# Relaunches the supervisor allows after a failed launch (textsql.supervise).
+DEFAULT_MAX_RESTARTS = 3

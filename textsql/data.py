@@ -87,6 +87,26 @@ def source_text(question: str, header: list[str], input_format: str = "schema") 
     return text
 
 
+def read_source_text(text: str) -> tuple[str, list[str] | None]:
+    """The question and header a model input was built from: :func:`source_text` read back.
+
+    Usage::
+
+        >>> read_source_text("translate to SQL: How many schools? columns: No. | School/Club Team")
+        ('How many schools?', ['No.', 'School/Club Team'])
+
+    :param text: a model input, e.g. decoded from its token ids.
+    :returns: the question, and the column names (``None`` for the ``question`` input format).
+    :rtype: tuple[str, list[str] | None]
+    """
+    question = text.strip().removeprefix(SQL_TASK_PREFIX)
+    # The last marker: a question may say "columns:", a header is written after it.
+    question, marker, columns = question.rpartition(COLUMNS_MARKER)
+    if not marker:
+        return columns, None
+    return question, columns.split(COLUMN_SEPARATOR)
+
+
 def target_text(record: dict) -> str:
     """The model's output for a record: its query as SQL text (:func:`textsql.sql.render_sql`).
 

@@ -264,9 +264,14 @@ def format_summary(result: DemoResult) -> str:
             f"Scores on {metrics['n']} questions: logical form {metrics['lf_accuracy']:.1%}, "
             f"execution {'n/a (the tables carry no rows)' if ex is None else f'{ex:.1%}'}"
         )
+        if metrics.get("parse_rate") is not None:
+            lines.append(f"  parsed as queries over their table: {metrics['parse_rate']:.1%}")
         parts = metrics.get("components") or {}
+        baseline = (metrics.get("baseline") or {}).get("components") or {}
         if parts:
-            lines.append("  parts right: " + ", ".join(f"{name} {value:.1%}" for name, value in parts.items()))
+            lines.append("  parts right: " + ", ".join(
+                f"{name} {value:.1%}" + (f" (baseline {baseline[name]:.1%})" if name in baseline else "") for name, value in parts.items()
+            ))
     lines += [
         "Open next:",
         f"  {_command('textsql')} tensorboard --logdir {_shown(out / 'tensorboard')}",

@@ -22,7 +22,7 @@ import logging
 import math
 import re
 import sqlite3
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +62,8 @@ class Grade:
     # component accuracies of the WikiSQL literature, which show a model learning long before whole
     # queries come out right.
     parts: tuple[bool, bool, bool] = (False, False, False)
+    # A query whose columns belong to its table (when the table's width is known).
+    parsed: bool = False
 
 
 def to_number(value: Any) -> float:
@@ -206,8 +208,11 @@ def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, d
     :param tables: a ``*.tables.jsonl`` path or ``{table_id: table}``; by default the tables carried
         by gold records. Without rows, ``ex_accuracy`` is ``None``.
     :param ordered: compare conditions in order (official ``--ordered``).
-    :returns: ``n``, ``lf_accuracy``, ``ex_accuracy``, counts, and ``by_aggregation`` /
-        ``by_conditions`` breakdowns with the same keys.
+    :returns: ``n``, ``lf_accuracy``, ``ex_accuracy``, counts, ``parse_rate`` (share of predictions
+        that are queries whose columns belong to their table), ``components`` (per-part accuracy),
+        ``baseline`` (the same scores of the trivial query: the most common aggregation of these
+        questions, the first column, no condition), and ``by_aggregation`` / ``by_conditions``
+        breakdowns with the keys of the whole.
     :rtype: dict
     """
     pred_items = _as_list(pred)
@@ -218,18 +223,31 @@ def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, d
     elif tables is None:
         tables = {item["table_id"]: item for item in gold_items if "rows" in item and "types" in item}
     executable = bool(tables) and any(table.get("rows") for table in tables.values())
+    widths = {item["table_id"]: len(item["header"]) for item in gold_items if isinstance(item.get("header"), list)}
+    widths.update({table_id: len(table["header"]) for table_id, table in (tables or {}).items() if "header" in table})
+    baseline = {"sel": 0, "agg": _most_common_aggregation(gold_items), "conds": []}
     with TableEngine(tables if executable else {}) as engine:
-        grades = [_grade(index, g, p, engine if executable else None, ordered) for index, (g, p) in enumerate(zip(gold_items, pred_items))]
+        scoring = (engine if executable else None, ordered)
+        grades = [_grade(index, g, p, *scoring, widths.get(g.get("table_id"))) for index, (g, p) in enumerate(zip(gold_items, pred_items))]
+        baseline_grades = [_grade(index, g, {"query": baseline}, *scoring) for index, g in enumerate(gold_items)]
     report = _summary(grades)
     report["ordered"] = ordered
-    report["components"] = {
-        name: sum(grade.parts[position] for grade in grades) / len(grades) if grades else None
-        for position, name in enumerate(COMPONENTS)
-    }
+    report["components"] = _components(grades)
+    report["baseline"] = {"query": baseline, **_summary(baseline_grades), "components": _components(baseline_grades)}
     report["by_aggregation"] = _breakdown(grades, lambda grade: (grade.agg, AGG_OPS[grade.agg] or "none"))
     report["by_conditions"] = _breakdown(grades, lambda grade: (grade.n_conds, str(grade.n_conds)))
     logger.info("n=%d lf_accuracy=%.4f ex_accuracy=%s", report["n"], report["lf_accuracy"] or 0.0, report["ex_accuracy"])
     return report
+
+
+def _components(grades: list[Grade]) -> dict[str, float | None]:
+    return {name: sum(grade.parts[position] for grade in grades) / len(grades) if grades else None for position, name in enumerate(COMPONENTS)}
+
+
+def _most_common_aggregation(gold: list[dict]) -> int:
+    """The aggregation most of these questions' gold queries use (the lowest index on a tie)."""
+    counts = Counter(int(_gold_query(item, index)["agg"]) for index, item in enumerate(gold))
+    return min(counts, key=lambda agg: (-counts[agg], agg)) if counts else 0
 
 
 def _as_list(source: Source) -> list[dict]:
@@ -279,17 +297,19 @@ def _pred_query(item: dict) -> tuple[dict | None, str | None]:
     return query, None
 
 
-def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, ordered: bool) -> Grade:
+def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, ordered: bool, width: int | None = None) -> Grade:
     gold_query = _gold_query(gold, index)
     query, error = _pred_query(pred)
-    lf, parts = False, (False, False, False)
+    if query is not None and width is not None and not _within(query, width):
+        query, error = None, f"a column outside the table's {width} columns in {query!r}"
+    lf, parts, parsed = False, (False, False, False), query is not None
     if query is not None:
         try:
             predicted, expected_form = logical_form_key(query, ordered), logical_form_key(gold_query, ordered)
             parts = tuple(a == b for a, b in zip(predicted, expected_form))
             lf = all(parts)
         except (TypeError, ValueError) as problem:
-            error = f"malformed query: {problem}"
+            error, parsed = f"malformed query: {problem}", False
     ex = None
     if engine is not None:
         try:
@@ -305,7 +325,14 @@ def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, order
                 ex, error = False, f"execution failed: {problem}"
         elif ex is None:
             ex = False
-    return Grade(gold_query["agg"], len(gold_query["conds"]), lf, ex, error, parts)
+    return Grade(gold_query["agg"], len(gold_query["conds"]), lf, ex, error, parts, parsed)
+
+
+def _within(query: dict, width: int) -> bool:
+    try:
+        return all(0 <= int(col) < width for col in [query["sel"], *(cond[0] for cond in query["conds"])])
+    except (TypeError, ValueError, IndexError):
+        return False
 
 
 def _summary(grades: list[Grade]) -> dict:
@@ -320,6 +347,7 @@ def _summary(grades: list[Grade]) -> dict:
         "lf_correct": lf_correct,
         "ex_correct": ex_correct,
         "errors": sum(grade.error is not None for grade in grades),
+        "parse_rate": sum(grade.parsed for grade in grades) / n if n else None,
     }
 
 
@@ -345,7 +373,14 @@ def format_report(report: dict) -> str:
     for title, section in (("agg", "by_aggregation"), ("conds", "by_conditions")):
         for name, row in report[section].items():
             lines.append(f"{title + ' ' + name:14} {row['n']:6d} {percent(row['lf_accuracy'])} {percent(row['ex_accuracy'])}")
+    if report.get("parse_rate") is not None:
+        lines.append(f"{'parsed':14} {percent(report['parse_rate']).strip()}% of predictions are queries over their table")
     parts = report.get("components") or {}
     if parts:
         lines.append("parts right    " + "  ".join(f"{name} {percent(value).strip()}%" for name, value in parts.items()))
+    baseline = report.get("baseline")
+    if baseline:
+        aggregation = AGG_OPS[baseline["query"]["agg"]] or "no aggregation"
+        lines.append("baseline       " + "  ".join(f"{name} {percent(value).strip()}%" for name, value in baseline["components"].items())
+                     + f"  ({aggregation}, first column, no condition)")
     return "\n".join(lines)

@@ -3,7 +3,9 @@
 :class:`Predictor` holds a model and its tokenizer on the best device (CUDA when present). It
 generates in batches sorted by input length (longest first, so little is padding and an
 out-of-memory shows in the first batch), with attention masks, greedy unless ``num_beams > 1``,
-and returns results in the input order. :func:`predict` runs it over a split and writes one line
+constrained by default to the WikiSQL grammar of each question's table (:mod:`textsql.grammar`) and,
+with beams and tables that carry rows, guided by execution (:mod:`textsql.guidance`), and returns
+results in the input order. :func:`predict` runs it over a split and writes one line
 per question to ``predictions.jsonl`` (optionally also the official WikiSQL prediction format), plus
 ``metrics.json`` beside it when the questions have gold queries. :func:`ask` answers one question
 written by a user about a table header.
@@ -22,13 +24,15 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME
 from textsql.data import load_split, source_text
 from textsql.errors import DataError, ModelError, SQLParseError
 from textsql.evaluate import evaluate, format_report
 from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
+from textsql.grammar import grammar_processor, processor_for_inputs
+from textsql.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
 from textsql.sql import render_sql, parse_sql
 
@@ -47,6 +51,8 @@ class GenerationOptions:
     num_beams: int = field(default=1, metadata={"help": "Beam width; 1 is greedy decoding."})
     max_new_tokens: int = field(default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Most tokens generated per query."})
     max_source_length: int = field(default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (as prepare truncates)."})
+    constrained: bool = field(default=True, metadata={"help": "Write only WikiSQL queries over the question's own table (textsql.grammar); false decodes freely."})
+    execution_guided: bool = field(default=True, metadata={"help": "With beams and tables that carry rows: answer with the first beam whose query runs and finds something."})
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "num_beams", "max_new_tokens", "max_source_length"):
@@ -88,29 +94,50 @@ class Predictor:
             logger.warning("%s holds no weights: predictions come from an untrained model", reference)
         return cls(load_model(reference), load_tokenizer(reference), input_format or recorded_input_format(reference), device)
 
-    def generate(self, input_ids: Sequence[list[int]], options: GenerationOptions | None = None, progress: bool = False) -> list[str]:
+    def generate(
+        self, input_ids: Sequence[list[int]], options: GenerationOptions | None = None, progress: bool = False,
+        items: Sequence[dict] | None = None, tables: dict[str, dict] | None = None,
+    ) -> list[str]:
         """SQL text for each tokenized input, in the input order.
 
         :param input_ids: token ids per question (unpadded, ending in ``</s>``).
         :param options: batch size and decoding; defaults of :class:`GenerationOptions`.
         :param progress: show a progress bar.
+        :param items: per input, its ``question`` and ``header`` (and ``table_id``), which constrained
+            decoding follows; by default they are read back from the input text.
+        :param tables: ``{table_id: table}``; with rows and beams, decoding is execution-guided.
         :rtype: list[str]
         """
         options = options or GenerationOptions()
         order = sorted(range(len(input_ids)), key=lambda index: -len(input_ids[index]))
         texts: list[str] = [""] * len(input_ids)
-        with tqdm(total=len(order), desc="Generating", unit="q", disable=not progress) as bar, torch.inference_mode():
+        guided = bool(items and tables and options.execution_guided and options.num_beams > 1)
+        with ExecutionGuide(tables if guided else {}) as guide, \
+                tqdm(total=len(order), desc="Generating", unit="q", disable=not progress) as bar, torch.inference_mode():
             for start in range(0, len(order), options.batch_size):
                 chunk = order[start:start + options.batch_size]
                 batch = self.tokenizer.pad([{"input_ids": input_ids[index]} for index in chunk], return_tensors="pt").to(self.device)
+                returned = options.num_beams if guided else 1
                 output = self.model.generate(
                     input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], do_sample=False,
-                    num_beams=options.num_beams, max_new_tokens=options.max_new_tokens,
+                    num_beams=options.num_beams, max_new_tokens=options.max_new_tokens, num_return_sequences=returned,
+                    logits_processor=self._constraint(batch["input_ids"], [items[index] for index in chunk] if items else None, options),
                 )
-                for index, text in zip(chunk, self.tokenizer.batch_decode(output, skip_special_tokens=True)):
-                    texts[index] = text.strip()
+                decoded = [text.strip() for text in self.tokenizer.batch_decode(output, skip_special_tokens=True)]
+                for position, index in enumerate(chunk):
+                    beams = decoded[position * returned:(position + 1) * returned]
+                    texts[index] = guide.choose(beams, items[index]["header"], items[index].get("table_id")) if guided else beams[0]
                 bar.update(len(chunk))
         return texts
+
+    def _constraint(self, input_ids: torch.Tensor, items: list[dict] | None, options: GenerationOptions) -> LogitsProcessorList | None:
+        """The grammar of each question's table for one batch, or ``None`` when decoding is free."""
+        if not options.constrained:
+            return None
+        if items is None:
+            return LogitsProcessorList([processor_for_inputs(self.tokenizer, input_ids, options.max_new_tokens)])
+        processor = grammar_processor(self.tokenizer, [item["question"] for item in items], [item["header"] for item in items], options.max_new_tokens)
+        return LogitsProcessorList([processor])
 
     def encode(self, question: str, header: list[str], max_source_length: int = DEFAULT_MAX_SOURCE_LENGTH) -> list[int]:
         """Token ids of the model input for one question, built as ``textsql prepare`` builds them.
@@ -133,7 +160,7 @@ class Predictor:
             raise DataError("the question is empty; pass --question 'How many ...?'")
         if not header:
             raise DataError("no table header; pass --header 'Column A,Column B,...'")
-        text = self.generate([self.encode(question, header, options.max_source_length)], options)[0]
+        text = self.generate([self.encode(question, header, options.max_source_length)], options, items=[{"question": question, "header": header}])[0]
         return {"sql": text, **parsed(text, header)}
 
 
@@ -183,7 +210,7 @@ def ask(model: str | Path | Predictor | None, question: str, header: list[str], 
     :param model: a :class:`Predictor` or a model directory / hub id.
     :param question: the question.
     :param header: the table's column names.
-    :param options: :class:`GenerationOptions` fields (``num_beams``, ``max_new_tokens``).
+    :param options: :class:`GenerationOptions` fields (``num_beams``, ``max_new_tokens``, ``constrained``).
     :rtype: dict
     """
     predictor = model if isinstance(model, Predictor) else Predictor.load(model)
@@ -287,7 +314,7 @@ def predict(
         raise DataError(f"no questions in {str(data)!r} split {split!r}; check --data and --split")
     input_ids = questions.prepared_ids or [predictor.encode(item["question"], item["header"], options.max_source_length) for item in questions.items]
     started = time.perf_counter()
-    texts = predictor.generate(input_ids, options, progress=progress)
+    texts = predictor.generate(input_ids, options, progress=progress, items=questions.items, tables=questions.tables)
     seconds = time.perf_counter() - started
     lines = [_prediction_line(item, text) for item, text in zip(questions.items, texts)]
     out = Path(out)
@@ -298,6 +325,7 @@ def predict(
         "predictions": str(out), "official": str(official_out) if official_out else None, "n": len(lines),
         "parse_errors": sum(line["error"] is not None for line in lines), "seconds": round(seconds, 3),
         "questions_per_second": round(len(lines) / seconds, 2) if seconds else None, "device": str(predictor.device),
+        "constrained": options.constrained, "num_beams": options.num_beams,
         "metrics": None,
     }
     if all(item.get("sql") for item in questions.items):

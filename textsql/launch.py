@@ -49,7 +49,7 @@ from typing import TextIO
 
 import psutil
 
-from textsql.console import shown_rank_line
+from textsql.console import ShownLines
 from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launch_command import (
@@ -151,7 +151,7 @@ def launch(arguments: LaunchArguments, stream: TextIO | None = None) -> int:
     logger.info("cmd = %s", shlex.join(command))
     with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
         log.write(mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n"))
-        return _run(command, env, ranks, stream or sys.stdout, log)
+        return _run(command, env, ranks, stream or ShownLines(sys.stdout), log)
 
 
 def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str):
@@ -207,9 +207,8 @@ def _run(command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRank
             for line in map(mask_credentials, runner.stdout):
                 # The log first: a line someone has seen is in launch.log even if they interrupt at once.
                 log.write(line)
-                if shown_rank_line(line):
-                    stream.write(line)
-                    stream.flush()
+                stream.write(line)
+                stream.flush()
                 failed = PDSH_HOST_FAILED.match(line)
                 if failed and int(failed["code"]) != 0 and first_failure is None:
                     first_failure = failed["host"], int(failed["code"])

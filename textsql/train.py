@@ -31,10 +31,11 @@ from transformers.trainer_utils import EvalPrediction
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
 from textsql.batching import TokenBudgetTrainer
-from textsql.checkpoints import incomplete_reason, newest_complete_checkpoint
+from textsql.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
+from textsql.grammar_trainer import GrammarSeq2SeqTrainer
 from textsql.generation import KeepGenerationBound, bound_generation
 from textsql.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.model import load_config, load_model, load_tokenizer
@@ -88,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
-    trainer = TokenBudgetTrainer(
+    # Evaluation writes only WikiSQL queries over each question's table unless --constrained false.
+    trainer_class = GrammarSeq2SeqTrainer if data_args.constrained else TokenBudgetTrainer
+    trainer = trainer_class(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         model=model,
         args=training_args,
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=exact_match_metric(tokenizer) if training_args.predict_with_generate else None,
-        callbacks=[KeepGenerationBound()],
+        callbacks=[KeepGenerationBound(), MarkComplete()],
     )
     use_step_lines(trainer)
 
@@ -274,6 +277,8 @@ def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
         for path in previous:
             logger.warning("deleting %s of a previous run (--overwrite_output_dir)", path)
             shutil.rmtree(path)
+    if run_args.resume == "auto":
+        set_aside_incomplete(output)
     output.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(_staging(output / MODEL_SUBDIR), ignore_errors=True)
 

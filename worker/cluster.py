@@ -53,10 +53,49 @@ class Cluster:
     workers: tuple[Registration, ...]
     backend: Backend
     _stop: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
+    # The rendezvous that launched workers registered on (None for attached hosts); replacements register there.
+    _server: RendezvousServer | None = field(default=None, repr=False, compare=False)
 
     def stop(self) -> None:
         """Release and stop every worker now (what leaving the ``with`` block does). Safe to call twice."""
         self._stop()
+
+    def lost(self) -> dict[str, str]:
+        """Workers known to be gone: address -> why (agent hung up on the rendezvous, or the backend saw its pod end).
+
+        :rtype: dict[str, str]
+        """
+        lost = self._server.lost() if self._server is not None else {}
+        by_pod = {worker.pod: worker.address for worker in self.workers}
+        for pod, reason in self.backend.failures().items():
+            if pod in by_pod:
+                lost.setdefault(by_pod[pod], f"pod {pod} {reason}")
+        return lost
+
+    def replace_worker(self, address: str, timeout: float = 300.0) -> "Cluster":
+        """Replace the lost worker at ``address`` through the backend and rewrite the run's files.
+
+        A launched replacement registers over the same authenticated rendezvous (same token), and the
+        hostfile, known_hosts (its new host key pinned) and ssh_config are written again; an attached
+        host must answer again (see :meth:`Backend.replace`).
+
+        :param address: the lost worker's address.
+        :param timeout: seconds for the replacement to be registered (or the host to answer).
+        :rtype: Cluster
+        :returns: the cluster with the replacement in the lost worker's place.
+        :raises RendezvousError: if no replacement registered in time.
+        """
+        lost = next((worker for worker in self.workers if worker.address == address), None)
+        if lost is None:
+            raise WorkerError(f"{address} is not a worker of this run; workers: {' '.join(self.hosts)}")
+        if self._server is None:
+            # The same host, its key from the trusted known_hosts: the run's files stay as they are.
+            self.backend.replace(lost.pod, timeout)
+            return self
+        self._server.reopen(address)
+        handle = self.backend.replace(lost.pod, timeout)
+        workers = self._server.wait(timeout, expected_pods=[handle.pod], check=lambda: _check_pods(self.backend))
+        return replace(self, workers=tuple(workers), master_addr=workers[0].address)
 
     @property
     def hosts(self) -> list[str]:
@@ -177,7 +216,7 @@ def start_workers(
         files = _clear_run_files(run_dir)
         port = backend.ssh_port(ssh_port, count)
         if backend.attaches:
-            identity, rendezvous = backend.identity_file, ("", 0)
+            identity, rendezvous, server = backend.identity_file, ("", 0), None
             workers = backend.attach(count, port)
             write_run_files(files, workers, identity)
         else:
@@ -200,16 +239,17 @@ def start_workers(
             workers = server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[h.pod for h in handles],
                                   check=lambda: _check_pods(backend), total=timeout)
         logger.info("%d workers ready: %s", len(workers), " ".join(w.address for w in workers))
-        yield _cluster(run_dir, files, identity, port, rendezvous, workers, backend, stack.close)
+        yield _cluster(run_dir, files, identity, port, rendezvous, workers, backend, stack.close, server)
 
 
 def _cluster(run_dir: Path, files: RunFiles, identity: Path | None, port: int, rendezvous: tuple[str, int],
-             workers: list[Registration], backend: Backend, stop: Callable[[], None]) -> Cluster:
+             workers: list[Registration], backend: Backend, stop: Callable[[], None],
+             server: RendezvousServer | None) -> Cluster:
     ports = {worker.ssh_port for worker in workers}
     return Cluster(
         run_dir=run_dir, hostfile=files.hostfile, known_hosts=files.known_hosts, ssh_config=files.ssh_config,
         identity_file=identity, ssh_port=ports.pop() if len(ports) == 1 else port, master_addr=workers[0].address, rendezvous=rendezvous,
-        workers=tuple(workers), backend=backend, _stop=stop,
+        workers=tuple(workers), backend=backend, _stop=stop, _server=server,
     )
 
 

@@ -108,6 +108,21 @@ class Backend(ABC):
         """
         return {}
 
+    def replace(self, pod: str, timeout: float) -> WorkerHandle:
+        """Provide a worker in place of ``pod``, which was lost during the run.
+
+        A launching backend stops what is left of ``pod`` and launches one new agent with the run's
+        environment; it registers over the same rendezvous (same token, its own new host key) at the
+        same address where the platform allows, else at a new one. An attaching backend waits up to
+        ``timeout`` seconds for the same host to answer over ssh again: it has no other host to offer.
+
+        :param pod: the lost worker's pod name.
+        :param timeout: seconds the replacement may take.
+        :rtype: WorkerHandle
+        :raises WorkerError: if this backend cannot replace workers, or none came within ``timeout``.
+        """
+        raise WorkerError(f"the {self.name!r} backend cannot replace a lost worker ({pod}); start the run again")
+
     @abstractmethod
     def stop(self) -> None:
         """Stop every pod this backend launched. Idempotent; never raises for pods already gone."""

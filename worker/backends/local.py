@@ -52,6 +52,11 @@ class LocalBackend(Backend):
         self.python = python
         self._processes: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, Path] = {}
+        # What launch() was given, so a replacement starts as the original did: pod -> address index.
+        self._indexes: dict[str, int] = {}
+        self._env: dict[str, str] = {}
+        self._slots = 1
+        self._replaced = 0
 
     def rendezvous_host(self) -> str:
         return "127.0.0.1"
@@ -71,26 +76,55 @@ class LocalBackend(Backend):
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         if self.sshd:
             require_tool(c.SSHD_PATH)  # fail here, once, rather than in every agent's log
-        workdir = self.workdir or Path(tempfile.mkdtemp(prefix="textsql-local-workers-"))
-        workdir.mkdir(parents=True, exist_ok=True)
-        start = len(self._processes)
+        self._env, self._slots = dict(env), max(1, resources.gpus)
+        start = len(self._indexes)
         for index in range(start, start + count):
-            pod = f"local-{index}"
-            agent_env = {c.ENV_SLOTS: str(max(1, resources.gpus)), **os.environ, **env}
-            agent_env.update({
-                c.ENV_ADDRESS: loopback_address(index),
-                c.ENV_POD: pod,
-                c.ENV_WORKER_DIR: str(workdir / pod),
-                c.ENV_SSHD: "1" if self.sshd else "0",
-            })
-            self._logs[pod] = workdir / f"{pod}.log"
-            with open(self._logs[pod], "ab", opener=private_opener) as log:
-                self._processes[pod] = subprocess.Popen(
-                    [self.python, "-m", "worker.agent"], env=agent_env, stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                )
-        logger.info("launched %d local workers (logs in %s)", count, workdir)
+            self._start(f"local-{index}", index)
+        logger.info("launched %d local workers (logs in %s)", count, self._workdir())
         return self.pods[start:]
+
+    def replace(self, pod: str, timeout: float) -> WorkerHandle:
+        """Stop what is left of ``pod`` and start a new agent (``local-N-rK``) on the same loopback address.
+
+        :param pod: the lost worker's pod name.
+        :param timeout: unused: the new agent is started at once; the rendezvous waits for it.
+        :rtype: WorkerHandle
+        """
+        if pod not in self._indexes:
+            raise WorkerError(f"no local worker {pod!r} to replace; launched: {', '.join(self._indexes) or 'none'}")
+        old = self._processes.pop(pod, None)
+        if old is not None and old.poll() is None:
+            old.kill()  # lost already: no grace to give
+            old.wait()
+        self._replaced += 1
+        index = self._indexes.pop(pod)
+        replacement = f"local-{index}-r{self._replaced}"
+        self._start(replacement, index)
+        logger.info("replaced local worker %s with %s on %s", pod, replacement, loopback_address(index))
+        return WorkerHandle(replacement, f"pid {self._processes[replacement].pid}")
+
+    def _workdir(self) -> Path:
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="textsql-local-workers-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return self.workdir
+
+    def _start(self, pod: str, index: int) -> None:
+        workdir = self._workdir()
+        agent_env = {c.ENV_SLOTS: str(self._slots), **os.environ, **self._env}
+        agent_env.update({
+            c.ENV_ADDRESS: loopback_address(index),
+            c.ENV_POD: pod,
+            c.ENV_WORKER_DIR: str(workdir / pod),
+            c.ENV_SSHD: "1" if self.sshd else "0",
+        })
+        self._logs[pod] = workdir / f"{pod}.log"
+        self._indexes[pod] = index
+        with open(self._logs[pod], "ab", opener=private_opener) as log:
+            self._processes[pod] = subprocess.Popen(
+                [self.python, "-m", "worker.agent"], env=agent_env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
 
     def failures(self) -> dict[str, str]:
         failed = {}
@@ -113,3 +147,4 @@ class LocalBackend(Backend):
         if self._processes:
             logger.info("stopped %d local workers", len(self._processes))
         self._processes.clear()
+        self._indexes.clear()

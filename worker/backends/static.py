@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,8 @@ from worker.sshd import require_tool
 
 logger = logging.getLogger(__name__)
 
+# Seconds between checks of a lost host.
+_RETRY_S = 5.0
 _PROBE = "hostname; nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true"
 
 
@@ -98,6 +101,30 @@ class StaticBackend(Backend):
             "hostname": hostname, "pod": check_pod(host), "ssh_port": port, "host_key": host_key,
             "user": self.user,
         })
+
+    def replace(self, pod: str, timeout: float) -> WorkerHandle:
+        """Wait up to ``timeout`` seconds for the same host to answer over ssh again (a static list has
+        no other host to offer, and ZeRO checkpoints load only at the same world size).
+
+        :param pod: the lost host (its name as given).
+        :param timeout: seconds to wait.
+        :rtype: WorkerHandle
+        :raises WorkerError: if the host did not answer in time (the last ssh error says why).
+        """
+        index = next((i for i, worker in enumerate(self._attached) if worker.pod == pod), None)
+        if index is None:
+            raise WorkerError(f"no attached host {pod!r} to wait for; attached: {', '.join(w.pod for w in self._attached) or 'none'}")
+        old = self._attached[index]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._attached[index] = self._probe(pod, old.ssh_port, self.hosts.get(pod))
+                return WorkerHandle(pod, f"existing host {self._attached[index].address}")
+            except (WorkerError, OSError, subprocess.TimeoutExpired) as error:
+                if time.monotonic() >= deadline:
+                    raise WorkerError(f"host {pod} did not answer again within {timeout:.0f}s: {error}") from None
+                logger.info("host %s does not answer yet: %s", pod, error)
+                time.sleep(min(_RETRY_S, max(0.0, deadline - time.monotonic())))
 
     def attach(self, count: int, ssh_port: int) -> list[Registration]:
         """Check every host over ssh, in parallel, and describe it as a registration.

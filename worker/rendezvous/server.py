@@ -99,6 +99,8 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self._by_address: dict[str, tuple[Registration, RegistrationHandler]] = {}
         self._complete = threading.Event()
         self._failure: Exception | None = None
+        # Workers whose held connection dropped once the run was complete: address -> why.
+        self._lost: dict[str, str] = {}
         self._connections = 0
         # Accepted connections, each mapped to its peer address until it authenticates (then to None).
         self._open: dict[socket.socket, str | None] = {}
@@ -244,10 +246,31 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             if self._complete.is_set():
                 logger.warning("worker %s (pod %s) disconnected during the run: %s",
                                registration.address, registration.pod, reason)
+                self._lost[registration.address] = f"pod {registration.pod} disconnected from the rendezvous: {reason or 'connection closed'}"
                 return
             del self._by_address[registration.address]
         logger.warning("worker %s (pod %s) left before the run was complete: %s",
                        registration.address, registration.pod, reason)
+
+    def lost(self) -> dict[str, str]:
+        """Workers whose agent hung up after the run was complete (its pod is gone or cut off): address -> why.
+
+        :rtype: dict[str, str]
+        """
+        with self._lock:
+            return dict(self._lost)
+
+    def reopen(self, address: str) -> None:
+        """Make room for a replacement of the worker at ``address``: its registration is dropped and the
+        run is incomplete until one more worker registers (same token; the files are rewritten with its host key).
+
+        :param address: the lost worker's address.
+        """
+        with self._lock:
+            self._by_address.pop(address, None)
+            self._lost.pop(address, None)
+            self._failure = None
+            self._complete.clear()
 
     def wait(self, timeout: float, expected_pods: Iterable[str] | None = None,
              check: Callable[[], None] | None = None, total: float | None = None) -> list[Registration]:

@@ -1,0 +1,187 @@
+"""Decoding constrained to each question's WikiSQL grammar: real sample tables, an untrained model, beams, EOS."""
+import random
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import GenerationConfig, LogitsProcessorList
+
+from textsql.cli import cli
+from textsql.data import load_split, read_source_text, source_text, target_text
+from textsql.grammar import QueryAutomaton, compile_automata, grammar_processor, processor_for_inputs
+from textsql.grammar_trainer import generation_budget
+from textsql.infer import GenerationOptions, Predictor
+from textsql.model import load_tokenizer
+from textsql.sql import parse_sql
+
+PLAYERS = ["Player", "No.", "Nationality", "Position", "Years in Toronto", "School/Club Team"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(None)
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return load_split("sample", "validation")[0]
+
+
+@pytest.fixture(scope="module")
+def predictor() -> Predictor:
+    torch.manual_seed(0)
+    return Predictor.load(None, device="cpu")
+
+
+def walk(tokenizer, automaton: QueryAutomaton, text: str) -> list[int]:
+    """The states a text's tokens (then EOS) go through; fails on the first token the grammar refuses."""
+    state, states = automaton.start, []
+    for token in tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]:
+        assert token in automaton.allowed(state, 1000).tolist(), f"{tokenizer.decode([token])!r} refused in {text!r}"
+        state = automaton.advance(state, token)
+        states.append(state)
+    return states
+
+
+def random_query(tokenizer, automaton: QueryAutomaton, rng: random.Random, budget: int) -> str:
+    state, tokens = automaton.start, []
+    for step in range(budget):
+        token = rng.choice(automaton.allowed(state, budget - step).tolist())
+        tokens.append(token)
+        state = automaton.advance(state, token)
+        if token == tokenizer.eos_token_id:
+            break
+    assert tokens[-1] == tokenizer.eos_token_id, "a query cut off before EOS"
+    return tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("record_id", [
+    "validation-1",   # COUNT, multi-word column, a number from the question ("number 3 play")
+    "validation-24",  # headers with commas, LT, a long number, a value with a comma and "(1.89%)?"
+    "validation-22",  # comma headers, a value of many words with em dashes
+])
+def test_the_gold_query_is_in_the_grammar_of_its_table(tokenizer, records, record_id):
+    record = next(item for item in records if item["id"] == record_id)
+    automaton = QueryAutomaton.build(tokenizer, record["question"], record["header"])
+    walk(tokenizer, automaton, target_text(record))
+
+
+def test_nearly_every_gold_query_of_the_sample_is_in_its_grammar(tokenizer, records):
+    """The few that are not use characters T5's vocabulary lacks, or values that are no span of the question."""
+    automata = compile_automata(tokenizer, [item["question"] for item in records], [item["header"] for item in records])
+    inside = 0
+    for record, automaton in zip(records, automata):
+        try:
+            walk(tokenizer, automaton, target_text(record))
+            inside += 1
+        except AssertionError:
+            pass
+    assert inside / len(records) >= 0.9
+
+
+def test_every_query_the_grammar_allows_parses_over_its_table(tokenizer, records):
+    rng = random.Random(0)
+    automata = compile_automata(tokenizer, [item["question"] for item in records], [item["header"] for item in records])
+    for record, automaton in zip(records, automata):
+        for budget in (24, 64):
+            query = parse_sql(random_query(tokenizer, automaton, rng, budget), record["header"])
+            assert 0 <= query["sel"] < len(record["header"])
+            assert all(0 <= col < len(record["header"]) for col, _, _ in query["conds"])
+
+
+def test_eos_exactly_where_a_query_may_end(tokenizer):
+    automaton = QueryAutomaton.build(tokenizer, "How many schools did player number 3 play at?", PLAYERS)
+    eos = tokenizer.eos_token_id
+    text = "SELECT COUNT School/Club Team FROM table WHERE No. LT 3"
+    ends = [tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"][:index + 1]) for index in range(len(walk(tokenizer, automaton, text)) - 1)]
+    states = walk(tokenizer, automaton, text)
+    allows_eos = [eos in automaton.allowed(state, 1000).tolist() for state in states[:-1]]
+    assert [end for end, allowed in zip(ends, allows_eos) if allowed] == ["SELECT COUNT School/Club Team FROM table", text]
+    assert automaton.allowed(automaton.start, 1000).tolist() != [eos]
+    # After EOS only EOS or padding follow (a greedy search pads finished rows).
+    assert sorted(automaton.allowed(states[-1], 1000).tolist()) == sorted({eos, tokenizer.pad_token_id})
+
+
+def test_values_are_spans_of_the_question_with_their_glued_punctuation_dropped(tokenizer):
+    automaton = QueryAutomaton.build(tokenizer, "What is Rice's score at the \"Big game\"?", ["Team", "Score"])
+    for value in ("Rice", "rice's", "Big game", "\"Big game\"", "score at the", "What"):
+        walk(tokenizer, automaton, f"SELECT Score FROM table WHERE Team = {value}")
+    with pytest.raises(AssertionError):
+        walk(tokenizer, automaton, "SELECT Score FROM table WHERE Team = Duke")
+
+
+def test_a_short_budget_still_ends_in_a_whole_query(tokenizer):
+    rng = random.Random(1)
+    automaton = QueryAutomaton.build(tokenizer, "How many schools did player number 3 play at?", PLAYERS)
+    for _ in range(50):
+        parse_sql(random_query(tokenizer, automaton, rng, 12), PLAYERS)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_an_untrained_model_writes_only_queries_over_each_table(predictor, records, num_beams):
+    """The hardest case: random weights, which unconstrained write no SQL at all."""
+    items = records[:12]
+    input_ids = [predictor.encode(item["question"], item["header"]) for item in items]
+    options = GenerationOptions(batch_size=6, num_beams=num_beams, max_new_tokens=40)
+    for text, item in zip(predictor.generate(input_ids, options, items=items), items):
+        query = parse_sql(text, item["header"])
+        assert all(0 <= col < len(item["header"]) for col in [query["sel"], *(cond[0] for cond in query["conds"])])
+    free = predictor.generate(input_ids, GenerationOptions(batch_size=6, num_beams=num_beams, max_new_tokens=40, constrained=False))
+    assert not any(text.startswith("SELECT") for text in free)
+
+
+def test_every_beam_is_a_query(predictor, tokenizer, records):
+    items = records[:3]
+    batch = tokenizer.pad([{"input_ids": predictor.encode(item["question"], item["header"])} for item in items], return_tensors="pt")
+    processor = grammar_processor(tokenizer, [item["question"] for item in items], [item["header"] for item in items], 40)
+    with torch.inference_mode():
+        output = predictor.model.generate(**batch, num_beams=4, num_return_sequences=4, max_new_tokens=40, logits_processor=LogitsProcessorList([processor]))
+    texts = tokenizer.batch_decode(output, skip_special_tokens=True)
+    for index, text in enumerate(texts):
+        parse_sql(text, items[index // 4]["header"])
+
+
+def test_questions_and_headers_are_read_back_from_model_inputs(tokenizer, records):
+    record = next(item for item in records if item["id"] == "validation-24")
+    encoded = tokenizer([source_text(record["question"], record["header"])], return_tensors="pt")["input_ids"]
+    question, header = read_source_text(tokenizer.decode(encoded[0], skip_special_tokens=True))
+    assert (question, header) == (record["question"], record["header"])
+    assert read_source_text(source_text("Who?", ["A"], "question")) == ("Who?", None)
+    assert processor_for_inputs(tokenizer, encoded, 40).automata[0] is not None
+
+
+def test_the_evaluation_during_training_generates_only_queries(predictor, records, tmp_path):
+    import datasets
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+    from textsql.grammar_trainer import GrammarSeq2SeqTrainer
+
+    tokenizer, items = predictor.tokenizer, records[:6]
+    dataset = datasets.Dataset.from_dict({
+        "input_ids": [predictor.encode(item["question"], item["header"]) for item in items],
+        "labels": [tokenizer(target_text(item))["input_ids"] for item in items],
+    })
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=3, predict_with_generate=True,
+                                    generation_max_length=32, report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = GrammarSeq2SeqTrainer(model=predictor.model, args=args, processing_class=tokenizer,
+                                    data_collator=DataCollatorForSeq2Seq(tokenizer, model=predictor.model))
+    output = trainer.predict(dataset)
+    predictions = torch.where(torch.tensor(output.predictions) < 0, tokenizer.pad_token_id, torch.tensor(output.predictions))
+    for text, item in zip(tokenizer.batch_decode(predictions, skip_special_tokens=True), items):
+        parse_sql(text, item["header"])
+
+
+def test_the_generation_budget_follows_generate():
+    config = GenerationConfig(max_length=64)
+    assert generation_budget({}, config) == 63
+    assert generation_budget({"max_length": 20}, config) == 19
+    assert generation_budget({"max_new_tokens": 10, "max_length": 20}, config) == 10
+    assert generation_budget({}, GenerationConfig(max_new_tokens=30)) == 30
+
+
+def test_cli_answers_one_question_constrained_and_free():
+    for flags, parses in (([], True), (["--constrained", "false"], False)):
+        result = CliRunner().invoke(cli, ["infer", "--question", "How many schools did player number 3 play at?",
+                                          "--header", ",".join(PLAYERS), "--max-new-tokens", "24", "--device", "cpu", *flags])
+        assert result.exit_code == 0, result.output
+        assert ('"error": null' in result.output) is parses, result.output

@@ -1,0 +1,83 @@
+"""Execution-guided decoding: among the beams, the first query that runs on the table's rows and finds something."""
+import pytest
+import torch
+from transformers import LogitsProcessorList
+
+from textsql.errors import SQLParseError
+from textsql.evaluate import ExecutionError, TableEngine
+from textsql.files import write_jsonl
+from textsql.grammar import grammar_processor
+from textsql.guidance import ExecutionGuide
+from textsql.infer import GenerationOptions, Predictor, predict
+from textsql.sql import parse_sql
+
+HEADER = ["Player", "No.", "School"]
+TABLES = {"t1": {"id": "t1", "header": HEADER, "types": ["text", "real", "text"],
+                 "rows": [["Ann", 3, "Duke"], ["Bob", 5, "Yale"], ["Cy", 12, "Duke"]]}}
+ITEMS = [
+    {"id": "q0", "table_id": "t1", "question": "Which player wore number 3 at Duke?", "header": HEADER,
+     "sql": {"sel": 0, "agg": 0, "conds": [[1, 0, "3"]]}},
+    {"id": "q1", "table_id": "t1", "question": "How many players came from Yale?", "header": HEADER,
+     "sql": {"sel": 0, "agg": 3, "conds": [[2, 0, "Yale"]]}},
+]
+
+
+def finds_something(engine: TableEngine, text: str) -> bool:
+    try:
+        return any(value is not None for value in engine.execute("t1", parse_sql(text, HEADER)))
+    except (SQLParseError, ExecutionError):
+        return False
+
+
+def test_the_first_beam_that_runs_and_finds_something_is_chosen():
+    candidates = [
+        "SELECT Player FROM",                              # no query
+        "SELECT Player FROM table WHERE No. > many",       # a word compared with a number column: fails
+        "SELECT Player FROM table WHERE School = Harvard",  # runs, finds nothing
+        "SELECT MAX No. FROM table WHERE School = Oxford",  # an aggregate of nothing: NULL
+        "SELECT Player FROM table WHERE School = Duke",    # runs, finds Ann and Cy
+        "SELECT Player FROM table",
+    ]
+    with ExecutionGuide(TABLES) as guide:
+        assert guide.choose(candidates, HEADER, "t1") == candidates[4]
+        assert guide.choose(candidates[:4], HEADER, "t1") == candidates[0]
+        assert guide.choose(candidates[2:], HEADER, "no-such-table") == candidates[2]
+    rowless = {"t1": {**TABLES["t1"], "rows": []}}
+    with ExecutionGuide(rowless) as guide:
+        assert guide.choose(candidates[2:], HEADER, "t1") == candidates[2]
+
+
+@pytest.fixture(scope="module")
+def predictor() -> Predictor:
+    torch.manual_seed(0)
+    return Predictor.load(None, device="cpu")
+
+
+def test_predictor_answers_with_the_first_executing_beam(predictor):
+    options = GenerationOptions(num_beams=4, max_new_tokens=24)
+    input_ids = [predictor.encode(item["question"], item["header"]) for item in ITEMS]
+    chosen = predictor.generate(input_ids, options, items=ITEMS, tables=TABLES)
+    tokenizer = predictor.tokenizer
+    batch = tokenizer.pad([{"input_ids": ids} for ids in input_ids], return_tensors="pt")
+    processor = grammar_processor(tokenizer, [item["question"] for item in ITEMS], [HEADER] * len(ITEMS), 24)
+    with torch.inference_mode():
+        output = predictor.model.generate(**batch, num_beams=4, num_return_sequences=4, max_new_tokens=24,
+                                          logits_processor=LogitsProcessorList([processor]))
+    beams = [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
+    with TableEngine(TABLES) as engine:
+        for index, text in enumerate(chosen):
+            own = beams[index * 4:(index + 1) * 4]
+            expected = next((beam for beam in own if finds_something(engine, beam)), own[0])
+            assert text == expected
+    unguided = predictor.generate(input_ids, GenerationOptions(num_beams=4, max_new_tokens=24, execution_guided=False), items=ITEMS, tables=TABLES)
+    assert unguided == [beams[0], beams[4]]
+    assert chosen != unguided, "no question where guidance chose another beam: the test shows nothing"
+
+
+def test_predict_on_records_with_rows_is_guided_and_scored_by_execution(predictor, tmp_path):
+    data = tmp_path / "questions.jsonl"
+    write_jsonl(data, [{**item, **{key: TABLES["t1"][key] for key in ("types", "rows")}} for item in ITEMS])
+    summary = predict(predictor, data, out=tmp_path / "predictions.jsonl", options=GenerationOptions(num_beams=4, max_new_tokens=24), progress=False)
+    metrics = summary["metrics"]
+    assert metrics["parse_rate"] == 1.0 and metrics["ex_accuracy"] is not None
+    assert metrics["inference"]["constrained"] is True

@@ -1,0 +1,154 @@
+"""The supervisor: a lost worker is recovered from, the same application error twice ends the run.
+
+The slow tests run real launches over pdsh on two real `local` worker pods with a stand-in rank
+program (as tests/test_launch.py does), so a restart takes seconds; test_launch_training.py-style
+real training is left to the slower tests.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from test_launch import HOSTS, PROJECT_DIR, tagged_processes
+from textsql.errors import LaunchError
+from textsql.launch import LaunchArguments
+from textsql.supervise import (
+    APPLICATION_ERROR, SUPERVISOR_FILE, WORKER_LOST, LaunchWatch, classify, killing_signal, resumed, supervise,
+)
+
+# A rank program: forms the gloo group; rank 1 of the first launch (no --resume yet) fails as asked.
+RANK_MODULE = '''
+import os, signal, sys
+import psutil, torch.distributed as dist
+rank, mode, resumed = int(os.environ["RANK"]), os.environ["STANDIN_MODE"], "--resume" in sys.argv
+dist.init_process_group("gloo")
+dist.barrier()
+if rank == 1 and mode == "raise":
+    raise ValueError("stand-in rank 1 cannot parse its batch")
+if rank == 1 and mode == "kill" and not resumed:
+    os.kill(os.getpid(), signal.SIGKILL)
+if rank == 1 and mode == "killpod" and not resumed:
+    # A pod deleted: its agent and everything under it (sshd, this rank) at once.
+    agent = next(p for p in psutil.Process().parents() if "worker.agent" in p.cmdline())
+    for process in [agent, *agent.children(recursive=True)]:
+        process.kill()
+dist.barrier()
+print(f"stand-in rank {rank} done resumed={resumed}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def supervised(cluster, tmp_path: Path, mode: str, max_restarts: int = 3) -> tuple[int | Exception, str, dict]:
+    """Run the stand-in under the supervisor on the cluster: (exit code or raised error, output, supervisor.json)."""
+    directory = tmp_path / "modules"
+    directory.mkdir(exist_ok=True)
+    (directory / "standin_rank.py").write_text(RANK_MODULE)
+    tag = uuid.uuid4().hex
+    env = {"PYTHONPATH": f"{directory}{os.pathsep}{PROJECT_DIR}", "LAUNCH_TEST_TAG": tag, "STANDIN_MODE": mode}
+    arguments = LaunchArguments(run_dir=cluster.run_dir, module="standin_rank", env=env)
+    stream = io.StringIO()
+    try:
+        result: int | Exception = supervise(arguments, cluster, max_restarts=max_restarts, stream=stream)
+    except LaunchError as error:
+        result = error
+    print(stream.getvalue()[-6000:])
+    assert tagged_processes(tag) == [], "ranks left behind"
+    return result, stream.getvalue(), json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text())
+
+
+# ---- classification, no processes -------------------------------------------------------------
+
+@pytest.mark.parametrize("code, signum", [(247, 9), (137, 9), (241, 15), (-9, 9), (1, None), (0, None), (255, None)])
+def test_killing_signal_from_exit_status(code: int, signum: int | None) -> None:
+    assert killing_signal(code) == signum
+
+
+def watched(*lines: str) -> LaunchWatch:
+    watch = LaunchWatch(io.StringIO(), list(HOSTS))
+    watch.write("".join(line + "\n" for line in lines))
+    return watch
+
+
+def test_a_rank_killed_by_sigkill_is_a_lost_worker_even_if_its_peer_raised() -> None:
+    watch = watched(
+        "127.0.0.2: Traceback (most recent call last):", '127.0.0.2:   File "x.py", line 1', "127.0.0.2: RuntimeError: Connection reset by peer",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 247",
+    )
+    failure = classify(1, watch, {})
+    assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3") and "SIGKILL" in failure.message
+
+
+def test_a_raising_rank_is_an_application_error_with_its_exception_line() -> None:
+    watch = watched(
+        "127.0.0.3: Traceback (most recent call last):", '127.0.0.3:   File "x.py", line 1', "127.0.0.3: ValueError: bad batch",
+        "127.0.0.3: [2025-01-01 10:00:00,000] [ERROR] [launch.py:1] exits with return code = 1",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 1",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 241",  # ended by us afterwards: SIGTERM is no loss
+    )
+    assert classify(1, watch, {}) == classify(1, watch, {}) and classify(1, watch, {}).message == "ValueError: bad batch"
+    assert classify(1, watch, {}).kind == APPLICATION_ERROR
+    assert classify(1, watched("pdsh@m: 127.0.0.3: ssh exited with exit code 255"), {}).kind == WORKER_LOST
+    assert classify(1, watch, {"127.0.0.3": "pod local-1 exited"}).kind == WORKER_LOST
+
+
+def test_the_cause_is_the_raising_rank_not_the_peer_that_lost_it_first() -> None:
+    """Whichever host's failure shows first, the error named is the one that is not a lost peer."""
+    watch = watched(
+        "127.0.0.2: [rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:19894.",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+        "127.0.0.3: Traceback (most recent call last):", "127.0.0.3: ValueError: bad batch",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 1",
+    )
+    failure = classify(1, watch, {})
+    assert (failure.kind, failure.host, failure.message) == (APPLICATION_ERROR, "127.0.0.3", "ValueError: bad batch")
+    # Ranks we end after that failure may need SIGKILL on a loaded machine: still the same error.
+    watch.write("pdsh@m: 127.0.0.2: ssh exited with exit code 247\n")
+    assert classify(1, watch, {}).kind == APPLICATION_ERROR
+
+
+def test_resumed_replaces_any_resume_with_auto(tmp_path: Path) -> None:
+    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", "out", "--resume", "out/checkpoint-2", "--seed=3"])
+    assert resumed(arguments).train_args == ["--output_dir", "out", "--seed=3", "--resume", "auto"]
+    assert resumed(resumed(arguments)).train_args == resumed(arguments).train_args
+
+
+# ---- real launches ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_rank_killed_by_sigkill_is_relaunched_on_the_same_workers(two_local_workers, tmp_path: Path) -> None:
+    result, output, record = supervised(two_local_workers, tmp_path, "kill")
+    assert result == 0
+    assert "stand-in rank 1 done resumed=True" in output
+    events = [event["event"] for event in record["events"]]
+    assert events == [WORKER_LOST, "relaunch", "finished"]
+    lost = record["events"][0]
+    assert lost["host"] == "127.0.0.3" and "SIGKILL" in lost["message"]
+    print(f"rank SIGKILL: detected {lost['detected_s']:.1f} s after the first failure line")
+
+
+@pytest.mark.slow
+def test_the_same_error_twice_ends_the_run_with_it_after_one_retry(two_local_workers, tmp_path: Path) -> None:
+    result, _, record = supervised(two_local_workers, tmp_path, "raise")
+    assert isinstance(result, LaunchError) and str(result) == "ValueError: stand-in rank 1 cannot parse its batch"
+    events = [event["event"] for event in record["events"]]
+    assert events == [APPLICATION_ERROR, "relaunch", APPLICATION_ERROR, "gave up"]
+
+
+@pytest.mark.slow
+def test_a_deleted_pod_is_replaced_and_the_run_finishes(two_local_workers, tmp_path: Path) -> None:
+    old_key = (two_local_workers.run_dir / "known_hosts").read_text()
+    result, output, record = supervised(two_local_workers, tmp_path, "killpod")
+    assert result == 0, output[-3000:]
+    events = [event["event"] for event in record["events"]]
+    assert events == [WORKER_LOST, "replaced", "relaunch", "finished"]
+    assert record["events"][0]["host"] == "127.0.0.3"
+    new_key = (two_local_workers.run_dir / "known_hosts").read_text()
+    assert new_key != old_key, "the replacement's new host key was not pinned"
+    assert "stand-in rank 1 done resumed=True" in output
+    assert any(pod.pod == "local-1-r1" for pod in two_local_workers.backend.pods)

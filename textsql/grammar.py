@@ -1,0 +1,345 @@
+"""Decoding constrained to the WikiSQL grammar of each question's own table.
+
+A model may write only ``SELECT [AGG] column FROM table [WHERE column op value (AND column op value)*]``
+as :func:`textsql.sql.render_sql` renders it: a column is one of the table's header names, an operator
+one of :data:`textsql.constants.COND_OP_TEXT` (``LT`` for ``<``), and a value a span of the question's
+words (the span's first and last word may drop the punctuation a question glues on, as in ``3?`` or
+``Rice's``, and each word may be written as it is, lower-, upper- or first-letter-upper case, since
+WikiSQL values follow the table's cells while questions are often lower case). EOS is allowed exactly
+where a query may end.
+
+How: T5's tokenizer splits text at whitespace and encodes every word on its own (``▁`` + pieces,
+with the same pieces at the start of a text as in its middle), so a query's tokens are its words'
+tokens one after another. Each question gets a :class:`QueryAutomaton`: states joined by phrases
+(keyword, column name, operator, question word) as token sequences; the phrases leaving one state
+share a token trie, and the set of trie nodes a prefix of tokens can be in is a state of a
+deterministic automaton built lazily as decoding visits it. :class:`GrammarLogitsProcessor` advances
+each row's state by its last token at every step and masks every other token, and every token after
+which no whole query fits in the tokens left, so an output cut at ``max_new_tokens`` still ends in EOS.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+from transformers import LogitsProcessor, PreTrainedTokenizerBase
+
+from textsql.constants import AGG_OPS, COND_OP_TEXT, SQL_TABLE_NAME
+from textsql.data import read_source_text
+
+logger = logging.getLogger(__name__)
+
+# What a question glues to the ends of a value: "number 3?", "loc.?", "Rice's", "(KS)".
+_TRAILING_MARKS = "?!.,;:\"'"
+_POSSESSIVE = "'s"
+_LEADING_MARKS = "\"'("
+
+
+class QueryAutomaton:
+    """The token-level grammar of the queries over one table for one question.
+
+    Nodes are trie nodes; an automaton state (see :meth:`start`, :meth:`advance`) is a set of nodes
+    closed under the phrase ends that enter another trie's root.
+
+    Usage::
+
+        >>> automaton = QueryAutomaton.build(tokenizer, "How many schools?", ["No.", "School"])  # doctest: +SKIP
+        >>> state = automaton.advance(automaton.start, 3)                      # doctest: +SKIP
+        >>> tokenizer.convert_ids_to_tokens(automaton.allowed(state, remaining=64))  # doctest: +SKIP
+        ['SEL']
+    """
+
+    def __init__(self, eos_token_id: int, pad_token_id: int):
+        self.children: list[dict[int, int]] = []
+        self.exits: list[list[int]] = []
+        # Per node, the fewest tokens from there to EOS included.
+        self.distance: list[float] = []
+        self.eos_token_id = eos_token_id
+        # After EOS a greedy search keeps feeding pad tokens to finished rows; they stay done.
+        self.done = self.root()
+        self.distance[self.done] = 0
+        for token in dict.fromkeys((eos_token_id, pad_token_id)):
+            self.children[self.done][token] = self.done
+        self._states: dict[frozenset[int], int] = {}
+        self._members: list[frozenset[int]] = []
+        self._moves: list[dict[int, int]] = []
+        self._tokens: list[torch.Tensor] = []
+        self._costs: list[torch.Tensor] = []
+        self._highest_cost: list[float] = []
+        self.start = -1
+
+    @classmethod
+    def build(cls, tokenizer: PreTrainedTokenizerBase, question: str, header: Sequence[str]) -> QueryAutomaton | None:
+        """The automaton for one question over one header (``None`` when no column can be written).
+
+        :param tokenizer: the model's tokenizer.
+        :param question: the question whose words condition values may copy.
+        :param header: the table's column names.
+        :rtype: QueryAutomaton | None
+        """
+        return compile_automata(tokenizer, [question], [list(header)])[0]
+
+    def root(self) -> int:
+        """A new state of the phrase-level grammar: the root of its own trie."""
+        self.children.append({})
+        self.exits.append([])
+        self.distance.append(math.inf)
+        return len(self.children) - 1
+
+    def add(self, source: int, tokens: Sequence[int], target: int) -> None:
+        """A phrase (token sequence) leading from state ``source`` to state ``target``.
+
+        Distances to EOS are kept as phrases are added, which is exact when phrases are added from
+        the end of a query backwards (a target's own phrases before the phrases entering it).
+        """
+        node, left = source, len(tokens) + self.distance[target]
+        self.distance[node] = min(self.distance[node], left)
+        for token in tokens:
+            if token not in self.children[node]:
+                self.children[node][token] = self.root()
+            node, left = self.children[node][token], left - 1
+            self.distance[node] = min(self.distance[node], left)
+        self.exits[node].append(target)
+
+    def finish(self, first: int) -> None:
+        """Fix the grammar once every phrase is added: ``first`` is the state a query starts in."""
+        self.start = self._state(frozenset([first]))
+
+    def advance(self, state: int, token: int) -> int:
+        """The state after ``token``; a token the grammar does not allow (a pruned beam) ends the query.
+
+        :rtype: int
+        """
+        moves = self._moves[state]
+        if token not in moves:
+            targets = frozenset(self.children[node][token] for node in self._members[state] if token in self.children[node])
+            moves[token] = self._state(targets or frozenset([self.done]))
+        return moves[token]
+
+    def allowed(self, state: int, remaining: int) -> torch.Tensor:
+        """The tokens allowed in ``state`` after which a whole query still fits in ``remaining`` tokens.
+
+        When none fits (a ``max_new_tokens`` too small for any query) every grammatical token is allowed.
+
+        :rtype: torch.Tensor
+        """
+        tokens = self._tokens[state]
+        if self._highest_cost[state] < remaining:
+            return tokens
+        fitting = tokens[self._costs[state] < remaining]
+        return fitting if fitting.numel() else tokens
+
+    def _state(self, nodes: frozenset[int]) -> int:
+        closed = set(nodes)
+        pending = list(nodes)
+        while pending:
+            for target in self.exits[pending.pop()]:
+                if target not in closed:
+                    closed.add(target)
+                    pending.append(target)
+        key = frozenset(closed)
+        if key in self._states:
+            return self._states[key]
+        number = len(self._members)
+        self._states[key] = number
+        self._members.append(key)
+        self._moves.append({})
+        # Moves are filled as decoding takes them; the cost of each token (the fewest tokens from
+        # there to EOS) is needed for every mask, so it is computed now.
+        cost: dict[int, float] = {}
+        for node in key:
+            for token, child in self.children[node].items():
+                cost[token] = min(cost.get(token, math.inf), self.distance[child])
+        ordered = sorted(cost, key=cost.__getitem__)
+        self._tokens.append(torch.tensor(ordered, dtype=torch.long))
+        self._costs.append(torch.tensor([cost[token] for token in ordered], dtype=torch.float))
+        self._highest_cost.append(max(cost.values(), default=0))
+        return number
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cases(word: str) -> list[str]:
+    letter = next((index for index, char in enumerate(word) if char.isalpha()), 0)
+    capitalized = word[:letter] + word[letter:letter + 1].upper() + word[letter + 1:]
+    return list(dict.fromkeys((word, word.lower(), word.upper(), capitalized, word.title())))
+
+
+def _first_forms(word: str) -> list[str]:
+    return [word] + ([word[1:]] if len(word) > 1 and word[0] in _LEADING_MARKS else [])
+
+
+def _last_forms(word: str) -> list[str]:
+    forms = [word]
+    # Up to two marks: 'loc.?', '12"?'.
+    for _ in range(2):
+        if len(forms[-1]) > 1 and forms[-1][-1] in _TRAILING_MARKS:
+            forms.append(forms[-1][:-1])
+    forms += [form[:-len(_POSSESSIVE)] for form in list(forms) if form.endswith(_POSSESSIVE) and len(form) > len(_POSSESSIVE)]
+    return forms
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _spellings(word: str) -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]:
+    """A question word's spellings as a value's inner, first, last and only word."""
+    firsts, lasts = _first_forms(word), _last_forms(word)
+    onlies = [form for first in firsts for form in _last_forms(first)]
+    return tuple(frozenset(case for form in forms for case in _cases(form)) for forms in ([word], firsts, lasts, onlies))
+
+
+class _Phrases:
+    """Token sequences of the phrases of one batch, tokenized in one call, keeping only those that decode back."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: set[str]):
+        ordered = sorted(texts)
+        encoded = tokenizer(ordered, add_special_tokens=False)["input_ids"] if ordered else []
+        decoded = tokenizer.batch_decode(encoded, skip_special_tokens=True) if ordered else []
+        # A phrase with a character the vocabulary lacks decodes to other text, which the parser
+        # would not find in the header; such a phrase is left out of the grammar.
+        self.tokens = {
+            text: tuple(ids) for text, ids, back in zip(ordered, encoded, decoded)
+            if ids and tokenizer.unk_token_id not in ids and back.strip() == " ".join(text.split())
+        }
+
+    def add(self, automaton: QueryAutomaton, source: int, texts: Sequence[str] | set[str], target: int) -> None:
+        for text in texts:
+            if text in self.tokens:
+                automaton.add(source, self.tokens[text], target)
+
+
+def compile_automata(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None]) -> list[QueryAutomaton | None]:
+    """One :class:`QueryAutomaton` per question (``None`` without a header or with no writable column).
+
+    :param tokenizer: the model's tokenizer.
+    :param questions: the questions, in batch order.
+    :param headers: each question's column names (``None`` when unknown: that question is unconstrained).
+    :rtype: list[QueryAutomaton | None]
+    """
+    keywords = ["SELECT", f"FROM {SQL_TABLE_NAME}", "WHERE", "AND", *filter(None, AGG_OPS), *COND_OP_TEXT]
+    words = [question.split() for question in questions]
+    values = [[_spellings(word) for word in question_words] for question_words in words]
+    texts = set(keywords) | {name for header in headers for name in header or []}
+    texts |= {form for question in values for spellings in question for forms in spellings for form in forms}
+    phrases = _Phrases(tokenizer, texts)
+    automata = []
+    for header, question_values in zip(headers, values):
+        columns = [name for name in header or [] if name in phrases.tokens]
+        if not columns:
+            if header:
+                logger.warning("no column of %r can be written with this tokenizer; decoding it unconstrained", header)
+            automata.append(None)
+            continue
+        automata.append(_automaton(tokenizer, phrases, columns, question_values))
+    return automata
+
+
+def _automaton(tokenizer: PreTrainedTokenizerBase, phrases: _Phrases, columns: list[str], values: list) -> QueryAutomaton:
+    """The grammar's states and phrases, added from a query's end backwards (see :meth:`QueryAutomaton.add`)."""
+    automaton = QueryAutomaton(tokenizer.eos_token_id, tokenizer.pad_token_id)
+    begin, select, aggregated, selected, complete, condition, operator, value = (automaton.root() for _ in range(8))
+    # ended: a value that may end here; after[i]: a value whose last word is word i, as written.
+    ended = automaton.root()
+    after = [automaton.root() for _ in values]
+    for end in (complete, ended, *after):
+        automaton.add(end, (automaton.eos_token_id,), automaton.done)
+    for position in reversed(range(len(values) - 1)):
+        inner, _, last, _ = values[position + 1]
+        phrases.add(automaton, after[position], inner, after[position + 1])
+        phrases.add(automaton, after[position], last - inner, ended)
+    for position, (_, first, _, only) in enumerate(values):
+        phrases.add(automaton, value, first, after[position])
+        phrases.add(automaton, value, only - first, ended)
+    phrases.add(automaton, operator, COND_OP_TEXT, value)
+    phrases.add(automaton, condition, columns, operator)
+    for end in (ended, *after):
+        phrases.add(automaton, end, ["AND"], condition)
+    phrases.add(automaton, complete, ["WHERE"], condition)
+    phrases.add(automaton, selected, [f"FROM {SQL_TABLE_NAME}"], complete)
+    phrases.add(automaton, aggregated, columns, selected)
+    phrases.add(automaton, select, columns, selected)
+    phrases.add(automaton, select, list(filter(None, AGG_OPS)), aggregated)
+    phrases.add(automaton, begin, ["SELECT"], select)
+    automaton.finish(begin)
+    return automaton
+
+
+class GrammarLogitsProcessor(LogitsProcessor):
+    """Masks every token that would take a row's output out of its question's WikiSQL grammar.
+
+    Rows are ``len(automata) * k`` (``k`` beams per question, in question order), as ``generate``
+    lays them out; a question whose automaton is ``None`` is left unconstrained.
+
+    :param automata: one per question of the batch.
+    :param max_new_tokens: the tokens ``generate`` may write after the decoder's start token.
+    """
+
+    def __init__(self, automata: Sequence[QueryAutomaton | None], max_new_tokens: int):
+        self.automata = list(automata)
+        self.max_new_tokens = max_new_tokens
+        self._states: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if not any(self.automata):
+            return scores
+        sequences = input_ids[:, 1:].tolist()
+        per_question = len(sequences) // len(self.automata)
+        remaining = self.max_new_tokens - input_ids.shape[1] + 1
+        states, rows, counts, allowed, free = {}, [], [], [], []
+        for row, sequence in enumerate(sequences):
+            question = row // per_question
+            automaton = self.automata[question]
+            if automaton is None:
+                free.append(row)
+                continue
+            key = (question, tuple(sequence))
+            if key not in states:
+                states[key] = self._state(automaton, key)
+            tokens = automaton.allowed(states[key], remaining)
+            rows.append(row)
+            counts.append(len(tokens))
+            allowed.append(tokens)
+        # Only the states one step back are ever looked up again.
+        self._states = states
+        mask = torch.full_like(scores, -math.inf)
+        if rows:
+            row_index = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts))
+            mask[row_index.to(scores.device), torch.cat(allowed).to(scores.device)] = 0
+        if free:
+            mask[free] = 0
+        return scores + mask
+
+    def _state(self, automaton: QueryAutomaton, key: tuple[int, tuple[int, ...]]) -> int:
+        question, sequence = key
+        if not sequence:
+            return automaton.start
+        parent = self._states.get((question, sequence[:-1]))
+        if parent is None:
+            parent = self._state(automaton, (question, sequence[:-1]))
+        return automaton.advance(parent, sequence[-1])
+
+
+def grammar_processor(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None], max_new_tokens: int) -> GrammarLogitsProcessor:
+    """A processor for one batch of questions, each over its own header.
+
+    Usage::
+
+        >>> processor = grammar_processor(tokenizer, ["Who is number 3?"], [["Player", "No."]], 64)  # doctest: +SKIP
+        >>> model.generate(**batch, logits_processor=LogitsProcessorList([processor]), max_new_tokens=64)  # doctest: +SKIP
+
+    :rtype: GrammarLogitsProcessor
+    """
+    return GrammarLogitsProcessor(compile_automata(tokenizer, questions, headers), max_new_tokens)
+
+
+def processor_for_inputs(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int) -> GrammarLogitsProcessor:
+    """A processor for a batch of tokenized model inputs, reading each question and header back from
+    its input text (:func:`textsql.data.read_source_text`): what the trainer's evaluation has.
+
+    :rtype: GrammarLogitsProcessor
+    """
+    sources = [read_source_text(text) for text in tokenizer.batch_decode(input_ids, skip_special_tokens=True)]
+    if not any(header for _, header in sources):
+        logger.debug("the inputs carry no table header (question-only input format): generation is not constrained")
+    return grammar_processor(tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens)

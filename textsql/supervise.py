@@ -1,0 +1,320 @@
+"""Keep one training run going through lost workers: relaunch from the newest complete checkpoint.
+
+DeepSpeed's pdsh launcher ends the whole job on any failing rank, and its elastic mode does not work
+with torch 2; so the process that owns the workers and the launch supervises it. After a failed
+:func:`textsql.launch.launch` (which has already ended every rank of that launch on every host) the
+failure is classified:
+
+- **worker lost**: its agent hung up on the rendezvous or the backend saw its pod end
+  (:meth:`worker.cluster.Cluster.lost`), ssh to it failed (pdsh's exit code 255), or a rank was
+  killed by a signal other than the SIGTERM/SIGINT this side sends (SIGKILL: the OOM killer, an
+  eviction). A worker that is gone or does not answer over ssh is replaced through the backend
+  (:meth:`worker.cluster.Cluster.replace_worker`); one whose rank alone was killed is reused. Then
+  the run is launched again with ``--resume auto``: same world size, since a ZeRO checkpoint loads
+  only at the data-parallel size that wrote it.
+- **application error**: a rank raised (its traceback's last line) or exited non-zero by itself. It
+  is retried once, in case it was a consequence of something passing; the same error twice ends the
+  run with that error.
+
+Each event is one line on the launch's stream and a record in ``RUN_DIR/supervisor.json``.
+
+Usage::
+
+    >>> with start_workers("local", 2, "runs/r1") as cluster:
+    ...     supervise(LaunchArguments(run_dir=cluster.run_dir, train_args=[...]), cluster, max_restarts=3)
+    0
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TextIO
+
+from textsql.checkpoints import newest_complete_checkpoint
+from textsql.constants import DEFAULT_MAX_RESTARTS
+from textsql.errors import LaunchError
+from textsql.console import ShownLines
+from textsql.launch import PDSH_HOST_FAILED, LaunchArguments, launch
+from worker.cluster import Cluster
+from worker.constants import HOSTFILE_NAME
+from worker.files import atomic_write
+from worker.hostfile import read_hostfile
+
+logger = logging.getLogger(__name__)
+
+SUPERVISOR_FILE = "supervisor.json"
+# Seconds a replacement worker has to register (or a static host to answer again).
+REPLACE_TIMEOUT_S = 300.0
+# Seconds an ssh check of a suspect worker may take.
+SSH_CHECK_S = 15.0
+WORKER_LOST, APPLICATION_ERROR = "worker lost", "application error"
+# pdsh's exit code when ssh itself failed: the host is unreachable or its sshd is gone.
+SSH_FAILED = 255
+# Signals this side sends when it ends a launch's ranks (textsql.ranks, an interrupt): not a loss.
+OWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+# DeepSpeed's launch.py on a host, when one of its ranks failed: the rank's own return code.
+RANK_RETURN = re.compile(r"exits with return code = (?P<code>-?\d+)")
+# A DeepSpeed launcher log line ("[2025-01-01 10:00:00,000] [INFO] ..."): never a rank's own last word.
+LAUNCHER_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d ")
+TRACEBACK = "Traceback (most recent call last):"
+# torch's prefix on what a rank writes to stderr once its process group exists.
+TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+# What a rank raises when a peer died first (gloo, NCCL, sockets): the peer's own error is the cause,
+# and which of the two is seen first depends on timing.
+PEER_FAILURE = re.compile(r"closed by peer|reset by peer|remote worker crash|DistBackendError|Broken pipe|communicator was aborted", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a launch failed: ``kind`` is :data:`WORKER_LOST` or :data:`APPLICATION_ERROR`; ``message``
+    says what happened (for an application error, the rank's exception line: the same message twice
+    is the same error)."""
+
+    kind: str
+    host: str | None
+    code: int
+    message: str
+
+
+def killing_signal(code: int) -> int | None:
+    """The signal that ended a process, from an exit status: a shell's ``128+N``, DeepSpeed's
+    launch.py's ``sys.exit(-N)`` (``256-N``), or Popen's ``-N``; None for an ordinary exit.
+
+    :param code: the exit status.
+    :rtype: int | None
+    """
+    if code < 0:
+        return -code
+    if 128 < code < 128 + 64:
+        return code - 128
+    if 256 - 64 < code < SSH_FAILED:
+        return 256 - code
+    return None
+
+
+class LaunchWatch:
+    """The stream :func:`textsql.launch.launch` writes to: passes every line on, and keeps what tells
+    one failure from another (per host: exit codes, killing signals, the last exception line)."""
+
+    def __init__(self, stream: TextIO, hosts: list[str]) -> None:
+        """
+        :param stream: where the lines go on to.
+        :param hosts: the launch's hosts (pdsh prefixes each line with ``host: ``); empty for the local launcher.
+        """
+        self.stream, self.hosts = stream, set(hosts)
+        self.exits: list[tuple[str | None, int]] = []
+        self.errors: dict[str | None, str] = {}
+        self.last: dict[str | None, str] = {}
+        self.first_failure_at: float | None = None
+        self._in_traceback: set[str | None] = set()
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self._read(line)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def _read(self, line: str) -> None:
+        failed = PDSH_HOST_FAILED.match(line)
+        if failed:
+            self._exit(failed["host"], int(failed["code"]))
+            return
+        host, separator, text = line.partition(": ")
+        if not separator or host not in self.hosts:
+            host, text = None, line
+        text = TORCH_RANK_PREFIX.sub("", text)
+        returned = RANK_RETURN.search(text)
+        if returned and killing_signal(int(returned["code"])):
+            self._exit(host, int(returned["code"]))
+        if text.startswith(TRACEBACK):
+            self._in_traceback.add(host)
+        elif host in self._in_traceback and text and not text[0].isspace():
+            # The first unindented line after the frames: "SomeError: message".
+            self.errors[host] = text
+            self._in_traceback.discard(host)
+        elif text.strip() and not LAUNCHER_LOG.match(text):
+            self.last[host] = text.strip()
+
+    def _exit(self, host: str | None, code: int) -> None:
+        if self.first_failure_at is None:
+            self.first_failure_at = time.time()
+        self.exits.append((host, code))
+
+
+def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
+    """Tell a lost worker from an application error (see the module docstring).
+
+    :param code: what :func:`textsql.launch.launch` returned.
+    :param watch: what the launch printed.
+    :param lost: workers the rendezvous or the backend know to be gone (address -> why).
+    :rtype: Failure
+    """
+    if lost:
+        host, reason = next(iter(sorted(lost.items())))
+        return Failure(WORKER_LOST, host, code, reason)
+    for host, exit_code in watch.exits:
+        if exit_code == SSH_FAILED:
+            return Failure(WORKER_LOST, host, exit_code, f"ssh to {host} failed (exit code {SSH_FAILED})")
+    # A rank that raised its own error is the cause: ranks still running then are ended by us, and on
+    # a loaded machine some only go with SIGKILL, which must not read as a lost worker.
+    causes = [(failed, error) for failed, error in watch.errors.items() if not PEER_FAILURE.search(error)]
+    if causes:
+        return Failure(APPLICATION_ERROR, causes[0][0], code, causes[0][1])
+    for host, exit_code in watch.exits:
+        signum = killing_signal(exit_code)
+        if signum is not None and signum not in OWN_SIGNALS:
+            return Failure(WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}")
+    host = watch.exits[0][0] if watch.exits else None
+    message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
+    return Failure(APPLICATION_ERROR, host, code, message)
+
+
+@dataclass
+class Supervisor:
+    """Runs :func:`textsql.launch.launch` until it succeeds, replacing lost workers, at most
+    ``max_restarts`` times after the first launch (0: the first failure ends the run, as without it)."""
+
+    arguments: LaunchArguments
+    cluster: Cluster | None = None
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    replace_timeout: float = REPLACE_TIMEOUT_S
+    stream: TextIO = field(default_factory=lambda: ShownLines(sys.stdout))
+    events: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise LaunchError(f"--max-restarts {self.max_restarts!r} must be 0 or more")
+
+    def run(self) -> int:
+        """Launch, and relaunch after each recoverable failure.
+
+        :rtype: int
+        :returns: 0, or the last launch's exit code once the restarts are used up.
+        :raises LaunchError: when a rank fails with the same error twice in a row (its message), or a
+            lost worker could not be replaced.
+        """
+        arguments, previous = self.arguments, None
+        for attempt in range(self.max_restarts + 1):
+            watch = LaunchWatch(self.stream, self._hosts())
+            code = launch(arguments, stream=watch)
+            if code == 0:
+                if attempt:
+                    self._event("finished", attempt, f"run finished after {attempt} restart(s)")
+                return 0
+            failure = classify(code, watch, self.cluster.lost() if self.cluster is not None else {})
+            detected = time.time() - (watch.first_failure_at or time.time())
+            self._event(failure.kind, attempt, f"{failure.kind} on {failure.host or 'this machine'}: {failure.message} "
+                        f"(exit code {failure.code}, detected after {detected:.1f} s)",
+                        host=failure.host, code=failure.code, message=failure.message, detected_s=round(detected, 2))
+            if failure.kind == APPLICATION_ERROR and previous == (failure.kind, failure.message):
+                self._event("gave up", attempt, f"the same error twice, not retried again: {failure.message}")
+                raise LaunchError(failure.message)
+            if attempt == self.max_restarts:
+                break
+            if failure.kind == WORKER_LOST:
+                self._recover(failure, attempt)
+            previous = failure.kind, failure.message
+            arguments = resumed(arguments)
+            self._event("relaunch", attempt + 1, f"relaunching (restart {attempt + 1} of {self.max_restarts}) "
+                        f"from {self._checkpoint(arguments) or 'the start: no complete checkpoint yet'}",
+                        checkpoint=self._checkpoint(arguments))
+        if self.max_restarts:
+            self._event("gave up", self.max_restarts, f"{self.max_restarts} restart(s) used up; exit code {code}")
+        return code
+
+    def _recover(self, failure: Failure, attempt: int) -> None:
+        """Replace the failed worker when it is gone or does not answer; a worker whose rank alone was killed is reused."""
+        if self.cluster is None or failure.host not in self.cluster.hosts:
+            return
+        gone = failure.host in self.cluster.lost() or not self._answers(failure.host)
+        if not gone:
+            return
+        started = time.monotonic()
+        self.cluster = self.cluster.replace_worker(failure.host, self.replace_timeout)
+        self._event("replaced", attempt, f"replacement for {failure.host} registered after {time.monotonic() - started:.1f} s",
+                    host=failure.host)
+
+    def _answers(self, host: str) -> bool:
+        try:
+            return self.cluster.ssh(host, "true", timeout=SSH_CHECK_S).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _hosts(self) -> list[str]:
+        if self.arguments.launcher != "pdsh":
+            return []
+        return list(read_hostfile((self.arguments.hostfile or self.arguments.run_dir / HOSTFILE_NAME).resolve()))
+
+    @staticmethod
+    def _checkpoint(arguments: LaunchArguments) -> str | None:
+        output = option_value(arguments.train_args, "--output_dir")
+        return newest_complete_checkpoint(Path(output)) if output else None
+
+    def _event(self, event: str, attempt: int, line: str, **record) -> None:
+        self.stream.write(f"[supervisor] {line}\n")
+        self.stream.flush()
+        self.events.append({"event": event, "attempt": attempt, "time": time.time(), "line": line, **record})
+        record = {"max_restarts": self.max_restarts, "events": self.events}
+        atomic_write(self.arguments.run_dir / SUPERVISOR_FILE, json.dumps(record, indent=2) + "\n", mode=0o600)
+
+
+def supervise(arguments: LaunchArguments, cluster: Cluster | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
+              stream: TextIO | None = None) -> int:
+    """Run the launch under a :class:`Supervisor` (see the module docstring).
+
+    :param arguments: the launch.
+    :param cluster: the run's workers, so lost ones can be replaced (None: relaunch on the same hosts).
+    :param max_restarts: relaunches allowed after the first launch (0: none).
+    :param stream: where the ranks' output and the supervisor's lines go (default: sys.stdout).
+    :rtype: int
+    """
+    return Supervisor(arguments, cluster, max_restarts, stream=stream or ShownLines(sys.stdout)).run()
+
+
+def resumed(arguments: LaunchArguments) -> LaunchArguments:
+    """The launch again with ``--resume auto`` (any other ``--resume`` replaced): the newest complete checkpoint.
+
+    :rtype: LaunchArguments
+    """
+    kept, skip = [], False
+    for arg in arguments.train_args:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    return replace(arguments, train_args=[*kept, "--resume", "auto"])
+
+
+def option_value(args: list[str], name: str) -> str | None:
+    """The value of ``name VALUE`` or ``name=VALUE`` in an argument list (the last one given), or None.
+
+    :rtype: str | None
+    """
+    value = None
+    for index, arg in enumerate(args):
+        if arg == name and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
