@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import time
 import os
 import logging
 import warnings
@@ -71,8 +72,13 @@ def test_ranks_show_only_their_own_and_error_lines_unless_verbose():
     assert all(shown_rank_line(line) for line in NOISE)
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
-    stream = io.StringIO()
+    stream = Terminal()
     view = StageView(total=2, stream=stream)
     with view.stage("02_train_distributed"):
         for step in range(10, 201, 10):
@@ -84,6 +90,24 @@ def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
     assert "compiling DeepSpeed's shared-memory communication op" in stream.getvalue()
     assert "200/200 steps" in stream.getvalue() and "loss 3.000" in stream.getvalue()
     assert lines[-2].rpartition("\r")[2].startswith("[1/2] 02_train_distributed done in")
+
+
+def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals(monkeypatch):
+    """A CI log or a pipe cannot redraw a bar: a plain line every PLAIN_EVERY_S, with the last step."""
+    import textsql.stages
+
+    monkeypatch.setattr(textsql.stages, "TICK_S", 0.05)
+    monkeypatch.setattr(textsql.stages, "PLAIN_EVERY_S", 0.2)
+    stream = io.StringIO()
+    view = StageView(total=1, stream=stream)
+    with view.stage("02_train_distributed"):
+        view.feed("127.0.0.2: step 20/200: loss 3.120 (14 s)")
+        time.sleep(0.5)
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+    assert 1 <= len(lines) - 1 <= 4, lines  # the plain lines, then the stage line
+    assert lines[0].startswith("[1/1] 02_train_distributed: ") and lines[0].endswith("step 20/200: loss 3.120")
+    assert lines[-1].startswith("[1/1] 02_train_distributed done in")
 
 
 def test_cell_output_goes_to_the_log_file_not_the_terminal(tmp_path, capsys):

@@ -29,6 +29,9 @@ from textsql.console import STAGE_PREFIX, STEP_LINE
 logger = logging.getLogger(__name__)
 
 TICK_S = 1.0
+# Where the stream is no terminal (a CI log, a captured pipe) a bar cannot redraw in place: a plain
+# line this often instead.
+PLAIN_EVERY_S = 10.0
 WAITING_FORMAT = "{desc}: {elapsed}{postfix}"
 # No time left: the stage's clock includes start-up, so a rate-based guess would mislead.
 STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} steps [{elapsed}]{postfix}"
@@ -37,24 +40,29 @@ STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} steps [{elapsed
 class StageView:
     """Stage lines and one live bar on ``stream`` (stderr), fed with the running stage's output lines.
 
-    With ``live`` false (``--verbose``, where the cells' output is shown as it comes) only the stage lines.
+    With ``live`` false (``--verbose``, where the cells' output is shown as it comes) only the stage lines;
+    on a stream that is no terminal, a plain progress line every :data:`PLAIN_EVERY_S` instead of the bar.
     """
 
     def __init__(self, total: int, stream: TextIO | None = None, live: bool = True) -> None:
         self.total = total
-        self.live = live
         self.stream = stream or sys.stderr
+        self.live = live
+        self.redraws = live and self.stream.isatty()
         self.done = 0
         self.bar: tqdm | None = None
         self.started = 0.0
+        self.label = ""
+        self.progress = ""
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Show a ticking bar while the block runs, then one line with the stage's time."""
-        label = f"[{self.done + 1}/{self.total}] {name}"
-        self.started = time.monotonic()
-        if self.live:
-            self.bar = tqdm(desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True)
+        label = self.label = f"[{self.done + 1}/{self.total}] {name}"
+        self.started, self.progress = time.monotonic(), ""
+        if self.redraws:
+            # position 0: papermill's own (hidden) bar would otherwise push this one down a line per redraw.
+            self.bar = tqdm(desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True, position=0)
         stop = threading.Event()
         ticker = threading.Thread(target=self._tick, args=(stop,), daemon=True)
         ticker.start()
@@ -76,6 +84,8 @@ class StageView:
         for line in text.splitlines():
             line = line.strip()
             step = STEP_LINE.match(line)
+            if step:
+                self.progress = f"step {step['step']}/{step['total']}: {step['text']}"
             if self.bar is not None and step:
                 if self.bar.total != int(step["total"]):
                     self.bar.bar_format, self.bar.total = STEPS_FORMAT, int(step["total"])
@@ -89,9 +99,13 @@ class StageView:
 
     def _tick(self, stop: threading.Event) -> None:
         # tqdm redraws only on updates; a stage can be silent for minutes (op compilation, rank start-up).
+        last_plain = time.monotonic()
         while not stop.wait(TICK_S):
             if self.bar is not None:
                 self.bar.refresh()
+            elif self.live and time.monotonic() - last_plain >= PLAIN_EVERY_S:
+                last_plain = time.monotonic()
+                self._line(f"{self.label}: {last_plain - self.started:.0f} s {self.progress}".rstrip())
 
 
 class CellOutput(logging.Handler):
