@@ -31,18 +31,16 @@ from transformers import AutoConfig, Seq2SeqTrainer, Seq2SeqTrainingArguments, T
 from bench import inference
 from bench.events import scalars
 from bench.flops import T5Shape, mfu, peak_flops, training_flops
-from bench.profiles import model_dir, train_only
-from bench.rank_probe import PROBE_DIR_VAR
+from bench.profiles import launch_probed, model_dir, train_only
 from bench.train_padding import StepClock, seed_padding
+from textsql.arguments import train_argv
 from textsql.batching import TokenBudgetBatchSampler
 from textsql.estimate import estimate
 from textsql.files import read_json
 from textsql.hardware import device_facts, fast_defaults
-from textsql.launch import LaunchArguments, launch
 from textsql.model import load_model, load_tokenizer
 from textsql.profiles import available_profiles
 from textsql.train import TENSORBOARD_SUBDIR
-from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -101,21 +99,16 @@ def old_recipe(model: Path, prepared: datasets.DatasetDict, output: Path, epochs
                    data_collator=default_data_collator, callbacks=[callback]).train()
 
 
-def launch_ours(work: Path, name: str, model: Path, data: Path, extra: list[str]) -> Path:
-    """``textsql train`` with the defaults on 1 rank through DeepSpeed's launcher; the run's output directory.
+def launch_ours(work: Path, name: str, model: Path, data: Path, **values) -> Path:
+    """``textsql train`` with the defaults (changed by ``values``, see :func:`textsql.arguments.train_argv`) on
+    1 rank through DeepSpeed's launcher; the run's output directory.
 
     :rtype: pathlib.Path
     """
-    run_dir = work / name
-    probes, output = run_dir / "probe", run_dir / "out"
-    probes.mkdir(parents=True, exist_ok=True)
-    train_args = ["--model", str(model), "--data_dir", str(data), "--output_dir", str(output), "--overwrite_output_dir", "true",
-                  "--save_strategy", "no", "--disable_tqdm", "true", *extra]
-    arguments = LaunchArguments(run_dir=run_dir, launcher="local", ranks=1, module="bench.rank_probe", master_port=free_port(),
-                                env={PROBE_DIR_VAR: str(probes)}, train_args=train_args)
-    with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
-        if launch(arguments, stream=log) != 0:
-            raise RuntimeError(f"{name} failed; see {run_dir / 'bench.log'}")
+    run_dir, output = work / name, work / name / "out"
+    train_args = train_argv(model=str(model), data_dir=str(data), output_dir=str(output), overwrite_output_dir=True,
+                            save_strategy="no", disable_tqdm=True, **values)
+    launch_probed(run_dir, 1, train_args, name)
     return output
 
 
@@ -186,10 +179,10 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
 
     steps = sizes.epochs * len(TokenBudgetBatchSampler(*lengths, budget, seed=SEED))
     per_step = step_samples(lengths, budget, shape, steps)
-    common = ["--num_train_epochs", str(sizes.epochs), "--eval_strategy", "no", "--logging_steps", str(sizes.skip_steps)]
+    common = {"num_train_epochs": sizes.epochs, "eval_strategy": "no", "logging_steps": sizes.skip_steps}
     rows, predicted = {}, estimate(str(model), nodes=1, gpus_per_node=1, gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / GIB)
     for name in ("default", *(sizes.profiles or available_profiles())):
-        output = launch_ours(work, name, model, data, common + ([] if name == "default" else ["--profile", name]))
+        output = launch_ours(work, name, model, data, **common, **({} if name == "default" else {"profile": name}))
         samples, flops = throughput(output, per_step, sizes.skip_steps)
         probe = read_json(output.parent / "probe" / "rank0.json")
         rows[name] = {
@@ -204,13 +197,13 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-loss-") as output:
         old_recipe(model, prepared, Path(output), sizes.loss_epochs, loss_clock, evaluate=sizes.eval_steps)
     started_ours = time.time()
-    output = launch_ours(work, "to-loss", model, Path(data_dir), ["--num_train_epochs", str(sizes.loss_epochs), "--eval_steps", str(sizes.eval_steps)])
+    output = launch_ours(work, "to-loss", model, Path(data_dir), num_train_epochs=sizes.loss_epochs, eval_steps=sizes.eval_steps)
     reached = [wall for _, wall, value in scalars(output / TENSORBOARD_SUBDIR, "eval/loss") if value <= sizes.target_eval_loss]
 
-    curve_args = ["--max_steps", str(sizes.curve_steps), "--eval_strategy", "no", "--logging_steps", "1"]
-    fast = [value for *_, value in scalars(launch_ours(work, "curve-defaults", model, data, curve_args) / TENSORBOARD_SUBDIR)]
-    eager = [value for *_, value in scalars(launch_ours(work, "curve-eager-fp32", model, data, curve_args + [
-        "--precision", "fp32", "--optim", "adamw_torch", "--tf32", "false"]) / TENSORBOARD_SUBDIR)]
+    curve = {"max_steps": sizes.curve_steps, "eval_strategy": "no", "logging_steps": 1}
+    fast = [value for *_, value in scalars(launch_ours(work, "curve-defaults", model, data, **curve) / TENSORBOARD_SUBDIR)]
+    eager = [value for *_, value in scalars(launch_ours(work, "curve-eager-fp32", model, data, **curve,
+                                                        precision="fp32", optim="adamw_torch", tf32=False) / TENSORBOARD_SUBDIR)]
 
     default = rows["default"]
     return {

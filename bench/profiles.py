@@ -82,6 +82,24 @@ def train_only(data_dir: str, work: Path) -> Path:
     return target
 
 
+def launch_probed(run_dir: Path, ranks: int, train_args: list[str], what: str) -> Path:
+    """Launch ``ranks`` local ranks of ``bench.rank_probe`` (the training module, recording each rank's
+    peak memory) with ``train_args``, output in ``run_dir/bench.log``; the directory of the probes' files.
+
+    :raises RuntimeError: naming ``what`` and the log, when the launch fails.
+    :rtype: pathlib.Path
+    """
+    probes = run_dir / "probe"
+    probes.mkdir(parents=True, exist_ok=True)
+    arguments = LaunchArguments(run_dir=run_dir, launcher="local", ranks=ranks, module="bench.rank_probe", master_port=free_port(),
+                                env={PROBE_DIR_VAR: str(probes)}, train_args=train_args)
+    with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
+        code = launch(arguments, stream=log)
+    if code != 0:
+        raise RuntimeError(f"{what} failed with exit code {code}; see {run_dir / 'bench.log'}")
+    return probes
+
+
 def train_args(model: Path, data: Path, output: Path, profile: str, steps: int, batch_size: int) -> list[str]:
     """``textsql train`` arguments for a short, evaluation-free run logging every step.
 
@@ -100,18 +118,9 @@ def run_profile(profile: str, model: Path, data: Path, work: Path, sizes: Sizes)
     """
     run_dir = work / profile
     shutil.rmtree(run_dir, ignore_errors=True)
-    probes = run_dir / "probe"
-    probes.mkdir(parents=True)
     output = run_dir / "out"
-    arguments = LaunchArguments(
-        run_dir=run_dir, launcher="local", ranks=RANKS, module="bench.rank_probe", master_port=free_port(),
-        env={PROBE_DIR_VAR: str(probes)}, train_args=train_args(model, data, output, profile, sizes.steps, sizes.batch_size),
-    )
     logger.info("profile %s: launching %d ranks (log in %s)", profile, RANKS, run_dir / "bench.log")
-    with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
-        code = launch(arguments, stream=log)
-    if code != 0:
-        raise RuntimeError(f"profile {profile} failed with exit code {code}; see {run_dir / 'bench.log'}")
+    probes = launch_probed(run_dir, RANKS, train_args(model, data, output, profile, sizes.steps, sizes.batch_size), f"profile {profile}")
     peaks = [read_json(path)["peak_rss_bytes"] for path in sorted(probes.glob("rank*.json"))]
     if len(peaks) != RANKS:
         raise RuntimeError(f"profile {profile}: {len(peaks)} of {RANKS} ranks recorded their memory; see {run_dir / 'bench.log'}")
