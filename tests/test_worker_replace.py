@@ -7,7 +7,6 @@ is checked by a real ssh login through the run's ssh_config.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import psutil
@@ -35,18 +34,23 @@ def pinned_keys(cluster: Cluster) -> dict[str, str]:
     return keys
 
 
+def running(process: psutil.Process) -> bool:
+    """Alive: not gone, and not a zombie waiting for its parent to read its exit status."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def kill(processes: list[psutil.Process]) -> None:
-    """SIGKILL each and wait until it is dead. This process's own children (the emulators' engines and pods)
-    are left unreaped, as zombies: the emulators read their exit status as the platform would."""
-    own = [p for p in processes if p.ppid() == os.getpid()]
+    """SIGKILL each and wait until it is dead. The emulators' engines and pods are this process's
+    children, left unreaped so the emulators read their exit status as the platform would."""
     for process in processes:
         process.kill()
-    psutil.wait_procs([p for p in processes if p not in own], timeout=30)
-    for process in own:
-        for _ in range(600):
-            if process.status() == psutil.STATUS_ZOMBIE:
-                break
-            time.sleep(0.05)
+    for _ in range(600):
+        if not any(running(process) for process in processes):
+            return
+        time.sleep(0.05)
 
 
 def assert_replaced(before: Cluster, after: Cluster, keys_before: dict[str, str]) -> None:
@@ -74,20 +78,25 @@ def kubernetes_cluster(tmp_path, monkeypatch):
         api.close()
 
 
-@pytest.mark.parametrize("how", ["container killed", "pod deleted"])
+@pytest.mark.parametrize("how", ["container killed", "pod deleted", "sshd unreachable"])
 def test_a_lost_kubernetes_pod_is_replaced_by_a_copy_that_registers_with_a_new_key(kubernetes_cluster, how):
     cluster, api = kubernetes_cluster
     lost = cluster.workers[1].pod
     keys_before, spec_before = pinned_keys(cluster), ApiClient().sanitize_for_serialization(api.pods[lost])
+    agent = psutil.Process(api.processes[lost].pid)
+    processes = [agent, *agent.children(recursive=True)]
     if how == "container killed":  # the OOM killer: the Pod object stays, Failed
-        agent = psutil.Process(api.processes[lost].pid)
-        kill([agent, *agent.children(recursive=True)])
+        kill(processes)
         assert api.status_of(lost)[0] == "Failed"
-    else:  # an eviction: the Pod object is gone
+    elif how == "pod deleted":  # an eviction: the Pod object is gone
         api.delete_namespaced_pod(lost, "default", grace_period_seconds=10)
+    else:  # the Pod still Running but its sshd does not answer: the replacement must delete it
+        kill([p for p in processes if "sshd" in p.name()])
+        assert api.status_of(lost)[0] == "Running"
     replaced = cluster.replace_worker(LOST, timeout=60)
     new = replaced.workers[1].pod
     assert new == f"{lost}-r1" and lost not in api.pods and lost not in api.processes
+    assert not any(running(process) for process in processes), "the lost pod's agent is still running"
     assert_replaced(cluster, replaced, keys_before)
     # The same Pod under a new name: spec and labels (what `textsql workers cleanup` selects by) unchanged.
     spec = ApiClient().sanitize_for_serialization(api.pods[new])
@@ -135,6 +144,7 @@ def test_a_lost_cml_engine_is_replaced_by_a_new_engine_and_stopped_if_still_runn
     new = replaced.workers[1].pod
     states = {w["id"]: w["status"] for w in api.list_workers()}
     assert states[lost] == status and states[new] == "running" and new != lost
+    assert not any(running(process) for process in processes), "the lost engine's agent is still running"
     assert [pod.pod for pod in cluster.backend.pods] == [cluster.workers[0].pod, new]
     assert_replaced(cluster, replaced, keys_before)
 
