@@ -189,7 +189,7 @@ def test_import_stops_at_the_runtime_check_when_notebook_01_needs_an_unreachable
     run = project.run(check)
     assert run.returncode == 1, run.output
     lines = run.output.strip().splitlines()
-    (hub,) = [line for line in lines if "model hub" in line]
+    (hub,) = [line for line in lines if line.split()[1:3] == ["model", "hub"]]
     assert hub.startswith("MISSING") and "unreachable" in hub and 'set model to "default"' in hub
     assert lines[-1].startswith("Error: this runtime lacks model hub to prepare")
 
@@ -228,3 +228,16 @@ def test_import_as_cml_runs_it(tmp_path):
     assert [path.name.split("-")[0] for path in written] == ["01_prepare_dataset"]
     assert set(project.jobs) == {"prepare_dataset", "train_distributed", "inference"}
     assert [application["subdomain"] for application in project.applications] == ["tensorboard"]
+
+
+@pytest.mark.slow
+def test_training_job_started_on_a_runtime_that_cannot_train_ends_in_one_line_before_any_worker():
+    project = amp_import.AmpImport(METADATA, PROJECT_DIR, {"TEXTSQL_MODEL": "t5-small", "HF_ENDPOINT": _unreachable_hub()})
+    (create,) = [task for task in TASKS if task["type"] == "create_job" and task["arguments"] == "02_train_distributed"]
+    project.run(create)
+    before = set((PROJECT_DIR / "runs" / "jobs").glob("*.ipynb"))
+    run = project.run({"type": "run_job", "entity_label": create["entity_label"]})
+    assert run.returncode == 1
+    (line,) = run.output.strip().splitlines()
+    assert line.startswith("Error: this runtime cannot train: ") and "model hub: " in line and 'set model to "default"' in line
+    assert _new_job_notebooks(before) == [], "the notebook never started, so no worker did"

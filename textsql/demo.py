@@ -76,6 +76,24 @@ def notebook_path(name: str) -> Path:
     return NOTEBOOKS_DIR / f"{stem}.ipynb"
 
 
+def declared_parameters(name: str) -> dict[str, dict[str, Any]]:
+    """The notebook's parameters as papermill reads them: name, type, default (source text) and help.
+
+    :param name: the notebook.
+    :rtype: dict
+    """
+    import papermill
+
+    # papermill logs every notebook it opens at INFO, which a job's log shows; reading is no news.
+    papermill_logger = logging.getLogger("papermill")
+    level = papermill_logger.level
+    papermill_logger.setLevel(logging.WARNING)
+    try:
+        return papermill.inspect_notebook(str(notebook_path(name)))
+    finally:
+        papermill_logger.setLevel(level)
+
+
 def parameters_from_environ(name: str, environ: Mapping[str, str] | None = None, root: Path = PROJECT_DIR) -> dict[str, Any]:
     """The notebook's parameters that are set as ``TEXTSQL_<NAME>`` in the environment; relative paths
     among them are made absolute against the project root (:func:`project_path`).
@@ -85,10 +103,8 @@ def parameters_from_environ(name: str, environ: Mapping[str, str] | None = None,
     :param root: the project root.
     :rtype: dict
     """
-    import papermill
-
     environ = os.environ if environ is None else environ
-    declared = papermill.inspect_notebook(str(notebook_path(name)))
+    declared = declared_parameters(name)
     return {
         parameter: project_path(parameter, yaml.safe_load(environ[ENV_PREFIX + parameter.upper()]), root)
         for parameter in declared
@@ -128,11 +144,9 @@ def job_parameters(overrides: Mapping[str, Mapping[str, Any]] | None = None, env
     :param environ: the environment to read (``os.environ`` when None).
     :rtype: dict
     """
-    import papermill
-
     chosen = {}
     for name in NOTEBOOKS:
-        declared = papermill.inspect_notebook(str(notebook_path(name)))
+        declared = declared_parameters(name)
         chosen[name] = {parameter: ast.literal_eval(spec["default"]) for parameter, spec in declared.items()}
         chosen[name].update(parameters_from_environ(name, environ))
         chosen[name].update((overrides or {}).get(name, {}))
@@ -199,9 +213,7 @@ def check_parameters(name: str, parameters: Mapping[str, Any]) -> None:
     :param parameters: the values about to be passed.
     :raises NotebookError: naming the unknown parameters and the notebook's own.
     """
-    import papermill
-
-    declared = papermill.inspect_notebook(str(notebook_path(name)))
+    declared = declared_parameters(name)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
         raise NotebookError(f"notebook {name} has no parameter {', '.join(map(repr, unknown))}; its parameters are {', '.join(declared)}")
@@ -233,9 +245,7 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
     :param entries: the command line's ``-p`` values.
     :rtype: dict
     """
-    import papermill
-
-    declared = {name: set(papermill.inspect_notebook(str(notebook_path(name)))) for name in NOTEBOOKS}
+    declared = {name: set(declared_parameters(name)) for name in NOTEBOOKS}
     overrides: dict[str, dict[str, Any]] = {name: {} for name in NOTEBOOKS}
     for entry in entries:
         key, separator, text = entry.partition("=")
