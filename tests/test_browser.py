@@ -24,9 +24,9 @@ import papermill
 import psutil
 import pytest
 
-from test_tensorboard import get_json, serve, stop, wait_for_run
+from test_tensorboard import serve, stop, wait_for_run
 from textsql.arguments import train_argv
-from textsql.demo import KERNEL_NAME, check_parameters, notebook_path
+from textsql.demo import check_parameters, notebook_path
 from textsql.tensorboard import read_scalars
 from worker.network import free_port
 
@@ -40,6 +40,8 @@ pytestmark = [
 # Generous bounds for a shared 2-core machine; each wait ends as soon as the page is ready.
 START_S = 60
 RUN_ALL_S = 120
+TRAIN_S = 300
+TEXTSQL = str(Path(sys.executable).with_name("textsql"))
 NOTEBOOK = "01_prepare_dataset"
 LIMIT = 32
 WINDOW = (1400, 1000)
@@ -165,6 +167,7 @@ def notebook_state(driver) -> dict:
     )
 
 
+@pytest.mark.usefixtures("training")  # started now, so the TensorBoard test's run trains meanwhile
 def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_lab, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -172,7 +175,7 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     browser.get(url)
     ready = lambda driver: notebook_state(driver)["status"] == "Idle" and notebook_state(driver)["prompts"]  # noqa: E731
     wait(browser, START_S, ready, "the notebook never opened with an idle kernel")
-    screenshot(browser, tmp_path, "1-lab-opened")
+    screenshot(browser, tmp_path, "lab-1-opened")
 
     browser.find_element(By.XPATH, "//li[contains(@class, 'lm-MenuBar-item')][.//div[text()='Run']]").click()
     wait(browser, 10, lambda driver: driver.find_element(By.CSS_SELECTOR, "li[data-command='runmenu:run-all']"),
@@ -187,7 +190,7 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     state = wait(browser, RUN_ALL_S, finished, "Run All Cells did not finish")
     summary = browser.find_element(By.XPATH, "//div[contains(@class, 'jp-OutputArea-output')][contains(., 'wrote ')]")
     browser.execute_script("arguments[0].scrollIntoView()", summary)
-    screenshot(browser, tmp_path, "2-lab-summary")
+    screenshot(browser, tmp_path, "lab-2-summary")
     text = "\n".join(state["outputs"])
     assert "Traceback" not in text, text[-3000:]
     assert [int(prompt[1:-2]) for prompt in state["prompts"]] == list(range(1, len(state["prompts"]) + 1)), "each cell ran once, in order"
@@ -199,10 +202,89 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     figure = browser.find_element(By.CSS_SELECTOR, ".jp-OutputArea-output img")
     browser.execute_script("arguments[0].scrollIntoView()", figure)
     assert browser.execute_script("return arguments[0].naturalWidth", figure) > 0, "the token length histograms did not render"
-    screenshot(browser, tmp_path, "3-lab-histograms")
+    screenshot(browser, tmp_path, "lab-3-histograms")
     table = browser.find_element(By.CSS_SELECTOR, ".jp-OutputArea-output table")
     browser.execute_script("arguments[0].scrollIntoView()", table)
     headers = [cell.get_attribute("textContent").strip() for cell in table.find_elements(By.CSS_SELECTOR, "thead th")]
     assert headers[-3:] == ["question", "source_text", "target"]
     assert len(table.find_elements(By.CSS_SELECTOR, "tbody tr")) == 5
-    screenshot(browser, tmp_path, "4-lab-examples")
+    screenshot(browser, tmp_path, "lab-4-examples")
+
+
+@pytest.fixture(scope="module")
+def training(prepared_sample: Path, tmp_path_factory) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """A real `textsql train` of 4 steps on the prepared sample (one process, the embedded small T5,
+    evaluated every 2 steps), started in the background: it trains while JupyterLab runs notebook 01,
+    which keeps the module well under two minutes. Yields the process and its output dir."""
+    output = tmp_path_factory.mktemp("training") / "run"
+    argv = train_argv(
+        data_dir=prepared_sample, output_dir=output, max_steps=4, per_device_train_batch_size=4, learning_rate=3e-3, logging_steps=1,
+        eval_steps=2, max_eval_samples=4, per_device_eval_batch_size=4, generation_max_length=24, disable_tqdm=True,
+    )
+    with (output.parent / "train.log").open("w") as log:
+        process = subprocess.Popen([TEXTSQL, "train", *argv], stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    try:
+        yield process, output
+    finally:
+        terminate(process)
+
+
+@pytest.fixture
+def finished_run(training: tuple[subprocess.Popen, Path]) -> Path:
+    """The background run, waited for; its output dir holds tensorboard/."""
+    process, output = training
+    assert process.wait(timeout=TRAIN_S) == 0, (output.parent / "train.log").read_text()[-3000:]
+    return output
+
+
+def scalar_cards(driver) -> dict[str, dict[str, list[str]]]:
+    """Time Series' scalar cards as a person reads them: tag -> the card's table, column -> one cell per run.
+
+    A card draws itself only once it is scrolled into view, so each call scrolls the next card not
+    drawn yet into view, as a person reading down the page would; call it until every tag is there.
+    """
+    return driver.execute_script(
+        """
+        const cards = {};
+        const text = element => element.textContent.trim();
+        for (const card of document.querySelectorAll('scalar-card')) {
+            const title = card.querySelector('.tag');
+            if (!title) continue;
+            const headers = [...card.querySelectorAll('tb-data-table-header-cell')].map(text);
+            const rows = [...card.querySelectorAll('tb-data-table-content-row')].map(row => [...row.querySelectorAll('tb-data-table-content-cell')].map(text));
+            cards[title.getAttribute('title')] = Object.fromEntries(headers.map((header, i) => [header, rows.map(row => row[i])]));
+        }
+        const undrawn = [...document.querySelectorAll('card-view-component')].find(view => !view.firstElementChild);
+        if (undrawn) undrawn.scrollIntoView();
+        return cards;
+        """
+    )
+
+
+def test_tensorboard_plots_every_scalar_of_a_finished_run(browser, finished_run, tmp_path):
+    logdir = finished_run / "tensorboard"
+    scalars = read_scalars(logdir)
+    written = {tag for tags in scalars.values() for tag in tags}
+    assert {"train/loss", "eval/loss"} <= written
+    process, url = serve(logdir, "--host", "127.0.0.1", "--port", "0")
+    try:
+        for run in scalars:
+            wait_for_run(url, run)
+        browser.get(url)  # Time Series, TensorBoard's first dashboard
+
+        def every_card(driver) -> dict | bool:
+            cards = scalar_cards(driver)
+            return cards if cards.keys() >= written else False
+
+        cards = wait(browser, START_S, every_card, f"TensorBoard did not show a chart for each of {sorted(written)}")
+        for tag in ("eval/loss", "train/loss"):
+            browser.execute_script("document.querySelector(`.tag[title='${arguments[0]}']`).closest('card-view').scrollIntoView({block: 'center'})", tag)
+            screenshot(browser, tmp_path, f"tensorboard-{tag.replace('/', '-')}")
+    finally:
+        stop(process)
+    # Every scalar the run wrote has its chart, the eval accuracies with the losses, and nothing else.
+    assert set(cards) == written
+    (run, losses), = ((run, tags["train/loss"]) for run, tags in scalars.items() if "train/loss" in tags)
+    loss = cards["train/loss"]
+    assert loss["Run"] == [run] and loss["Step"] == [str(losses[-1][0])]
+    assert float(loss["Value"][0]) == pytest.approx(losses[-1][1], abs=1e-3), "the chart's table shows the last logged loss"
