@@ -67,12 +67,14 @@ def browser(tmp_path: Path):
 
 
 def screenshot(driver, tmp_path: Path, name: str) -> Path:
+    """What the page shows now, as tmp_path/screenshots/NAME.png."""
     path = tmp_path / "screenshots" / f"{name}.png"
     driver.save_screenshot(str(path))
     return path
 
 
 def wait(driver, timeout: float, condition, message: str):
+    """Poll ``condition(driver)`` until it returns something true, and return that; fail with ``message``."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(driver, timeout, poll_frequency=0.5).until(condition, message)
@@ -152,8 +154,8 @@ def wait_for_http(url: str, process: subprocess.Popen, log: Path) -> None:
 
 
 def notebook_state(driver) -> dict:
-    """The kernel's status (the status bar's "Python 3 (ipykernel) | Idle") and every code cell's
-    prompt and output text, as JupyterLab shows them."""
+    """The kernel's status (the status bar's "Python 3 (ipykernel) | Idle"), every code cell's prompt
+    and output text, and the text of the outputs JupyterLab shows as stderr (warnings, progress bars)."""
     return driver.execute_script(
         """
         const kernel = document.querySelector('.jp-StatusBar-TextItem[title^="Change kernel"]');
@@ -162,6 +164,7 @@ def notebook_state(driver) -> dict:
             status: kernel ? kernel.textContent.split('|').pop().trim() : null,
             prompts: cells.map(cell => cell.querySelector('.jp-InputPrompt').textContent.trim()),
             outputs: cells.map(cell => [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent).join('\\n')),
+            stderr: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')].map(o => o.textContent),
         };
         """
     )
@@ -173,8 +176,11 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
 
     url, data_dir = jupyter_lab
     browser.get(url)
-    ready = lambda driver: notebook_state(driver)["status"] == "Idle" and notebook_state(driver)["prompts"]  # noqa: E731
-    wait(browser, START_S, ready, "the notebook never opened with an idle kernel")
+    def opened(driver) -> bool:
+        state = notebook_state(driver)
+        return state["status"] == "Idle" and bool(state["prompts"])
+
+    wait(browser, START_S, opened, "the notebook never opened with an idle kernel")
     screenshot(browser, tmp_path, "lab-1-opened")
 
     browser.find_element(By.XPATH, "//li[contains(@class, 'lm-MenuBar-item')][.//div[text()='Run']]").click()
@@ -193,6 +199,7 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     screenshot(browser, tmp_path, "lab-2-summary")
     text = "\n".join(state["outputs"])
     assert "Traceback" not in text, text[-3000:]
+    assert state["stderr"] == [], "third-party noise reached the notebook (log_level is warning)"
     assert [int(prompt[1:-2]) for prompt in state["prompts"]] == list(range(1, len(state["prompts"]) + 1)), "each cell ran once, in order"
     assert f"wrote {data_dir} (schema input, tokenizer" in text
     for split in ("train", "validation", "test"):
