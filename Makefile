@@ -15,7 +15,7 @@ setup: $(STAMP)
 	@scripts/setup-system.sh
 
 setup-dev: $(DEV_STAMP)
-	@scripts/setup-system.sh
+	@scripts/setup-system.sh --dev
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
