@@ -66,7 +66,7 @@ def announce_run(model: str, profile: str, auto: bool, world_size: int, precisio
     """
     from textsql.profiles import get_profile
 
-    how = ", the cheapest that fits (profile auto)" if auto else ""
+    how = "; auto: the cheapest that fits" if auto else ""
     print(f"{STAGE_PREFIX}training {model} on {world_size} rank(s): profile {profile} (ZeRO-{get_profile(profile).stage}{how}), {precision}", flush=True)
 
 

@@ -134,7 +134,9 @@ def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> d
         output = trainer.predict(dataset, metric_key_prefix="eval")
     finally:
         trainer.args.train_sampling_strategy = strategy
-    trainer.log(output.metrics)
+    # The last in-training evaluation may have scored this same step already: log it once.
+    if not any("eval_loss" in entry and entry.get("step") == trainer.state.global_step for entry in trainer.state.log_history):
+        trainer.log(output.metrics)
     trainer.log_metrics("eval", output.metrics)
     trainer.save_metrics("eval", output.metrics)
     if trainer.is_world_process_zero() and trainer.args.predict_with_generate:
