@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 NOTEBOOKS_DIR = PROJECT_DIR / "notebooks"
 NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed", "03_inference")
 KERNEL_NAME = "python3"
-# The kernel's own start-up warning (TCP on loopback, which papermill chose) is no concern of a user's.
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# The kernel's own log is no concern of a user's: a start-up warning (TCP on loopback, which papermill
+# chose), and an ERROR line when the interrupt jupyter_client sends at every shutdown lands while the kernel
+# is still handling a message (a race, seen under load). A cell's error reaches the user through papermill.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 # Any notebook parameter can be set from the environment as TEXTSQL_<PARAMETER> (CML job and project
 # variables, the AMP's defaults); values are read as YAML so numbers and booleans keep their type.
 ENV_PREFIX = "TEXTSQL_"
