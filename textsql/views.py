@@ -43,7 +43,9 @@ def plot_accuracy_by_type(metrics: dict):
         width = 0.8 / len(scores)
         for offset, key in enumerate(scores):
             values = [100 * (row[key] or 0.0) for row in groups.values()]
-            axes.bar(positions + (offset - (len(scores) - 1) / 2) * width, values, width, label=SCORES[key])
+            bars = axes.bar(positions + (offset - (len(scores) - 1) / 2) * width, values, width, label=SCORES[key])
+            # The value on each bar: a 0 % bar is otherwise invisible.
+            axes.bar_label(bars, fmt="%.0f%%", fontsize=8)
         axes.set_xticks(positions, [f"{name}\nn={row['n']}" for name, row in groups.items()])
         axes.set_title(f"by {title}")
         axes.set_ylim(0, 100)
@@ -57,10 +59,14 @@ def plot_accuracy_by_type(metrics: dict):
 def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool = False):
     """Predicted SQL beside the gold SQL, one question a row, with whether the logical form is right.
 
+    Shown whole and left-aligned (a DataFrame's own view cuts text at 50 characters, right-aligned), so the
+    two queries can be read against each other.
+
     :param predictions: ``predictions.jsonl`` written by :func:`textsql.infer.predict`.
     :param limit: rows shown.
     :param wrong_only: only wrong predictions, those that are no query first.
-    :rtype: pandas.DataFrame
+    :returns: a pandas ``Styler``; its ``data`` is the ``DataFrame``.
+    :rtype: pandas.io.formats.style.Styler
     """
     import pandas as pd
 
@@ -72,4 +78,5 @@ def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool 
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     if wrong_only:
         table = table[~table["right"]].sort_values("error", key=lambda errors: errors.isna(), kind="stable")
-    return table.head(limit).reset_index(drop=True)
+    return table.head(limit).reset_index(drop=True).style.set_properties(**{"text-align": "left"}).set_table_styles(
+        [{"selector": "th", "props": [("text-align", "left")]}])
