@@ -298,7 +298,7 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...]) -> 
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False), help="Run directory for everything the demo writes (a previous demo there is replaced).")
 @click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE", help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.")
 def demo(out: str, parameters: tuple[str, ...]) -> None:
-    """Run the three notebooks with papermill on the embedded default: sample, small T5, two local workers, ZeRO-1."""
+    """Run the three notebooks with papermill on the embedded default: sample, small T5, two local workers, profile auto."""
     from textsql.demo import format_summary, parse_overrides, run_demo
 
     click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)))))
