@@ -182,6 +182,10 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
 
     wait(browser, START_S, opened, "the notebook never opened with an idle kernel")
     screenshot(browser, tmp_path, "lab-1-opened")
+    # By the kernel's first Idle JupyterLab has written the kernel's language_info into the notebook,
+    # which marks it unsaved unless the file already carries the same (test_notebooks checks the file).
+    dirty = browser.find_elements(By.CSS_SELECTOR, ".lm-TabBar-tab.jp-mod-current.jp-mod-dirty")
+    assert not dirty, "JupyterLab changed the notebook on opening it: it shows as unsaved"
 
     browser.find_element(By.XPATH, "//li[contains(@class, 'lm-MenuBar-item')][.//div[text()='Run']]").click()
     wait(browser, 10, lambda driver: driver.find_element(By.CSS_SELECTOR, "li[data-command='runmenu:run-all']"),

@@ -5,9 +5,12 @@ import io
 import time
 import os
 import logging
+import subprocess
+import sys
 import warnings
 
 import pytest
+import torch
 
 from textsql.console import (
     LOG_LEVEL_VAR, QUIET_ENVIRONMENT, THIRD_PARTY_LOGGERS, configure_cli, is_verbose, set_log_level, shown_rank_line,
@@ -116,3 +119,29 @@ def test_cell_output_goes_to_the_log_file_not_the_terminal(tmp_path, capsys):
         logging.getLogger("papermill").warning("Tokenizing: 100%%|##########| 1000/1000")
     assert "Tokenizing" in (tmp_path / "demo.log").read_text()
     assert "Tokenizing" not in capsys.readouterr().err
+
+
+LOAD_A_SAVED_MODEL = """
+import sys
+from textsql.console import set_log_level
+set_log_level(sys.argv[1])  # a notebook's first cell, before the libraries are imported
+from deepspeed.accelerator import get_accelerator
+from textsql.model import load_model
+get_accelerator()
+load_model().save_pretrained(sys.argv[2])
+load_model(sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed warns about its CPU accelerator only where there is no GPU")
+def test_deepspeeds_accelerator_warning_and_the_loading_bar_only_when_verbose(tmp_path):
+    """What notebook 02's estimate cell and notebook 03's model load printed: gone at warning, back at info."""
+    outputs = {}
+    for level in ("warning", "info"):
+        environment = {name: value for name, value in os.environ.items() if name not in (LOG_LEVEL_VAR, *QUIET_ENVIRONMENT)}
+        result = subprocess.run([sys.executable, "-c", LOAD_A_SAVED_MODEL, level, str(tmp_path / level)],
+                                capture_output=True, text=True, env=environment, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs[level] = result.stdout + result.stderr
+    assert "Setting accelerator to CPU" not in outputs["warning"] and "Loading weights" not in outputs["warning"], outputs["warning"]
+    assert "Setting accelerator to CPU" in outputs["info"] and "Loading weights" in outputs["info"]

@@ -18,6 +18,7 @@ import papermill
 import psutil
 import pytest
 from click.testing import CliRunner
+from ipykernel.ipkernel import IPythonKernel
 
 from textsql.cli import cli
 from textsql.demo import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
@@ -40,6 +41,18 @@ def test_committed_clean_and_valid(name):
     assert notebook.metadata.kernelspec.name == "python3"
     for cell in code_cells(name):
         assert cell.outputs == [] and cell.execution_count is None, f"{name}: clear the outputs before committing"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_jupyterlab_opens_them_unchanged(name):
+    """JupyterLab marks a notebook unsaved on opening when the kernel's language_info differs from the
+    file's (it writes the kernel's into the metadata), so the file carries what this kernel announces,
+    in the form JupyterLab saves (nbformat's, sorted keys, indent 1, a final newline)."""
+    text = notebook_path(name).read_text()
+    notebook = nbformat.reads(text, as_version=4)
+    assert notebook.metadata.get("language_info") == IPythonKernel.language_info, (
+        f"{name}: open and save it in JupyterLab, or set metadata.language_info to {IPythonKernel.language_info}")
+    assert text == nbformat.writes(notebook) + "\n", f"{name}: save it with nbformat.write (or from JupyterLab)"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

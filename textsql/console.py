@@ -36,7 +36,13 @@ THIRD_PARTY_LOGGERS = (
     "matplotlib", "asyncio",
 )
 # Read by the libraries at import, so kernels and ranks started from here are quiet from their first line.
-QUIET_ENVIRONMENT = {"HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+# The hub's switch also turns off transformers' "Loading weights" bar, which flashes by for every model load.
+QUIET_ENVIRONMENT = {
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+# Third-party warnings a person can do nothing about, dropped at the default level: DeepSpeed warns on every
+# import on a machine without a GPU, where the CPU accelerator is what this project means to use.
+QUIET_WARNINGS = {"DeepSpeed": ("Setting accelerator to CPU",)}
 # tqdm.auto in a kernel without ipywidgets warns on every import; the text progress bar works.
 IPROGRESS_WARNING = "IProgress not found"
 # Lines the ranks print for a person (textsql.progress); STAGE_PREFIX marks a stage of its own.
@@ -81,6 +87,9 @@ def set_log_level(level: str = DEFAULT_LOG_LEVEL) -> None:
     verbose = is_verbose()
     for name in THIRD_PARTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.getLevelName(level.upper()) if verbose else logging.WARNING)
+    for name in QUIET_WARNINGS:
+        # A logger's filters outlive the library's own setup of it (DeepSpeed sets its level and handler at import).
+        (logging.getLogger(name).removeFilter if verbose else logging.getLogger(name).addFilter)(_KNOWN_WARNINGS)
     if verbose:
         for name in QUIET_ENVIRONMENT:
             os.environ.pop(name, None)
@@ -94,6 +103,18 @@ def set_log_level(level: str = DEFAULT_LOG_LEVEL) -> None:
         sys.modules["datasets"].disable_progress_bars()
     if "transformers" in sys.modules:
         sys.modules["transformers"].utils.logging.set_verbosity_warning()
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
+class KnownWarnings(logging.Filter):
+    """Drops the records of :data:`QUIET_WARNINGS`: a filter on the library's logger, so its level stays as set."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(prefix) for prefix in QUIET_WARNINGS.get(record.name, ()))
+
+
+_KNOWN_WARNINGS = KnownWarnings()
 
 
 def configure_cli(verbose: bool) -> None:

@@ -27,6 +27,8 @@ HUB_REVISION = "refs/convert/parquet"
 # Distributed run layout (ports and the run-dir files the workers write: worker.constants).
 DEFAULT_MASTER_PORT = 29500
 LAUNCH_LOG_NAME = "launch.log"
+# What a training run writes at its end (textsql.train): engine, profile, steps, the trainer's log history.
+RUN_SUMMARY_NAME = "run.json"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
 
 # WikiSQL as text for T5 (textsql.sql, textsql.data, textsql.prepare).

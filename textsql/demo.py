@@ -50,7 +50,7 @@ DEMO_MARKER = ".textsql-demo"
 # The cells' output of a demo at the default log level (the executed notebooks hold it too).
 DEMO_LOG_NAME = "demo.log"
 # Notebooks whose first cell sets the run's log level from their `log_level` parameter.
-LOG_LEVEL_NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed")
+LOG_LEVEL_NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed", "03_inference")
 
 
 class NotebookError(TextSQLError):

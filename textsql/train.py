@@ -30,7 +30,7 @@ from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTraine
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
 from textsql.batching import TokenBudgetTrainer
 from textsql.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
-from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
+from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.files import write_json, write_jsonl
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
 MODEL_SUBDIR = "model"
-SUMMARY_FILE = "run.json"
+SUMMARY_FILE = RUN_SUMMARY_NAME
 PREDICTIONS_FILE = "eval_predictions.jsonl"
 
 

@@ -1,15 +1,18 @@
-"""Notebook 03's views of a scored run: accuracy by query type as a plot, and predictions beside their gold SQL.
+"""The notebooks' views of what a run wrote: a training run's summary (notebook 02), and of a scored run
+accuracy by query type as a plot, predictions beside their gold SQL and one answer (notebook 03).
 
-Both read what ``textsql infer`` wrote (``metrics.json``'s breakdowns, ``predictions.jsonl``), so the
-notebook's cells stay one call each.
+Each reads what the run left on disk (``run.json``, ``metrics.json``'s breakdowns, ``predictions.jsonl``)
+and shows it for a person, so the notebook's cells stay one call each; the files stay as they are.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from textsql.constants import RUN_SUMMARY_NAME
+from textsql.errors import TextSQLError
 from textsql.evaluate import logical_form_key
-from textsql.files import read_jsonl
+from textsql.files import read_json, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +20,70 @@ logger = logging.getLogger(__name__)
 BREAKDOWNS = {"by_aggregation": "aggregation", "by_conditions": "WHERE conditions"}
 SCORES = {"lf_accuracy": "logical form", "ex_accuracy": "execution"}
 TABLE_COLUMNS = ["question", "pred_sql", "gold_sql", "right", "error"]
+# The trainer's evaluation entries that are scores (shown per step); the rest are its timings.
+EVAL_PREFIX = "eval_"
+EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
+
+
+def format_run(run_dir: str | Path) -> str:
+    """A training run's ``run.json`` for a person: how it ran, how long, and each evaluation's scores by step.
+
+    Usage::
+
+        >>> print(format_run("runs/notebook"))                  # doctest: +SKIP
+        run.json: 4 steps of model default on 2 rank(s), profile zero0 (ZeRO-0), fp32, DeepSpeedEngine
+        training: 106 s, 0.30 samples/s, train loss 9.420
+        step  loss   exact_match  lf_accuracy  parse_rate
+           2  8.763         0.0%         0.0%      100.0%
+
+    :param run_dir: the run directory (``run_dir`` of notebook 02, ``--output_dir`` of ``textsql train``).
+    :raises TextSQLError: when the run wrote no ``run.json``, naming the run's log.
+    :rtype: str
+    """
+    path = Path(run_dir) / RUN_SUMMARY_NAME
+    if not path.is_file():
+        raise TextSQLError(f"no {RUN_SUMMARY_NAME} in {str(run_dir)!r}: the training did not finish; see {Path(run_dir) / 'launch.log'}")
+    run = read_json(path)
+    chosen = "; auto: the estimate's recommendation" if run.get("profile_chosen_by") == "auto" else ""
+    lines = [
+        f"{path}: {run['global_step']} steps of model {run['model']} on {run['world_size']} rank(s), profile {run['profile']} "
+        f"(ZeRO-{run['zero_stage']}{chosen}), {run['precision']}, {run['engine'].rsplit('.', 1)[-1]}"
+    ]
+    if run.get("resumed_from"):
+        lines.append(f"resumed from {run['resumed_from']}")
+    history = run.get("log_history", [])
+    for entry in history:
+        if "train_runtime" in entry:
+            lines.append(f"training: {entry['train_runtime']:.0f} s, {entry['train_samples_per_second']:.2f} samples/s, "
+                         f"train loss {entry['train_loss']:.3f}")
+    evaluations = [entry for entry in history if "eval_loss" in entry]
+    scores = [key for key in dict.fromkeys(key for entry in evaluations for key in entry)
+              if key.startswith(EVAL_PREFIX) and key[len(EVAL_PREFIX):] not in EVAL_TIMINGS]
+    if evaluations:
+        names = [key[len(EVAL_PREFIX):] for key in scores]
+        lines.append("step  " + "  ".join(f"{name:>{max(len(name), 6)}}" for name in names))
+        for entry in evaluations:
+            lines.append(f"{entry['step']:>4}  " + "  ".join(
+                f"{_score(key, entry.get(key)):>{max(len(name), 6)}}" for key, name in zip(scores, names)))
+    return "\n".join(lines)
+
+
+def _score(key: str, value: float | None) -> str:
+    # Losses are nats; every other evaluation score is a share of the questions.
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if key.endswith("loss") else f"{value:.1%}"
+
+
+def format_answer(answer: dict) -> str:
+    """One answer of :func:`textsql.infer.ask` for a person: the SQL, and why it is no query when it is not.
+
+    :param answer: ``{"sql", "query", "error"}`` as :func:`textsql.infer.ask` returns it.
+    :rtype: str
+    """
+    if answer.get("error"):
+        return f"{answer['sql']}\n(not a query over this table: {answer['error']})"
+    return answer["sql"]
 
 
 def plot_accuracy_by_type(metrics: dict):
