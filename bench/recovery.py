@@ -79,7 +79,7 @@ class StepStream(io.TextIOBase):
         with self._logged:
             self.parts.append(text)
             if self._log is not None:
-                self._log.write(text)
+                self._log.write(f"{time.time():.2f} {text}")  # DEBUG
             *lines, self._partial = (self._partial + text).split("\n")
             self.steps += [int(found["step"]) for line in lines for found in LOGGED_STEP.finditer(line)]
             self._logged.notify_all()
@@ -90,9 +90,9 @@ class StepStream(io.TextIOBase):
             self._log.flush()
 
     def close(self) -> None:
+        super().close()
         if self._log is not None:
             self._log.close()
-        super().close()
 
     @property
     def text(self) -> str:

@@ -55,6 +55,7 @@ def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStre
     finally:
         stream.close()
         print(stream.text[-8000:])
+    print(json.dumps(json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text()), indent=1))
     assert code == 0
     assert tagged_processes(tag) == [], "ranks left behind"
     return json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text())
@@ -78,7 +79,7 @@ def assert_resumed_to_the_end(output: Path, record: dict, checkpoint: str) -> di
 
 def test_a_rank_killed_after_a_checkpoint_resumes_from_it_with_the_uninterrupted_loss(two_local_workers, train_data, tmp_path):
     output, tag, killed = tmp_path / "out", uuid.uuid4().hex, {}
-    stream = StepStream()
+    stream = StepStream(tmp_path / "output.log")
     # Step 3 is logged only after checkpoint-2's on_save (barrier, then the marker): the kill lands after it.
     killer = kill_after(stream, SAVE_STEPS + 1, output / f"checkpoint-{SAVE_STEPS}", tag, killed)
     record = run_supervised(two_local_workers, train_data, output, tag, stream)
@@ -103,7 +104,7 @@ def test_a_rank_killed_after_a_checkpoint_resumes_from_it_with_the_uninterrupted
 
 def test_a_rank_killed_while_saving_resumes_from_the_previous_checkpoint(two_local_workers, train_data, tmp_path):
     output, tag = tmp_path / "out", uuid.uuid4().hex
-    stream = StepStream()
+    stream = StepStream(tmp_path / "output.log")
     caught: dict = {}
     catcher = threading.Thread(target=catch_mid_save, args=(stream, output, tag, caught), daemon=True)
     catcher.start()

@@ -193,9 +193,10 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     if lost:
         host, reason = next(iter(sorted(lost.items())))
         return Failure(WORKER_LOST, host, code, reason)
-    for host, exit_code in watch.exits:
-        if exit_code == SSH_FAILED:
-            return Failure(WORKER_LOST, host, exit_code, f"ssh to {host} failed (exit code {SSH_FAILED})")
+    # ssh also exits 255 when the launch's processes on a host were ended by signal, as this side ends
+    # every host's after the first failure: a later 255 is no loss unless nothing else explains the failure.
+    if watch.exits and watch.exits[0][1] == SSH_FAILED:
+        return _ssh_failed(watch.exits[0][0])
     # A rank that raised its own error is the cause: ranks still running then are ended by us, and on
     # a loaded machine some only go with SIGKILL, which must not read as a lost worker.
     causes = [(failed, error) for failed, error in watch.errors.items() if not PEER_FAILURE.search(error)]
@@ -205,6 +206,9 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
         signum = killing_signal(exit_code)
         if signum is not None and signum not in OWN_SIGNALS:
             return Failure(WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}")
+    unreachable = next((host for host, exit_code in watch.exits if exit_code == SSH_FAILED), None)
+    if unreachable is not None and all(PEER_FAILURE.search(error) for error in watch.errors.values()):
+        return _ssh_failed(unreachable)
     host = watch.exits[0][0] if watch.exits else None
     message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
     return Failure(APPLICATION_ERROR, host, code, message)
@@ -371,6 +375,10 @@ def option_value(args: list[str], name: str) -> str | None:
         elif arg.startswith(name + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def _ssh_failed(host: str | None) -> Failure:
+    return Failure(WORKER_LOST, host, SSH_FAILED, f"ssh to {host} failed (exit code {SSH_FAILED})")
 
 
 def _signal_name(signum: int) -> str:
