@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import logging
-import re
 import shutil
 import statistics
 import threading
@@ -32,6 +31,7 @@ from bench.profiles import train_only
 from bench.timing import summary
 from textsql.arguments import train_argv
 from textsql.checkpoints import COMPLETE_MARKER
+from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launch import LaunchArguments
@@ -43,8 +43,6 @@ logger = logging.getLogger(__name__)
 TAG_VAR = "TEXTSQL_RECOVERY_TAG"
 PROFILE = "zero1"
 KILLED_RANK = 1
-# A logged step in the launch's output, pdsh's "host: " prefix or not (see textsql.progress.StepLines).
-LOGGED_STEP = re.compile(r"(?:^|: )step (?P<step>\d+)/\d+: loss ", re.MULTILINE)
 WAIT_S = 600.0
 
 
@@ -79,9 +77,9 @@ class StepStream(io.TextIOBase):
         with self._logged:
             self.parts.append(text)
             if self._log is not None:
-                self._log.write(f"{time.time():.2f} {text}")  # DEBUG
+                self._log.write(text)
             *lines, self._partial = (self._partial + text).split("\n")
-            self.steps += [int(found["step"]) for line in lines for found in LOGGED_STEP.finditer(line)]
+            self.steps += [int(found["step"]) for found in map(STEP_LINE.match, lines) if found]
             self._logged.notify_all()
         return len(text)
 

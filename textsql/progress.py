@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from pathlib import Path
 
@@ -26,9 +25,6 @@ OP_BUILD_NOTICE = (
     STAGE_PREFIX + "compiling DeepSpeed's shared-memory communication op for CPU (once per machine, about "
     "2 min; cached in {root})"
 )
-
-# What StepLines prints for a logged step, read back by the supervisor (textsql.supervise).
-STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<max_steps>\d+): loss ")
 
 
 class StepLines(TrainerCallback):

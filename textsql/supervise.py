@@ -45,10 +45,9 @@ from typing import Callable, TextIO
 from textsql.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.constants import DEFAULT_MAX_RESTARTS
 from textsql.errors import LaunchError
-from textsql.console import ShownLines
+from textsql.console import STEP_LINE, ShownLines
 from textsql.files import read_json, write_json
 from textsql.launch import PDSH_HOST_FAILED, LaunchArguments, launch
-from textsql.progress import STEP_LINE
 from textsql.train import SUMMARY_FILE
 from worker.cluster import Cluster
 from worker.constants import HOSTFILE_NAME
