@@ -176,7 +176,8 @@ def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
     :rtype: dict
     """
     output, tag, killed = work / "out", uuid.uuid4().hex, {}
-    shutil.rmtree(output, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     stream = StepStream(work / "bench.log")
     checkpoint = output / f"checkpoint-{sizes.kill_after_step // sizes.save_steps * sizes.save_steps}"
     killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed)
