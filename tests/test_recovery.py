@@ -98,6 +98,9 @@ def test_a_rank_killed_after_a_checkpoint_resumes_from_it_with_the_uninterrupted
     assert overlap and overlap[0] == SAVE_STEPS + 1
     for step in overlap:
         assert abs(resumed_losses[step] - first[step]) <= LOSS_TOLERANCE, (step, resumed_losses[step], first[step])
+    # The learning-rate schedule continues where it was, not from its start.
+    first_lr, resumed_lr = scalars_per_file(output / TENSORBOARD_SUBDIR, "train/learning_rate")
+    assert [resumed_lr[step] for step in overlap] == [first_lr[step] for step in overlap]
     print(f"rank SIGKILL after checkpoint-{SAVE_STEPS}: {lost['line']}; {repeated} step(s) repeated; "
           f"losses at steps {overlap}: uninterrupted {[first[s] for s in overlap]}, resumed {[resumed_losses[s] for s in overlap]}")
 
