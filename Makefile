@@ -2,25 +2,34 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# One stamp per requirements file: `make demo` installs only the runtime, `make test` the dev tools on top.
 STAMP := $(VENV)/.setup-stamp
+DEV_STAMP := $(VENV)/.setup-dev-stamp
 # The venv's tools come first for everything make runs, ranks on local worker pods included: one
 # ninja (the pinned one) builds DeepSpeed's ops, so the cached build is never invalidated by another.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-dev demo test bench clean
 
 setup: $(STAMP)
 	@scripts/setup-system.sh
+
+setup-dev: $(DEV_STAMP)
+	@scripts/setup-system.sh --dev
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
 	@touch $@
 
+$(DEV_STAMP): requirements-dev.txt $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
 demo: setup
 	$(BIN)/textsql demo --out runs/demo
 
-test: setup
+test: setup-dev
 	$(BIN)/python -m pytest
 
 bench: setup

@@ -40,7 +40,7 @@ from textsql.files import read_json
 from textsql.hardware import device_facts, fast_defaults
 from textsql.model import load_model, load_tokenizer
 from textsql.profiles import available_profiles
-from textsql.train import TENSORBOARD_SUBDIR
+from textsql.run_events import TENSORBOARD_SUBDIR
 
 logger = logging.getLogger(__name__)
 

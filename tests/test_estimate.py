@@ -1,12 +1,14 @@
 """textsql estimate: parameters from the config alone, DeepSpeed's estimators, the cheapest profile that fits."""
 import json
 
+import pytest
 from click.testing import CliRunner
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from textsql.cli import cli
-from textsql.estimate import GIB, count_parameters, estimate
+from textsql.errors import ProfileError
+from textsql.estimate import GIB, choose_profile, count_parameters, estimate, format_estimate, resolve_profile, resolve_profile_here
 from textsql.model import load_config, load_model
 
 T5_SMALL_PARAMETERS = 60_506_624  # t5-small as published (tied embeddings counted once)
@@ -57,3 +59,25 @@ def test_cli_json_is_clean_on_stdout_and_errors_are_one_line():
     missing = CliRunner().invoke(cli, ["estimate", "--model", "./no-such-model", "--gpu-memory-gb", "16"])
     assert missing.exit_code == 1
     assert missing.output.count("\n") == 1 and "--model" in missing.output
+
+
+def test_profile_auto_is_the_recommendation_and_a_named_profile_wins(shared_data_dir):
+    config = str(shared_data_dir / "t5" / "t5-small.config.json")
+    small_gpus = estimate(config, nodes=4, gpus_per_node=8, gpu_memory_gb=0.15)
+    assert choose_profile("auto", small_gpus) == small_gpus["recommended"] == "zero3"
+    assert format_estimate(small_gpus, requested="auto").splitlines()[-1] == "this run uses: zero3 (profile auto: the recommendation)"
+    assert choose_profile("zero1", small_gpus) == "zero1"
+    assert format_estimate(small_gpus, requested="zero1").splitlines()[-1] == "this run uses: zero1 (named by the profile parameter)"
+    assert resolve_profile("auto", config, 4, 8, 0.15) == "zero3"
+    with pytest.raises(ProfileError, match="unknown profile 'zero9'"):
+        choose_profile("zero9", small_gpus)
+    with pytest.raises(ProfileError, match="profile auto: no profile fits .* add nodes or GPUs, or pass --profile"):
+        choose_profile("auto", estimate(config, nodes=1, gpus_per_node=1, gpu_memory_gb=0.01))
+
+
+def test_a_rank_resolves_auto_from_its_world_and_device(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    # Two nodes of two CPU ranks, each with half the host's memory: the small T5 fits unsharded.
+    assert resolve_profile_here("auto", None) == "zero0"
+    assert resolve_profile_here("zero2", "./not-read-for-a-named-profile") == "zero2"

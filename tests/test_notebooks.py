@@ -133,8 +133,10 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     assert (out / DEMO_MARKER).is_file()
     assert [line.split()[0] for line in (out / "hostfile").read_text().splitlines()] == ["127.0.0.2", "127.0.0.3"]
     assert "pdsh" in (out / "launch.log").read_text()
-    eval_steps = [step for run in read_scalars(out / "tensorboard").values() for step, _ in run.get("eval/loss", [])]
-    assert set(eval_steps) == {2, 4}, "eval/loss every 2 steps (and after training) in the TensorBoard event files"
+    scalars = read_scalars(out / "tensorboard")
+    assert list(scalars) == ["demo"], "TensorBoard names the run after its directory"
+    assert [step for step, _ in scalars["demo"]["eval/loss"]] == [2, 4], "eval/loss every 2 steps, the last one once"
+    assert [step for step, _ in scalars["demo"]["eval/lf_accuracy"]] == [2, 4]
     assert (out / "model" / "config.json").is_file()
     predictions = (out / "predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 6 and json.loads((out / "metrics.json").read_text())["n"] == 6
@@ -144,6 +146,13 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     plotted = [output for cell in nbformat.read(out / "notebooks" / "02_train_distributed.ipynb", as_version=4).cells
                for output in cell.get("outputs", []) if "image/png" in output.get("data", {})]
     assert plotted, "notebook 02 drew no loss plot"
+    executed = {name: nbformat.read(out / "notebooks" / f"{name}.ipynb", as_version=4) for name in ("02_train_distributed", "03_inference")}
+    recommended = [line for cell in executed["02_train_distributed"].cells for output in cell.get("outputs", [])
+                   for line in output.get("text", "").splitlines() if line.startswith("this run uses: ")]
+    assert recommended == [f"this run uses: {json.loads((out / 'run.json').read_text())['profile']} (profile auto: the recommendation)"]
+    outputs = [output.get("data", {}) for cell in executed["03_inference"].cells for output in cell.get("outputs", [])]
+    assert any("image/png" in data for data in outputs), "notebook 03 drew no accuracy plot"
+    assert sum("gold_sql" in data.get("text/html", "") for data in outputs) == 2, "predictions beside their gold SQL, and the worst ones"
     assert not processes_mentioning(str(out)), "worker processes outlived the demo"
 
 

@@ -118,7 +118,8 @@ def test_a_sixth_json_file_is_a_profile_everywhere(sixth_profile):
     assert (row["zero_stage"], row["offload"]) == (2, "optimizer")
     assert row["gpu_gb_per_rank"] == round(2 * report["parameters"] / GIB, 3), "offloaded ZeRO-2 keeps only 16-bit weights on the GPU"
     # Notebook 02's table is format_estimate over that report.
-    assert "format_estimate(estimate(" in "".join(cell.source for cell in nbformat.read(notebook_path("02_train_distributed"), as_version=4).cells)
+    source = "".join(cell.source for cell in nbformat.read(notebook_path("02_train_distributed"), as_version=4).cells)
+    assert "report = estimate(" in source and "format_estimate(report" in source
     assert any(line.split()[:3] == [sixth_profile, "2", "optimizer"] for line in format_estimate(report).splitlines())
 
     assert f"|{sixth_profile}|" in CliRunner().invoke(cli, ["estimate", "--help"]).output

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from textsql.errors import TextSQLError
-from textsql.tensorboard import Address, platform_address, plot_scalars, read_scalars
+from textsql.arguments import train_argv
+from textsql.run_events import ScalarsOnce
+from textsql.tensorboard import Address, platform_address, plot_run, plot_scalars, read_scalars
 from worker.network import free_port
 
 TEXTSQL = [str(Path(sys.executable).parent / "textsql")]
@@ -129,3 +131,52 @@ def test_plot_draws_one_line_per_run_and_tag(tmp_path):
 def test_missing_logdir_is_a_one_line_error(tmp_path):
     with pytest.raises(TextSQLError, match="no TensorBoard directory"):
         read_scalars(tmp_path / "missing")
+
+
+def test_plot_run_draws_the_accuracy_beside_the_loss(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    write_events(tmp_path / "run", [4.0, 3.0])
+    assert len(plot_run(tmp_path).axes) == 1, "no accuracy logged yet: the loss alone"
+    write_events(tmp_path / "run", [0.0, 0.5], tag="eval/lf_accuracy")
+    loss, accuracy = plot_run(tmp_path).axes
+    assert [line.get_label() for line in loss.lines] == ["train/loss"]
+    assert [line.get_label() for line in accuracy.lines] == ["eval/lf_accuracy"]
+
+
+def test_each_scalar_is_written_once_per_step(tmp_path):
+    from transformers import TrainerState, TrainingArguments
+
+    callback = ScalarsOnce()
+    callback.logging_dir = str(tmp_path / "run")
+    arguments, state = TrainingArguments(output_dir=str(tmp_path), report_to=[]), TrainerState(global_step=4, is_world_process_zero=True)
+    callback.on_log(arguments, state, None, logs={"eval_loss": 1.0})
+    callback.on_train_end(arguments, state, None)
+    callback.on_log(arguments, state, None, logs={"eval_loss": 2.0, "eval_lf_accuracy": 0.5})
+    callback.close()
+    assert read_scalars(tmp_path) == {"run": {"eval/loss": [(4, 1.0)], "eval/lf_accuracy": [(4, 0.5)]}}
+    assert len(list((tmp_path / "run").iterdir())) == 1, "one event file: the writer outlives training for the final evaluation"
+
+
+@pytest.mark.slow
+def test_a_real_run_is_named_after_its_directory_with_accuracy_and_no_repeats(prepared_sample, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    output = tmp_path / "my-run"
+    command = [*TEXTSQL, "train", *train_argv(
+        data_dir=prepared_sample, output_dir=output, max_steps=4, per_device_train_batch_size=4, logging_steps=1, eval_steps=2,
+        save_steps=4, max_eval_samples=8, per_device_eval_batch_size=4, generation_max_length=24,
+    )]
+    result = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    runs = [path.parent for path in (output / "tensorboard").rglob("events.out.tfevents.*")]
+    assert runs == [output / "tensorboard" / "my-run"], "one event file, in a folder named after the run"
+    events = EventAccumulator(str(runs[0]), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    pairs = [(tag, event.step) for tag in tags for event in events.Scalars(tag)]
+    assert len(pairs) == len(set(pairs)), "a (tag, step) written twice"
+    assert {"train/loss", "eval/loss", "eval/lf_accuracy", "eval/parse_rate"} <= set(tags)
+    assert [event.step for event in events.Scalars("eval/lf_accuracy")] == [2, 4]
+    assert "eval/ex_accuracy" not in tags, "the sample's tables carry no rows: no execution accuracy"

@@ -26,6 +26,7 @@ DEEPSPEED = Path(sys.executable).with_name("deepspeed")
 RANKS = 2
 STEPS = 8
 RUN_TIMEOUT_S = 600
+AUTO_ON_TWO_CPU_RANKS = "zero0"
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +57,23 @@ def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.Co
     return result
 
 
-@pytest.mark.parametrize("profile", available_profiles())
+@pytest.mark.parametrize("profile", [*available_profiles(), "auto"])
 def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, prepared_data, tmp_path):
     from transformers import AutoTokenizer, T5ForConditionalGeneration
 
     output = tmp_path / "run"
     output.mkdir()
     (output / "notes.txt").write_text("not the trainer's")
-    launch(prepared_data, output, profile)
+    result = launch(prepared_data, output, profile)
 
     summary = json.loads((output / "run.json").read_text())
+    # auto: the small T5 fits unsharded in each CPU rank's share of host memory, so the cheapest stage.
+    used = AUTO_ON_TWO_CPU_RANKS if profile == "auto" else profile
+    assert (summary["profile"], summary["profile_chosen_by"]) == (used, "auto" if profile == "auto" else "name")
+    assert f"profile {used} (ZeRO-{get_profile(used).stage}" in result.stdout, "the stage line names the profile the run uses"
     assert summary["engine"] == "deepspeed.runtime.engine.DeepSpeedEngine"
     assert summary["world_size"] == RANKS
-    assert summary["zero_stage"] == get_profile(profile).stage
+    assert summary["zero_stage"] == get_profile(used).stage
     assert summary["global_step"] == STEPS
     losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
     assert len(losses) == STEPS
@@ -87,7 +92,7 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(line) for line in (output / "eval_predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 8
-    if profile != "zero0":  # stage 0 writes no ZeRO shards
+    if used != "zero0":  # stage 0 writes no ZeRO shards
         # The consolidated export holds exactly the weights of the engine's sharded checkpoint at the
         # same step: compared as data, not through generations whose arithmetic differs by process.
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -6,6 +6,11 @@
 fields (:func:`argument_field`), and notebooks, the bench and the tests build a training command line with
 :func:`train_argv` instead of writing flags by hand. Nothing heavy is imported here, so ``textsql
 --help`` stays fast.
+
+These fields and :data:`TRAINING_DEFAULTS` are the one source of a run's defaults: notebook 02's
+parameters cell, ``textsql demo`` and the AMP's environment variables repeat them (a notebook's
+parameters must be literals), and ``tests/test_defaults.py`` fails when a copy drifts
+(:func:`notebook_defaults` names them as the notebook does).
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import logging
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
-from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
+from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
 from textsql.data import SAMPLE_SOURCE
 from textsql.errors import DataError, LaunchError, ModelError
 
@@ -29,12 +34,16 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "predict_with_generate": True,
     "generation_max_length": 64,
     "learning_rate": 1e-3,
+    # Per rank; on a GPU batches are filled to a token budget instead (textsql.hardware.fast_defaults).
+    "per_device_train_batch_size": 16,
     "eval_strategy": "steps",
-    "eval_steps": 50,
-    "save_steps": 50,
+    "eval_steps": 100,
+    "save_steps": 100,
     "save_total_limit": 2,
     "logging_steps": 10,
     "train_sampling_strategy": "group_by_length",
+    # The evaluation's sampler reorders questions; their input ids find each one's table (textsql.scoring).
+    "include_for_metrics": ["inputs"],
     # Bounded wait for a dead peer in a collective (torch's default is 30 minutes): the survivors of a
     # lost worker fail within this, so the supervisor can relaunch. Generous for a first collective
     # that waits out CPU Adam's one-time compile.
@@ -125,8 +134,9 @@ class RunArguments:
     """The DeepSpeed profile and what to do with an existing output directory."""
 
     profile: str = field(
-        default="zero2",
-        metadata={"help": "DeepSpeed profile: the name of a dsconfig/*.json file (`textsql estimate --help` lists them), or a .json path."},
+        default="auto",
+        metadata={"help": "DeepSpeed profile: auto (the cheapest that fits the model, as `textsql estimate` recommends), "
+                          "the name of a dsconfig/*.json file (`textsql estimate --help` lists them), or a .json path."},
     )
     overlay: list[str] = field(default_factory=list, metadata={"help": "Overlays merged onto the profile, e.g. flops_profiler."})
     resume: str | None = field(
@@ -137,10 +147,36 @@ class RunArguments:
         default=False,
         metadata={"help": "Delete the checkpoints and model/ of a previous run in --output_dir before training."},
     )
+    # Set once --profile auto is resolved (textsql.train), for run.json and the stage line.
+    auto_profile: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.resume and self.overwrite_output_dir:
             raise LaunchError("--resume and --overwrite_output_dir contradict each other; pass only one")
+
+
+def notebook_defaults() -> dict[str, Any]:
+    """The defaults of notebook 02's training parameters, by the notebook's names, from this module's one source.
+
+    Usage::
+
+        >>> notebook_defaults()["profile"]
+        'auto'
+
+    :rtype: dict[str, typing.Any]
+    """
+    from transformers import Seq2SeqTrainingArguments
+
+    return {
+        "profile": argument_field(RunArguments, "profile").default,
+        "model": argument_field(ModelArguments, "model").default,
+        "max_steps": argument_field(Seq2SeqTrainingArguments, "max_steps").default,
+        "per_device_batch_size": TRAINING_DEFAULTS["per_device_train_batch_size"],
+        "learning_rate": TRAINING_DEFAULTS["learning_rate"],
+        "eval_steps": TRAINING_DEFAULTS["eval_steps"],
+        "overwrite": argument_field(RunArguments, "overwrite_output_dir").default,
+        "max_restarts": DEFAULT_MAX_RESTARTS,
+    }
 
 
 def argument_field(cls: type, name: str) -> Field:

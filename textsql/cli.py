@@ -15,6 +15,7 @@ from textsql.console import configure_cli
 from textsql.constants import DEFAULT_MAX_RESTARTS, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
 from textsql.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
+from textsql.preflight import STAGES
 from textsql.profiles import available_profiles, profile_path
 
 
@@ -275,11 +276,29 @@ def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, n
     click.echo(json.dumps(report, indent=2) if as_json else format_estimate(report))
 
 
+@cli.command("preflight")
+@click.option("--require", type=click.Choice(STAGES), multiple=True,
+              help="Fail only when what this stage needs is missing; the rest is reported [default: every stage].")
+@click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE",
+              help="Notebook parameter to check with, as `textsql demo -p` [default: the notebooks' own and TEXTSQL_<NAME>].")
+def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...]) -> None:
+    """Say what this runtime lacks for the notebooks (pdsh, sshd, GPUs, model hub), one line each with its fix."""
+    from textsql.demo import job_parameters, parse_overrides, runtime_checks
+    from textsql.preflight import format_checks, missing_for
+
+    checks = runtime_checks(job_parameters(parse_overrides(list(parameters))))
+    click.echo(format_checks(checks))
+    missing = missing_for(checks, require or STAGES)
+    if missing:
+        stages = sorted({stage for check in missing for stage in check.needed_by if stage in (require or STAGES)})
+        raise click.ClickException(f"this runtime lacks {', '.join(check.name for check in missing)} to {' and '.join(stages)}; each fix is on its line above")
+
+
 @cli.command()
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False), help="Run directory for everything the demo writes (a previous demo there is replaced).")
 @click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE", help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.")
 def demo(out: str, parameters: tuple[str, ...]) -> None:
-    """Run the three notebooks with papermill on the embedded default: sample, small T5, two local workers, ZeRO-1."""
+    """Run the three notebooks with papermill on the embedded default: sample, small T5, two local workers, profile auto."""
     from textsql.demo import format_summary, parse_overrides, run_demo
 
     click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)))))

@@ -7,6 +7,7 @@ with one line naming the cell's error and the executed copy to open.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import os
@@ -32,11 +33,18 @@ logger = logging.getLogger(__name__)
 NOTEBOOKS_DIR = PROJECT_DIR / "notebooks"
 NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed", "03_inference")
 KERNEL_NAME = "python3"
-# The kernel's own start-up warning (TCP on loopback, which papermill chose) is no concern of a user's.
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# The kernel's own log is no concern of a user's: a start-up warning (TCP on loopback, which papermill
+# chose), and an ERROR line when the interrupt jupyter_client sends at every shutdown lands while the kernel
+# is still handling a message (a race, seen under load). A cell's error reaches the user through papermill.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 # Any notebook parameter can be set from the environment as TEXTSQL_<PARAMETER> (CML job and project
 # variables, the AMP's defaults); values are read as YAML so numbers and booleans keep their type.
 ENV_PREFIX = "TEXTSQL_"
+# Parameters that name a path, and those that name a path or something else (a hub id, "sample"). Set in the
+# environment (a CML job, the AMP) a relative one is relative to the project root, where CML runs jobs and
+# where users think; the kernel itself runs in notebooks/ as in JupyterLab.
+PATH_PARAMETERS = ("data_dir", "run_dir", "model_dir")
+PATH_OR_NAME_PARAMETERS = ("model", "source")
 # Marks a directory as the demo's own, so a second `make demo` may replace it (and nothing else).
 DEMO_MARKER = ".textsql-demo"
 # The cells' output of a demo at the default log level (the executed notebooks hold it too).
@@ -70,22 +78,94 @@ def notebook_path(name: str) -> Path:
     return NOTEBOOKS_DIR / f"{stem}.ipynb"
 
 
-def parameters_from_environ(name: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The notebook's parameters that are set as ``TEXTSQL_<NAME>`` in the environment.
+def declared_parameters(name: str) -> dict[str, dict[str, Any]]:
+    """The notebook's parameters as papermill reads them: name, type, default (source text) and help.
 
     :param name: the notebook.
-    :param environ: the environment to read (``os.environ`` when None).
     :rtype: dict
     """
     import papermill
 
+    # papermill logs every notebook it opens at INFO, which a job's log shows; reading is no news.
+    papermill_logger = logging.getLogger("papermill")
+    level = papermill_logger.level
+    papermill_logger.setLevel(logging.WARNING)
+    try:
+        return papermill.inspect_notebook(str(notebook_path(name)))
+    finally:
+        papermill_logger.setLevel(level)
+
+
+def parameters_from_environ(name: str, environ: Mapping[str, str] | None = None, root: Path = PROJECT_DIR) -> dict[str, Any]:
+    """The notebook's parameters that are set as ``TEXTSQL_<NAME>`` in the environment; relative paths
+    among them are made absolute against the project root (:func:`project_path`).
+
+    :param name: the notebook.
+    :param environ: the environment to read (``os.environ`` when None).
+    :param root: the project root.
+    :rtype: dict
+    """
     environ = os.environ if environ is None else environ
-    declared = papermill.inspect_notebook(str(notebook_path(name)))
+    declared = declared_parameters(name)
     return {
-        parameter: yaml.safe_load(environ[ENV_PREFIX + parameter.upper()])
+        parameter: project_path(parameter, yaml.safe_load(environ[ENV_PREFIX + parameter.upper()]), root)
         for parameter in declared
         if ENV_PREFIX + parameter.upper() in environ
     }
+
+
+def project_path(parameter: str, value: Any, root: Path = PROJECT_DIR) -> Any:
+    """``value`` as the notebook kernel (working directory ``notebooks/``) must see a path given relative to ``root``.
+
+    ``data_dir``, ``run_dir`` and ``model_dir`` are always paths; ``model`` and ``source`` only when ``root``
+    has that path (``t5-small`` and ``sample`` stay names). Anything else is returned as it is.
+
+    Usage::
+
+        >>> project_path("data_dir", "runs/cml/data", Path("/home/cdsw"))
+        '/home/cdsw/runs/cml/data'
+
+    :param parameter: the parameter's name.
+    :param value: its value.
+    :param root: the project root.
+    :rtype: Any
+    """
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return value
+    candidate = root / value
+    if parameter in PATH_PARAMETERS or (parameter in PATH_OR_NAME_PARAMETERS and candidate.exists()):
+        return os.path.normpath(candidate)
+    return value
+
+
+def job_parameters(overrides: Mapping[str, Mapping[str, Any]] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every notebook's parameters as a job would run it: the notebook's defaults, then ``TEXTSQL_<NAME>``
+    from the environment (:func:`parameters_from_environ`), then ``overrides``.
+
+    :param overrides: per-notebook values (:func:`parse_overrides`).
+    :param environ: the environment to read (``os.environ`` when None).
+    :rtype: dict
+    """
+    chosen = {}
+    for name in NOTEBOOKS:
+        declared = declared_parameters(name)
+        chosen[name] = {parameter: ast.literal_eval(spec["default"]) for parameter, spec in declared.items()}
+        chosen[name].update(parameters_from_environ(name, environ))
+        chosen[name].update((overrides or {}).get(name, {}))
+    return chosen
+
+
+def runtime_checks(chosen: Mapping[str, Mapping[str, Any]]) -> list:
+    """What this runtime has and lacks for notebooks 01 and 02 with these parameters (:func:`textsql.preflight.check_runtime`).
+
+    :param chosen: every notebook's parameters (:func:`job_parameters`).
+    :rtype: list[textsql.preflight.Check]
+    """
+    from textsql.preflight import check_runtime
+
+    prepare, train = chosen["01_prepare_dataset"], chosen["02_train_distributed"]
+    return check_runtime(model=prepare["model"], source=prepare["source"], backend=train["backend"],
+                         worker_gpus=train["worker_gpus"], training_model=train["model"])
 
 
 def run_notebook(name: str, output: str | Path, parameters: Mapping[str, Any] | None = None, log_output: bool = True) -> Path:
@@ -135,16 +215,17 @@ def check_parameters(name: str, parameters: Mapping[str, Any]) -> None:
     :param parameters: the values about to be passed.
     :raises NotebookError: naming the unknown parameters and the notebook's own.
     """
-    import papermill
-
-    declared = papermill.inspect_notebook(str(notebook_path(name)))
+    declared = declared_parameters(name)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
         raise NotebookError(f"notebook {name} has no parameter {', '.join(map(repr, unknown))}; its parameters are {', '.join(declared)}")
 
 
 def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """The embedded-default run: the WikiSQL sample, the small T5, two local worker pods, ZeRO-1.
+    """The embedded-default run: the WikiSQL sample, the small T5, two local worker pods, the default profile.
+
+    Model and profile are left to notebook 02's defaults (:func:`textsql.arguments.notebook_defaults`):
+    the profile ``auto`` is what the notebook's estimate recommends.
 
     :param out_dir: where everything goes (absolute).
     :rtype: dict
@@ -153,7 +234,7 @@ def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
     return {
         "01_prepare_dataset": {"source": "sample", "model": "default", "data_dir": data_dir},
         "02_train_distributed": {
-            "data_dir": data_dir, "run_dir": str(out_dir), "backend": "local", "workers": 2, "profile": "zero1", "model": "default",
+            "data_dir": data_dir, "run_dir": str(out_dir), "backend": "local", "workers": 2,
             # The small T5 starts from random weights: a high rate and a short schedule show the loss
             # falling within the demo's time on two CPU cores.
             "learning_rate": 3e-3, "max_steps": 200, "eval_steps": 50,
@@ -169,9 +250,7 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
     :param entries: the command line's ``-p`` values.
     :rtype: dict
     """
-    import papermill
-
-    declared = {name: set(papermill.inspect_notebook(str(notebook_path(name)))) for name in NOTEBOOKS}
+    declared = {name: set(declared_parameters(name)) for name in NOTEBOOKS}
     overrides: dict[str, dict[str, Any]] = {name: {} for name in NOTEBOOKS}
     for entry in entries:
         key, separator, text = entry.partition("=")
@@ -193,11 +272,14 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
     :param chosen: every notebook's parameters, as :func:`run_demo` will pass them.
     :raises TextSQLError: a ProfileError, ModelError or DataError naming the fix.
     """
+    from textsql.arguments import notebook_defaults
+    from textsql.estimate import AUTO_PROFILE
     from textsql.model import load_config
     from textsql.prepare import check_prepared
 
-    training = chosen["02_train_distributed"]
-    get_profile(training["profile"])
+    training = notebook_defaults() | dict(chosen["02_train_distributed"])
+    if training["profile"] != AUTO_PROFILE:
+        get_profile(training["profile"])
     load_config(training["model"])
     if training["data_dir"] != chosen["01_prepare_dataset"]["data_dir"]:
         check_prepared(training["data_dir"])

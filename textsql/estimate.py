@@ -5,19 +5,25 @@ profile's model-state memory (16-bit parameters and gradients, fp32 master weigh
 comes from its own memory model, :meth:`textsql.profiles.Profile.memory`, so a profile added as a
 JSON file in ``dsconfig/`` is estimated too. Activations come on top and depend on batch and sequence
 length, hence the headroom in :data:`FIT_FRACTION`.
+
+The same recommendation is the default profile of a run (:data:`AUTO_PROFILE`): notebook 02 resolves it
+from its estimate before any worker starts (:func:`choose_profile`), and a rank given ``--profile auto``
+resolves it from its own device and world (:func:`resolve_profile_here`), so what the estimate
+recommends is what the run uses unless a profile is named.
 """
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, PretrainedConfig
 
-from textsql.errors import ModelError
+from textsql.errors import ModelError, ProfileError
 from textsql.model import load_config
-from textsql.profiles import profiles as all_profiles
+from textsql.profiles import get_profile, profiles as all_profiles
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +31,8 @@ GIB = 1024**3
 # Share of a GPU's memory the model states may take; the rest is for activations, buffers and the
 # CUDA context.
 FIT_FRACTION = 0.8
+# The profile value that means "the estimate's recommendation" (the default of every run).
+AUTO_PROFILE = "auto"
 
 
 def count_parameters(config: PretrainedConfig) -> tuple[int, int]:
@@ -92,9 +100,11 @@ def estimate(
     }
 
 
-def format_estimate(report: dict) -> str:
-    """A table of the estimate for people.
+def format_estimate(report: dict, requested: str | None = None) -> str:
+    """A table of the estimate for people; with ``requested``, a last line saying which profile the run uses.
 
+    :param report: what :func:`estimate` returned.
+    :param requested: the run's profile parameter (a name, a path, or :data:`AUTO_PROFILE`).
     :rtype: str
     """
     lines = [
@@ -112,5 +122,62 @@ def format_estimate(report: dict) -> str:
         lines.append(f"recommended: none fits ({budget}); add GPUs or nodes, or use GPUs with more memory")
     else:
         lines.append(f"recommended: {report['recommended']} ({budget})")
+    if requested == AUTO_PROFILE and report["recommended"] is not None:
+        lines.append(f"this run uses: {report['recommended']} (profile auto: the recommendation)")
+    elif requested is not None and requested != AUTO_PROFILE:
+        lines.append(f"this run uses: {requested} (named by the profile parameter)")
     return "\n".join(lines)
 
+
+
+def choose_profile(profile: str, report: dict) -> str:
+    """The profile a run uses: ``profile`` itself when one is named, the report's recommendation for ``auto``.
+
+    Usage::
+
+        >>> choose_profile("auto", estimate(None, nodes=2, gpus_per_node=1, gpu_memory_gb=16))
+        'zero0'
+
+    :param profile: a profile name or path, or :data:`AUTO_PROFILE`.
+    :param report: what :func:`estimate` returned for the run's model and hardware.
+    :raises ProfileError: an unknown profile, or ``auto`` when none fits; the message names the fix.
+    :rtype: str
+    """
+    if profile != AUTO_PROFILE:
+        get_profile(profile)
+        return profile
+    if report["recommended"] is None:
+        raise ProfileError(
+            f"profile auto: no profile fits {report['model']} on {report['nodes']} node(s) x {report['gpus_per_node']} device(s) "
+            f"of {report['gpu_memory_gb']:g} GiB; add nodes or GPUs, or pass --profile (notebook: profile) zero3_offload"
+        )
+    return report["recommended"]
+
+
+def resolve_profile(profile: str, model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float) -> str:
+    """:func:`choose_profile` for this hardware; the model's config is read only for ``auto``.
+
+    :rtype: str
+    """
+    if profile != AUTO_PROFILE:
+        return profile
+    return choose_profile(profile, estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb))
+
+
+def resolve_profile_here(profile: str, model: str | Path | None) -> str:
+    """:func:`resolve_profile` from this rank's world (the launcher's ``WORLD_SIZE``/``LOCAL_SIZE``) and device.
+
+    A GPU's memory where there is one; on DeepSpeed's CPU accelerator the host memory shared by the
+    node's ranks. Every rank of a run on like nodes resolves the same profile.
+
+    :rtype: str
+    """
+    if profile != AUTO_PROFILE:
+        return profile
+    ranks_per_node = int(os.environ.get("LOCAL_SIZE", "1"))
+    nodes = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ranks_per_node)
+    if torch.cuda.is_available():
+        memory = torch.cuda.get_device_properties(0).total_memory / GIB
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ranks_per_node
+    return resolve_profile(profile, model, nodes, ranks_per_node, round(memory, 1))

@@ -28,13 +28,13 @@ from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokeniz
 
 from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME
 from textsql.data import load_split, source_text
-from textsql.errors import DataError, ModelError, SQLParseError
+from textsql.errors import DataError, ModelError
 from textsql.evaluate import evaluate, format_report
 from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
 from textsql.grammar import grammar_processor, processor_for_inputs
 from textsql.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
-from textsql.sql import render_sql, parse_sql
+from textsql.sql import parsed, render_sql
 
 logger = logging.getLogger(__name__)
 
@@ -175,17 +175,6 @@ def _device(name: str | torch.device | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelError(f"device {str(name)!r} asked for but this machine has no CUDA GPU; pass --device cpu")
     return device
-
-
-def parsed(text: str, header: list[str]) -> dict:
-    """``{"query": ..., "error": None}`` when the text reads as WikiSQL over the header, else the reason.
-
-    :rtype: dict
-    """
-    try:
-        return {"query": parse_sql(text, header), "error": None}
-    except SQLParseError as error:
-        return {"query": None, "error": str(error)}
 
 
 def recorded_input_format(model_dir: str | Path) -> str:

@@ -1,5 +1,5 @@
-"""The lines a training rank prints for a person: one per logged step, one per evaluation, and a notice
-before DeepSpeed's one-off op compilation.
+"""The lines a training rank prints for a person: one per logged step, one per evaluation, the run's stage
+line (model, ranks, profile), and a notice before DeepSpeed's one-off op compilation.
 
 They replace the Trainer's tqdm bar, which reaches the launcher through pdsh as one ever-growing line,
 and its raw ``{'loss': ...}`` dicts. :mod:`textsql.console` shows exactly these lines at the default
@@ -53,6 +53,21 @@ def use_step_lines(trainer) -> None:
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StepLines())
+
+
+def announce_run(model: str, profile: str, auto: bool, world_size: int, precision: str) -> None:
+    """The run's stage line (rank 0 calls it): what trains, on how many ranks, with which profile and precision.
+
+    :param model: the model argument.
+    :param profile: the profile the run uses (``auto`` already resolved).
+    :param auto: whether ``auto`` chose it.
+    :param world_size: ranks in the run.
+    :param precision: the resolved precision.
+    """
+    from textsql.profiles import get_profile
+
+    how = "; auto: the cheapest that fits" if auto else ""
+    print(f"{STAGE_PREFIX}training {model} on {world_size} rank(s): profile {profile} (ZeRO-{get_profile(profile).stage}{how}), {precision}", flush=True)
 
 
 def announce_op_build() -> None:

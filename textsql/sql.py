@@ -113,6 +113,17 @@ def parse_sql(text: str, header: list[str]) -> dict:
     return result
 
 
+def parsed(text: str, header: list[str]) -> dict:
+    """``{"query": ..., "error": None}`` when the text reads as WikiSQL over the header, else the reason.
+
+    :rtype: dict
+    """
+    try:
+        return {"query": parse_sql(text, header), "error": None}
+    except SQLParseError as error:
+        return {"query": None, "error": str(error)}
+
+
 def _fold(text: str) -> str:
     return " ".join(text.split()).lower()
 

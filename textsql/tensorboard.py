@@ -3,7 +3,7 @@
 On Cloudera Machine Learning, a session or application serves web UIs on ``localhost`` at the port
 in ``CDSW_APP_PORT`` (shown at ``https://<CDSW_ENGINE_ID>.<CDSW_DOMAIN>``) or ``CDSW_READONLY_PORT``
 (``https://read-only-<CDSW_ENGINE_ID>.<CDSW_DOMAIN>``); elsewhere TensorBoard's own default,
-``localhost:6006``. The training run writes its events under ``OUTPUT_DIR/tensorboard``; the
+``localhost:6006``. The training run writes its events under ``OUTPUT_DIR/tensorboard/<run name>``; the
 notebooks read the same files through TensorBoard's own event multiplexer.
 """
 from __future__ import annotations
@@ -27,6 +27,8 @@ CML_HOST = "127.0.0.1"
 # application is given CDSW_APP_PORT, so that one wins where both are set.
 CML_PORTS = (("CDSW_APP_PORT", ""), ("CDSW_READONLY_PORT", "read-only-"))
 LOSS_TAGS = ("train/loss", "eval/loss")
+# WikiSQL's scores of each evaluation's generated queries (textsql.scoring); execution only where tables have rows.
+ACCURACY_TAGS = ("eval/lf_accuracy", "eval/ex_accuracy", "eval/parse_rate")
 
 
 @dataclass(frozen=True)
@@ -136,17 +138,48 @@ def plot_scalars(logdir: str | Path, tags: Iterable[str] = LOSS_TAGS):
     """
     import matplotlib.pyplot as plt
 
-    scalars = read_scalars(logdir)
     figure, axes = plt.subplots(figsize=(7, 4))
+    if not _draw(axes, read_scalars(logdir), tags, "value"):
+        raise TextSQLError(f"no {', '.join(tags)} scalars under {str(logdir)!r}; has training logged a step yet?")
+    return figure
+
+
+def plot_run(logdir: str | Path):
+    """The loss, and beside it the evaluations' accuracy (logical form, execution, parse rate) where logged.
+
+    Usage::
+
+        >>> plot_run("runs/demo/tensorboard")          # doctest: +SKIP
+
+    :param logdir: a run's ``tensorboard/`` folder (or any directory above event files).
+    :raises TextSQLError: when there is no loss yet.
+    :rtype: matplotlib.figure.Figure
+    """
+    import matplotlib.pyplot as plt
+
+    scalars = read_scalars(logdir)
+    with_accuracy = any(run.get(tag) for run in scalars.values() for tag in ACCURACY_TAGS)
+    figure, panels = plt.subplots(1, 2 if with_accuracy else 1, figsize=(12 if with_accuracy else 7, 4), squeeze=False)
+    if not _draw(panels[0][0], scalars, LOSS_TAGS, "loss"):
+        raise TextSQLError(f"no {', '.join(LOSS_TAGS)} scalars under {str(logdir)!r}; has training logged a step yet?")
+    if with_accuracy:
+        _draw(panels[0][1], scalars, ACCURACY_TAGS, "share of evaluated questions")
+        panels[0][1].set_ylim(-0.02, 1.02)
+    figure.tight_layout()
+    return figure
+
+
+def _draw(axes, scalars: dict, tags: Iterable[str], ylabel: str) -> bool:
+    """Draw ``tags`` of every run on ``axes``; the run's name is in the label only when there are several."""
     for run, by_tag in scalars.items():
         for tag in tags:
             if by_tag.get(tag):
                 steps, values = zip(*by_tag[tag])
-                axes.plot(steps, values, marker="." if len(steps) < 30 else None, label=tag if run == "." else f"{run} {tag}")
+                axes.plot(steps, values, marker="." if len(steps) < 30 else None, label=tag if len(scalars) == 1 else f"{run} {tag}")
     if not axes.lines:
-        raise TextSQLError(f"no {', '.join(tags)} scalars under {str(logdir)!r}; has training logged a step yet?")
+        return False
     axes.set_xlabel("step")
-    axes.set_ylabel("value")
+    axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
     axes.legend()
-    return figure
+    return True

@@ -23,32 +23,32 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import numpy as np
 import torch
 import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
-from transformers.trainer_utils import EvalPrediction
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
 from textsql.batching import TokenBudgetTrainer
 from textsql.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
+from textsql.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.files import write_json, write_jsonl
 from textsql.grammar_trainer import GrammarSeq2SeqTrainer
 from textsql.generation import KeepGenerationBound, bound_generation
 from textsql.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.model import load_config, load_model, load_tokenizer
 from textsql.prepare import check_prepared
-from textsql.progress import announce_op_build, use_step_lines
+from textsql.progress import announce_op_build, announce_run, use_step_lines
 from textsql.profiles import get_profile, load_profile
+from textsql.run_events import close_run_events, events_dir, use_run_events
+from textsql.scoring import decode, eval_questions, wikisql_metrics
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
 MODEL_SUBDIR = "model"
-TENSORBOARD_SUBDIR = "tensorboard"
 SUMMARY_FILE = "run.json"
 PREDICTIONS_FILE = "eval_predictions.jsonl"
 
@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         training_args.process_index, training_args.world_size, training_args.local_process_index,
         training_args.device, run_args.profile, model_args.precision,
     )
+    if training_args.process_index == 0:
+        announce_run(str(model_args.model), run_args.profile, run_args.auto_profile, training_args.world_size, model_args.precision)
     checkpoint = prepare_output_dir(training_args, run_args)
     set_seed(training_args.seed)
 
@@ -99,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         eval_dataset=splits.get("validation"),
         processing_class=tokenizer,
         data_collator=collator,
-        compute_metrics=exact_match_metric(tokenizer) if training_args.predict_with_generate else None,
+        compute_metrics=wikisql_metrics(tokenizer, *eval_questions(data_args.data_dir, data_args.max_eval_samples)) if training_args.predict_with_generate else None,
         callbacks=[KeepGenerationBound(), MarkComplete()],
     )
     use_step_lines(trainer)
+    use_run_events(trainer)
 
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.log_metrics("train", result.metrics)
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.save_state()
     if "validation" in splits:
         evaluate(trainer, tokenizer, splits["validation"])
+    close_run_events(trainer)
     export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR, Path(data_args.data_dir) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint)
@@ -130,12 +134,14 @@ def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> d
         output = trainer.predict(dataset, metric_key_prefix="eval")
     finally:
         trainer.args.train_sampling_strategy = strategy
-    trainer.log(output.metrics)
+    # The last in-training evaluation may have scored this same step already: log it once.
+    if not any("eval_loss" in entry and entry.get("step") == trainer.state.global_step for entry in trainer.state.log_history):
+        trainer.log(output.metrics)
     trainer.log_metrics("eval", output.metrics)
     trainer.save_metrics("eval", output.metrics)
     if trainer.is_world_process_zero() and trainer.args.predict_with_generate:
         sources = tokenizer.batch_decode(list(dataset["input_ids"]), skip_special_tokens=True)
-        rows = zip(sources, _decode(tokenizer, output.predictions), _decode(tokenizer, output.label_ids))
+        rows = zip(sources, decode(tokenizer, output.predictions), decode(tokenizer, output.label_ids))
         lines = [{"source": source, "prediction": prediction, "target": target} for source, prediction, target in rows]
         write_jsonl(Path(trainer.args.output_dir) / PREDICTIONS_FILE, lines)
     return output.metrics
@@ -147,7 +153,7 @@ def parse_arguments(argv: list[str] | None = None):
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments]
     """
     model_args, data_args, run_args, training_values = parse_command_line(argv)
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(Path(training_values["output_dir"]) / TENSORBOARD_SUBDIR))
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(events_dir(training_values["output_dir"])))
     init_distributed(timedelta(seconds=training_values["ddp_timeout"]))
     return model_args, data_args, run_args, Seq2SeqTrainingArguments(**training_values)
 
@@ -176,6 +182,9 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, D
     if values["output_dir"] is None:
         raise LaunchError("no output directory; pass --output_dir DIR")
     model_args.precision = resolve_precision(model_args.precision)
+    # auto: the estimate's recommendation for this rank's world and device (textsql.estimate).
+    run_args.auto_profile = run_args.profile == AUTO_PROFILE
+    run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
     get_profile(run_args.profile).check_precision(model_args.precision)
     training_values = _field_values(Seq2SeqTrainingArguments, values) | {
         "deepspeed": load_profile(run_args.profile, run_args.overlay),
@@ -304,17 +313,6 @@ def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
     return splits
 
 
-def exact_match_metric(tokenizer):
-    """A ``compute_metrics`` closure: the share of generated queries equal to the target text."""
-
-    def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
-        predicted = _decode(tokenizer, prediction.predictions)
-        expected = _decode(tokenizer, prediction.label_ids)
-        return {"exact_match": float(np.mean([p == e for p, e in zip(predicted, expected)]))}
-
-    return compute_metrics
-
-
 def export_model(trainer: Seq2SeqTrainer, target: Path, prepare_record: Path | None = None) -> None:
     """Write a consolidated HuggingFace model directory (weights, config, tokenizer, generation config).
 
@@ -343,6 +341,7 @@ def _write_summary(trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args
         "zero_stage": getattr(engine, "zero_optimization_stage", lambda: None)(),
         "world_size": trainer.args.world_size,
         "profile": run_args.profile,
+        "profile_chosen_by": AUTO_PROFILE if run_args.auto_profile else "name",
         "precision": model_args.precision,
         "model": model_args.model,
         "resumed_from": checkpoint,
@@ -371,11 +370,6 @@ def _configure_logging(args: Seq2SeqTrainingArguments) -> None:
     logging.getLogger("textsql").setLevel(level)
     datasets.utils.logging.set_verbosity(level)
     transformers.utils.logging.set_verbosity(level)
-
-
-def _decode(tokenizer, ids: np.ndarray) -> list[str]:
-    ids = np.where(ids == LABEL_PAD_TOKEN_ID, tokenizer.pad_token_id, ids)
-    return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 
 
 def _first(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:

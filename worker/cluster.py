@@ -75,15 +75,17 @@ class Cluster:
     def replace_worker(self, address: str, timeout: float = 300.0) -> "Cluster":
         """Replace the lost worker at ``address`` through the backend and rewrite the run's files.
 
-        A launched replacement registers over the same authenticated rendezvous (same token), and the
-        hostfile, known_hosts (its new host key pinned) and ssh_config are written again; an attached
+        A launched replacement (a new local process, CML engine or Kubernetes pod) must be running and
+        registered over the same authenticated rendezvous (same token) within ``timeout``; then the
+        hostfile, known_hosts (its new host key pinned) and ssh_config are written again. An attached
         host must answer again (see :meth:`Backend.replace`).
 
         :param address: the lost worker's address.
-        :param timeout: seconds for the replacement to be registered (or the host to answer).
+        :param timeout: seconds for the replacement to be running and registered (or the host to answer).
         :rtype: Cluster
         :returns: the cluster with the replacement in the lost worker's place.
-        :raises RendezvousError: if no replacement registered in time.
+        :raises WorkerError: if the backend cannot replace it, or no replacement registered in time
+            (the message names the replacement, what it was waiting for and what to check).
         """
         lost = next((worker for worker in self.workers if worker.address == address), None)
         if lost is None:
@@ -92,9 +94,18 @@ class Cluster:
             # The same host, its key from the trusted known_hosts: the run's files stay as they are.
             self.backend.replace(lost.pod, timeout)
             return self
+        deadline = time.monotonic() + timeout
         self._server.reopen(address)
         handle = self.backend.replace(lost.pod, timeout)
-        workers = self._server.wait(timeout, expected_pods=[handle.pod], check=lambda: _check_pods(self.backend))
+        try:
+            self.backend.wait(max(0.0, deadline - time.monotonic()))
+            workers = self._server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[handle.pod],
+                                        check=lambda: _check_pods(self.backend), total=timeout)
+        except (WorkerError, RendezvousError) as error:
+            raise WorkerError(f"no replacement for lost worker {address} (pod {lost.pod}) registered within "
+                              f"{timeout:.0f}s: {error}") from None
+        new = next((worker.address for worker in workers if worker.pod == handle.pod), "?")
+        logger.info("worker %s (pod %s) replaced by %s (pod %s)", address, lost.pod, new, handle.pod)
         return replace(self, workers=tuple(workers), master_addr=workers[0].address)
 
     @property

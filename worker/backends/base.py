@@ -113,7 +113,8 @@ class Backend(ABC):
 
         A launching backend stops what is left of ``pod`` and launches one new agent with the run's
         environment; it registers over the same rendezvous (same token, its own new host key) at the
-        same address where the platform allows, else at a new one. An attaching backend waits up to
+        same address where the platform allows, else at a new one, under a name that shows what it
+        replaces where the platform lets us name it. An attaching backend waits up to
         ``timeout`` seconds for the same host to answer over ssh again: it has no other host to offer.
 
         :param pod: the lost worker's pod name.

@@ -4,7 +4,8 @@ Per run: one Secret holding the rendezvous token (mounted read-only as a file; t
 holds the value) and N pods running ``python -m worker.agent`` with the project's shared volume
 mounted at the same path as on the master (DeepSpeed's pdsh launcher ``cd``s there on every worker),
 ``POD_IP`` and the pod name from the downward API, and ``nvidia.com/gpu`` limits. ``wait`` polls
-until every pod is Running; ``stop`` deletes the pods and the Secret; :func:`cleanup`
+until every pod is Running; ``replace`` deletes a lost pod (if it is still there) and creates one
+like it (same spec and labels, name ``...-N-rK``); ``stop`` deletes the pods and the Secret; :func:`cleanup`
 (``textsql workers cleanup``) deletes them by label when the kernel that started them died.
 
 Pods run as the image's non-root user with no privilege escalation, no capabilities and the
@@ -13,10 +14,12 @@ the pod's ``fsGroup`` as its group, so that user can read it and nobody else; th
 that group (``TEXTSQL_RENDEZVOUS_TOKEN_GROUP``) so its token check accepts exactly that.
 
 No cluster runs in this project's tests: they check the Pod and Secret objects through the
-client's own (validating) models, not a live API server.
+client's own (validating) models, and run the backend against an emulated API server whose pods are
+local agent processes (tests/fakes/kubernetes_api.py), not a live cluster.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -97,6 +100,9 @@ class KubernetesBackend(Backend):
         self._api = api
         self.run_id = ""
         self._pods: list[str] = []
+        # The Pod objects created, by name: a replacement is a copy of the lost one under a new name.
+        self._bodies: dict[str, object] = {}
+        self._replaced = 0
         self._secret: str | None = None
 
     @property
@@ -201,6 +207,7 @@ class KubernetesBackend(Backend):
             pod = self.pod_spec(index, resources, env)
             self.api.create_namespaced_pod(self.namespace, pod)
             self._pods.append(pod.metadata.name)
+            self._bodies[pod.metadata.name] = pod
         logger.info("created %d pods in namespace %s (run %s)", count, self.namespace, self.run_id)
         return self.pods[start:]
 
@@ -208,6 +215,8 @@ class KubernetesBackend(Backend):
         listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"textsql/run={self.run_id}")
         phases = {}
         for pod in listed.items:
+            if pod.metadata.name not in self._pods:
+                continue  # a replaced pod still terminating is no longer ours to wait for or report
             waiting = [s.state.waiting.reason for s in (pod.status.container_statuses or [])
                        if s.state and s.state.waiting and s.state.waiting.reason]
             phases[pod.metadata.name] = (pod.status.phase or "Unknown", ", ".join(waiting))
@@ -235,15 +244,47 @@ class KubernetesBackend(Backend):
     def failures(self) -> dict[str, str]:
         return {name: f"ended with phase {phase}" for name, (phase, _) in self._phases().items() if phase in _ENDED}
 
+    def replace(self, pod: str, timeout: float) -> WorkerHandle:
+        """Delete ``pod`` if it is still there and create a copy of it named ``textsql-RUN-N-rK``.
+
+        The copy has the lost pod's spec, labels (so :func:`cleanup` finds it) and owner references;
+        Kubernetes gives it a new IP, so the replacement registers at a new address with a new host key.
+
+        :param pod: the lost worker's pod name.
+        :param timeout: seconds the old pod's agent gets to stop (at most ``STOP_GRACE_S``); the caller
+            waits for the new pod to run and register.
+        :rtype: WorkerHandle
+        :raises WorkerError: if ``pod`` is not one of this backend's pods.
+        """
+        if pod not in self._bodies:
+            raise WorkerError(f"no pod {pod!r} of this run to replace; pods: {', '.join(self._pods) or 'none'}")
+        self._delete_pod(pod, grace_s=max(1.0, min(c.STOP_GRACE_S, timeout)))
+        body = copy.deepcopy(self._bodies.pop(pod))
+        self._replaced += 1
+        # textsql-RUN-N, or textsql-RUN-N-rJ when a replacement is lost in turn: the new one is textsql-RUN-N-rK.
+        body.metadata.name = f"{re.sub(r'-r[0-9]+$', '', pod)}-r{self._replaced}"
+        body.metadata.annotations = {**(body.metadata.annotations or {}), "textsql/replaces": pod}
+        self.api.create_namespaced_pod(self.namespace, body)
+        self._pods[self._pods.index(pod)] = body.metadata.name
+        self._bodies[body.metadata.name] = body
+        logger.info("replaced pod %s with %s in namespace %s", pod, body.metadata.name, self.namespace)
+        return WorkerHandle(body.metadata.name, f"replaces {pod}")
+
+    def _delete_pod(self, name: str, grace_s: float = c.STOP_GRACE_S) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=int(grace_s))
+        except ApiException as error:
+            if error.status != 404:  # already gone is what we wanted
+                logger.warning("could not delete pod %s: %s; `textsql workers cleanup` deletes it by its labels",
+                               name, error.reason)
+
     def stop(self) -> None:
         from kubernetes.client.exceptions import ApiException
 
         for name in self._pods:
-            try:
-                self.api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=int(c.STOP_GRACE_S))
-            except ApiException as error:
-                if error.status != 404:
-                    logger.warning("could not delete pod %s: %s", name, error.reason)
+            self._delete_pod(name)
         if self._secret:
             try:
                 self.api.delete_namespaced_secret(self._secret, self.namespace)
@@ -252,7 +293,7 @@ class KubernetesBackend(Backend):
                     logger.warning("could not delete secret %s: %s", self._secret, error.reason)
         if self._pods:
             logger.info("deleted %d pods in namespace %s", len(self._pods), self.namespace)
-        self._pods, self._secret = [], None
+        self._pods, self._bodies, self._secret = [], {}, None
 
 
 def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +33,14 @@ def _status(engine: dict) -> str:
 def _describe(engine_id: str) -> dict:
     engine = _engines[engine_id]
     return {"id": engine_id, "status": _status(engine), "ip_address": engine["ip"], "name": engine_id}
+
+
+def _signal_engine(engine: dict, signum: int) -> None:
+    # Stopping an engine ends its pod: every process in it, not only the first (its session's group here).
+    try:
+        os.killpg(engine["process"].pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def launch_workers(n, cpu, memory, nvidia_gpu=0, kernel="python3", script="", code="", env={}):
@@ -70,11 +79,11 @@ def stop_workers(*worker_id):
     for engine_id in targets:
         engine = _engines[engine_id]
         if engine["process"].poll() is None:
-            engine["process"].terminate()
+            _signal_engine(engine, signal.SIGTERM)
             try:
                 engine["process"].wait(timeout=10)
             except subprocess.TimeoutExpired:
-                engine["process"].kill()
+                _signal_engine(engine, signal.SIGKILL)
                 engine["process"].wait()
         engine["stopped"] = True
     return [_describe(engine_id) for engine_id in targets]

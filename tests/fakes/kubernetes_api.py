@@ -1,0 +1,160 @@
+"""Stand-ins for a Kubernetes API server, for tests on a machine where no cluster runs.
+
+``RecordingCoreV1`` keeps the objects it is given and reports one set phase for every pod: enough to
+check the objects and the calls. ``KubeletCoreV1`` is an EMULATOR of an API server with a kubelet
+behind it: each Pod it is given runs its container's ``args`` as a local process, with what the
+kubelet would provide emulated (a new loopback address as the pod IP, the downward-API fields, the
+Secret volume as files), so the backend's real agents, sshd and rendezvous run against it. It emulates
+only the ``CoreV1Api`` calls the backend makes, with the client's own models and ``ApiException``.
+What it does not do: scheduling, image pulls (``image_pull_fails`` leaves new pods Pending the way
+a failed pull does), user and group ids (test_worker_kubernetes.py checks the mount's ownership as
+root), resource limits, network namespaces, ``activeDeadlineSeconds``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from worker.files import atomic_write
+
+# What a container does not inherit from the machine it runs on: another platform's identity.
+_HOST_ONLY = ("CDSW_IP_ADDRESS", "CDSW_ENGINE_ID", "POD_IP", "HOSTNAME")
+
+
+class RecordingCoreV1:
+    """Stand-in for a Kubernetes API server (none runs here): keeps created objects, reports a set phase."""
+
+    def __init__(self, phase="Running", reason=None):
+        self.phase, self.reason = phase, reason
+        self.pods, self.secrets = {}, {}
+
+    def create_namespaced_secret(self, namespace, body):
+        self.secrets[body.metadata.name] = body
+
+    def create_namespaced_pod(self, namespace, body):
+        self.pods[body.metadata.name] = body
+
+    @staticmethod
+    def selected(body, label_selector):
+        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
+        return wanted.items() <= (body.metadata.labels or {}).items()
+
+    def list_namespaced_secret(self, namespace, label_selector):
+        return client.V1SecretList(items=[body for body in self.secrets.values() if self.selected(body, label_selector)])
+
+    def status_of(self, name):
+        """(phase, waiting reason or None) of pod ``name``."""
+        return self.phase, self.reason
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        items = []
+        for name, pod in self.pods.items():
+            if not self.selected(pod, label_selector):
+                continue
+            phase, reason = self.status_of(name)
+            waiting = client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason=reason)) if reason else None
+            statuses = [client.V1ContainerStatus(name="agent", image="i", image_id="", ready=False, restart_count=0,
+                                                 state=waiting)] if waiting else None
+            items.append(client.V1Pod(metadata=client.V1ObjectMeta(name=name, labels=pod.metadata.labels),
+                                      status=client.V1PodStatus(phase=phase, container_statuses=statuses)))
+        return client.V1PodList(items=items)
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
+        if name not in self.pods:
+            raise ApiException(status=404, reason="Not Found")
+        del self.pods[name]
+
+    def delete_namespaced_secret(self, name, namespace):
+        if name not in self.secrets:
+            raise ApiException(status=404, reason="Not Found")
+        del self.secrets[name]
+
+
+class KubeletCoreV1(RecordingCoreV1):
+    """EMULATOR: an API server whose pods run as local processes (see the module docstring).
+
+    ``processes`` maps each running pod to its container's process, as the node sees it; ``ips`` maps
+    each pod to its address (127.0.0.2, 127.0.0.3, ...: a new one per pod, as a cluster gives a new
+    pod a new IP). Logs go to ``root/POD.log``.
+    """
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.image_pull_fails = False
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.ips: dict[str, str] = {}
+        self._addresses = itertools.count(2)
+
+    def create_namespaced_pod(self, namespace, body):
+        super().create_namespaced_pod(namespace, body)
+        if not self.image_pull_fails:
+            self._run(body)
+
+    def status_of(self, name):
+        process = self.processes.get(name)
+        if process is None:
+            return "Pending", "ImagePullBackOff"
+        code = process.poll()
+        if code is None:
+            return "Running", None
+        return ("Succeeded" if code == 0 else "Failed"), None
+
+    def _mount_secrets(self, body) -> dict[str, Path]:
+        """Each Secret volume's keys as 0600 files under root/POD/VOLUME: mount path -> that directory."""
+        mounts = {}
+        container = body.spec.containers[0]
+        for volume in body.spec.volumes:
+            if volume.secret is None:
+                continue  # the project volume is the same path here; /dev/shm is the machine's
+            directory = self.root / body.metadata.name / volume.name
+            directory.mkdir(parents=True)
+            for key, value in (self.secrets[volume.secret.secret_name].string_data or {}).items():
+                atomic_write(directory / key, value, mode=0o600)
+            mount = next(m for m in container.volume_mounts if m.name == volume.name)
+            mounts[mount.mount_path] = directory
+        return mounts
+
+    def _run(self, body) -> None:
+        name = body.metadata.name
+        self.ips[name] = f"127.0.0.{next(self._addresses)}"
+        fields = {"status.podIP": self.ips[name], "metadata.name": name}
+        mounts = self._mount_secrets(body)
+        container = body.spec.containers[0]
+        env = {key: value for key, value in os.environ.items() if key not in _HOST_ONLY}
+        for variable in container.env:
+            value = variable.value if variable.value_from is None else fields[variable.value_from.field_ref.field_path]
+            for mount_path, directory in mounts.items():
+                if value.startswith(mount_path + "/"):
+                    value = str(directory) + value[len(mount_path):]
+            env[variable.name] = value
+        # The image's python is this interpreter; tini, the image's entrypoint, is not needed here.
+        command = [sys.executable if arg == "python" else arg for arg in container.args]
+        with open(self.root / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(command, env=env, cwd=container.working_dir, stdin=subprocess.DEVNULL,
+                                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
+        super().delete_namespaced_pod(name, namespace, grace_period_seconds)
+        process = self.processes.pop(name, None)
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()  # the kubelet's SIGTERM, then SIGKILL to the container after the grace period
+        try:
+            process.wait(timeout=30 if grace_period_seconds is None else grace_period_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def close(self) -> None:
+        """Delete every pod still there (a test's teardown)."""
+        for name in list(self.pods):
+            self.delete_namespaced_pod(name, "default", grace_period_seconds=5)
