@@ -27,7 +27,8 @@ from bench.recovery import KILLED_RANK, StepStream, kill_after, rank_process, su
 from test_launch import tagged_processes
 from textsql.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
 from textsql.supervise import SUPERVISOR_FILE, WORKER_LOST, supervise
-from textsql.train import SUMMARY_FILE, TENSORBOARD_SUBDIR
+from textsql.run_events import TENSORBOARD_SUBDIR
+from textsql.train import SUMMARY_FILE
 
 pytestmark = pytest.mark.slow
 

@@ -130,6 +130,20 @@ def test_a_255_from_a_host_whose_ranks_we_ended_later_is_not_the_lost_worker() -
     assert (classify(1, watch, {}).kind, classify(1, watch, {}).host) == (WORKER_LOST, "127.0.0.3")
 
 
+def test_the_launcher_leaving_on_our_sigterm_is_not_an_application_error() -> None:
+    """DeepSpeed's launch.py, ended by us after the loss, may print a SystemExit traceback from an atexit hook."""
+    watch = watched(
+        "127.0.0.2: [rank0]: Traceback (most recent call last):", "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer",
+        "127.0.0.3: [2026-01-01 10:00:00,000] [ERROR] [launch.py:259:sigkill_handler] [...] exits with return code = -9",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 247",
+        "127.0.0.2: Exception ignored in atexit callback: <bound method finalize._exitfunc>",
+        "127.0.0.2: Traceback (most recent call last):", '127.0.0.2:   File "deepspeed/launcher/launch.py", line 266, in sigkill_handler',
+        "127.0.0.2: SystemExit: 1", "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+    )
+    failure = classify(1, watch, {})
+    assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3"), failure
+
+
 def test_the_failure_line_names_the_step_and_the_detection_time() -> None:
     watch = watched("127.0.0.2: step 3/6: loss 9.644 (18 s)", "pdsh@m: 127.0.0.3: ssh exited with exit code 247")
     assert watch.step == 3

@@ -71,6 +71,9 @@ RANK_RETURN = re.compile(r"exits with return code = (?P<code>-?\d+)")
 # A DeepSpeed launcher log line ("[2025-01-01 10:00:00,000] [INFO] ..."): never a rank's own last word.
 LAUNCHER_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d ")
 TRACEBACK = "Traceback (most recent call last):"
+# Tracebacks that end in these are a process leaving as told (DeepSpeed's launch.py handling the SIGTERM
+# this side sends, an interrupt), never a rank's own error.
+NOT_A_CAUSE = re.compile(r"^(SystemExit|KeyboardInterrupt)\b")
 # torch's prefix on what a rank writes to stderr once its process group exists.
 TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 # What a rank raises when a peer died first (gloo, NCCL, sockets): the peer's own error is the cause,
@@ -164,7 +167,8 @@ class LaunchWatch:
             self._in_traceback.add(host)
         elif host in self._in_traceback and text and not text[0].isspace():
             # The first unindented line after the frames: "SomeError: message".
-            self.errors[host] = text
+            if not NOT_A_CAUSE.match(text):
+                self.errors[host] = text
             self._in_traceback.discard(host)
         elif text.strip() and not LAUNCHER_LOG.match(text):
             self.last[host] = text.strip()
