@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import gpu, inference, profiles, rendezvous, startup, tokenization, train_padding
+from bench import gpu, inference, profiles, recovery, rendezvous, startup, tokenization, train_padding
 from bench.machine import describe_machine, releases
 from bench.report import PROFILES_KEY, write
 from textsql.files import read_json
@@ -21,7 +21,7 @@ from textsql.files import read_json
 logger = logging.getLogger("bench")
 
 BENCH_DIR = Path(__file__).resolve().parent
-FIGURE_NAMES = ("prepare", "rendezvous", "train", "infer", "constrained", "profiles", "startup", "gpu")
+FIGURE_NAMES = ("prepare", "rendezvous", "train", "infer", "constrained", "profiles", "startup", "recovery", "gpu")
 SMOKE = {
     "prepare": tokenization.Sizes(repetitions=1, warmup=0, dev_questions=200),
     "rendezvous": rendezvous.Sizes(counts=(4,), repetitions=1, warmup=0, agents=None),
@@ -30,6 +30,7 @@ SMOKE = {
     "constrained": inference.ConstrainedSizes(questions=4, max_new_tokens=12, repetitions=1),
     "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1, warmup=0),
     "startup": startup.Sizes(repetitions=1, warmup=0),
+    "recovery": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(epochs=1, skip_steps=1, profiles=("zero0",), loss_epochs=1, eval_steps=5, curve_steps=10,
                      infer=inference.Sizes(questions=4, max_new_tokens=4, repetitions=1, warmup_questions=1)),
 }
@@ -41,6 +42,7 @@ FULL = {
     "constrained": inference.ConstrainedSizes(),
     "profiles": profiles.Sizes(),
     "startup": startup.Sizes(),
+    "recovery": recovery.Sizes(),
     "gpu": gpu.Sizes(),
 }
 
@@ -62,6 +64,8 @@ def measure(name: str, sizes, data_dir: str, work: Path) -> dict[str, dict]:
         return {"infer_constrained_over_free": inference.run_constrained(sizes)}
     if name == "profiles":
         return {PROFILES_KEY: profiles.run(data_dir, work, sizes)}
+    if name == "recovery":
+        return {"recovery_local_downtime_s": recovery.run(data_dir, work, sizes)}
     if name == "gpu":
         if not gpu.available():
             logger.info("gpu: no CUDA device here, section skipped (results.json keeps any earlier one)")

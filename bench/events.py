@@ -49,3 +49,22 @@ def samples_per_second(times: list[tuple[int, float]], samples_per_step: int, sk
     if last_step <= first_step:
         raise RuntimeError(f"only steps up to {last_step} logged; run more than {skip_steps} steps")
     return (last_step - first_step) * samples_per_step / (last_time - first_time)
+
+
+def scalars_per_file(tensorboard_dir: Path, tag: str = LOSS_TAG) -> list[dict[int, float]]:
+    """``{step: value}`` of ``tag`` in each event file on its own, oldest file first: a resumed run writes
+    a new file, and reading them apart keeps the values it rewound past (TensorBoard's own view drops them).
+
+    :param tensorboard_dir: the run's ``tensorboard/`` folder (searched recursively).
+    :rtype: list[dict[int, float]]
+    """
+    from tensorboard.backend.event_processing import event_accumulator
+
+    files = sorted(tensorboard_dir.rglob("events.out.tfevents.*"), key=lambda path: path.name.split(".")[3])
+    found = []
+    for path in files:
+        accumulator = event_accumulator.EventAccumulator(str(path), size_guidance={event_accumulator.SCALARS: 0},
+                                                         purge_orphaned_data=False).Reload()
+        if tag in accumulator.Tags()["scalars"]:
+            found.append({event.step: event.value for event in accumulator.Scalars(tag)})
+    return found

@@ -19,6 +19,7 @@ FIGURES = {
     "rendezvous_64_agents_end_to_end_s": "64 real register-only agent processes, start_workers call to hostfile",
     "prepare_examples_per_s": "Tokenizing the sample with batched datasets.map (examples/s)",
     "startup_to_first_step_s": "Start-up, `textsql launch` to the first training step done",
+    "recovery_local_downtime_s": "A rank SIGKILLed on one of two `local` pods: downtime, kill to the resumed run's first step",
     "gpu": "One CUDA GPU: training samples/s of the defaults over the old notebook's recipe (details in results.json)",
 }
 PROFILES_KEY = "deepspeed_profiles"
@@ -184,6 +185,9 @@ def _value(key: str, figure: dict) -> str:
             text += "<br>" + ", ".join(f"{arm} {rates['median']}/s" for arm, rates in figure[rates_key].items())
     if "parse_rate" in figure:
         text += "<br>parsed: " + ", ".join(f"{arm} {rate:.0%}" for arm, rate in figure["parse_rate"].items())
+    if "detection_s" in figure:
+        text += (f"<br>detection (kill to supervisor aware) {figure['detection_s']['median']} s, "
+                 f"repeated steps {figure['repeated_steps']}")
     if "value_cpu_time" in figure:
         text += f"<br>per CPU second: {figure['value_cpu_time']}x"
     if "seconds" in figure and len(figure["seconds"]["runs"]) > 1:

@@ -112,6 +112,46 @@ def test_the_cause_is_the_raising_rank_not_the_peer_that_lost_it_first() -> None
     assert classify(1, watch, {}).kind == APPLICATION_ERROR
 
 
+def test_a_255_from_a_host_whose_ranks_we_ended_later_is_not_the_lost_worker() -> None:
+    """ssh exits 255 when the remote processes die by signal, as ours do when we end them after a loss."""
+    watch = watched(
+        "127.0.0.2: [rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:11453.",
+        "127.0.0.3: [2026-01-01 10:00:00,000] [ERROR] [launch.py:259:sigkill_handler] [...] exits with return code = -9",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 247",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 255",
+    )
+    failure = classify(1, watch, {})
+    assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3") and "SIGKILL" in failure.message
+    # A 255 that only follows a peer's lost connection is still the unreachable host.
+    watch = watched(
+        "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer", "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 255",
+    )
+    assert (classify(1, watch, {}).kind, classify(1, watch, {}).host) == (WORKER_LOST, "127.0.0.3")
+
+
+def test_the_launcher_leaving_on_our_sigterm_is_not_an_application_error() -> None:
+    """DeepSpeed's launch.py, ended by us after the loss, may print a SystemExit traceback from an atexit hook."""
+    watch = watched(
+        "127.0.0.2: [rank0]: Traceback (most recent call last):", "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer",
+        "127.0.0.3: [2026-01-01 10:00:00,000] [ERROR] [launch.py:259:sigkill_handler] [...] exits with return code = -9",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 247",
+        "127.0.0.2: Exception ignored in atexit callback: <bound method finalize._exitfunc>",
+        "127.0.0.2: Traceback (most recent call last):", '127.0.0.2:   File "deepspeed/launcher/launch.py", line 266, in sigkill_handler',
+        "127.0.0.2: SystemExit: 1", "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+    )
+    failure = classify(1, watch, {})
+    assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3"), failure
+
+
+def test_the_failure_line_names_the_step_and_the_detection_time() -> None:
+    watch = watched("127.0.0.2: step 3/6: loss 9.644 (18 s)", "pdsh@m: 127.0.0.3: ssh exited with exit code 247")
+    assert watch.step == 3
+    line = classify(1, watch, {}).line(watch.step, 0.42)
+    assert line == "worker lost at step 3 (a rank on 127.0.0.3 was killed by SIGKILL), detected after 0.4 s"
+    assert classify(1, watched("127.0.0.3: ValueError: x"), {}).line(None, 1).startswith("application error before the first step")
+
+
 def test_resumed_replaces_any_resume_with_auto(tmp_path: Path) -> None:
     arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", "out", "--resume", "out/checkpoint-2", "--seed=3"])
     assert resumed(arguments).train_args == ["--output_dir", "out", "--seed=3", "--resume", "auto"]

@@ -89,6 +89,22 @@ def newest_complete_checkpoint(output: Path) -> str | None:
     return None
 
 
+def incomplete_newer(output: Path) -> list[tuple[Path, str]]:
+    """The checkpoints newer than the newest complete one in ``output``, newest first, each with why it
+    cannot be resumed (what ``--resume auto`` skips and sets aside).
+
+    :param output: the training output directory.
+    :rtype: list[tuple[pathlib.Path, str]]
+    """
+    found = []
+    for checkpoint in reversed(sort_checkpoints(str(output)) if output.is_dir() else []):
+        reason = incomplete_reason(Path(checkpoint))
+        if reason is None:
+            break
+        found.append((Path(checkpoint), reason))
+    return found
+
+
 def set_aside_incomplete(output: Path) -> list[Path]:
     """Rename each incomplete checkpoint newer than the newest complete one to ``incomplete-checkpoint-N``,
     so a resumed run neither loads nor rotates it; each is logged with why. Run on the saving rank only.
@@ -98,13 +114,10 @@ def set_aside_incomplete(output: Path) -> list[Path]:
     :returns: where the incomplete checkpoints went.
     """
     moved = []
-    for checkpoint in reversed(sort_checkpoints(str(output)) if output.is_dir() else []):
-        reason = incomplete_reason(Path(checkpoint))
-        if reason is None:
-            break
-        target = output / f"{SET_ASIDE_PREFIX}{Path(checkpoint).name}"
+    for checkpoint, reason in incomplete_newer(output):
+        target = output / f"{SET_ASIDE_PREFIX}{checkpoint.name}"
         shutil.rmtree(target, ignore_errors=True)
-        Path(checkpoint).rename(target)
+        checkpoint.rename(target)
         logger.warning("set aside incomplete checkpoint %s as %s: %s", checkpoint, target.name, reason)
         moved.append(target)
     return moved

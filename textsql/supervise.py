@@ -16,7 +16,12 @@ failure is classified:
   is retried once, in case it was a consequence of something passing; the same error twice ends the
   run with that error.
 
-Each event is one line on the launch's stream and a record in ``RUN_DIR/supervisor.json``.
+Each event is one line on the launch's stream and a record in ``RUN_DIR/supervisor.json``, as it
+happens: ``worker lost at step N (how), detected after T s`` (T: from the last step logged, or the
+launch's start, to the first sign of the failure on the stream: an upper bound of how long it went
+unnoticed), ``replacement for HOST registered``, ``relaunching ... from checkpoint-M`` and, at the
+relaunch's first step, ``resumed from checkpoint-M``. A run that finishes carries the same records in
+its ``run.json`` (key ``recovery``).
 
 Usage::
 
@@ -35,13 +40,15 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
-from textsql.checkpoints import newest_complete_checkpoint
+from textsql.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.constants import DEFAULT_MAX_RESTARTS
 from textsql.errors import LaunchError
-from textsql.console import ShownLines
+from textsql.console import STEP_LINE, ShownLines
+from textsql.files import read_json, write_json
 from textsql.launch import PDSH_HOST_FAILED, LaunchArguments, launch
+from textsql.train import SUMMARY_FILE
 from worker.cluster import Cluster
 from worker.constants import HOSTFILE_NAME
 from worker.files import atomic_write
@@ -64,6 +71,9 @@ RANK_RETURN = re.compile(r"exits with return code = (?P<code>-?\d+)")
 # A DeepSpeed launcher log line ("[2025-01-01 10:00:00,000] [INFO] ..."): never a rank's own last word.
 LAUNCHER_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d ")
 TRACEBACK = "Traceback (most recent call last):"
+# Tracebacks that end in these are a process leaving as told (DeepSpeed's launch.py handling the SIGTERM
+# this side sends, an interrupt), never a rank's own error.
+NOT_A_CAUSE = re.compile(r"^(SystemExit|KeyboardInterrupt)\b")
 # torch's prefix on what a rank writes to stderr once its process group exists.
 TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 # What a rank raises when a peer died first (gloo, NCCL, sockets): the peer's own error is the cause,
@@ -81,6 +91,13 @@ class Failure:
     host: str | None
     code: int
     message: str
+
+    def line(self, step: int | None, detected: float) -> str:
+        """The event's line for a person: what, at which step, how soon it was seen."""
+        at = f"at step {step}" if step is not None else "before the first step"
+        if self.kind == WORKER_LOST:
+            return f"worker lost {at} ({self.message}), detected after {detected:.1f} s"
+        return f"application error {at} on {self.host or 'this machine'}: {self.message} (exit code {self.code})"
 
 
 def killing_signal(code: int) -> int | None:
@@ -103,16 +120,21 @@ class LaunchWatch:
     """The stream :func:`textsql.launch.launch` writes to: passes every line on, and keeps what tells
     one failure from another (per host: exit codes, killing signals, the last exception line)."""
 
-    def __init__(self, stream: TextIO, hosts: list[str]) -> None:
+    def __init__(self, stream: TextIO, hosts: list[str], on_first_step: Callable[[int], None] | None = None) -> None:
         """
         :param stream: where the lines go on to.
         :param hosts: the launch's hosts (pdsh prefixes each line with ``host: ``); empty for the local launcher.
+        :param on_first_step: called with the step number of the launch's first ``step N/M`` line.
         """
-        self.stream, self.hosts = stream, set(hosts)
+        self.stream, self.hosts, self.on_first_step = stream, set(hosts), on_first_step
         self.exits: list[tuple[str | None, int]] = []
         self.errors: dict[str | None, str] = {}
         self.last: dict[str | None, str] = {}
         self.first_failure_at: float | None = None
+        self.started_at = time.time()
+        # The last step rank 0 logged, and when this side read it: the last sign of progress.
+        self.step: int | None = None
+        self.step_at: float | None = None
         self._in_traceback: set[str | None] = set()
         self._partial = ""
 
@@ -135,6 +157,9 @@ class LaunchWatch:
         if not separator or host not in self.hosts:
             host, text = None, line
         text = TORCH_RANK_PREFIX.sub("", text)
+        stepped = STEP_LINE.match(text)
+        if stepped:
+            self._step(int(stepped["step"]))
         returned = RANK_RETURN.search(text)
         if returned and killing_signal(int(returned["code"])):
             self._exit(host, int(returned["code"]))
@@ -142,10 +167,17 @@ class LaunchWatch:
             self._in_traceback.add(host)
         elif host in self._in_traceback and text and not text[0].isspace():
             # The first unindented line after the frames: "SomeError: message".
-            self.errors[host] = text
+            if not NOT_A_CAUSE.match(text):
+                self.errors[host] = text
             self._in_traceback.discard(host)
         elif text.strip() and not LAUNCHER_LOG.match(text):
             self.last[host] = text.strip()
+
+    def _step(self, step: int) -> None:
+        first = self.step is None
+        self.step, self.step_at = step, time.time()
+        if first and self.on_first_step is not None:
+            self.on_first_step(step)
 
     def _exit(self, host: str | None, code: int) -> None:
         if self.first_failure_at is None:
@@ -164,9 +196,10 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     if lost:
         host, reason = next(iter(sorted(lost.items())))
         return Failure(WORKER_LOST, host, code, reason)
-    for host, exit_code in watch.exits:
-        if exit_code == SSH_FAILED:
-            return Failure(WORKER_LOST, host, exit_code, f"ssh to {host} failed (exit code {SSH_FAILED})")
+    # ssh also exits 255 when the launch's processes on a host were ended by signal, as this side ends
+    # every host's after the first failure: a later 255 is no loss unless nothing else explains the failure.
+    if watch.exits and watch.exits[0][1] == SSH_FAILED:
+        return _ssh_failed(watch.exits[0][0])
     # A rank that raised its own error is the cause: ranks still running then are ended by us, and on
     # a loaded machine some only go with SIGKILL, which must not read as a lost worker.
     causes = [(failed, error) for failed, error in watch.errors.items() if not PEER_FAILURE.search(error)]
@@ -176,6 +209,9 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
         signum = killing_signal(exit_code)
         if signum is not None and signum not in OWN_SIGNALS:
             return Failure(WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}")
+    unreachable = next((host for host, exit_code in watch.exits if exit_code == SSH_FAILED), None)
+    if unreachable is not None and all(PEER_FAILURE.search(error) for error in watch.errors.values()):
+        return _ssh_failed(unreachable)
     host = watch.exits[0][0] if watch.exits else None
     message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
     return Failure(APPLICATION_ERROR, host, code, message)
@@ -205,19 +241,22 @@ class Supervisor:
         :raises LaunchError: when a rank fails with the same error twice in a row (its message), or a
             lost worker could not be replaced.
         """
-        arguments, previous = self.arguments, None
+        arguments, previous, aware_at = self.arguments, None, None
         for attempt in range(self.max_restarts + 1):
-            watch = LaunchWatch(self.stream, self._hosts())
+            resumed_from = self._checkpoint(arguments) if attempt else None
+            watch = LaunchWatch(self.stream, self._hosts(),
+                                on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None)
             code = launch(arguments, stream=watch)
             if code == 0:
                 if attempt:
                     self._event("finished", attempt, f"run finished after {attempt} restart(s)")
+                self._record_in_summary(attempt)
                 return 0
             failure = classify(code, watch, self.cluster.lost() if self.cluster is not None else {})
-            detected = time.time() - (watch.first_failure_at or time.time())
-            self._event(failure.kind, attempt, f"{failure.kind} on {failure.host or 'this machine'}: {failure.message} "
-                        f"(exit code {failure.code}, detected after {detected:.1f} s)",
-                        host=failure.host, code=failure.code, message=failure.message, detected_s=round(detected, 2))
+            aware_at = watch.first_failure_at or time.time()
+            detected = max(0.0, aware_at - (watch.step_at or watch.started_at))
+            self._event(failure.kind, attempt, failure.line(watch.step, detected), host=failure.host, code=failure.code,
+                        message=failure.message, step=watch.step, aware_at=aware_at, detected_s=round(detected, 2))
             if failure.kind == APPLICATION_ERROR and previous == (failure.kind, failure.message):
                 self._event("gave up", attempt, f"the same error twice, not retried again: {failure.message}")
                 raise LaunchError(failure.message)
@@ -227,12 +266,35 @@ class Supervisor:
                 self._recover(failure, attempt)
             previous = failure.kind, failure.message
             arguments = resumed(arguments)
+            checkpoint, incomplete = self._checkpoint(arguments), self._incomplete(arguments)
+            skipped = "".join(f"; {path.name} is incomplete ({reason}): set aside as {SET_ASIDE_PREFIX}{path.name}"
+                              for path, reason in incomplete)
             self._event("relaunch", attempt + 1, f"relaunching (restart {attempt + 1} of {self.max_restarts}) "
-                        f"from {self._checkpoint(arguments) or 'the start: no complete checkpoint yet'}",
-                        checkpoint=self._checkpoint(arguments))
+                        f"from {Path(checkpoint).name if checkpoint else 'the start: no complete checkpoint yet'}{skipped}",
+                        checkpoint=checkpoint, incomplete=[str(path) for path, _ in incomplete])
         if self.max_restarts:
             self._event("gave up", self.max_restarts, f"{self.max_restarts} restart(s) used up; exit code {code}")
         return code
+
+    def _on_resumed(self, attempt: int, checkpoint: str | None, aware_at: float | None) -> Callable[[int], None]:
+        """The relaunch's first step: the run is going again (its time, less the failure's, is the downtime seen here)."""
+
+        def resumed_at(step: int) -> None:
+            since = time.time() - (aware_at or time.time())
+            origin = f"from {Path(checkpoint).name}" if checkpoint else "from the start"
+            self._event("resumed", attempt, f"resumed {origin}: step {step} done {since:.1f} s after the failure was detected",
+                        checkpoint=checkpoint, step=step, first_step_at=time.time())
+
+        return resumed_at
+
+    def _record_in_summary(self, restarts: int) -> None:
+        """Copy the events into the finished run's ``run.json`` (which the ranks wrote without them)."""
+        output = option_value(self.arguments.train_args, "--output_dir")
+        summary = Path(output) / SUMMARY_FILE if output else None
+        if summary is not None and summary.is_file():
+            record = read_json(summary)
+            record["recovery"] = {"max_restarts": self.max_restarts, "restarts": restarts, "events": self.events}
+            write_json(summary, record)
 
     def _recover(self, failure: Failure, attempt: int) -> None:
         """Replace the failed worker when it is gone or does not answer; a worker whose rank alone was killed is reused."""
@@ -261,6 +323,11 @@ class Supervisor:
     def _checkpoint(arguments: LaunchArguments) -> str | None:
         output = option_value(arguments.train_args, "--output_dir")
         return newest_complete_checkpoint(Path(output)) if output else None
+
+    @staticmethod
+    def _incomplete(arguments: LaunchArguments) -> list[tuple[Path, str]]:
+        output = option_value(arguments.train_args, "--output_dir")
+        return incomplete_newer(Path(output)) if output else []
 
     def _event(self, event: str, attempt: int, line: str, **record) -> None:
         self.stream.write(f"[supervisor] {line}\n")
@@ -311,6 +378,10 @@ def option_value(args: list[str], name: str) -> str | None:
         elif arg.startswith(name + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+def _ssh_failed(host: str | None) -> Failure:
+    return Failure(WORKER_LOST, host, SSH_FAILED, f"ssh to {host} failed (exit code {SSH_FAILED})")
 
 
 def _signal_name(signum: int) -> str:

@@ -1,0 +1,241 @@
+"""Recovery from a lost rank on the local backend: detection time, downtime and repeated steps.
+
+Two `local` worker pods (each its own sshd, on 127.0.0.2 and 127.0.0.3) train the embedded small T5
+(profile zero1, one rank per pod, every step logged) under the supervisor (:mod:`textsql.supervise`).
+Once checkpoint-K is complete and step ``kill_after_step`` is logged, rank 1's training process is
+sent SIGKILL, as the OOM killer would: found by its rank and this run's tag in its environment, not
+by name. The figures come from the kill's own clock and the supervisor's records (``supervisor.json``):
+
+- detection: kill to the supervisor's first sign of the failure on the launch's stream;
+- downtime: kill to the first step the relaunched run logged;
+- repeated steps: the last step logged before the kill less the checkpoint the run resumed from.
+
+The helpers that find and kill a rank, and the stream that says when a step was logged, are the ones
+tests/test_recovery.py uses too.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import shutil
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from bench.profiles import train_only
+from bench.timing import summary
+from textsql.arguments import train_argv
+from textsql.checkpoints import COMPLETE_MARKER
+from textsql.console import STEP_LINE
+from textsql.constants import DEFAULT_MODEL_DIR
+from textsql.files import read_json
+from textsql.launch import LaunchArguments
+from textsql.supervise import SUPERVISOR_FILE, WORKER_LOST, supervise
+
+logger = logging.getLogger(__name__)
+
+# Put in every rank's environment, so this run's processes are told from any other's.
+TAG_VAR = "TEXTSQL_RECOVERY_TAG"
+PROFILE = "zero1"
+KILLED_RANK = 1
+WAIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """One supervised run per repetition: ``steps`` in all, a checkpoint every ``save_steps``, the kill
+    once step ``kill_after_step`` is logged (``kill_after_step - save_steps`` steps after a checkpoint)."""
+
+    steps: int = 12
+    save_steps: int = 4
+    kill_after_step: int = 6
+    batch_size: int = 8
+    repetitions: int = 2
+
+
+class StepStream(io.TextIOBase):
+    """The supervised launch's stream: keeps every line (and appends it to ``log``), and lets another
+    thread wait until a step is logged."""
+
+    def __init__(self, log: Path | None = None) -> None:
+        """
+        :param log: a file to append the lines to as well (None: memory only).
+        """
+        super().__init__()
+        self.parts: list[str] = []
+        self.steps: list[int] = []
+        self._partial = ""
+        self._logged = threading.Condition()
+        self._log = open(log, "a", encoding="utf-8") if log is not None else None
+
+    def write(self, text: str) -> int:
+        with self._logged:
+            self.parts.append(text)
+            if self._log is not None:
+                self._log.write(text)
+            *lines, self._partial = (self._partial + text).split("\n")
+            self.steps += [int(found["step"]) for found in map(STEP_LINE.match, lines) if found]
+            self._logged.notify_all()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._log is not None:
+            self._log.flush()
+
+    def close(self) -> None:
+        super().close()
+        if self._log is not None:
+            self._log.close()
+
+    @property
+    def text(self) -> str:
+        """Everything written so far.
+
+        :rtype: str
+        """
+        return "".join(self.parts)
+
+    def wait_for_step(self, step: int, timeout: float = WAIT_S) -> None:
+        """Block until step ``step`` (or a later one) is logged.
+
+        :raises TimeoutError: after ``timeout`` seconds.
+        """
+        with self._logged:
+            if not self._logged.wait_for(lambda: any(seen >= step for seen in self.steps), timeout):
+                raise TimeoutError(f"step {step} was not logged within {timeout:.0f} s")
+
+
+def rank_process(tag: str, rank: int = KILLED_RANK) -> psutil.Process:
+    """The training process of ``rank`` on this machine (where `local` pods run), found by its ``RANK``
+    and ``TAG_VAR=tag`` in its environment; DeepSpeed's per-host launch.py, its parent, has no ``RANK``.
+
+    :raises LookupError: when there is none.
+    :rtype: psutil.Process
+    """
+    for process in psutil.process_iter():
+        try:
+            environment = process.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if environment.get(TAG_VAR) == tag and environment.get("RANK") == str(rank):
+            return process
+    raise LookupError(f"no training process of rank {rank} with {TAG_VAR}={tag}")
+
+
+def sigkill_rank(tag: str, rank: int = KILLED_RANK) -> float:
+    """SIGKILL the training process of ``rank`` (see :func:`rank_process`); the time of the kill.
+
+    :rtype: float
+    """
+    process = rank_process(tag, rank)
+    killed_at = time.time()
+    process.kill()
+    return killed_at
+
+
+def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **values) -> LaunchArguments:
+    """The launch of a short real training run tagged ``tag``, every step logged, no evaluation.
+
+    :param values: training arguments on top (``max_steps``, ``save_steps`` ...).
+    :rtype: LaunchArguments
+    """
+    args = train_argv(model=DEFAULT_MODEL_DIR, data_dir=data, output_dir=output, profile=PROFILE, logging_steps=1,
+                      eval_strategy="no", disable_tqdm=True, log_level="info", **values)
+    return LaunchArguments(run_dir=run_dir, train_args=args, env={TAG_VAR: tag})
+
+
+def kill_after(stream: StepStream, step: int, checkpoint: Path, tag: str, killed: dict) -> threading.Thread:
+    """A started thread that SIGKILLs rank 1 once ``step`` is logged, after checking ``checkpoint`` is complete;
+    ``killed`` gets ``at`` (the kill's time) or ``error``.
+
+    :rtype: threading.Thread
+    """
+
+    def kill() -> None:
+        try:
+            stream.wait_for_step(step)
+            if not (checkpoint / COMPLETE_MARKER).is_file():
+                raise RuntimeError(f"step {step} logged but {checkpoint.name} is not complete")
+            killed["at"] = sigkill_rank(tag)
+        except Exception as error:  # reported by the caller, which is in another thread
+            killed["error"] = repr(error)
+
+    thread = threading.Thread(target=kill, name="kill-rank", daemon=True)
+    thread.start()
+    return thread
+
+
+def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
+    """One supervised run with one kill; its detection time, downtime and repeated steps.
+
+    :rtype: dict
+    """
+    output, tag, killed = work / "out", uuid.uuid4().hex, {}
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    stream = StepStream(work / "bench.log")
+    checkpoint = output / f"checkpoint-{sizes.kill_after_step // sizes.save_steps * sizes.save_steps}"
+    killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed)
+    arguments = supervised_arguments(cluster.run_dir, data, output, tag, max_steps=sizes.steps, save_steps=sizes.save_steps,
+                                     per_device_train_batch_size=sizes.batch_size)
+    try:
+        code = supervise(arguments, cluster, max_restarts=1, stream=stream)
+    finally:
+        stream.close()
+    killer.join(timeout=1)
+    if code != 0 or "at" not in killed:
+        raise RuntimeError(f"recovery run failed (exit code {code}, kill {killed}); see {work / 'bench.log'}")
+    return figures(read_json(cluster.run_dir / SUPERVISOR_FILE)["events"], killed["at"])
+
+
+def figures(events: list[dict], killed_at: float) -> dict:
+    """Detection time, downtime and repeated steps from the supervisor's events and the kill's time.
+
+    :raises RuntimeError: when the events do not show one lost worker and a resumed run.
+    :rtype: dict
+    """
+    lost = next((event for event in events if event["event"] == WORKER_LOST), None)
+    resumed = next((event for event in events if event["event"] == "resumed"), None)
+    if lost is None or resumed is None or not resumed.get("checkpoint"):
+        raise RuntimeError(f"the supervisor recorded no lost worker and resume from a checkpoint: {[e['event'] for e in events]}")
+    resumed_step = int(Path(resumed["checkpoint"]).name.rsplit("-", 1)[1])
+    return {
+        "detection_s": lost["aware_at"] - killed_at,
+        "downtime_s": resumed["first_step_at"] - killed_at,
+        "repeated_steps": lost["step"] - resumed_step,
+    }
+
+
+def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
+    """``repetitions`` supervised runs on two fresh `local` pods; medians of the figures.
+
+    :rtype: dict
+    """
+    from worker.cluster import start_workers
+
+    data = train_only(data_dir, work)
+    runs = []
+    with start_workers("local", 2, work / "recovery-run", timeout=120) as cluster:
+        for index in range(sizes.repetitions):
+            runs.append(once(cluster, data, work / f"recovery-{index}", sizes))
+            logger.info("recovery %d: %s", index, runs[-1])
+    detection, downtime = [r["detection_s"] for r in runs], [r["downtime_s"] for r in runs]
+    return {
+        "value": round(statistics.median(downtime), 1),
+        "unit": "s",
+        "goal": None,
+        "detection_s": summary(detection, 2),
+        "downtime_s": summary(downtime, 1),
+        "repeated_steps": [r["repeated_steps"] for r in runs],
+        "method": (
+            f"two `local` worker pods, embedded small T5, profile {PROFILE}, batch {sizes.batch_size} per rank, "
+            f"{sizes.steps} steps, checkpoint every {sizes.save_steps}; rank 1 SIGKILLed once step {sizes.kill_after_step} "
+            "was logged; value: downtime, kill to the relaunched run's first logged step; detection: kill to the "
+            f"supervisor's first sign of the failure; DeepSpeed ops already cached; {sizes.repetitions} run(s), median"
+        ),
+    }
