@@ -238,8 +238,8 @@ class Supervisor:
 
         :rtype: int
         :returns: 0, or the last launch's exit code once the restarts are used up.
-        :raises LaunchError: when a rank fails with the same error twice in a row (its message), or a
-            lost worker could not be replaced.
+        :raises LaunchError: when a rank fails with the same error twice in a row (its message).
+        :raises WorkerError: when a lost worker's replacement was not running and registered in time.
         """
         arguments, previous, aware_at = self.arguments, None, None
         for attempt in range(self.max_restarts + 1):
