@@ -7,6 +7,7 @@ from click.testing import CliRunner
 from transformers import GenerationConfig, LogitsProcessorList
 
 from textsql.cli import cli
+from textsql.constants import MAX_CONDITIONS
 from textsql.data import load_split, read_source_text, source_text, target_text
 from textsql.grammar import QueryAutomaton, compile_automata, grammar_processor, processor_for_inputs
 from textsql.grammar_trainer import generation_budget
@@ -41,6 +42,20 @@ def walk(tokenizer, automaton: QueryAutomaton, text: str) -> list[int]:
         state = automaton.advance(state, token)
         states.append(state)
     return states
+
+
+def refused(tokenizer, automaton: QueryAutomaton, text: str) -> bool:
+    """Whether the grammar refuses some token of ``text`` (EOS not included)."""
+    state = automaton.start
+    for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
+        if token not in automaton.allowed(state, 1000).tolist():
+            return True
+        state = automaton.advance(state, token)
+    return False
+
+
+def record(records: list[dict], record_id: str) -> dict:
+    return next(item for item in records if item["id"] == record_id)
 
 
 def random_query(tokenizer, automaton: QueryAutomaton, rng: random.Random, budget: int) -> str:
@@ -85,8 +100,49 @@ def test_every_query_the_grammar_allows_parses_over_its_table(tokenizer, records
     for record, automaton in zip(records, automata):
         for budget in (24, 64):
             query = parse_sql(random_query(tokenizer, automaton, rng, budget), record["header"])
-            assert 0 <= query["sel"] < len(record["header"])
-            assert all(0 <= col < len(record["header"]) for col, _, _ in query["conds"])
+            columns = [query["sel"], *(col for col, _, _ in query["conds"])]
+            assert all(0 <= col < len(record["header"]) for col in columns)
+            # As in WikiSQL: at most four conditions, no column named twice, the selected one included.
+            assert len(query["conds"]) <= MAX_CONDITIONS and len(set(columns)) == len(columns)
+
+
+def test_at_most_four_conditions_each_on_a_column_not_named_before(tokenizer, records):
+    """WikiSQL's dev and test (24,299 queries) have at most 4 conditions, never a column twice, never the selected one."""
+    players = record(records, "validation-4")  # "What player played guard for toronto in 1996-97?"
+    automaton = QueryAutomaton.build(tokenizer, players["question"], players["header"])
+    four = "SELECT Player FROM table WHERE Position = guard AND Years in Toronto = 1996-97 AND No. = for AND Nationality = toronto"
+    walk(tokenizer, automaton, four)
+    assert refused(tokenizer, automaton, four + " AND School/Club Team = in")
+    assert refused(tokenizer, automaton, "SELECT Player FROM table WHERE Player = guard")
+    assert refused(tokenizer, automaton, "SELECT Player FROM table WHERE Position = guard AND Position = toronto")
+
+
+def test_a_column_whose_name_begins_another_is_told_apart(tokenizer, records):
+    district = record(records, "validation-80")  # "Foreign nationals" and "Foreign nationals in %"
+    automaton = QueryAutomaton.build(tokenizer, district["question"], district["header"])
+    walk(tokenizer, automaton, "SELECT COUNT Foreign nationals FROM table WHERE Foreign nationals in % = 4.911")
+    walk(tokenizer, automaton, "SELECT COUNT Foreign nationals in % FROM table WHERE Foreign nationals = 4.911")
+    assert refused(tokenizer, automaton, "SELECT COUNT Foreign nationals FROM table WHERE Foreign nationals = 4.911")
+
+
+def test_a_table_with_fewer_columns_has_fewer_conditions(tokenizer):
+    question = "Who played guard for 3 years?"
+    single = QueryAutomaton.build(tokenizer, question, ["Player"])
+    assert refused(tokenizer, single, "SELECT Player FROM table WHERE")
+    walk(tokenizer, single, "SELECT MAX Player FROM table")
+    pair = QueryAutomaton.build(tokenizer, question, ["Player", "Position"])
+    walk(tokenizer, pair, "SELECT Player FROM table WHERE Position = guard")
+    assert refused(tokenizer, pair, "SELECT Player FROM table WHERE Position = guard AND")
+    assert refused(tokenizer, pair, "SELECT Player FROM table WHERE Player")
+
+
+def test_a_short_budget_ends_in_eos_when_the_shortest_column_is_selected(tokenizer):
+    """A condition then needs a longer column: WHERE is allowed only where that one still fits."""
+    header = ["No.", "School/Club Team"]
+    automaton = QueryAutomaton.build(tokenizer, "Who is number 3?", header)
+    rng = random.Random(2)
+    for budget in [*range(8, 24)] * 20:
+        parse_sql(random_query(tokenizer, automaton, rng, budget), header)
 
 
 def test_eos_exactly_where_a_query_may_end(tokenizer):

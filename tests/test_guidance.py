@@ -20,6 +20,7 @@ ITEMS = [
     {"id": "q1", "table_id": "t1", "question": "How many players came from Yale?", "header": HEADER,
      "sql": {"sel": 0, "agg": 3, "conds": [[2, 0, "Yale"]]}},
 ]
+NEW_TOKENS = 32
 
 
 def finds_something(engine: TableEngine, text: str) -> bool:
@@ -54,14 +55,15 @@ def predictor() -> Predictor:
 
 
 def test_predictor_answers_with_the_first_executing_beam(predictor):
-    options = GenerationOptions(num_beams=4, max_new_tokens=24)
+    # 32 tokens: the untrained model's first beams for q0 then write conditions that find nothing.
+    options = GenerationOptions(num_beams=4, max_new_tokens=NEW_TOKENS)
     input_ids = [predictor.encode(item["question"], item["header"]) for item in ITEMS]
     chosen = predictor.generate(input_ids, options, items=ITEMS, tables=TABLES)
     tokenizer = predictor.tokenizer
     batch = tokenizer.pad([{"input_ids": ids} for ids in input_ids], return_tensors="pt")
-    processor = grammar_processor(tokenizer, [item["question"] for item in ITEMS], [HEADER] * len(ITEMS), 24)
+    processor = grammar_processor(tokenizer, [item["question"] for item in ITEMS], [HEADER] * len(ITEMS), NEW_TOKENS)
     with torch.inference_mode():
-        output = predictor.model.generate(**batch, num_beams=4, num_return_sequences=4, max_new_tokens=24,
+        output = predictor.model.generate(**batch, num_beams=4, num_return_sequences=4, max_new_tokens=NEW_TOKENS,
                                           logits_processor=LogitsProcessorList([processor]))
     beams = [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
     with TableEngine(TABLES) as engine:
@@ -69,7 +71,7 @@ def test_predictor_answers_with_the_first_executing_beam(predictor):
             own = beams[index * 4:(index + 1) * 4]
             expected = next((beam for beam in own if finds_something(engine, beam)), own[0])
             assert text == expected
-    unguided = predictor.generate(input_ids, GenerationOptions(num_beams=4, max_new_tokens=24, execution_guided=False), items=ITEMS, tables=TABLES)
+    unguided = predictor.generate(input_ids, GenerationOptions(num_beams=4, max_new_tokens=NEW_TOKENS, execution_guided=False), items=ITEMS, tables=TABLES)
     assert unguided == [beams[0], beams[4]]
     assert chosen != unguided, "no question where guidance chose another beam: the test shows nothing"
 

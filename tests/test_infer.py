@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from transformers import DataCollatorForSeq2Seq
 
 from textsql.cli import cli
-from textsql.constants import LABEL_PAD_TOKEN_ID, SAMPLE_DATA_DIR
+from textsql.constants import LABEL_PAD_TOKEN_ID, MAX_CONDITIONS, SAMPLE_DATA_DIR
 from textsql.data import load_split
 from textsql.errors import DataError
 from textsql.evaluate import evaluate
@@ -157,6 +157,18 @@ def test_records_with_rows_get_execution_accuracy(predictor, tmp_path):
     summary = predict(predictor, path, out=tmp_path / "predictions.jsonl", progress=False)
     metrics = summary["metrics"]
     assert metrics["ex_accuracy"] == metrics["lf_accuracy"] == 1.0
+
+
+def test_a_trained_model_writes_only_wikisql_queries_over_unseen_tables(predictor, tmp_path):
+    """Issue 13's done-when on a model that has learnt something: questions and tables it never saw
+    (the sample's test split) all come out as queries over their own table, in metrics.json too."""
+    summary = predict(predictor, "sample", "test", tmp_path / "predictions.jsonl", GenerationOptions(batch_size=16, max_new_tokens=48), progress=False)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["n"] == 100 and metrics["parse_rate"] == 1.0
+    for line, record in zip(read_jsonl(summary["predictions"]), load_split("sample", "test")[0]):
+        columns = [line["query"]["sel"], *(col for col, _, _ in line["query"]["conds"])]
+        assert all(0 <= col < len(record["header"]) for col in columns), line
+        assert len(set(columns)) == len(columns) <= 1 + MAX_CONDITIONS, line
 
 
 def sample_records():
