@@ -9,7 +9,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 from textsql.cli import cli
 from textsql.constants import MAX_CONDITIONS
 from textsql.data import load_split, read_source_text, source_text, target_text
-from textsql.grammar import QueryAutomaton, compile_automata, grammar_processor, processor_for_inputs
+from textsql.decoding import grammar_processor, processor_for_inputs
+from textsql.grammar import QueryAutomaton, compile_automata
 from textsql.grammar_trainer import generation_budget
 from textsql.infer import GenerationOptions, Predictor
 from textsql.model import load_tokenizer
@@ -241,3 +242,22 @@ def test_cli_answers_one_question_constrained_and_free():
                                           "--header", ",".join(PLAYERS), "--max-new-tokens", "24", "--device", "cpu", *flags])
         assert result.exit_code == 0, result.output
         assert ('"error": null' in result.output) is parses, result.output
+
+
+def test_no_aggregation_beats_an_aggregation_that_beats_each_column_alone(tokenizer):
+    """Right after SELECT, "no aggregation" is every column's first token together: per beam row, an
+    aggregation is kept only if its score beats that sum, and the columns are masked only then."""
+    processor = grammar_processor(tokenizer, ["How many schools did player number 3 play at?"], [PLAYERS], 64)
+    select = tokenizer("SELECT", add_special_tokens=False)["input_ids"]
+    count = tokenizer("COUNT", add_special_tokens=False)["input_ids"][0]
+    columns = {tokenizer(name, add_special_tokens=False)["input_ids"][0] for name in PLAYERS}
+    input_ids = torch.tensor([[tokenizer.pad_token_id, *select]] * 2)
+    scores = torch.full((2, len(tokenizer)), -30.0)
+    # Row 0: COUNT 0.2 beats each column's 0.1 but not their 0.6; row 1: COUNT 0.6 beats all 0.3.
+    scores[0, list(columns)], scores[0, count] = torch.tensor(0.1).log(), torch.tensor(0.2).log()
+    scores[1, list(columns)], scores[1, count] = torch.tensor(0.05).log(), torch.tensor(0.6).log()
+    kept = processor(input_ids, scores.clone()).isfinite()
+    assert set(kept[0].nonzero().flatten().tolist()) == columns
+    assert kept[1, count]
+    assert not kept[1, list(columns)].any()
+    assert processor(input_ids, scores.clone())[0].argmax().item() in columns

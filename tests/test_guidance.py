@@ -6,7 +6,7 @@ from transformers import LogitsProcessorList
 from textsql.errors import SQLParseError
 from textsql.evaluate import ExecutionError, TableEngine
 from textsql.files import write_jsonl
-from textsql.grammar import grammar_processor
+from textsql.decoding import grammar_processor
 from textsql.guidance import ExecutionGuide
 from textsql.infer import GenerationOptions, Predictor, predict
 from textsql.sql import parse_sql

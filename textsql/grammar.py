@@ -15,8 +15,8 @@ with the same pieces at the start of a text as in its middle), so a query's toke
 tokens one after another. Each question gets a :class:`QueryAutomaton`: states joined by phrases
 (keyword, column name, operator, question word) as token sequences; the phrases leaving one state
 share a token trie, and the set of trie nodes a prefix of tokens can be in, each with the columns the
-query has named so far, is a state of a deterministic automaton built lazily as decoding visits it. :class:`GrammarLogitsProcessor` advances
-each row's state by its last token at every step and masks every other token, and every token after
+query has named so far, is a state of a deterministic automaton built lazily as decoding visits it. :class:`textsql.decoding.GrammarLogitsProcessor`
+advances each row's state by its last token at every step and masks every other token, and every token after
 which no whole query fits in the tokens left, so an output cut at ``max_new_tokens`` still ends in EOS.
 """
 from __future__ import annotations
@@ -26,10 +26,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-from transformers import LogitsProcessor, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from textsql.constants import AGG_OPS, COND_OP_TEXT, MAX_CONDITIONS, SQL_TABLE_NAME
-from textsql.data import read_source_text
 from textsql.spellings import value_spellings
 
 logger = logging.getLogger(__name__)
@@ -80,6 +79,10 @@ class QueryAutomaton:
         self._tokens: list[torch.Tensor] = []
         self._costs: list[torch.Tensor] = []
         self._highest_cost: list[float] = []
+        # Nodes inside phrases that each compete, as one alternative, with a state's other phrases
+        # together (see :meth:`compete`), and per state the tokens of each side (None: no such choice).
+        self.competing: set[int] = set()
+        self._choices: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         self.start = -1
 
     @classmethod
@@ -126,6 +129,33 @@ class QueryAutomaton:
             self.free[node] = min(self.free[node], left)
         else:
             self.labelled[node][label] = min(self.labelled[node].get(label, math.inf), left)
+
+    def compete(self, source: int, tokens: Sequence[int], target: int) -> None:
+        """Make an added phrase from ``source`` to ``target`` one alternative facing all the state's
+        phrases to other targets together; a prefix it shares with those stays out of the contest.
+
+        Token by token, one of many columns' first tokens can lose to ``COUNT``'s although the columns
+        together, "no aggregation", are likelier: :meth:`choice` lets a processor compare the phrase's
+        score with the other phrases' summed probability instead.
+        """
+        node = source
+        for token in tokens:
+            node = self.children[node][token]
+            pending, only = [node], True
+            while pending and only:
+                below = pending.pop()
+                only = all(end == target for end, _ in self.exits[below])
+                pending.extend(self.children[below].values())
+            if only:
+                self.competing.add(node)
+
+    def choice(self, state: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The tokens that lead only into competing phrases (:meth:`compete`) and those that lead only
+        elsewhere, where ``state`` has both (``None`` otherwise); a token leading to both is in neither.
+
+        :rtype: tuple[torch.Tensor, torch.Tensor] | None
+        """
+        return self._choices[state]
 
     def finish(self, first: int, condition: int) -> None:
         """Fix the grammar once every phrase is added.
@@ -207,8 +237,10 @@ class QueryAutomaton:
         # Moves are filled as decoding takes them; the cost of each token (the fewest tokens from
         # there to EOS) is needed for every mask, so it is computed now.
         cost: dict[int, float] = {}
+        sides: dict[int, set[bool]] = {}
         for node, used in key:
             for token, child in self.children[node].items():
+                sides.setdefault(token, set()).add(child in self.competing)
                 reach = self._cost(child, used) if self.labelled[child] else self.free[child]
                 if reach < cost.get(token, math.inf):
                     cost[token] = reach
@@ -216,6 +248,10 @@ class QueryAutomaton:
         self._tokens.append(torch.tensor(ordered, dtype=torch.long))
         self._costs.append(torch.tensor([cost[token] for token in ordered], dtype=torch.float))
         self._highest_cost.append(max(cost.values(), default=0))
+        competing = [token for token, side in sides.items() if side == {True}]
+        others = [token for token, side in sides.items() if side == {False}]
+        both = competing and others
+        self._choices.append((torch.tensor(competing), torch.tensor(others)) if both else None)
         return number
 
 
@@ -290,6 +326,8 @@ def _automaton(tokenizer: PreTrainedTokenizerBase, phrases: _Phrases, columns: l
     _add_columns(automaton, phrases, columns, aggregated, selected)
     _add_columns(automaton, phrases, columns, select, selected)
     phrases.add(automaton, select, list(filter(None, AGG_OPS)), aggregated)
+    for keyword in filter(phrases.tokens.__contains__, AGG_OPS):
+        automaton.compete(select, phrases.tokens[keyword], aggregated)
     phrases.add(automaton, begin, ["SELECT"], select)
     automaton.finish(begin, condition)
     return automaton
@@ -299,83 +337,3 @@ def _add_columns(automaton: QueryAutomaton, phrases: _Phrases, columns: list[str
     """Every column's name from ``source`` to ``target``, labelled with the name (named once per query)."""
     for column in columns:
         automaton.add(source, phrases.tokens[column], target, label=column)
-
-
-class GrammarLogitsProcessor(LogitsProcessor):
-    """Masks every token that would take a row's output out of its question's WikiSQL grammar.
-
-    Rows are ``len(automata) * k`` (``k`` beams per question, in question order), as ``generate``
-    lays them out; a question whose automaton is ``None`` is left unconstrained.
-
-    :param automata: one per question of the batch.
-    :param max_new_tokens: the tokens ``generate`` may write after the decoder's start token.
-    """
-
-    def __init__(self, automata: Sequence[QueryAutomaton | None], max_new_tokens: int):
-        self.automata = list(automata)
-        self.max_new_tokens = max_new_tokens
-        self._states: dict[tuple[int, tuple[int, ...]], int] = {}
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if not any(self.automata):
-            return scores
-        sequences = input_ids[:, 1:].tolist()
-        per_question = len(sequences) // len(self.automata)
-        remaining = self.max_new_tokens - input_ids.shape[1] + 1
-        states, rows, counts, allowed, free = {}, [], [], [], []
-        for row, sequence in enumerate(sequences):
-            question = row // per_question
-            automaton = self.automata[question]
-            if automaton is None:
-                free.append(row)
-                continue
-            key = (question, tuple(sequence))
-            if key not in states:
-                states[key] = self._state(automaton, key)
-            tokens = automaton.allowed(states[key], remaining)
-            rows.append(row)
-            counts.append(len(tokens))
-            allowed.append(tokens)
-        # Only the states one step back are ever looked up again.
-        self._states = states
-        mask = torch.full_like(scores, -math.inf)
-        if rows:
-            row_index = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts))
-            mask[row_index.to(scores.device), torch.cat(allowed).to(scores.device)] = 0
-        if free:
-            mask[free] = 0
-        return scores + mask
-
-    def _state(self, automaton: QueryAutomaton, key: tuple[int, tuple[int, ...]]) -> int:
-        question, sequence = key
-        if not sequence:
-            return automaton.start
-        parent = self._states.get((question, sequence[:-1]))
-        if parent is None:
-            parent = self._state(automaton, (question, sequence[:-1]))
-        return automaton.advance(parent, sequence[-1])
-
-
-def grammar_processor(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None], max_new_tokens: int) -> GrammarLogitsProcessor:
-    """A processor for one batch of questions, each over its own header.
-
-    Usage::
-
-        >>> processor = grammar_processor(tokenizer, ["Who is number 3?"], [["Player", "No."]], 64)  # doctest: +SKIP
-        >>> model.generate(**batch, logits_processor=LogitsProcessorList([processor]), max_new_tokens=64)  # doctest: +SKIP
-
-    :rtype: GrammarLogitsProcessor
-    """
-    return GrammarLogitsProcessor(compile_automata(tokenizer, questions, headers), max_new_tokens)
-
-
-def processor_for_inputs(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int) -> GrammarLogitsProcessor:
-    """A processor for a batch of tokenized model inputs, reading each question and header back from
-    its input text (:func:`textsql.data.read_source_text`): what the trainer's evaluation has.
-
-    :rtype: GrammarLogitsProcessor
-    """
-    sources = [read_source_text(text) for text in tokenizer.batch_decode(input_ids, skip_special_tokens=True)]
-    if not any(header for _, header in sources):
-        logger.debug("the inputs carry no table header (question-only input format): generation is not constrained")
-    return grammar_processor(tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens)

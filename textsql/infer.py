@@ -31,7 +31,7 @@ from textsql.data import load_split, source_text
 from textsql.errors import DataError, ModelError
 from textsql.evaluate import evaluate, format_report
 from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
-from textsql.grammar import grammar_processor, processor_for_inputs
+from textsql.decoding import grammar_processor, processor_for_inputs
 from textsql.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
 from textsql.sql import parsed, render_sql

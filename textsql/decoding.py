@@ -1,0 +1,132 @@
+"""The WikiSQL grammar of :mod:`textsql.grammar` applied during ``generate``: a ``LogitsProcessor`` per batch.
+
+Each row's state advances by its last token; every token the grammar refuses is masked, and where a
+state offers aggregation keywords beside columns the choice is made between phrases, not first
+tokens (:func:`choose_phrases`).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+from transformers import LogitsProcessor, PreTrainedTokenizerBase
+
+from textsql.data import read_source_text
+from textsql.grammar import QueryAutomaton, compile_automata
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarLogitsProcessor(LogitsProcessor):
+    """Masks every token that would take a row's output out of its question's WikiSQL grammar.
+
+    Rows are ``len(automata) * k`` (``k`` beams per question, in question order), as ``generate``
+    lays them out; a question whose automaton is ``None`` is left unconstrained.
+
+    :param automata: one per question of the batch.
+    :param max_new_tokens: the tokens ``generate`` may write after the decoder's start token.
+    """
+
+    def __init__(self, automata: Sequence[QueryAutomaton | None], max_new_tokens: int):
+        self.automata = list(automata)
+        self.max_new_tokens = max_new_tokens
+        self._states: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if not any(self.automata):
+            return scores
+        sequences = input_ids[:, 1:].tolist()
+        per_question = len(sequences) // len(self.automata)
+        remaining = self.max_new_tokens - input_ids.shape[1] + 1
+        states, rows, counts, allowed, free, choices = {}, [], [], [], [], []
+        for row, sequence in enumerate(sequences):
+            question = row // per_question
+            automaton = self.automata[question]
+            if automaton is None:
+                free.append(row)
+                continue
+            key = (question, tuple(sequence))
+            if key not in states:
+                states[key] = self._state(automaton, key)
+            tokens = automaton.allowed(states[key], remaining)
+            rows.append(row)
+            counts.append(len(tokens))
+            allowed.append(tokens)
+            choice = automaton.choice(states[key])
+            if choice is not None:
+                choices.append((row, choice))
+        # Only the states one step back are ever looked up again.
+        self._states = states
+        mask = torch.full_like(scores, -math.inf)
+        if rows:
+            row_index = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts))
+            mask[row_index.to(scores.device), torch.cat(allowed).to(scores.device)] = 0
+        if free:
+            mask[free] = 0
+        return choose_phrases(scores, scores + mask, choices) if choices else scores + mask
+
+    def _state(self, automaton: QueryAutomaton, key: tuple[int, tuple[int, ...]]) -> int:
+        question, sequence = key
+        if not sequence:
+            return automaton.start
+        parent = self._states.get((question, sequence[:-1]))
+        if parent is None:
+            parent = self._state(automaton, (question, sequence[:-1]))
+        return automaton.advance(parent, sequence[-1])
+
+
+def choose_phrases(scores: torch.Tensor, masked: torch.Tensor, choices: Sequence[tuple[int, tuple[torch.Tensor, torch.Tensor]]]) -> torch.Tensor:
+    """Decide, per row, between a state's competing phrases and its other phrases as wholes.
+
+    A row keeps its competing tokens (aggregations' first tokens) only if the best of them scores
+    above the logsumexp of every other token of the vocabulary, the model's probability that the
+    phrase is not one of them ("no aggregation"); otherwise it keeps the others. The sum runs over
+    the whole vocabulary, not only this table's columns: a model still learning spreads a column's
+    probability over names it has seen in other tables (on the 200-step demo model, summing only
+    this table's columns still chose an aggregation for 92 of 100 validation questions).
+
+    :param scores: the scores before the grammar's mask, one row per beam.
+    :param masked: the same with every token the grammar refuses at ``-inf``; changed in place.
+    :param choices: the rows that face such a choice, each with its :meth:`QueryAutomaton.choice`.
+    :rtype: torch.Tensor
+    """
+    rows = torch.tensor([row for row, _ in choices], device=scores.device)
+    sides = []
+    for side in range(2):
+        tokens = [choice[side] for _, choice in choices]
+        member = torch.zeros_like(masked[rows], dtype=torch.bool)
+        spans = torch.repeat_interleave(torch.arange(len(tokens)), torch.tensor([len(part) for part in tokens]))
+        member[spans.to(scores.device), torch.cat(tokens).to(scores.device)] = True
+        sides.append(member)
+    competing, others = sides
+    picked = masked[rows]
+    wins = picked.masked_fill(~competing, -math.inf).amax(-1) > scores[rows].masked_fill(competing, -math.inf).logsumexp(-1)
+    masked[rows] = picked.masked_fill(torch.where(wins[:, None], others, competing), -math.inf)
+    return masked
+
+
+def grammar_processor(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None], max_new_tokens: int) -> GrammarLogitsProcessor:
+    """A processor for one batch of questions, each over its own header.
+
+    Usage::
+
+        >>> processor = grammar_processor(tokenizer, ["Who is number 3?"], [["Player", "No."]], 64)  # doctest: +SKIP
+        >>> model.generate(**batch, logits_processor=LogitsProcessorList([processor]), max_new_tokens=64)  # doctest: +SKIP
+
+    :rtype: GrammarLogitsProcessor
+    """
+    return GrammarLogitsProcessor(compile_automata(tokenizer, questions, headers), max_new_tokens)
+
+
+def processor_for_inputs(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int) -> GrammarLogitsProcessor:
+    """A processor for a batch of tokenized model inputs, reading each question and header back from
+    its input text (:func:`textsql.data.read_source_text`): what the trainer's evaluation has.
+
+    :rtype: GrammarLogitsProcessor
+    """
+    sources = [read_source_text(text) for text in tokenizer.batch_decode(input_ids, skip_special_tokens=True)]
+    if not any(header for _, header in sources):
+        logger.debug("the inputs carry no table header (question-only input format): generation is not constrained")
+    return grammar_processor(tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens)
