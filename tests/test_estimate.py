@@ -78,6 +78,18 @@ def test_profile_auto_is_the_recommendation_and_a_named_profile_wins(shared_data
 def test_a_rank_resolves_auto_from_its_world_and_device(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_SIZE", "2")
-    # Two nodes of two CPU ranks, each with half the host's memory: the small T5 fits unsharded.
-    assert resolve_profile_here("auto", None) == "zero0"
+    # Two nodes of two CPU ranks, each with half the host's memory: every profile fits, and on CPUs
+    # stage 1 comes first (stage 0 measured a third as fast there).
+    assert resolve_profile_here("auto", None) == "zero1"
     assert resolve_profile_here("zero2", "./not-read-for-a-named-profile") == "zero2"
+
+
+def test_on_cpus_auto_prefers_stage_1_where_it_fits_and_says_why():
+    on_gpus = estimate(None, nodes=2, gpus_per_node=1, gpu_memory_gb=16)
+    on_cpus = estimate(None, nodes=2, gpus_per_node=1, gpu_memory_gb=16, cpu=True)
+    assert (on_gpus["recommended"], on_cpus["recommended"]) == ("zero0", "zero1")
+    assert "on CPUs ZeRO-1 ran fastest" in format_estimate(on_cpus) and "CPUs" not in format_estimate(on_gpus)
+    # Where stage 1 does not fit, CPUs get the cheapest profile that does, as GPUs do.
+    tight = estimate(None, nodes=2, gpus_per_node=1, gpu_memory_gb=on_cpus["profiles"]["zero1"]["gpu_gb_per_rank"] / 0.8 * 0.99, cpu=True)
+    assert not tight["profiles"]["zero1"]["fits"]
+    assert tight["recommended"] == next(name for name, row in tight["profiles"].items() if row["fits"])

@@ -26,7 +26,7 @@ DEEPSPEED = Path(sys.executable).with_name("deepspeed")
 RANKS = 2
 STEPS = 8
 RUN_TIMEOUT_S = 600
-AUTO_ON_TWO_CPU_RANKS = "zero0"
+AUTO_ON_TWO_CPU_RANKS = "zero1"
 
 
 @pytest.fixture(scope="module")

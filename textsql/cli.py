@@ -261,8 +261,9 @@ def cleanup(namespace: str, run_id: str | None) -> None:
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per node.")
 @click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), required=True, help="Memory of one GPU in GiB.")
 @click.option("--profile", "names", type=ProfileType(), multiple=True, help="Only this profile (repeatable) [default: every one in dsconfig/].")
+@click.option("--cpu", is_flag=True, help="The ranks run on CPUs (--gpu-memory-gb is then host memory per rank).")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
-def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], as_json: bool) -> None:
+def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], cpu: bool, as_json: bool) -> None:
     """Per-rank memory of each DeepSpeed profile for a model, from its config, and the cheapest that fits."""
     import contextlib
     import json
@@ -272,7 +273,7 @@ def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, n
 
     # DeepSpeed logs to stdout (its import announces the accelerator); stdout is for the report.
     with contextlib.redirect_stdout(sys.stderr):
-        report = run_estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, names=names or None)
+        report = run_estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, names=names or None, cpu=cpu)
     click.echo(json.dumps(report, indent=2) if as_json else format_estimate(report))
 
 

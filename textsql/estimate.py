@@ -33,6 +33,9 @@ GIB = 1024**3
 FIT_FRACTION = 0.8
 # The profile value that means "the estimate's recommendation" (the default of every run).
 AUTO_PROFILE = "auto"
+# On DeepSpeed's CPU accelerator stage 0 ran at a third of stage 1's samples/s on 2 gloo ranks
+# (bench/results.json, deepspeed_profiles: 0.97 against 2.91), so on CPUs stage 1 is tried first.
+CPU_PREFERRED = "zero1"
 
 
 def count_parameters(config: PretrainedConfig) -> tuple[int, int]:
@@ -51,7 +54,8 @@ def count_parameters(config: PretrainedConfig) -> tuple[int, int]:
 
 
 def estimate(
-    model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: Iterable[str] | None = None
+    model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: Iterable[str] | None = None,
+    cpu: bool = False,
 ) -> dict:
     """Estimate every profile's memory for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs and pick one.
 
@@ -64,9 +68,11 @@ def estimate(
     :param model: hub id, model directory, ``config.json`` path, or ``None`` for the embedded T5.
     :param gpu_memory_gb: memory of one GPU in GiB.
     :param names: only these profiles, by name or DeepSpeed JSON path (default: every one in ``dsconfig/``).
+    :param cpu: the ranks run on DeepSpeed's CPU accelerator (``gpu_memory_gb`` is then host memory per rank).
     :returns: ``{"parameters", "largest_layer_parameters", "profiles": {name: {"zero_stage", "offload",
         "gpu_gb_per_rank", "cpu_gb_per_node", "fits", "estimator"}}, "recommended"}``; ``recommended``
-        is the first profile (cheapest in communication) whose model states fit, ``None`` when none does.
+        is the first profile (cheapest in communication) whose model states fit, ``None`` when none does;
+        with ``cpu``, :data:`CPU_PREFERRED` first when it fits.
     :raises ProfileError: a name in ``names`` that is no profile.
     :rtype: dict
     """
@@ -87,6 +93,9 @@ def estimate(
             "fits": needs.gpu / GIB <= budget,
             "estimator": needs.estimator,
         }
+    fitting = [name for name, row in rows.items() if row["fits"]]
+    if cpu and CPU_PREFERRED in fitting:
+        fitting.insert(0, CPU_PREFERRED)
     return {
         "model": str(model or "default"),
         "parameters": total,
@@ -94,9 +103,10 @@ def estimate(
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
         "gpu_memory_gb": gpu_memory_gb,
+        "cpu": cpu,
         "fit_fraction": FIT_FRACTION,
         "profiles": rows,
-        "recommended": next((name for name, row in rows.items() if row["fits"]), None),
+        "recommended": fitting[0] if fitting else None,
     }
 
 
@@ -121,7 +131,8 @@ def format_estimate(report: dict, requested: str | None = None) -> str:
     if report["recommended"] is None:
         lines.append(f"recommended: none fits ({budget}); add GPUs or nodes, or use GPUs with more memory")
     else:
-        lines.append(f"recommended: {report['recommended']} ({budget})")
+        why = "; on CPUs ZeRO-1 ran fastest" if report.get("cpu") and report["recommended"] == CPU_PREFERRED else ""
+        lines.append(f"recommended: {report['recommended']} ({budget}{why})")
     if requested == AUTO_PROFILE and report["recommended"] is not None:
         lines.append(f"this run uses: {report['recommended']} (profile auto: the recommendation)")
     elif requested is not None and requested != AUTO_PROFILE:
@@ -154,14 +165,14 @@ def choose_profile(profile: str, report: dict) -> str:
     return report["recommended"]
 
 
-def resolve_profile(profile: str, model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float) -> str:
+def resolve_profile(profile: str, model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float, cpu: bool = False) -> str:
     """:func:`choose_profile` for this hardware; the model's config is read only for ``auto``.
 
     :rtype: str
     """
     if profile != AUTO_PROFILE:
         return profile
-    return choose_profile(profile, estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb))
+    return choose_profile(profile, estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, cpu=cpu))
 
 
 def resolve_profile_here(profile: str, model: str | Path | None) -> str:
@@ -176,8 +187,9 @@ def resolve_profile_here(profile: str, model: str | Path | None) -> str:
         return profile
     ranks_per_node = int(os.environ.get("LOCAL_SIZE", "1"))
     nodes = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ranks_per_node)
-    if torch.cuda.is_available():
-        memory = torch.cuda.get_device_properties(0).total_memory / GIB
-    else:
+    cpu = not torch.cuda.is_available()
+    if cpu:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ranks_per_node
-    return resolve_profile(profile, model, nodes, ranks_per_node, round(memory, 1))
+    else:
+        memory = torch.cuda.get_device_properties(0).total_memory / GIB
+    return resolve_profile(profile, model, nodes, ranks_per_node, round(memory, 1), cpu=cpu)

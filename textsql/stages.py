@@ -54,12 +54,13 @@ class StageView:
         self.started = 0.0
         self.label = ""
         self.progress = ""
+        self.stage_lines: set[str] = set()
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Show a ticking bar while the block runs, then one line with the stage's time."""
         label = self.label = f"[{self.done + 1}/{self.total}] {name}"
-        self.started, self.progress = time.monotonic(), ""
+        self.started, self.progress, self.stage_lines = time.monotonic(), "", set()
         if self.redraws:
             # position 0: papermill's own (hidden) bar would otherwise push this one down a line per redraw.
             self.bar = tqdm(desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True, position=0)
@@ -91,7 +92,9 @@ class StageView:
                     self.bar.bar_format, self.bar.total = STEPS_FORMAT, int(step["total"])
                 self.bar.n = int(step["step"])
                 self.bar.set_postfix_str(step["text"], refresh=True)
-            elif STAGE_PREFIX in line:
+            elif STAGE_PREFIX in line and line.partition(STAGE_PREFIX)[2] not in self.stage_lines:
+                # Every node says it compiles the op (each compiles its own copy): one line for the person.
+                self.stage_lines.add(line.partition(STAGE_PREFIX)[2])
                 self._line(f"      {line.partition(STAGE_PREFIX)[2]} (at {time.monotonic() - self.started:.0f} s)")
 
     def _line(self, text: str) -> None:
