@@ -87,12 +87,7 @@ def terminate(process: subprocess.Popen) -> None:
         tree = psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         tree = []
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop(process, signal.SIGTERM)
     for child in tree:
         try:
             child.kill()

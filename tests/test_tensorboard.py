@@ -62,8 +62,8 @@ def wait_for_run(url: str, run: str) -> list:
     raise AssertionError(f"run {run!r} never appeared at {url}data/runs (last: {runs})")
 
 
-def stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
+def stop(process: subprocess.Popen, signum: int = signal.SIGINT) -> None:
+    process.send_signal(signum)
     try:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:

@@ -44,10 +44,15 @@ class ScalarsOnce(TensorBoardCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        # Keys rewritten as the parent will (eval_loss -> eval/loss); strings (text) pass as they are.
-        fresh = {key: value for key, value in logs.items()
-                 if not isinstance(value, (int, float)) or (rewrite_logs({key: value}).popitem()[0], state.global_step) not in self.written}
-        self.written.update((tag, state.global_step) for tag, value in rewrite_logs(fresh).items() if isinstance(value, (int, float)))
+        fresh = {}
+        for key, value in logs.items():
+            if isinstance(value, (int, float)):
+                # Tagged as the parent will write it (eval_loss -> eval/loss); strings (text) pass as they are.
+                tag = (next(iter(rewrite_logs({key: value}))), state.global_step)
+                if tag in self.written:
+                    continue
+                self.written.add(tag)
+            fresh[key] = value
         if fresh:
             super().on_log(args, state, control, logs=fresh, **kwargs)
 
