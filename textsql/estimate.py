@@ -94,8 +94,7 @@ def estimate(
             "estimator": needs.estimator,
         }
     fitting = [name for name, row in rows.items() if row["fits"]]
-    if cpu and CPU_PREFERRED in fitting:
-        fitting.insert(0, CPU_PREFERRED)
+    recommended = CPU_PREFERRED if cpu and CPU_PREFERRED in fitting else next(iter(fitting), None)
     return {
         "model": str(model or "default"),
         "parameters": total,
@@ -106,7 +105,7 @@ def estimate(
         "cpu": cpu,
         "fit_fraction": FIT_FRACTION,
         "profiles": rows,
-        "recommended": fitting[0] if fitting else None,
+        "recommended": recommended,
     }
 
 
