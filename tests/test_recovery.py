@@ -26,9 +26,9 @@ from bench.profiles import train_only
 from bench.recovery import KILLED_RANK, StepStream, kill_after, rank_process, supervised_arguments
 from test_launch import tagged_processes
 from textsql.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
+from textsql.constants import RUN_SUMMARY_NAME
 from textsql.supervise import SUPERVISOR_FILE, WORKER_LOST, supervise
 from textsql.run_events import TENSORBOARD_SUBDIR
-from textsql.train import SUMMARY_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def assert_resumed_to_the_end(output: Path, record: dict, checkpoint: str) -> di
     assert Path(relaunch["checkpoint"]).name == checkpoint == Path(resumed["checkpoint"]).name
     assert 1 <= lost["step"] - int(checkpoint.split("-")[1]) <= SAVE_STEPS, "more than save_steps steps repeated"
     assert resumed["line"].startswith(f"resumed from {checkpoint}: step {int(checkpoint.split('-')[1]) + 1} done")
-    summary = json.loads((output / SUMMARY_FILE).read_text())
+    summary = json.loads((output / RUN_SUMMARY_NAME).read_text())
     assert summary["global_step"] == MAX_STEPS and Path(summary["resumed_from"]).name == checkpoint
     assert [entry["step"] for entry in summary["log_history"] if "loss" in entry] == list(range(1, MAX_STEPS + 1))
     assert [event["event"] for event in summary["recovery"]["events"]] == [event["event"] for event in events]

@@ -43,12 +43,11 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from textsql.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
-from textsql.constants import DEFAULT_MAX_RESTARTS
+from textsql.constants import DEFAULT_MAX_RESTARTS, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.console import STEP_LINE, ShownLines
 from textsql.files import read_json, write_json
 from textsql.launch import PDSH_HOST_FAILED, LaunchArguments, launch
-from textsql.train import SUMMARY_FILE
 from worker.cluster import Cluster
 from worker.constants import HOSTFILE_NAME
 from worker.files import atomic_write
@@ -290,7 +289,7 @@ class Supervisor:
     def _record_in_summary(self, restarts: int) -> None:
         """Copy the events into the finished run's ``run.json`` (which the ranks wrote without them)."""
         output = option_value(self.arguments.train_args, "--output_dir")
-        summary = Path(output) / SUMMARY_FILE if output else None
+        summary = Path(output) / RUN_SUMMARY_NAME if output else None
         if summary is not None and summary.is_file():
             record = read_json(summary)
             record["recovery"] = {"max_restarts": self.max_restarts, "restarts": restarts, "events": self.events}

@@ -49,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
 MODEL_SUBDIR = "model"
-SUMMARY_FILE = RUN_SUMMARY_NAME
 PREDICTIONS_FILE = "eval_predictions.jsonl"
 
 
@@ -348,7 +347,7 @@ def _write_summary(trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args
         "global_step": trainer.state.global_step,
         "log_history": trainer.state.log_history,
     }
-    write_json(Path(trainer.args.output_dir) / SUMMARY_FILE, summary)
+    write_json(Path(trainer.args.output_dir) / RUN_SUMMARY_NAME, summary)
 
 
 def _field_values(cls, values: dict[str, Any]) -> dict[str, Any]:
