@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from textsql.constants import RUN_SUMMARY_NAME
+from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.errors import TextSQLError
 from textsql.evaluate import logical_form_key
 from textsql.files import read_json, read_jsonl
@@ -42,7 +42,7 @@ def format_run(run_dir: str | Path) -> str:
     """
     path = Path(run_dir) / RUN_SUMMARY_NAME
     if not path.is_file():
-        raise TextSQLError(f"no {RUN_SUMMARY_NAME} in {str(run_dir)!r}: the training did not finish; see {Path(run_dir) / 'launch.log'}")
+        raise TextSQLError(f"no {RUN_SUMMARY_NAME} in {str(run_dir)!r}: the training did not finish; see {Path(run_dir) / LAUNCH_LOG_NAME}")
     run = read_json(path)
     chosen = "; auto: the estimate's recommendation" if run.get("profile_chosen_by") == "auto" else ""
     lines = [
