@@ -171,3 +171,20 @@ def test_open_workers_for_notebooks_stops_on_request(tmp_path):
     cluster.stop()
     assert wait_gone(run_dir) == []
     cluster.stop()  # twice is harmless
+
+
+def test_sigterm_flood_still_stops_sshd_cleanly(tmp_path):
+    # A kubelet or an impatient user may signal again while the agent is already shutting down:
+    # the later signals must not cut sshd's stop short (no orphan sshd, its stop logged).
+    run_dir = tmp_path / "run"
+    with start_workers("local", 1, run_dir, timeout=60) as cluster:
+        port = cluster.ssh_port
+        agent = next(psutil.Process(pid) for pid in agent_pids(run_dir)
+                     if "worker.agent" in " ".join(psutil.Process(pid).cmdline()))
+        deadline = time.monotonic() + 30
+        while agent.is_running() and agent.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            agent.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+    assert wait_gone(run_dir) == []
+    logs = (run_dir / "workers" / "local-0.log").read_text()
+    assert "stopping on signal" in logs and f"sshd on 127.0.0.2:{port} stopped" in logs

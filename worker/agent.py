@@ -155,6 +155,8 @@ def run(config: AgentConfig) -> bool:
     with ExitStack() as stack:
         workdir = config.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="textsql-worker-")))
         sshd = stack.enter_context(_start_sshd(config, workdir)) if config.sshd else None
+        # Runs first on the way out: a later SIGTERM (kubelet, user) must not cut sshd's stop short and orphan it.
+        stack.callback(signal.signal, signal.SIGTERM, signal.SIG_IGN)
         registration = Registration(
             address=config.address, slots=config.slots, hostname=socket.gethostname(), pod=config.pod,
             ssh_port=sshd.port if sshd else None, host_key=sshd.host_public_key if sshd else None,
