@@ -97,20 +97,25 @@ def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
 
 
 def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals(monkeypatch):
-    """A CI log or a pipe cannot redraw a bar: a plain line every PLAIN_EVERY_S, with the last step."""
+    """A CI log or a pipe cannot redraw a bar: a plain line when the step moved (at most every PLAIN_EVERY_S),
+    and a heartbeat every PLAIN_HEARTBEAT_S when it did not, never the same line every PLAIN_EVERY_S."""
     import textsql.stages
 
-    monkeypatch.setattr(textsql.stages, "TICK_S", 0.05)
-    monkeypatch.setattr(textsql.stages, "PLAIN_EVERY_S", 0.2)
+    monkeypatch.setattr(textsql.stages, "TICK_S", 0.02)
+    monkeypatch.setattr(textsql.stages, "PLAIN_EVERY_S", 0.1)
+    monkeypatch.setattr(textsql.stages, "PLAIN_HEARTBEAT_S", 2.0)
     stream = io.StringIO()
     view = StageView(total=1, stream=stream)
     with view.stage("02_train_distributed"):
         view.feed("127.0.0.2: step 20/200: loss 3.120 (14 s)")
-        time.sleep(0.5)
+        time.sleep(1.0)  # ten plain intervals, one step: one line
+        view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s)")
+        time.sleep(2.6)  # a moved step, then one heartbeat
     lines = stream.getvalue().splitlines()
     assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
-    assert 1 <= len(lines) - 1 <= 4, lines  # the plain lines, then the stage line
-    assert lines[0].startswith("[1/1] 02_train_distributed: ") and lines[0].endswith("step 20/200: loss 3.120")
+    progress = [line.partition(" s ")[2] for line in lines[:-1]]
+    assert progress == ["step 20/200: loss 3.120", "step 40/200: loss 2.870", "step 40/200: loss 2.870"], lines
+    assert all(line.startswith("[1/1] 02_train_distributed: ") for line in lines[:-1])
     assert lines[-1].startswith("[1/1] 02_train_distributed done in")
 
 

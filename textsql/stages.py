@@ -30,8 +30,9 @@ logger = logging.getLogger(__name__)
 
 TICK_S = 1.0
 # Where the stream is no terminal (a CI log, a captured pipe) a bar cannot redraw in place: a plain
-# line this often instead.
+# line at most this often when the progress moved, and one this often when it did not (the run is alive).
 PLAIN_EVERY_S = 10.0
+PLAIN_HEARTBEAT_S = 60.0
 WAITING_FORMAT = "{desc}: {elapsed}{postfix}"
 # No time left: the stage's clock includes start-up, so a rate-based guess would mislead.
 STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} steps [{elapsed}]{postfix}"
@@ -102,12 +103,14 @@ class StageView:
 
     def _tick(self, stop: threading.Event) -> None:
         # tqdm redraws only on updates; a stage can be silent for minutes (op compilation, rank start-up).
-        last_plain = time.monotonic()
+        last_plain, shown = time.monotonic(), ""
         while not stop.wait(TICK_S):
             if self.bar is not None:
                 self.bar.refresh()
-            elif self.live and time.monotonic() - last_plain >= PLAIN_EVERY_S:
-                last_plain = time.monotonic()
+                continue
+            quiet = time.monotonic() - last_plain
+            if self.live and (quiet >= PLAIN_HEARTBEAT_S or (quiet >= PLAIN_EVERY_S and self.progress != shown)):
+                last_plain, shown = time.monotonic(), self.progress
                 self._line(f"{self.label}: {last_plain - self.started:.0f} s {self.progress}".rstrip())
 
 
