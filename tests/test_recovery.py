@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_a_rank_killed_while_saving_resumes_from_the_previous_checkpoint(two_loc
     output, tag = tmp_path / "out", uuid.uuid4().hex
     stream = StepStream(tmp_path / "output.log")
     caught: dict = {}
-    catcher = threading.Thread(target=catch_mid_save, args=(stream, output, tag, caught), daemon=True)
+    catcher = threading.Thread(target=catch_mid_save, args=(output, tag, caught), daemon=True)
     catcher.start()
     record = run_supervised(two_local_workers, train_data, output, tag, stream)
     catcher.join(timeout=5)
@@ -125,14 +126,18 @@ def test_a_rank_killed_while_saving_resumes_from_the_previous_checkpoint(two_loc
     assert (output / later / COMPLETE_MARKER).is_file(), "the resumed run wrote its own complete checkpoint"
 
 
-def catch_mid_save(stream: StepStream, output: Path, tag: str, caught: dict) -> None:
+def catch_mid_save(output: Path, tag: str, caught: dict) -> None:
     """Make rank 1's shard of the second checkpoint a named pipe, wait until the rank opens it, SIGKILL it.
 
-    The pipe is made once the first checkpoint is complete: both ranks still have two steps (with their
-    collectives) to go before the second save, so the rank cannot have reached it yet.
+    The pipe is made as soon as the first checkpoint carries its completion marker: both ranks still have
+    two steps (with their collectives) to go before the second save, so the rank cannot have reached it yet.
     """
     try:
-        stream.wait_for_step(SAVE_STEPS + 1)
+        deadline = time.monotonic() + 600
+        while not (output / f"checkpoint-{SAVE_STEPS}" / COMPLETE_MARKER).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint-{SAVE_STEPS} never completed")
+            time.sleep(0.01)
         first = output / f"checkpoint-{SAVE_STEPS}" / f"global_step{SAVE_STEPS}"
         shard = next(first.glob(f"*_rank_{KILLED_RANK}_*optim_states.pt")).name
         state_dir = output / f"checkpoint-{2 * SAVE_STEPS}" / f"global_step{2 * SAVE_STEPS}"

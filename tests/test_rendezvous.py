@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from worker.constants import RELEASE_HANGUP_S
 from worker.errors import RendezvousError
 from worker.protocol import FrameError, recv_frame, send_frame, sign
 from worker.registration import Registration
@@ -82,6 +83,34 @@ def test_32_concurrent_registrations_write_exact_files(files, tmp_path):
     )
     assert config.count("StrictHostKeyChecking yes") == 32 and "BatchMode yes" in config
     assert TOKEN not in expected_hosts + files.known_hosts.read_text() + config
+
+
+def test_close_returns_once_released_workers_have_hung_up(files, tmp_path):
+    # The backend stops pods right after close(): a worker stopped before it has taken its release is
+    # killed instead of shutting down by itself (its log never says "released", CI saw it). A worker
+    # that never hangs up costs the master RELEASE_HANGUP_S, no more.
+    hung_up = []
+
+    def hold(session, shutdown_s):
+        with session:
+            assert session.wait_released()
+            time.sleep(shutdown_s)  # the worker's own shutdown before it closes the connection
+        hung_up.append(shutdown_s)
+
+    with RendezvousServer(expect=2, token=TOKEN, files=files, identity_file=tmp_path / "id_ed25519") as server:
+        sessions = [register(server.endpoint, TOKEN, worker(i)) for i in range(2)]
+        server.wait(timeout=30)
+        threads = [threading.Thread(target=hold, args=(session, delay)) for session, delay in zip(sessions, (0.0, 0.3))]
+        for thread in threads:
+            thread.start()
+    assert sorted(hung_up) == [0.0, 0.3]
+
+    with RendezvousServer(expect=1, token=TOKEN, files=files, identity_file=tmp_path / "id_ed25519") as server:
+        session = register(server.endpoint, TOKEN, worker(0))
+        server.wait(timeout=30)
+        started = time.monotonic()
+    assert time.monotonic() - started < RELEASE_HANGUP_S + 5  # bounded: not until the read timeout
+    session.close()
 
 
 def test_port_22_known_hosts_line_is_bare(files):

@@ -155,7 +155,8 @@ def run(config: AgentConfig) -> bool:
     with ExitStack() as stack:
         workdir = config.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="textsql-worker-")))
         sshd = stack.enter_context(_start_sshd(config, workdir)) if config.sshd else None
-        # Runs first on the way out: a later SIGTERM (kubelet, user) must not cut sshd's stop short and orphan it.
+        # Runs on the way out, just before sshd's stop: the SIGTERM that follows a release (the backend stopping
+        # its pods) must not cut that stop short and orphan sshd.
         stack.callback(signal.signal, signal.SIGTERM, signal.SIG_IGN)
         registration = Registration(
             address=config.address, slots=config.slots, hostname=socket.gethostname(), pod=config.pod,
@@ -172,6 +173,8 @@ def run(config: AgentConfig) -> bool:
 
 
 def _terminate(signum, frame) -> None:
+    # Once: a second SIGTERM must not interrupt the shutdown this one starts.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(signal.Signals(signum).name)
 
 

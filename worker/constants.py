@@ -45,6 +45,9 @@ READ_TIMEOUT_S = 10.0  # a whole frame must arrive within this, however slowly i
 REGISTER_TIMEOUT_S = 3.0
 HEARTBEAT_S = 5.0  # master -> worker keepalive on the held connection
 MASTER_GONE_AFTER_S = 3 * HEARTBEAT_S  # no frame for this long: the master is gone
+# How long the master waits for a released worker to hang up: the backend stops pods right after, and a
+# worker stopped before it has read its release is killed instead of shutting down by itself.
+RELEASE_HANGUP_S = 2.0
 MAX_CONNECTIONS = 512  # connections handled at once; more are closed at accept
 # Connections one address may hold before they authenticate: a worker needs one, so a flood from
 # one address cannot take the slots of the others. Authenticated (held) connections do not count.

@@ -11,7 +11,7 @@ import selectors
 import socketserver
 from typing import TYPE_CHECKING
 
-from worker.constants import PROTOCOL_VERSION, READ_TIMEOUT_S
+from worker.constants import PROTOCOL_VERSION, READ_TIMEOUT_S, RELEASE_HANGUP_S
 from worker.protocol import FrameError, is_nonce, new_nonce, recv_frame, send_frame, sign, verify
 from worker.registration import InvalidRegistration, Registration
 
@@ -75,10 +75,15 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
         return True
 
     def _send_release(self, server_nonce: str, client_nonce: str) -> None:
+        """Release the worker, then wait (bounded) for it to hang up: it has taken the release by then."""
         try:
             send_frame(self.connection, {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)})
+            self.connection.settimeout(RELEASE_HANGUP_S)
+            self.connection.recv(1)  # a worker sends nothing after its release: this returns at its hang-up
         except FrameError as error:
             logger.info("could not release %s: %s", self.client_address[0], error)
+        except OSError:  # no hang-up in time, or a reset: the backend's stop takes over
+            pass
 
     def _hold(self, registration: Registration, server_nonce: str, client_nonce: str) -> None:
         """Keep the connection until release, heartbeating; a worker that hangs up is dropped."""

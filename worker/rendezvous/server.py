@@ -30,6 +30,7 @@ from worker.constants import (
     MAX_UNAUTHENTICATED_PER_ADDRESS,
     REFUSAL_LOG_INTERVAL_S,
     REGISTER_TIMEOUT_S,
+    RELEASE_HANGUP_S,
 )
 from worker.errors import RendezvousError
 from worker.ratelog import RateLimitedLog
@@ -312,10 +313,11 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         except OSError:
             pass
 
-    def close(self, drain_s: float = 2.0) -> None:
+    def close(self, drain_s: float = RELEASE_HANGUP_S) -> None:
         """Release workers, stop serving, close the sockets. Safe to call twice.
 
-        :param drain_s: seconds to let handlers deliver the release before their sockets are closed.
+        :param drain_s: seconds to let handlers deliver the release and see their workers hang up
+            before the sockets are closed.
         """
         self.release()
         if self._thread is not None:
