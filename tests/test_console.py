@@ -103,14 +103,14 @@ def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals(
 
     monkeypatch.setattr(textsql.stages, "TICK_S", 0.02)
     monkeypatch.setattr(textsql.stages, "PLAIN_EVERY_S", 0.1)
-    monkeypatch.setattr(textsql.stages, "PLAIN_HEARTBEAT_S", 2.0)
+    monkeypatch.setattr(textsql.stages, "PLAIN_HEARTBEAT_S", 3.0)
     stream = io.StringIO()
     view = StageView(total=1, stream=stream)
     with view.stage("02_train_distributed"):
         view.feed("127.0.0.2: step 20/200: loss 3.120 (14 s)")
         time.sleep(1.0)  # ten plain intervals, one step: one line
         view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s)")
-        time.sleep(2.6)  # a moved step, then one heartbeat
+        time.sleep(4.5)  # a moved step, then one heartbeat (at 3 s; the next would come at 6 s)
     lines = stream.getvalue().splitlines()
     assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
     progress = [line.partition(" s ")[2] for line in lines[:-1]]
