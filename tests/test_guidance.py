@@ -21,6 +21,7 @@ ITEMS = [
      "sql": {"sel": 0, "agg": 3, "conds": [[2, 0, "Yale"]]}},
 ]
 NEW_TOKENS = 32
+SEEDS = 20
 
 
 def finds_something(engine: TableEngine, text: str) -> bool:
@@ -48,32 +49,41 @@ def test_the_first_beam_that_runs_and_finds_something_is_chosen():
         assert guide.choose(candidates[2:], HEADER, "t1") == candidates[2]
 
 
-@pytest.fixture(scope="module")
-def predictor() -> Predictor:
-    torch.manual_seed(0)
-    return Predictor.load(None, device="cpu")
-
-
-def test_predictor_answers_with_the_first_executing_beam(predictor):
-    # 32 tokens: the untrained model's first beams for q0 then write conditions that find nothing.
-    options = GenerationOptions(num_beams=4, max_new_tokens=NEW_TOKENS)
-    input_ids = [predictor.encode(item["question"], item["header"]) for item in ITEMS]
-    chosen = predictor.generate(input_ids, options, items=ITEMS, tables=TABLES)
+def own_beams(predictor: Predictor) -> list[list[str]]:
+    """Each question's 4 constrained beams, best first, as plain generation returns them."""
     tokenizer = predictor.tokenizer
+    input_ids = [predictor.encode(item["question"], item["header"]) for item in ITEMS]
     batch = tokenizer.pad([{"input_ids": ids} for ids in input_ids], return_tensors="pt")
     processor = grammar_processor(tokenizer, [item["question"] for item in ITEMS], [HEADER] * len(ITEMS), NEW_TOKENS)
     with torch.inference_mode():
         output = predictor.model.generate(**batch, num_beams=4, num_return_sequences=4, max_new_tokens=NEW_TOKENS,
                                           logits_processor=LogitsProcessorList([processor]))
     beams = [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
+    return [beams[index * 4:(index + 1) * 4] for index in range(len(ITEMS))]
+
+
+@pytest.fixture(scope="module")
+def predictor() -> Predictor:
+    """An untrained model with a question whose first beam finds nothing on the table and a later one
+    does, so that guidance has a choice to make. Which seed gives one depends on the CPU's arithmetic."""
     with TableEngine(TABLES) as engine:
-        for index, text in enumerate(chosen):
-            own = beams[index * 4:(index + 1) * 4]
-            expected = next((beam for beam in own if finds_something(engine, beam)), own[0])
-            assert text == expected
+        for seed in range(SEEDS):
+            torch.manual_seed(seed)
+            candidate = Predictor.load(None, device="cpu")
+            if any(not finds_something(engine, own[0]) and any(finds_something(engine, beam) for beam in own[1:]) for own in own_beams(candidate)):
+                return candidate
+    pytest.fail(f"no seed below {SEEDS} gives the untrained model a question whose first beam finds nothing and a later one something")
+
+
+def test_predictor_answers_with_the_first_executing_beam(predictor):
+    input_ids = [predictor.encode(item["question"], item["header"]) for item in ITEMS]
+    chosen = predictor.generate(input_ids, GenerationOptions(num_beams=4, max_new_tokens=NEW_TOKENS), items=ITEMS, tables=TABLES)
+    beams = own_beams(predictor)
+    with TableEngine(TABLES) as engine:
+        assert chosen == [next((beam for beam in own if finds_something(engine, beam)), own[0]) for own in beams]
     unguided = predictor.generate(input_ids, GenerationOptions(num_beams=4, max_new_tokens=NEW_TOKENS, execution_guided=False), items=ITEMS, tables=TABLES)
-    assert unguided == [beams[0], beams[4]]
-    assert chosen != unguided, "no question where guidance chose another beam: the test shows nothing"
+    assert unguided == [own[0] for own in beams]
+    assert chosen != unguided
 
 
 def test_predict_on_records_with_rows_is_guided_and_scored_by_execution(predictor, tmp_path):
