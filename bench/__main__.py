@@ -79,7 +79,7 @@ def prepare_data(work: Path) -> str:
 
     :rtype: str
     """
-    from textsql.prepare import prepare
+    from textsql.data.prepare import prepare
 
     out = work / "data"
     if not out.exists():

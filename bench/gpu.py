@@ -6,7 +6,7 @@ leaves this section out (the CPU figures stay as they are).
 - Old recipe: every input and query padded to 96, fp32, batch 32, plain AdamW, a plain ``Seq2SeqTrainer``
   in this process (:func:`bench.train_padding.seed_padding`).
 - Ours: ``textsql launch`` on 1 rank with no overrides (the default profile and the defaults of
-  :func:`textsql.hardware.fast_defaults`: bf16, fused AdamW, TF32, token-budget batches), then each profile.
+  :func:`textsql.training.hardware.fast_defaults`: bf16, fused AdamW, TF32, token-budget batches), then each profile.
 - Samples/s between two logged steps after warm-up (samples per step rebuilt from the seeded token
   sampler); ``torch.cuda.max_memory_allocated`` per rank beside ``textsql estimate``; MFU on real tokens
   by :mod:`bench.flops` (the encoder-decoder convention, attention scores included); time from start to
@@ -34,13 +34,13 @@ from bench.flops import T5Shape, mfu, peak_flops, training_flops
 from bench.profiles import launch_probed, model_dir, train_only
 from bench.train_padding import StepClock, seed_padding
 from textsql.arguments import train_argv
-from textsql.batching import TokenBudgetBatchSampler
-from textsql.estimate import estimate
+from textsql.training.batching import TokenBudgetBatchSampler
+from textsql.training.estimate import estimate
 from textsql.files import read_json
-from textsql.hardware import device_facts, fast_defaults
+from textsql.training.hardware import device_facts, fast_defaults
 from textsql.model import load_model, load_tokenizer
-from textsql.profiles import available_profiles
-from textsql.run_events import TENSORBOARD_SUBDIR
+from textsql.training.profiles import available_profiles
+from textsql.training.events import TENSORBOARD_SUBDIR
 
 logger = logging.getLogger(__name__)
 

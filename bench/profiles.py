@@ -3,8 +3,8 @@ next to what ``textsql estimate`` predicts.
 
 Each profile trains a model of t5-small's shape (random weights from
 ``../shared/data/t5/t5-small.config.json``, the real T5 vocabulary) for a few steps through
-``textsql.launch.launch`` with DeepSpeed's own launcher (``--launcher local``, 2 ranks, gloo). The ranks
-run :mod:`bench.rank_probe`, which runs ``textsql.train`` and records its peak RSS at exit; samples/s
+``textsql.launching.launch.launch`` with DeepSpeed's own launcher (``--launcher local``, 2 ranks, gloo). The ranks
+run :mod:`bench.rank_probe`, which runs ``textsql.training.train`` and records its peak RSS at exit; samples/s
 comes from the wall times of the per-step loss events in the run's TensorBoard files.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ from bench.events import samples_per_second, step_wall_times
 from bench.rank_probe import PROBE_DIR_VAR
 from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
-from textsql.estimate import estimate
+from textsql.training.estimate import estimate
 from textsql.files import read_json
-from textsql.launch import LaunchArguments, launch
-from textsql.profiles import available_profiles
-from textsql.run_events import TENSORBOARD_SUBDIR
+from textsql.launching.launch import LaunchArguments, launch
+from textsql.training.profiles import available_profiles
+from textsql.training.events import TENSORBOARD_SUBDIR
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
@@ -180,12 +180,12 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
         "parameters": predicted["parameters"],
         "profiles": rows,
         "method": (
-            f"textsql.launch.launch(launcher='local', ranks={RANKS}) -> deepspeed --module bench.rank_probe -> textsql.train; "
+            f"textsql.launching.launch.launch(launcher='local', ranks={RANKS}) -> deepspeed --module bench.rank_probe -> textsql.training.train; "
             f"model of t5-small's shape ({predicted['parameters'] / 1e6:.1f}M parameters, random weights, seed 42), fp32, "
             f"CPU accelerator + gloo; batch {sizes.batch_size} per rank, {sizes.steps} steps, no evaluation or checkpoints; "
             f"samples/s from the train/loss event wall times between step {sizes.skip_steps} and step {sizes.steps}; peak RSS "
             "per rank = ru_maxrss at the rank's exit (whole run, final model export included); estimate = "
-            f"textsql.estimate.estimate(nodes=1, gpus_per_node={RANKS}); estimate_ram = GPU share + CPU share per rank, since "
+            f"textsql.training.estimate.estimate(nodes=1, gpus_per_node={RANKS}); estimate_ram = GPU share + CPU share per rank, since "
             f"both are the same RAM here; {sizes.warmup} unmeasured warm-up launch, then {sizes.repetitions} rounds over the profiles, alternating their order; median samples/s, "
             "highest peak RSS"
         ),

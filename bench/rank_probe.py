@@ -1,4 +1,4 @@
-"""Run ``textsql.train`` on one rank and record that rank's peak resident memory when it exits.
+"""Run ``textsql.training.train`` on one rank and record that rank's peak resident memory when it exits.
 
 Launched by the profiles benchmark as the ranks' module (``textsql launch ... --module bench.rank_probe``).
 The kernel's own high-water mark (``ru_maxrss``) is read at exit, so no peak is missed between samples.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from textsql import train
+from textsql.training import train
 from textsql.files import write_json
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Recovery from a lost rank on the local backend: detection time, downtime and repeated steps.
 
 Two `local` worker pods (each its own sshd, on 127.0.0.2 and 127.0.0.3) train the embedded small T5
-(profile zero1, one rank per pod, every step logged) under the supervisor (:mod:`textsql.supervise`).
+(profile zero1, one rank per pod, every step logged) under the supervisor (:mod:`textsql.launching.supervisor`).
 Once checkpoint-K is complete and step ``kill_after_step`` is logged, rank 1's training process is
 sent SIGKILL, as the OOM killer would: found by its rank and this run's tag in its environment, not
 by name. The figures come from the kill's own clock and the supervisor's records (``supervisor.json``):
@@ -30,12 +30,12 @@ import psutil
 from bench.profiles import train_only
 from bench.timing import summary
 from textsql.arguments import train_argv
-from textsql.checkpoints import COMPLETE_MARKER
+from textsql.training.checkpoints import COMPLETE_MARKER
 from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
-from textsql.launch import LaunchArguments
-from textsql.supervise import SUPERVISOR_FILE, WORKER_LOST, supervise
+from textsql.launching.launch import LaunchArguments
+from textsql.launching.supervisor import SUPERVISOR_FILE, WORKER_LOST, supervise
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from bench.events import step_wall_times
 from bench.profiles import train_args, train_only
 from bench.timing import summary
 from textsql.constants import DEFAULT_MODEL_DIR
-from textsql.run_events import TENSORBOARD_SUBDIR
+from textsql.training.events import TENSORBOARD_SUBDIR
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)

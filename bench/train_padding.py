@@ -2,7 +2,7 @@
 
 Seed arm: every question and query padded to ``max_length=96`` tokens, the pad tokens left in the
 labels (so the loss is also computed, and trained, on padding), random batches.
-Our arm: what ``textsql.train`` does: unpadded examples from ``textsql prepare``, padded per batch by
+Our arm: what ``textsql.training.train`` does: unpadded examples from ``textsql prepare``, padded per batch by
 ``DataCollatorForSeq2Seq(label_pad_token_id=-100, pad_to_multiple_of=8)``, batches grouped by length.
 Both arms: the same small T5 (``textsql.model.load_model()``, same seed), the same prepared sample,
 the same number of steps, batch size and trainer settings (``Seq2SeqTrainer``, one process, fp32).
@@ -25,7 +25,7 @@ from textsql.model import load_model, load_tokenizer
 logger = logging.getLogger(__name__)
 
 SEED_MAX_LENGTH = 96
-PAD_TO_MULTIPLE_OF = 8  # textsql.train's default
+PAD_TO_MULTIPLE_OF = 8  # textsql.training.train's default
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
                 eval_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True, seed=42,
             )
             model = load_model()
-            model.accepts_loss_kwargs = False  # as textsql.train sets it
+            model.accepts_loss_kwargs = False  # as textsql.training.train sets it
             trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[clock])
             trainer.train()
         wall, cpu = (end - start for end, start in zip(clock.ended, clock.started))

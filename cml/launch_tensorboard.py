@@ -2,6 +2,6 @@
 import os
 
 from textsql.constants import PROJECT_DIR
-from textsql.tensorboard import serve_forever
+from textsql.display.tensorboard import serve_forever
 
 serve_forever(os.environ.get("TEXTSQL_TENSORBOARD_LOGDIR", str(PROJECT_DIR / "runs")))

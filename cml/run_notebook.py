@@ -13,9 +13,9 @@ import sys
 import time
 
 from textsql.constants import PROJECT_DIR
-from textsql.demo import job_parameters, parameters_from_environ, run_notebook, runtime_checks
+from textsql.jobs import job_parameters, parameters_from_environ, run_notebook, runtime_checks
 from textsql.errors import TextSQLError
-from textsql.preflight import TRAIN, missing_for
+from textsql.launching.preflight import TRAIN, missing_for
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
 name = sys.argv[1]

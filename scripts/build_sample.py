@@ -35,7 +35,7 @@ from pathlib import Path
 
 from textsql.constants import AGG_OPS, SAMPLE_DATA_DIR
 from textsql.errors import DataError, SQLParseError
-from textsql.sql import parse_sql
+from textsql.data.sql import parse_sql
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def two_local_workers(tmp_path: Path):
 @pytest.fixture(scope="session")
 def prepared_sample(tmp_path_factory) -> Path:
     """The shipped WikiSQL sample prepared by `textsql prepare --limit 64` (64 questions a split)."""
-    from textsql.prepare import PrepareArguments, prepare
+    from textsql.data.prepare import PrepareArguments, prepare
 
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(PrepareArguments(out=str(out), limit=64))

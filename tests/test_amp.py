@@ -16,7 +16,7 @@ import papermill
 import pytest
 import yaml
 
-from textsql.demo import ENV_PREFIX, NOTEBOOKS, notebook_path, parameters_from_environ
+from textsql.jobs import ENV_PREFIX, NOTEBOOKS, notebook_path, parameters_from_environ
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

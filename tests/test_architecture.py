@@ -27,7 +27,7 @@ def test_import_contracts_hold():
 
 @pytest.mark.parametrize("module, wrong_import, broken", [
     ("worker/hostfile.py", "from textsql.errors import DataError", "worker.hostfile -> textsql.errors"),
-    ("textsql/sql.py", "from textsql.infer import Predictor", "textsql.sql -> textsql.infer"),
+    ("textsql/data/sql.py", "from textsql.inference.predict import Predictor", "textsql.data.sql -> textsql.inference.predict"),
 ])
 def test_an_import_going_the_wrong_way_breaks_a_contract(tmp_path, module, wrong_import, broken):
     """The contracts are not vacuous: a copy of the tree with one import the wrong way fails them."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from textsql.batching import BucketPadding, TokenBudgetBatchSampler, bucket_bounds, padded_length, round_up
+from textsql.training.batching import BucketPadding, TokenBudgetBatchSampler, bucket_bounds, padded_length, round_up
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
 

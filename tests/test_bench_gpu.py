@@ -7,7 +7,7 @@ import pytest
 
 from bench.flops import T5Shape, training_flops
 from bench.gpu import available, curves_match, step_samples
-from textsql.batching import TokenBudgetBatchSampler
+from textsql.training.batching import TokenBudgetBatchSampler
 from textsql.constants import PROJECT_DIR
 
 TINY = T5Shape(d_model=8, d_attention=8, d_ff=16, encoder_layers=1, decoder_layers=1, vocab_size=32)

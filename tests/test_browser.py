@@ -27,8 +27,8 @@ import pytest
 
 from test_tensorboard import serve, stop, wait_for_run
 from textsql.arguments import train_argv
-from textsql.demo import check_parameters, notebook_path
-from textsql.tensorboard import read_scalars
+from textsql.jobs import check_parameters, notebook_path
+from textsql.display.tensorboard import read_scalars
 from worker.network import free_port
 
 CHROMIUM = shutil.which("chromium")

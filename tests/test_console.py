@@ -16,7 +16,7 @@ from textsql.console import (
     LOG_LEVEL_VAR, QUIET_ENVIRONMENT, THIRD_PARTY_LOGGERS, configure_cli, is_verbose, set_log_level, shown_rank_line,
 )
 from textsql.errors import TextSQLError
-from textsql.stages import StageView, cell_output_to
+from textsql.display.terminal import StageView, cell_output_to
 
 # Lines DeepSpeed's runner and the ranks print in a demo, read from a real launch.log.
 NOISE = [
@@ -99,11 +99,11 @@ def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
 def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals(monkeypatch):
     """A CI log or a pipe cannot redraw a bar: a plain line when the step moved (at most every PLAIN_EVERY_S),
     and a heartbeat every PLAIN_HEARTBEAT_S when it did not, never the same line every PLAIN_EVERY_S."""
-    import textsql.stages
+    import textsql.display.terminal
 
-    monkeypatch.setattr(textsql.stages, "TICK_S", 0.02)
-    monkeypatch.setattr(textsql.stages, "PLAIN_EVERY_S", 0.1)
-    monkeypatch.setattr(textsql.stages, "PLAIN_HEARTBEAT_S", 3.0)
+    monkeypatch.setattr(textsql.display.terminal, "TICK_S", 0.02)
+    monkeypatch.setattr(textsql.display.terminal, "PLAIN_EVERY_S", 0.1)
+    monkeypatch.setattr(textsql.display.terminal, "PLAIN_HEARTBEAT_S", 3.0)
     stream = io.StringIO()
     view = StageView(total=1, stream=stream)
     with view.stage("02_train_distributed"):

@@ -6,7 +6,7 @@ import datasets
 import pytest
 
 from textsql.constants import PROJECT_DIR, SAMPLE_DATA_DIR, SPLITS
-from textsql.data import load_records, load_split, records_from_hub, source_text, target_text
+from textsql.data.wikisql import load_records, load_split, records_from_hub, source_text, target_text
 from textsql.errors import DataError
 
 RECORD_KEYS = {"id", "table_id", "question", "header", "types", "rows", "sql"}

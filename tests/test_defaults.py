@@ -12,8 +12,8 @@ import papermill
 import yaml
 
 from textsql.arguments import notebook_defaults, train_argv
-from textsql.demo import ENV_PREFIX, demo_parameters, notebook_path
-from textsql.train import parse_command_line
+from textsql.jobs import ENV_PREFIX, demo_parameters, notebook_path
+from textsql.training.train import parse_command_line
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 AMP_VARIABLES = yaml.safe_load((PROJECT_DIR / ".project-metadata.yaml").read_text())["environment_variables"]

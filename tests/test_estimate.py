@@ -8,7 +8,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 
 from textsql.cli import cli
 from textsql.errors import ProfileError
-from textsql.estimate import GIB, choose_profile, count_parameters, estimate, format_estimate, resolve_profile, resolve_profile_here
+from textsql.training.estimate import GIB, choose_profile, count_parameters, estimate, format_estimate, resolve_profile, resolve_profile_here
 from textsql.model import load_config, load_model
 
 T5_SMALL_PARAMETERS = 60_506_624  # t5-small as published (tied embeddings counted once)

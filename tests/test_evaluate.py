@@ -8,11 +8,11 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from textsql.data import load_split
+from textsql.data.wikisql import load_split
 from textsql.errors import DataError
-from textsql.evaluate import ExecutionError, TableEngine, evaluate, format_report, to_number
+from textsql.inference.evaluate import ExecutionError, TableEngine, evaluate, format_report, to_number
 from textsql.files import load_tables, read_jsonl
-from textsql.sql import parse_sql, render_sql
+from textsql.data.sql import parse_sql, render_sql
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +328,7 @@ def test_cli_scores_our_predictions_alone_from_their_gold_queries(tmp_path: Path
 
 @pytest.mark.parametrize("split", ["train", "validation", "test"])
 def test_target_text_read_back_scores_one_on_the_sample(split):
-    """The model's target text (textsql.sql) loses nothing the official comparison looks at."""
+    """The model's target text (textsql.data.sql) loses nothing the official comparison looks at."""
     records, tables = load_split("sample", split)
     pred = [{"id": r["id"], "query": parse_sql(render_sql(r["sql"], r["header"]), r["header"])} for r in records]
     report = evaluate(records, pred, tables=tables, ordered=True)

@@ -8,7 +8,7 @@ from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTraining
 from transformers.utils import logging as hf_logging
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
-from textsql.generation import GENERATION_MARGIN, KeepGenerationBound, bound_generation, longest_label
+from textsql.decoding.bounds import GENERATION_MARGIN, KeepGenerationBound, bound_generation, longest_label
 from textsql.model import load_model, load_tokenizer
 
 

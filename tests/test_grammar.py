@@ -8,13 +8,13 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from textsql.cli import cli
 from textsql.constants import MAX_CONDITIONS
-from textsql.data import load_split, read_source_text, source_text, target_text
-from textsql.decoding import grammar_processor, processor_for_inputs
-from textsql.grammar import QueryAutomaton, compile_automata
-from textsql.grammar_trainer import generation_budget
-from textsql.infer import GenerationOptions, Predictor
+from textsql.data.wikisql import load_split, read_source_text, source_text, target_text
+from textsql.decoding.processor import grammar_processor, processor_for_inputs
+from textsql.decoding.grammar import QueryAutomaton, compile_automata
+from textsql.training.trainer import generation_budget
+from textsql.inference.predict import GenerationOptions, Predictor
 from textsql.model import load_tokenizer
-from textsql.sql import parse_sql
+from textsql.data.sql import parse_sql
 
 PLAYERS = ["Player", "No.", "Nationality", "Position", "Years in Toronto", "School/Club Team"]
 
@@ -211,7 +211,7 @@ def test_the_evaluation_during_training_generates_only_queries(predictor, record
     import datasets
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
-    from textsql.grammar_trainer import GrammarSeq2SeqTrainer
+    from textsql.training.trainer import GrammarSeq2SeqTrainer
 
     tokenizer, items = predictor.tokenizer, records[:6]
     dataset = datasets.Dataset.from_dict({

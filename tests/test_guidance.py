@@ -4,12 +4,12 @@ import torch
 from transformers import LogitsProcessorList
 
 from textsql.errors import SQLParseError
-from textsql.evaluate import ExecutionError, TableEngine
+from textsql.inference.evaluate import ExecutionError, TableEngine
 from textsql.files import write_jsonl
-from textsql.decoding import grammar_processor
-from textsql.guidance import ExecutionGuide
-from textsql.infer import GenerationOptions, Predictor, predict
-from textsql.sql import parse_sql
+from textsql.decoding.processor import grammar_processor
+from textsql.inference.guidance import ExecutionGuide
+from textsql.inference.predict import GenerationOptions, Predictor, predict
+from textsql.data.sql import parse_sql
 
 HEADER = ["Player", "No.", "School"]
 TABLES = {"t1": {"id": "t1", "header": HEADER, "types": ["text", "real", "text"],

@@ -15,14 +15,14 @@ from transformers import DataCollatorForSeq2Seq
 
 from textsql.cli import cli
 from textsql.constants import LABEL_PAD_TOKEN_ID, MAX_CONDITIONS, SAMPLE_DATA_DIR
-from textsql.data import load_split
+from textsql.data.wikisql import load_split
 from textsql.errors import DataError
-from textsql.evaluate import evaluate
+from textsql.inference.evaluate import evaluate
 from textsql.files import read_jsonl
-from textsql.infer import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
+from textsql.inference.predict import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
 from textsql.model import load_model, load_tokenizer
-from textsql.prepare import prepare
-from textsql.sql import canonical_sql
+from textsql.data.prepare import prepare
+from textsql.data.sql import canonical_sql
 
 QUESTIONS = 8
 # The fixture checks exact repetition every few steps, up to a cap (about 80 steps are needed here).

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.errors import LaunchError
-from textsql.launch import LaunchArguments, launch
-from textsql.launch_command import deepspeed_command, mask_credentials, rank_environment, without_secrets
+from textsql.launching.launch import LaunchArguments, launch
+from textsql.launching.command import deepspeed_command, mask_credentials, rank_environment, without_secrets
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -96,7 +96,7 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
     remote = parse_args(deepspeed_command(arguments, tmp_path / "hostfile", ["10.0.0.5"])[1:])
     assert (remote.master_addr, remote.master_port) == ("10.0.0.5", 29500)
     assert parsed.module and parsed.no_local_rank and parsed.no_ssh_check
-    assert (parsed.user_script, parsed.user_args) == ("textsql.train", ["--output_dir", "out dir", "--resume", "auto"])
+    assert (parsed.user_script, parsed.user_args) == ("textsql.training.train", ["--output_dir", "out dir", "--resume", "auto"])
 
 
 def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
     assert env["TEXTSQL_LAUNCH_ID"] == "0123" and env["PYTHONPATH"] == str(PROJECT_DIR)
     assert not any("TOKEN" in key for key in env)
-    runner = PDSHRunner(parse_args(["--module", "textsql.train"]), "e30=")
+    runner = PDSHRunner(parse_args(["--module", "textsql.training.train"]), "e30=")
     for key, value in env.items():
         runner.add_export(key, value)
     cmd, _, _ = runner.get_cmd({}, {host: [0] for host in HOSTS})

@@ -20,7 +20,7 @@ import pytest
 
 from test_launch import HOSTS, tagged_processes, textsql_launch
 from textsql.arguments import train_argv
-from textsql.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
+from textsql.training.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 
 MAX_STEPS = 6
 TRAIN_ARGS = dict(

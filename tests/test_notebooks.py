@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from ipykernel.ipkernel import IPythonKernel
 
 from textsql.cli import cli
-from textsql.demo import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
+from textsql.jobs import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
 from textsql.errors import DataError, ModelError
-from textsql.tensorboard import read_scalars
+from textsql.display.tensorboard import read_scalars
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
 # Code cells call the package in a few lines; only the imports and the parameters may be longer.

@@ -13,10 +13,10 @@ from transformers import DataCollatorForSeq2Seq
 
 from textsql.cli import cli
 from textsql.constants import LABEL_PAD_TOKEN_ID, SPLITS
-from textsql.data import load_split
+from textsql.data.wikisql import load_split
 from textsql.errors import DataError
 from textsql.model import load_tokenizer
-from textsql.prepare import PrepareArguments, prepare
+from textsql.data.prepare import PrepareArguments, prepare
 
 COLUMNS = ["id", "table_id", "question", "header", "sql", "target", "source_text", "input_ids", "attention_mask", "labels"]
 

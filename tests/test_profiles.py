@@ -12,11 +12,11 @@ from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 from bench import profiles as bench_profiles
 from textsql.cli import cli
 from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
-from textsql.demo import notebook_path
+from textsql.jobs import notebook_path
 from textsql.errors import ProfileError
-from textsql.estimate import GIB, estimate, format_estimate
+from textsql.training.estimate import GIB, estimate, format_estimate
 from textsql.model import load_model
-from textsql.profiles import available_overlays, available_profiles, get_profile, load_profile, merge, profile_path, profiles
+from textsql.training.profiles import available_overlays, available_profiles, get_profile, load_profile, merge, profile_path, profiles
 
 PROFILES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
 

@@ -1,5 +1,5 @@
-"""textsql.ranks: a launch's processes found by their marker and ended, here and through the module
-each host runs (`python -m textsql.ranks end`); other processes are left alone."""
+"""textsql.launching.ranks: a launch's processes found by their marker and ended, here and through the module
+each host runs (`python -m textsql.launching.ranks end`); other processes are left alone."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from textsql.constants import PROJECT_DIR
-from textsql.ranks import LAUNCH_ID_VAR, RemoteRanks, end_marked, marked_processes, remote_end_command
+from textsql.launching.ranks import LAUNCH_ID_VAR, RemoteRanks, end_marked, marked_processes, remote_end_command
 from worker.ssh import ssh_options
 
 # Reports that it is ready once its SIGTERM handling is in place, then sleeps.

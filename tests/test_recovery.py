@@ -26,10 +26,10 @@ from bench.events import scalars_per_file
 from bench.profiles import train_only
 from bench.recovery import KILLED_RANK, StepStream, kill_after, rank_process, supervised_arguments
 from test_launch import tagged_processes
-from textsql.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
+from textsql.training.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
 from textsql.constants import RUN_SUMMARY_NAME
-from textsql.supervise import SUPERVISOR_FILE, WORKER_LOST, supervise
-from textsql.run_events import TENSORBOARD_SUBDIR
+from textsql.launching.supervisor import SUPERVISOR_FILE, WORKER_LOST, supervise
+from textsql.training.events import TENSORBOARD_SUBDIR
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ LOSS_TOLERANCE = 2e-4
 @pytest.fixture(scope="module")
 def train_data(tmp_path_factory) -> Path:
     """The shipped sample's train split alone (64 questions), so the runs spend no time evaluating."""
-    from textsql.prepare import PrepareArguments, prepare
+    from textsql.data.prepare import PrepareArguments, prepare
 
     work = tmp_path_factory.mktemp("recovery")
     prepare(PrepareArguments(out=str(work / "data"), limit=64, max_source_length=96))

@@ -10,8 +10,8 @@ import torch
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from textsql.demo import job_parameters
-from textsql.preflight import PREPARE, TRAIN, check_runtime, missing_for
+from textsql.jobs import job_parameters
+from textsql.launching.preflight import PREPARE, TRAIN, check_runtime, missing_for
 from worker.network import free_port
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 from transformers.trainer_utils import EvalPrediction
 
-from textsql.data import source_text
+from textsql.data.wikisql import source_text
 from textsql.model import load_tokenizer
-from textsql.prepare import PrepareArguments, prepare
-from textsql.scoring import eval_questions, wikisql_metrics
-from textsql.sql import render_sql
+from textsql.data.prepare import PrepareArguments, prepare
+from textsql.training.metrics import eval_questions, wikisql_metrics
+from textsql.data.sql import render_sql
 
 HEADER = ["Player", "No.", "Team"]
 TABLE = {"header": HEADER, "types": ["text", "real", "text"], "rows": [["Ann", 3, "Reds"], ["Bob", 7, "Blues"], ["Cid", 3, "Blues"]]}

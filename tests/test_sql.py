@@ -4,10 +4,10 @@ import json
 import pytest
 
 from textsql.constants import COND_OP_TEXT, SPLITS
-from textsql.data import load_split
+from textsql.data.wikisql import load_split
 from textsql.errors import SQLParseError
 from textsql.model import load_tokenizer
-from textsql.sql import canonical_sql, parse_sql, render_sql
+from textsql.data.sql import canonical_sql, parse_sql, render_sql
 
 HEADER = ["Player", "No.", "Nationality", "Position", "Years in Toronto", "School/Club Team"]
 

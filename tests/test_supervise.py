@@ -16,8 +16,8 @@ import pytest
 
 from test_launch import HOSTS, PROJECT_DIR, tagged_processes
 from textsql.errors import LaunchError
-from textsql.launch import LaunchArguments
-from textsql.supervise import (
+from textsql.launching.launch import LaunchArguments
+from textsql.launching.supervisor import (
     APPLICATION_ERROR, SUPERVISOR_FILE, WORKER_LOST, LaunchWatch, classify, killing_signal, resumed, supervise,
 )
 

@@ -15,8 +15,8 @@ import pytest
 
 from textsql.errors import TextSQLError
 from textsql.arguments import train_argv
-from textsql.run_events import ScalarsOnce
-from textsql.tensorboard import Address, platform_address, plot_run, plot_scalars, read_scalars
+from textsql.training.events import ScalarsOnce
+from textsql.display.tensorboard import Address, platform_address, plot_run, plot_scalars, read_scalars
 from worker.network import free_port
 
 TEXTSQL = [str(Path(sys.executable).parent / "textsql")]

@@ -1,13 +1,13 @@
-"""textsql.train without starting ranks: strict parsing, precision rules, output directory, checkpoints."""
+"""textsql.training.train without starting ranks: strict parsing, precision rules, output directory, checkpoints."""
 import json
 
 import pytest
 import torch
 
 from textsql.arguments import RunArguments, train_argv
-from textsql.checkpoints import COMPLETE_MARKER, is_complete_checkpoint, newest_complete_checkpoint, set_aside_incomplete
+from textsql.training.checkpoints import COMPLETE_MARKER, is_complete_checkpoint, newest_complete_checkpoint, set_aside_incomplete
 from textsql.errors import DataError, LaunchError, ModelError, ProfileError
-from textsql.train import _prepare_on_saving_rank, check_train_args, parse_command_line, resolve_precision
+from textsql.training.train import _prepare_on_saving_rank, check_train_args, parse_command_line, resolve_precision
 
 REQUIRED = train_argv(data_dir="data", output_dir="out")
 

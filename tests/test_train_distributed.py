@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from textsql.arguments import train_argv
-from textsql.profiles import available_profiles, get_profile
-from textsql.tensorboard import read_scalars
+from textsql.training.profiles import available_profiles, get_profile
+from textsql.display.tensorboard import read_scalars
 from worker.network import free_port
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ AUTO_ON_TWO_CPU_RANKS = "zero1"
 
 @pytest.fixture(scope="module")
 def prepared_data(tmp_path_factory) -> Path:
-    from textsql.prepare import PrepareArguments, prepare
+    from textsql.data.prepare import PrepareArguments, prepare
 
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(PrepareArguments(out=str(out), limit=48, max_source_length=96))
@@ -39,10 +39,10 @@ def prepared_data(tmp_path_factory) -> Path:
 
 
 def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.CompletedProcess:
-    """`deepspeed --num_gpus 2 --module textsql.train ...` on this machine, no ssh (the CPU
+    """`deepspeed --num_gpus 2 --module textsql.training.train ...` on this machine, no ssh (the CPU
     accelerator counts one device; --num_gpus sets the ranks per host)."""
     command = [
-        str(DEEPSPEED), "--num_gpus", str(RANKS), "--master_port", str(free_port()), "--module", "textsql.train",
+        str(DEEPSPEED), "--num_gpus", str(RANKS), "--master_port", str(free_port()), "--module", "textsql.training.train",
         *train_argv(
             data_dir=data, output_dir=output, profile=profile, max_steps=STEPS, per_device_train_batch_size=4, learning_rate=3e-3,
             logging_steps=1, eval_steps=4, save_steps=STEPS, max_eval_samples=8, per_device_eval_batch_size=4,

@@ -5,10 +5,10 @@ import matplotlib
 import pytest
 
 from textsql.errors import TextSQLError
-from textsql.evaluate import evaluate
+from textsql.inference.evaluate import evaluate
 from textsql.files import write_json, write_jsonl
-from textsql.sql import parsed
-from textsql.views import format_answer, format_run, plot_accuracy_by_type, predictions_table
+from textsql.data.sql import parsed
+from textsql.display.views import format_answer, format_run, plot_accuracy_by_type, predictions_table
 
 matplotlib.use("Agg")
 
@@ -41,7 +41,7 @@ def test_predictions_beside_gold_whole_and_the_wrong_ones_errors_first(tmp_path)
     assert len(predictions_table(path, limit=1).data) == 1
 
 
-# run.json of a real 4-step demo run (2 ranks, evaluated every 2 steps), as textsql.train wrote it.
+# run.json of a real 4-step demo run (2 ranks, evaluated every 2 steps), as textsql.training.train wrote it.
 EVALUATION = {"eval_exact_match": 0.0, "eval_lf_accuracy": 0.25, "eval_parse_rate": 1.0, "eval_runtime": 40.9851,
               "eval_samples_per_second": 1.171, "eval_steps_per_second": 0.073}
 RUN = {

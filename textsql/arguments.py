@@ -2,7 +2,7 @@
 
 ``textsql prepare`` reads :class:`PrepareArguments`; every training rank reads :class:`ModelArguments`,
 :class:`DataArguments` and :class:`RunArguments` beside HuggingFace's ``Seq2SeqTrainingArguments``
-(parsed in :mod:`textsql.train`). The CLI's options take their help texts and defaults from these
+(parsed in :mod:`textsql.training.train`). The CLI's options take their help texts and defaults from these
 fields (:func:`argument_field`), and notebooks, the bench and the tests build a training command line with
 :func:`train_argv` instead of writing flags by hand. Nothing heavy is imported here, so ``textsql
 --help`` stays fast.
@@ -20,7 +20,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
-from textsql.data import SAMPLE_SOURCE
+from textsql.data.wikisql import SAMPLE_SOURCE
 from textsql.errors import DataError, LaunchError, ModelError
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "predict_with_generate": True,
     "generation_max_length": 64,
     "learning_rate": 1e-3,
-    # Per rank; on a GPU batches are filled to a token budget instead (textsql.hardware.fast_defaults).
+    # Per rank; on a GPU batches are filled to a token budget instead (textsql.training.hardware.fast_defaults).
     "per_device_train_batch_size": 16,
     "eval_strategy": "steps",
     "eval_steps": 100,
@@ -42,7 +42,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "save_total_limit": 2,
     "logging_steps": 10,
     "train_sampling_strategy": "group_by_length",
-    # The evaluation's sampler reorders questions; their input ids find each one's table (textsql.scoring).
+    # The evaluation's sampler reorders questions; their input ids find each one's table (textsql.training.metrics).
     "include_for_metrics": ["inputs"],
     # Bounded wait for a dead peer in a collective (torch's default is 30 minutes): the survivors of a
     # lost worker fail within this, so the supervisor can relaunch. Generous for a first collective
@@ -117,7 +117,7 @@ class DataArguments:
     )
     pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
     constrained: bool = field(
-        default=True, metadata={"help": "Evaluation generates only WikiSQL queries over each question's table (textsql.grammar); false generates freely."}
+        default=True, metadata={"help": "Evaluation generates only WikiSQL queries over each question's table (textsql.decoding.grammar); false generates freely."}
     )
     max_tokens_per_batch: int | None = field(
         default=None,
@@ -147,7 +147,7 @@ class RunArguments:
         default=False,
         metadata={"help": "Delete the checkpoints and model/ of a previous run in --output_dir before training."},
     )
-    # Set once --profile auto is resolved (textsql.train), for run.json and the stage line.
+    # Set once --profile auto is resolved (textsql.training.train), for run.json and the stage line.
     auto_profile: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -194,7 +194,7 @@ def train_argv(**values: Any) -> list[str]:
     Names are fields of :class:`ModelArguments`, :class:`DataArguments`, :class:`RunArguments` or
     ``Seq2SeqTrainingArguments``; ``None`` and empty lists leave a flag out, booleans are written
     ``true``/``false`` and lists give one value each. The list is what the ranks parse, so checking it
-    with :func:`textsql.train.check_train_args` checks the run.
+    with :func:`textsql.training.train.check_train_args` checks the run.
 
     Usage::
 

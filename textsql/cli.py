@@ -14,9 +14,9 @@ from textsql.arguments import PrepareArguments, argument_field
 from textsql.console import configure_cli
 from textsql.constants import DEFAULT_MAX_RESTARTS, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
-from textsql.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
-from textsql.preflight import STAGES
-from textsql.profiles import available_profiles, profile_path
+from textsql.launching.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
+from textsql.launching.preflight import STAGES
+from textsql.training.profiles import available_profiles, profile_path
 
 
 class _Group(click.Group):
@@ -84,7 +84,7 @@ def cli(verbose: bool) -> None:
 @field_option(PrepareArguments, "overwrite", is_flag=True)
 def prepare(**options) -> None:
     """Load WikiSQL, render SQL targets, tokenize for T5 and save the splits with save_to_disk."""
-    from textsql.prepare import format_summary, prepare as run_prepare
+    from textsql.data.prepare import format_summary, prepare as run_prepare
 
     click.echo(format_summary(run_prepare(PrepareArguments(**options))))
 
@@ -100,7 +100,7 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
     """Score predictions with WikiSQL's logical-form and execution accuracy."""
     import json
 
-    from textsql.evaluate import evaluate as score, format_report
+    from textsql.inference.evaluate import evaluate as score, format_report
     from textsql.files import tables_beside, write_json
 
     report = score(gold, pred, tables or (gold and tables_beside(gold)), ordered=ordered)
@@ -128,7 +128,7 @@ def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_
     """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
     import json
 
-    from textsql.infer import GenerationOptions, Predictor, format_summary, parse_header, predict
+    from textsql.inference.predict import GenerationOptions, Predictor, format_summary, parse_header, predict
 
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
@@ -147,7 +147,7 @@ def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_
 @click.option("--port", type=click.IntRange(0, 65535), help="Port [default: $CDSW_APP_PORT or $CDSW_READONLY_PORT on CML, else 6006; 0: any free port].")
 def tensorboard(logdir: str, host: str | None, port: int | None) -> None:
     """Serve TensorBoard on the run's event files at the platform's address; prints the URL."""
-    from textsql.tensorboard import serve_forever
+    from textsql.display.tensorboard import serve_forever
 
     serve_forever(logdir, host=host, port=port)
 
@@ -157,10 +157,10 @@ def tensorboard(logdir: str, host: str | None, port: int | None) -> None:
 def train(args: tuple[str, ...]) -> None:
     """Fine-tune in this one process (`--help` lists the flags); `textsql launch` runs it on every rank.
 
-    The flags are those of `python -m textsql.train`: HfArgumentParser over the model, data and run
+    The flags are those of `python -m textsql.training.train`: HfArgumentParser over the model, data and run
     arguments plus Seq2SeqTrainingArguments, parsed strictly.
     """
-    from textsql.train import main
+    from textsql.training.train import main
 
     raise SystemExit(main(list(args)))
 
@@ -186,13 +186,13 @@ def launch(env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int,
     The training arguments are checked here first (profile, model, data_dir, flags), so a mistake is
     one line before any rank starts rather than one per rank on every host.
     """
-    from textsql.launch import parse_env
-    from textsql.supervise import supervise
+    from textsql.launching.launch import parse_env
+    from textsql.launching.supervisor import supervise
 
     given = {name: value for name, value in options.items() if value is not None}
     arguments = LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)
     if arguments.module == TRAIN_MODULE:
-        from textsql.train import check_train_args
+        from textsql.training.train import check_train_args
 
         check_train_args(arguments.train_args)
     raise SystemExit(supervise(arguments, max_restarts=max_restarts))
@@ -269,7 +269,7 @@ def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, n
     import json
     import sys
 
-    from textsql.estimate import estimate as run_estimate, format_estimate
+    from textsql.training.estimate import estimate as run_estimate, format_estimate
 
     # DeepSpeed logs to stdout (its import announces the accelerator); stdout is for the report.
     with contextlib.redirect_stdout(sys.stderr):
@@ -284,8 +284,8 @@ def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, n
               help="Notebook parameter to check with, as `textsql demo -p` [default: the notebooks' own and TEXTSQL_<NAME>].")
 def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...]) -> None:
     """Say what this runtime lacks for the notebooks (pdsh, sshd, GPUs, model hub), one line each with its fix."""
-    from textsql.demo import job_parameters, parse_overrides, runtime_checks
-    from textsql.preflight import format_checks, missing_for
+    from textsql.jobs import job_parameters, parse_overrides, runtime_checks
+    from textsql.launching.preflight import format_checks, missing_for
 
     checks = runtime_checks(job_parameters(parse_overrides(list(parameters))))
     click.echo(format_checks(checks))
@@ -300,6 +300,6 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...]) -> 
 @click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE", help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.")
 def demo(out: str, parameters: tuple[str, ...]) -> None:
     """Run the three notebooks with papermill on the embedded default: sample, small T5, two local workers, profile auto."""
-    from textsql.demo import format_summary, parse_overrides, run_demo
+    from textsql.jobs import format_summary, parse_overrides, run_demo
 
     click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)))))

@@ -45,7 +45,7 @@ QUIET_ENVIRONMENT = {
 QUIET_WARNINGS = {"DeepSpeed": ("Setting accelerator to CPU",)}
 # tqdm.auto in a kernel without ipywidgets warns on every import; the text progress bar works.
 IPROGRESS_WARNING = "IProgress not found"
-# Lines the ranks print for a person (textsql.progress); STAGE_PREFIX marks a stage of its own.
+# Lines the ranks print for a person (textsql.training.progress); STAGE_PREFIX marks a stage of its own.
 STEP_LINE = re.compile(r"^(?:\S+: )?step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)(?: \(\d+ s\))?$")
 STAGE_PREFIX = "stage: "
 # Ranks' lines that reach the terminal at the default level: this package's own log lines, stage and
@@ -133,7 +133,7 @@ def configure_cli(verbose: bool) -> None:
 class ShownLines:
     """A text stream that passes on only the ranks' lines :func:`shown_rank_line` picks.
 
-    :func:`textsql.launch.launch` and the supervisor see every line (the supervisor reads exit codes
+    :func:`textsql.launching.launch.launch` and the supervisor see every line (the supervisor reads exit codes
     and exceptions from them) and write them all to ``launch.log``; only what a person is shown is
     filtered, here, at the edge.
     """

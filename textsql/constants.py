@@ -10,7 +10,7 @@ SAMPLE_DATA_DIR = ASSETS_DIR / "wikisql_sample"
 # The repository root when running from a checkout (dsconfig/, notebooks/ live there).
 PROJECT_DIR = PACKAGE_DIR.parent
 DSCONFIG_DIR = PROJECT_DIR / "dsconfig"
-# Another directory of profiles in place of dsconfig/ (textsql.profiles); ranks inherit it.
+# Another directory of profiles in place of dsconfig/ (textsql.training.profiles); ranks inherit it.
 DSCONFIG_DIR_VAR = "TEXTSQL_DSCONFIG_DIR"
 
 # WikiSQL's own encodings (lib/query.py in the release).
@@ -27,11 +27,11 @@ HUB_REVISION = "refs/convert/parquet"
 # Distributed run layout (ports and the run-dir files the workers write: worker.constants).
 DEFAULT_MASTER_PORT = 29500
 LAUNCH_LOG_NAME = "launch.log"
-# What a training run writes at its end (textsql.train): engine, profile, steps, the trainer's log history.
+# What a training run writes at its end (textsql.training.train): engine, profile, steps, the trainer's log history.
 RUN_SUMMARY_NAME = "run.json"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
 
-# WikiSQL as text for T5 (textsql.sql, textsql.data, textsql.prepare).
+# WikiSQL as text for T5 (textsql.data.sql, textsql.data.wikisql, textsql.data.prepare).
 # T5's SentencePiece vocabulary has no "<" (it encodes to <unk>), so the "less than" operator is
 # written as LT in the target text; "=" and ">" are in the vocabulary and stay as they are.
 COND_OP_TEXT = ("=", ">", "LT")
@@ -48,5 +48,5 @@ DEFAULT_MAX_TARGET_LENGTH = 128
 PREPARE_JSON_NAME = "prepare.json"
 TABLES_DIR_NAME = "tables"
 LABEL_PAD_TOKEN_ID = -100
-# Relaunches the supervisor allows after a failed launch (textsql.supervise).
+# Relaunches the supervisor allows after a failed launch (textsql.launching.supervisor).
 DEFAULT_MAX_RESTARTS = 3

@@ -24,7 +24,7 @@ from textsql.constants import (
 )
 from textsql.errors import DataError
 from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_jsonl_located
-from textsql.sql import render_sql
+from textsql.data.sql import render_sql
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def read_source_text(text: str) -> tuple[str, list[str] | None]:
 
 
 def target_text(record: dict) -> str:
-    """The model's output for a record: its query as SQL text (:func:`textsql.sql.render_sql`).
+    """The model's output for a record: its query as SQL text (:func:`textsql.data.sql.render_sql`).
 
     :rtype: str
     """

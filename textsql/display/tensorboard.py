@@ -27,7 +27,7 @@ CML_HOST = "127.0.0.1"
 # application is given CDSW_APP_PORT, so that one wins where both are set.
 CML_PORTS = (("CDSW_APP_PORT", ""), ("CDSW_READONLY_PORT", "read-only-"))
 LOSS_TAGS = ("train/loss", "eval/loss")
-# WikiSQL's scores of each evaluation's generated queries (textsql.scoring); execution only where tables have rows.
+# WikiSQL's scores of each evaluation's generated queries (textsql.training.metrics); execution only where tables have rows.
 ACCURACY_TAGS = ("eval/lf_accuracy", "eval/ex_accuracy", "eval/parse_rate")
 
 

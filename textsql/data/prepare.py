@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from textsql.arguments import PrepareArguments
 from textsql.constants import PREPARE_JSON_NAME, SPLITS
-from textsql.data import SAMPLE_SOURCE, load_split, source_text, target_text
+from textsql.data.wikisql import SAMPLE_SOURCE, load_split, source_text, target_text
 from textsql.errors import DataError
 from textsql.files import prepared_tables_path, write_json, write_jsonl
 from textsql.model import load_tokenizer, resolve_model

@@ -64,7 +64,7 @@ def announce_run(model: str, profile: str, auto: bool, world_size: int, precisio
     :param world_size: ranks in the run.
     :param precision: the resolved precision.
     """
-    from textsql.profiles import get_profile
+    from textsql.training.profiles import get_profile
 
     how = "; auto: the cheapest that fits" if auto else ""
     print(f"{STAGE_PREFIX}training {model} on {world_size} rank(s): profile {profile} (ZeRO-{get_profile(profile).stage}{how}), {precision}", flush=True)

@@ -1,6 +1,6 @@
 """Fine-tune T5 for text-to-SQL with DeepSpeed: the program every rank runs.
 
-``deepspeed ... --module textsql.train --profile zero3 --data_dir DATA --output_dir RUN`` (through
+``deepspeed ... --module textsql.training.train --profile zero3 --data_dir DATA --output_dir RUN`` (through
 ``textsql launch``) or, for one process, ``textsql train ...``. The order follows HuggingFace's
 ``run_translation.py``: parse → logging → output directory and checkpoint → seed → data → tokenizer
 and model → collator → metric → ``Seq2SeqTrainer`` → train → evaluate → export.
@@ -28,21 +28,21 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
-from textsql.batching import TokenBudgetTrainer
-from textsql.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
+from textsql.training.batching import TokenBudgetTrainer
+from textsql.training.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME
 from textsql.errors import DataError, LaunchError, TextSQLError
-from textsql.estimate import AUTO_PROFILE, resolve_profile_here
+from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.files import write_json, write_jsonl
-from textsql.grammar_trainer import GrammarSeq2SeqTrainer
-from textsql.generation import KeepGenerationBound, bound_generation
-from textsql.hardware import device_facts, fast_defaults, teardown_distributed
+from textsql.training.trainer import GrammarSeq2SeqTrainer
+from textsql.decoding.bounds import KeepGenerationBound, bound_generation
+from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.model import load_config, load_model, load_tokenizer
-from textsql.prepare import check_prepared
-from textsql.progress import announce_op_build, announce_run, use_step_lines
-from textsql.profiles import get_profile, load_profile
-from textsql.run_events import close_run_events, events_dir, use_run_events
-from textsql.scoring import decode, eval_questions, wikisql_metrics
+from textsql.data.prepare import check_prepared
+from textsql.training.progress import announce_op_build, announce_run, use_step_lines
+from textsql.training.profiles import get_profile, load_profile
+from textsql.training.events import close_run_events, events_dir, use_run_events
+from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class _StrictParser(HfArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train, evaluate and export; the entry point of ``python -m textsql.train`` on every rank.
+    """Train, evaluate and export; the entry point of ``python -m textsql.training.train`` on every rank.
 
     :param argv: command-line arguments (``sys.argv[1:]`` when ``None``).
     :rtype: int
@@ -181,7 +181,7 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, D
     if values["output_dir"] is None:
         raise LaunchError("no output directory; pass --output_dir DIR")
     model_args.precision = resolve_precision(model_args.precision)
-    # auto: the estimate's recommendation for this rank's world and device (textsql.estimate).
+    # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
     run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
     get_profile(run_args.profile).check_precision(model_args.precision)

@@ -2,7 +2,7 @@
 
 ``Seq2SeqTrainer`` generates for each evaluation batch with the same keyword arguments; the grammar,
 though, is each question's own, and a batch knows its questions only as token ids. So
-:class:`GrammarSeq2SeqTrainer` builds a :class:`textsql.decoding.GrammarLogitsProcessor` per batch from
+:class:`GrammarSeq2SeqTrainer` builds a :class:`textsql.decoding.processor.GrammarLogitsProcessor` per batch from
 its input ids (the question and header read back from the input text) and hands it to ``generate``.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from textsql.batching import TokenBudgetTrainer
-from textsql.decoding import processor_for_inputs
+from textsql.training.batching import TokenBudgetTrainer
+from textsql.decoding.processor import processor_for_inputs
 
 logger = logging.getLogger(__name__)
 

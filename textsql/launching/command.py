@@ -1,7 +1,7 @@
 """DeepSpeed's launcher command for a launch, and the environment its ranks get.
 
 ``deepspeed --hostfile H --launcher pdsh --master_addr A --master_port M --no_ssh_check
---no_local_rank --module textsql.train ARGS`` (or without ``--launcher`` for the ranks of one machine).
+--no_local_rank --module textsql.training.train ARGS`` (or without ``--launcher`` for the ranks of one machine).
 The ranks' variables go to the run's ``.deepspeed_env`` (DeepSpeed's runner finds it through
 ``DS_ENV_FILE`` and exports each ``KEY=VAL`` line on pdsh's command line), so no credential may be
 among them: names that look like one are refused here, and kept from the runner's own environment.
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
 from textsql.errors import LaunchError
-from textsql.ranks import LAUNCH_ID_VAR
+from textsql.launching.ranks import LAUNCH_ID_VAR
 from worker.files import atomic_write
 from worker.network import free_port
 
 if TYPE_CHECKING:
-    from textsql.launch import LaunchArguments
+    from textsql.launching.launch import LaunchArguments
 
 logger = logging.getLogger(__name__)
 

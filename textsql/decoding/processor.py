@@ -1,4 +1,4 @@
-"""The WikiSQL grammar of :mod:`textsql.grammar` applied during ``generate``: a ``LogitsProcessor`` per batch.
+"""The WikiSQL grammar of :mod:`textsql.decoding.grammar` applied during ``generate``: a ``LogitsProcessor`` per batch.
 
 Each row's state advances by its last token; every token the grammar refuses is masked, and where a
 state offers aggregation keywords beside columns the choice is made between phrases, not first
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from transformers import LogitsProcessor, PreTrainedTokenizerBase
 
-from textsql.data import read_source_text
-from textsql.grammar import QueryAutomaton, compile_automata
+from textsql.data.wikisql import read_source_text
+from textsql.decoding.grammar import QueryAutomaton, compile_automata
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def grammar_processor(tokenizer: PreTrainedTokenizerBase, questions: Sequence[st
 
 def processor_for_inputs(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int) -> GrammarLogitsProcessor:
     """A processor for a batch of tokenized model inputs, reading each question and header back from
-    its input text (:func:`textsql.data.read_source_text`): what the trainer's evaluation has.
+    its input text (:func:`textsql.data.wikisql.read_source_text`): what the trainer's evaluation has.
 
     :rtype: GrammarLogitsProcessor
     """

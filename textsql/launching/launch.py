@@ -4,11 +4,11 @@
 identity, host keys verified against the run's known_hosts), or ``--launcher local`` for the ranks
 of one machine. This module puts the steps together; each lives in its own module:
 
-- :mod:`textsql.preflight`: pdsh installed, each host reachable with its host key verified, before
+- :mod:`textsql.launching.preflight`: pdsh installed, each host reachable with its host key verified, before
   anything starts;
-- :mod:`textsql.launch_command`: the ``deepspeed`` command and the ranks' environment in the run's
+- :mod:`textsql.launching.command`: the ``deepspeed`` command and the ranks' environment in the run's
   ``.deepspeed_env`` (found through ``DS_ENV_FILE``), no secrets;
-- :mod:`textsql.ranks`: finding and ending a launch's processes by a per-launch marker.
+- :mod:`textsql.launching.ranks`: finding and ending a launch's processes by a per-launch marker.
 
 What this module adds to DeepSpeed's runner:
 
@@ -24,7 +24,7 @@ What this module adds to DeepSpeed's runner:
 
 Usage::
 
-    >>> from textsql.launch import LaunchArguments, launch
+    >>> from textsql.launching.launch import LaunchArguments, launch
     >>> launch(LaunchArguments(run_dir="runs/r1", train_args=["--output_dir", "runs/r1/out"]))
     0
 """
@@ -52,12 +52,12 @@ import psutil
 from textsql.console import ShownLines
 from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
-from textsql.launch_command import (
+from textsql.launching.command import (
     SHELL_SAFE, check_env_entry, deepspeed_command, local_device_count, mask_credentials, rank_environment,
     without_secrets, write_deepspeed_env,
 )
-from textsql.preflight import preflight
-from textsql.ranks import LocalRanks, RemoteRanks
+from textsql.launching.preflight import preflight
+from textsql.launching.ranks import LocalRanks, RemoteRanks
 from worker.constants import HOSTFILE_NAME
 from worker.files import private_opener
 from worker.hostfile import read_hostfile, write_hostfile
@@ -65,7 +65,7 @@ from worker.hostfile import read_hostfile, write_hostfile
 logger = logging.getLogger(__name__)
 
 LAUNCHERS = ("pdsh", "local")
-TRAIN_MODULE = "textsql.train"
+TRAIN_MODULE = "textsql.training.train"
 LOCAL_HOSTFILE_NAME = "hostfile.local"
 # How long DeepSpeed's runner gets to exit once its ranks have ended.
 RUNNER_EXIT_S = 20.0

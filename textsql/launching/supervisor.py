@@ -2,7 +2,7 @@
 
 DeepSpeed's pdsh launcher ends the whole job on any failing rank, and its elastic mode does not work
 with torch 2; so the process that owns the workers and the launch supervises it. After a failed
-:func:`textsql.launch.launch` (which has already ended every rank of that launch on every host) the
+:func:`textsql.launching.launch.launch` (which has already ended every rank of that launch on every host) the
 failure is classified:
 
 - **worker lost**: its agent hung up on the rendezvous or the backend saw its pod end
@@ -42,12 +42,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, TextIO
 
-from textsql.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
+from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.constants import DEFAULT_MAX_RESTARTS, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.console import STEP_LINE, ShownLines
 from textsql.files import read_json, write_json
-from textsql.launch import PDSH_HOST_FAILED, LaunchArguments, launch
+from textsql.launching.launch import PDSH_HOST_FAILED, LaunchArguments, launch
 from worker.cluster import Cluster
 from worker.constants import HOSTFILE_NAME
 from worker.files import atomic_write
@@ -63,7 +63,7 @@ SSH_CHECK_S = 15.0
 WORKER_LOST, APPLICATION_ERROR = "worker lost", "application error"
 # pdsh's exit code when ssh itself failed: the host is unreachable or its sshd is gone.
 SSH_FAILED = 255
-# Signals this side sends when it ends a launch's ranks (textsql.ranks, an interrupt): not a loss.
+# Signals this side sends when it ends a launch's ranks (textsql.launching.ranks, an interrupt): not a loss.
 OWN_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 # DeepSpeed's launch.py on a host, when one of its ranks failed: the rank's own return code.
 RANK_RETURN = re.compile(r"exits with return code = (?P<code>-?\d+)")
@@ -116,7 +116,7 @@ def killing_signal(code: int) -> int | None:
 
 
 class LaunchWatch:
-    """The stream :func:`textsql.launch.launch` writes to: passes every line on, and keeps what tells
+    """The stream :func:`textsql.launching.launch.launch` writes to: passes every line on, and keeps what tells
     one failure from another (per host: exit codes, killing signals, the last exception line)."""
 
     def __init__(self, stream: TextIO, hosts: list[str], on_first_step: Callable[[int], None] | None = None) -> None:
@@ -187,7 +187,7 @@ class LaunchWatch:
 def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     """Tell a lost worker from an application error (see the module docstring).
 
-    :param code: what :func:`textsql.launch.launch` returned.
+    :param code: what :func:`textsql.launching.launch.launch` returned.
     :param watch: what the launch printed.
     :param lost: workers the rendezvous or the backend know to be gone (address -> why).
     :rtype: Failure
@@ -218,7 +218,7 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
 
 @dataclass
 class Supervisor:
-    """Runs :func:`textsql.launch.launch` until it succeeds, replacing lost workers, at most
+    """Runs :func:`textsql.launching.launch.launch` until it succeeds, replacing lost workers, at most
     ``max_restarts`` times after the first launch (0: the first failure ends the run, as without it)."""
 
     arguments: LaunchArguments

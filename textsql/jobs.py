@@ -25,8 +25,8 @@ from textsql.console import is_verbose, log_level
 from textsql.constants import PROJECT_DIR
 from textsql.errors import TextSQLError
 from textsql.files import read_json
-from textsql.profiles import get_profile
-from textsql.stages import StageView, cell_output_to
+from textsql.training.profiles import get_profile
+from textsql.display.terminal import StageView, cell_output_to
 
 logger = logging.getLogger(__name__)
 
@@ -156,12 +156,12 @@ def job_parameters(overrides: Mapping[str, Mapping[str, Any]] | None = None, env
 
 
 def runtime_checks(chosen: Mapping[str, Mapping[str, Any]]) -> list:
-    """What this runtime has and lacks for notebooks 01 and 02 with these parameters (:func:`textsql.preflight.check_runtime`).
+    """What this runtime has and lacks for notebooks 01 and 02 with these parameters (:func:`textsql.launching.preflight.check_runtime`).
 
     :param chosen: every notebook's parameters (:func:`job_parameters`).
-    :rtype: list[textsql.preflight.Check]
+    :rtype: list[textsql.launching.preflight.Check]
     """
-    from textsql.preflight import check_runtime
+    from textsql.launching.preflight import check_runtime
 
     prepare, train = chosen["01_prepare_dataset"], chosen["02_train_distributed"]
     return check_runtime(model=prepare["model"], source=prepare["source"], backend=train["backend"],
@@ -273,9 +273,9 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
     :raises TextSQLError: a ProfileError, ModelError or DataError naming the fix.
     """
     from textsql.arguments import notebook_defaults
-    from textsql.estimate import AUTO_PROFILE
+    from textsql.training.estimate import AUTO_PROFILE
     from textsql.model import load_config
-    from textsql.prepare import check_prepared
+    from textsql.data.prepare import check_prepared
 
     training = notebook_defaults() | dict(chosen["02_train_distributed"])
     if training["profile"] != AUTO_PROFILE:

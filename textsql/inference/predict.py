@@ -3,15 +3,15 @@
 :class:`Predictor` holds a model and its tokenizer on the best device (CUDA when present). It
 generates in batches sorted by input length (longest first, so little is padding and an
 out-of-memory shows in the first batch), with attention masks, greedy unless ``num_beams > 1``,
-constrained by default to the WikiSQL grammar of each question's table (:mod:`textsql.grammar`) and,
-with beams and tables that carry rows, guided by execution (:mod:`textsql.guidance`), and returns
+constrained by default to the WikiSQL grammar of each question's table (:mod:`textsql.decoding.grammar`) and,
+with beams and tables that carry rows, guided by execution (:mod:`textsql.inference.guidance`), and returns
 results in the input order. :func:`predict` runs it over a split and writes one line
 per question to ``predictions.jsonl`` (optionally also the official WikiSQL prediction format), plus
 ``metrics.json`` beside it when the questions have gold queries. :func:`ask` answers one question
 written by a user about a table header.
 
-The model's input text is :func:`textsql.data.source_text`, the function ``textsql prepare`` uses;
-predictions are read back with :func:`textsql.sql.parse_sql`.
+The model's input text is :func:`textsql.data.wikisql.source_text`, the function ``textsql prepare`` uses;
+predictions are read back with :func:`textsql.data.sql.parse_sql`.
 """
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME
-from textsql.data import load_split, source_text
+from textsql.data.wikisql import load_split, source_text
 from textsql.errors import DataError, ModelError
-from textsql.evaluate import evaluate, format_report
+from textsql.inference.evaluate import evaluate, format_report
 from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
-from textsql.decoding import grammar_processor, processor_for_inputs
-from textsql.guidance import ExecutionGuide
+from textsql.decoding.processor import grammar_processor, processor_for_inputs
+from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
-from textsql.sql import parsed, render_sql
+from textsql.data.sql import parsed, render_sql
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class GenerationOptions:
     num_beams: int = field(default=1, metadata={"help": "Beam width; 1 is greedy decoding."})
     max_new_tokens: int = field(default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Most tokens generated per query."})
     max_source_length: int = field(default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (as prepare truncates)."})
-    constrained: bool = field(default=True, metadata={"help": "Write only WikiSQL queries over the question's own table (textsql.grammar); false decodes freely."})
+    constrained: bool = field(default=True, metadata={"help": "Write only WikiSQL queries over the question's own table (textsql.decoding.grammar); false decodes freely."})
     execution_guided: bool = field(default=True, metadata={"help": "With beams and tables that carry rows: answer with the first beam whose query runs and finds something."})
 
     def __post_init__(self) -> None:
@@ -220,7 +220,7 @@ def load_questions(data: str | Path, split: str = "validation", limit: int | Non
 
     :param data: a ``textsql prepare`` output directory (its tokenized inputs are used as they are);
         a ``.jsonl`` file of records (``question`` and ``header``; ``id``, ``table_id``, ``sql``,
-        ``types`` and ``rows`` when known); or a source for :func:`textsql.data.load_split`
+        ``types`` and ``rows`` when known); or a source for :func:`textsql.data.wikisql.load_split`
         (``sample``, ``hub``, a release directory).
     :param split: ``train``, ``validation`` or ``test`` (not used for a ``.jsonl`` file).
     :param limit: only the first ``limit`` questions.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.errors import TextSQLError
-from textsql.evaluate import logical_form_key
+from textsql.inference.evaluate import logical_form_key
 from textsql.files import read_json, read_jsonl
 
 logger = logging.getLogger(__name__)
@@ -76,9 +76,9 @@ def _score(key: str, value: float | None) -> str:
 
 
 def format_answer(answer: dict) -> str:
-    """One answer of :func:`textsql.infer.ask` for a person: the SQL, and why it is no query when it is not.
+    """One answer of :func:`textsql.inference.predict.ask` for a person: the SQL, and why it is no query when it is not.
 
-    :param answer: ``{"sql", "query", "error"}`` as :func:`textsql.infer.ask` returns it.
+    :param answer: ``{"sql", "query", "error"}`` as :func:`textsql.inference.predict.ask` returns it.
     :rtype: str
     """
     if answer.get("error"):
@@ -96,7 +96,7 @@ def plot_accuracy_by_type(metrics: dict):
 
         >>> plot_accuracy_by_type(summary["metrics"])          # doctest: +SKIP
 
-    :param metrics: an :func:`textsql.evaluate.evaluate` report (``metrics.json``).
+    :param metrics: an :func:`textsql.inference.evaluate.evaluate` report (``metrics.json``).
     :rtype: matplotlib.figure.Figure
     """
     import matplotlib.pyplot as plt
@@ -129,7 +129,7 @@ def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool 
     Shown whole and left-aligned (a DataFrame's own view cuts text at 50 characters, right-aligned), so the
     two queries can be read against each other.
 
-    :param predictions: ``predictions.jsonl`` written by :func:`textsql.infer.predict`.
+    :param predictions: ``predictions.jsonl`` written by :func:`textsql.inference.predict.predict`.
     :param limit: rows shown.
     :param wrong_only: only wrong predictions, those that are no query first.
     :returns: a pandas ``Styler``; its ``data`` is the ``DataFrame``.

@@ -1,4 +1,4 @@
-"""The spellings of a question's words that a WikiSQL condition value may take (:mod:`textsql.grammar`).
+"""The spellings of a question's words that a WikiSQL condition value may take (:mod:`textsql.decoding.grammar`).
 
 A value is a span of the question's words: its first and last word may drop the punctuation a question
 glues on (``3?``, ``Rice's``, ``"Big``), and each word may be written as it is, lower-, upper- or

@@ -1,7 +1,7 @@
 """Decoding constrained to the WikiSQL grammar of each question's own table.
 
 A model may write only ``SELECT [AGG] column FROM table [WHERE column op value (AND column op value)*]``
-as :func:`textsql.sql.render_sql` renders it: a column is one of the table's header names, an operator
+as :func:`textsql.data.sql.render_sql` renders it: a column is one of the table's header names, an operator
 one of :data:`textsql.constants.COND_OP_TEXT` (``LT`` for ``<``), and a value a span of the question's
 words (the span's first and last word may drop the punctuation a question glues on, as in ``3?`` or
 ``Rice's``, and each word may be written as it is, lower-, upper- or first-letter-upper case, since
@@ -15,7 +15,7 @@ with the same pieces at the start of a text as in its middle), so a query's toke
 tokens one after another. Each question gets a :class:`QueryAutomaton`: states joined by phrases
 (keyword, column name, operator, question word) as token sequences; the phrases leaving one state
 share a token trie, and the set of trie nodes a prefix of tokens can be in, each with the columns the
-query has named so far, is a state of a deterministic automaton built lazily as decoding visits it. :class:`textsql.decoding.GrammarLogitsProcessor`
+query has named so far, is a state of a deterministic automaton built lazily as decoding visits it. :class:`textsql.decoding.processor.GrammarLogitsProcessor`
 advances each row's state by its last token at every step and masks every other token, and every token after
 which no whole query fits in the tokens left, so an output cut at ``max_new_tokens`` still ends in EOS.
 """
@@ -29,7 +29,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from textsql.constants import AGG_OPS, COND_OP_TEXT, MAX_CONDITIONS, SQL_TABLE_NAME
-from textsql.spellings import value_spellings
+from textsql.decoding.spellings import value_spellings
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from transformers import PreTrainedTokenizerBase
 from transformers.trainer_utils import EvalPrediction
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
-from textsql.evaluate import evaluate
+from textsql.inference.evaluate import evaluate
 from textsql.files import load_tables, prepared_tables_path
-from textsql.sql import parsed
+from textsql.data.sql import parsed
 
 logger = logging.getLogger(__name__)
 

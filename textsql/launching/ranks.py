@@ -8,7 +8,7 @@ other users' included.
 On another host the same code runs as a module, with the interpreter and ``PYTHONPATH`` the ranks
 use there::
 
-    python -m textsql.ranks end --launch-id 5f0c2a9e41d7b3c8
+    python -m textsql.launching.ranks end --launch-id 5f0c2a9e41d7b3c8
 
 Usage::
 
@@ -39,7 +39,7 @@ END_GRACE_S = 10.0
 # How long ssh gets to connect and report, on top of the grace.
 SSH_SLACK_S = 20.0
 POLL_S = 0.2
-MODULE = "textsql.ranks"
+MODULE = "textsql.launching.ranks"
 
 
 def marker(launch_id: str) -> str:
@@ -162,12 +162,12 @@ class RemoteRanks:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m textsql.ranks end --launch-id ID [--grace S]``: what :class:`RemoteRanks` runs on each host.
+    """``python -m textsql.launching.ranks end --launch-id ID [--grace S]``: what :class:`RemoteRanks` runs on each host.
 
     :param argv: the arguments (default: the command line's).
     :rtype: int
     """
-    parser = argparse.ArgumentParser(prog="python -m textsql.ranks", description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="python -m textsql.launching.ranks", description=__doc__.split("\n", 1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
     end = commands.add_parser("end", help="SIGTERM the launch's processes on this host, SIGKILL them after the grace.")
     end.add_argument("--launch-id", required=True, help=f"the launch's {LAUNCH_ID_VAR} value")
