@@ -3,6 +3,7 @@
 ``--only train,infer`` re-measures some figures and keeps the others from the existing results.json;
 ``--smoke`` runs at the smallest sizes that still exercise each code path (for tests/test_bench.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,15 @@ SMOKE = {
     "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1, warmup=0),
     "startup": startup.Sizes(repetitions=1, warmup=0),
     "recovery": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
-    "gpu": gpu.Sizes(epochs=1, skip_steps=1, profiles=("zero0",), loss_epochs=1, eval_steps=5, curve_steps=10,
-                     infer=inference.Sizes(questions=4, max_new_tokens=4, repetitions=1, warmup_questions=1)),
+    "gpu": gpu.Sizes(
+        epochs=1,
+        skip_steps=1,
+        profiles=("zero0",),
+        loss_epochs=1,
+        eval_steps=5,
+        curve_steps=10,
+        infer=inference.Sizes(questions=4, max_new_tokens=4, repetitions=1, warmup_questions=1),
+    ),
 }
 FULL = {
     "prepare": tokenization.Sizes(),
@@ -94,21 +102,31 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--only", help=f"comma-separated figures among {', '.join(FIGURE_NAMES)} (default: all)")
-    parser.add_argument("--smoke", action="store_true", help="smallest sizes: checks the code paths, measures nothing useful")
-    parser.add_argument("--out", type=Path, default=BENCH_DIR, help="where results.json and README.md go (default: bench/)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="smallest sizes: checks the code paths, measures nothing useful"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=BENCH_DIR, help="where results.json and README.md go (default: bench/)"
+    )
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed afterwards)")
     args = parser.parse_args(argv)
     names = FIGURE_NAMES if not args.only else tuple(name.strip() for name in args.only.split(","))
     unknown = [name for name in names if name not in FIGURE_NAMES]
     if unknown:
         parser.error(f"unknown figure {unknown[0]!r}; pass --only with some of {', '.join(FIGURE_NAMES)}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     for noisy in ("worker", "tensorboard", "textsql", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
     results_path = args.out / "results.json"
     results = read_json(results_path) if args.only and results_path.is_file() else {}
-    results |= {"machine": describe_machine(), "releases": releases(), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    results |= {
+        "machine": describe_machine(),
+        "releases": releases(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
     sizes = SMOKE if args.smoke else FULL
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
         work = args.work or Path(scratch)
@@ -118,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             logger.info("measuring %s", name)
             measured_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-            results |= {key: {**figure, "measured_at": measured_at} for key, figure in measure(name, sizes[name], data_dir, work).items()}
+            results |= {
+                key: {**figure, "measured_at": measured_at}
+                for key, figure in measure(name, sizes[name], data_dir, work).items()
+            }
             logger.info("%s took %.0f s", name, time.monotonic() - started)
             # Written after every figure, so a figure that fails later loses nothing measured before it.
             results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())

@@ -1,4 +1,5 @@
 """When each training step was logged, from the TensorBoard event files the run wrote."""
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,8 @@ def scalars(tensorboard_dir: Path, tag: str = LOSS_TAG) -> list[tuple[int, float
     multiplexer.AddRunsFromDirectory(str(tensorboard_dir)).Reload()
     found = [
         (event.step, event.wall_time, event.value)
-        for run, tags in multiplexer.Runs().items() if tag in tags["scalars"]
+        for run, tags in multiplexer.Runs().items()
+        if tag in tags["scalars"]
         for event in multiplexer.Scalars(run, tag)
     ]
     if not found:
@@ -63,8 +65,9 @@ def scalars_per_file(tensorboard_dir: Path, tag: str = LOSS_TAG) -> list[dict[in
     files = sorted(tensorboard_dir.rglob("events.out.tfevents.*"), key=lambda path: path.name.split(".")[3])
     found = []
     for path in files:
-        accumulator = event_accumulator.EventAccumulator(str(path), size_guidance={event_accumulator.SCALARS: 0},
-                                                         purge_orphaned_data=False).Reload()
+        accumulator = event_accumulator.EventAccumulator(
+            str(path), size_guidance={event_accumulator.SCALARS: 0}, purge_orphaned_data=False
+        ).Reload()
         if tag in accumulator.Tags()["scalars"]:
             found.append({event.step: event.value for event in accumulator.Scalars(tag)})
     return found

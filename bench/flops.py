@@ -14,6 +14,7 @@ the decoder's causal mask. For t5-small: N_enc 22.0M, N_dec 38.5M, 13.9 GFLOP at
 (13.7 without the attention term). MFU on real tokens uses each sample's unpadded lengths, so padding
 never counts as useful work.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,9 +44,13 @@ class T5Shape:
     def from_config(cls, config: PretrainedConfig) -> T5Shape:
         """:rtype: T5Shape"""
         return cls(
-            d_model=config.d_model, d_attention=config.num_heads * config.d_kv, d_ff=config.d_ff,
-            encoder_layers=config.num_layers, decoder_layers=config.num_decoder_layers or config.num_layers,
-            vocab_size=config.vocab_size, gated=bool(getattr(config, "is_gated_act", False)),
+            d_model=config.d_model,
+            d_attention=config.num_heads * config.d_kv,
+            d_ff=config.d_ff,
+            encoder_layers=config.num_layers,
+            decoder_layers=config.num_decoder_layers or config.num_layers,
+            vocab_size=config.vocab_size,
+            gated=bool(getattr(config, "is_gated_act", False)),
         )
 
     @property
@@ -56,7 +61,10 @@ class T5Shape:
     def encoder_parameters_per_token(self) -> int:
         """Parameters each source token passes through: encoder layers and the decoder's cross-attention K/V."""
         attention = 4 * self.d_model * self.d_attention
-        return self.encoder_layers * (attention + self.feed_forward) + self.decoder_layers * 2 * self.d_model * self.d_attention
+        return (
+            self.encoder_layers * (attention + self.feed_forward)
+            + self.decoder_layers * 2 * self.d_model * self.d_attention
+        )
 
     @property
     def decoder_parameters_per_token(self) -> int:
@@ -71,9 +79,13 @@ def training_flops(shape: T5Shape, source_tokens: int, target_tokens: int, atten
     :param attention: include the attention scores and weighted sums (the quadratic term).
     :rtype: float
     """
-    flops = 6 * (shape.encoder_parameters_per_token * source_tokens + shape.decoder_parameters_per_token * target_tokens)
+    flops = 6 * (
+        shape.encoder_parameters_per_token * source_tokens + shape.decoder_parameters_per_token * target_tokens
+    )
     if attention:
-        quadratic = shape.encoder_layers * source_tokens**2 + shape.decoder_layers * (target_tokens**2 + target_tokens * source_tokens)
+        quadratic = shape.encoder_layers * source_tokens**2 + shape.decoder_layers * (
+            target_tokens**2 + target_tokens * source_tokens
+        )
         flops += 12 * shape.d_attention * quadratic
     return float(flops)
 

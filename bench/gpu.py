@@ -13,6 +13,7 @@ leaves this section out (the CPU figures stay as they are).
   a fixed eval loss for both; the loss curve of the defaults against the same batches in eager fp32 with
   plain AdamW; batched against one-at-a-time inference (:mod:`bench.inference` on the GPU).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,13 +35,13 @@ from bench.flops import T5Shape, mfu, peak_flops, training_flops
 from bench.profiles import launch_probed, model_dir, train_only
 from bench.train_padding import StepClock, seed_padding
 from textsql.arguments import train_argv
+from textsql.files import read_json
+from textsql.model import load_model, load_tokenizer
 from textsql.training.batching import TokenBudgetBatchSampler
 from textsql.training.estimate import estimate
-from textsql.files import read_json
-from textsql.training.hardware import device_facts, fast_defaults
-from textsql.model import load_model, load_tokenizer
-from textsql.training.profiles import available_profiles
 from textsql.training.events import TENSORBOARD_SUBDIR
+from textsql.training.hardware import device_facts, fast_defaults
+from textsql.training.profiles import available_profiles
 
 logger = logging.getLogger(__name__)
 
@@ -84,19 +85,45 @@ class EvalLossClock(TrainerCallback):
             control.should_training_stop = True
 
 
-def old_recipe(model: Path, prepared: datasets.DatasetDict, output: Path, epochs: int, callback: TrainerCallback, evaluate: int | None = None) -> None:
+def old_recipe(
+    model: Path,
+    prepared: datasets.DatasetDict,
+    output: Path,
+    epochs: int,
+    callback: TrainerCallback,
+    evaluate: int | None = None,
+) -> None:
     """Train the old notebook's way: pad to 96, fp32, batch 32, plain AdamW, plain trainer."""
     tokenizer = load_tokenizer(str(model))
-    padded = prepared.map(partial(seed_padding, tokenizer=tokenizer), batched=True, remove_columns=prepared["train"].column_names)
+    padded = prepared.map(
+        partial(seed_padding, tokenizer=tokenizer), batched=True, remove_columns=prepared["train"].column_names
+    )
     args = Seq2SeqTrainingArguments(
-        output_dir=str(output), per_device_train_batch_size=OLD_BATCH, num_train_epochs=epochs, optim="adamw_torch",
-        learning_rate=1e-3, dataloader_drop_last=True, report_to=[], save_strategy="no", disable_tqdm=True, seed=SEED,
-        logging_strategy="no", eval_strategy="steps" if evaluate else "no", eval_steps=evaluate, per_device_eval_batch_size=OLD_BATCH,
+        output_dir=str(output),
+        per_device_train_batch_size=OLD_BATCH,
+        num_train_epochs=epochs,
+        optim="adamw_torch",
+        learning_rate=1e-3,
+        dataloader_drop_last=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=SEED,
+        logging_strategy="no",
+        eval_strategy="steps" if evaluate else "no",
+        eval_steps=evaluate,
+        per_device_eval_batch_size=OLD_BATCH,
     )
     trained = load_model(str(model))
     trained.accepts_loss_kwargs = False
-    Seq2SeqTrainer(model=trained, args=args, train_dataset=padded["train"], eval_dataset=padded.get("validation"),
-                   data_collator=default_data_collator, callbacks=[callback]).train()
+    Seq2SeqTrainer(
+        model=trained,
+        args=args,
+        train_dataset=padded["train"],
+        eval_dataset=padded.get("validation"),
+        data_collator=default_data_collator,
+        callbacks=[callback],
+    ).train()
 
 
 def launch_ours(work: Path, name: str, model: Path, data: Path, **values) -> Path:
@@ -106,13 +133,22 @@ def launch_ours(work: Path, name: str, model: Path, data: Path, **values) -> Pat
     :rtype: pathlib.Path
     """
     run_dir, output = work / name, work / name / "out"
-    train_args = train_argv(model=str(model), data_dir=str(data), output_dir=str(output), overwrite_output_dir=True,
-                            save_strategy="no", disable_tqdm=True, **values)
+    train_args = train_argv(
+        model=str(model),
+        data_dir=str(data),
+        output_dir=str(output),
+        overwrite_output_dir=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        **values,
+    )
     launch_probed(run_dir, 1, train_args, name)
     return output
 
 
-def step_samples(lengths: tuple[list[int], list[int]], budget: int, shape: T5Shape, steps: int) -> list[tuple[int, float]]:
+def step_samples(
+    lengths: tuple[list[int], list[int]], budget: int, shape: T5Shape, steps: int
+) -> list[tuple[int, float]]:
     """(samples, real-token FLOPs) of each step 1..``steps`` of a 1-rank token-budget run, rebuilt from its seeded sampler.
 
     :rtype: list[tuple[int, float]]
@@ -147,11 +183,16 @@ def curves_match(reference: list[float], candidate: list[float], tolerance: floa
         raise ValueError(f"{steps} common steps; need at least {window}")
 
     def smooth(values: list[float]) -> list[float]:
-        return [statistics.fmean(values[i:i + window]) for i in range(steps - window + 1)]
+        return [statistics.fmean(values[i : i + window]) for i in range(steps - window + 1)]
 
     gaps = [abs(c - r) / abs(r) for r, c in zip(smooth(reference[:steps]), smooth(candidate[:steps]))]
     mean = statistics.fmean(gaps)
-    return {"mean_relative_gap": round(mean, 4), "max_relative_gap": round(max(gaps), 4), "tolerance": tolerance, "within": mean <= tolerance}
+    return {
+        "mean_relative_gap": round(mean, 4),
+        "max_relative_gap": round(max(gaps), 4),
+        "tolerance": tolerance,
+        "within": mean <= tolerance,
+    }
 
 
 def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
@@ -180,13 +221,19 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
     steps = sizes.epochs * len(TokenBudgetBatchSampler(*lengths, budget, seed=SEED))
     per_step = step_samples(lengths, budget, shape, steps)
     common = {"num_train_epochs": sizes.epochs, "eval_strategy": "no", "logging_steps": sizes.skip_steps}
-    rows, predicted = {}, estimate(str(model), nodes=1, gpus_per_node=1, gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / GIB)
+    rows, predicted = (
+        {},
+        estimate(
+            str(model), nodes=1, gpus_per_node=1, gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / GIB
+        ),
+    )
     for name in ("default", *(sizes.profiles or available_profiles())):
         output = launch_ours(work, name, model, data, **common, **({} if name == "default" else {"profile": name}))
         samples, flops = throughput(output, per_step, sizes.skip_steps)
         probe = read_json(output.parent / "probe" / "rank0.json")
         rows[name] = {
-            "samples_per_s": round(samples, 1), "vs_old_recipe": round(samples / old_rate, 2),
+            "samples_per_s": round(samples, 1),
+            "vs_old_recipe": round(samples / old_rate, 2),
             "mfu_real_tokens": round(mfu(flops, 1.0, peak), 4) if peak else None,
             "cuda_max_memory_allocated_gib_per_rank": [round(probe["cuda_max_memory_allocated_bytes"] / GIB, 3)],
             "estimate_gpu_gb_per_rank": predicted["profiles"].get(name, {}).get("gpu_gb_per_rank"),
@@ -197,13 +244,26 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-loss-") as output:
         old_recipe(model, prepared, Path(output), sizes.loss_epochs, loss_clock, evaluate=sizes.eval_steps)
     started_ours = time.time()
-    output = launch_ours(work, "to-loss", model, Path(data_dir), num_train_epochs=sizes.loss_epochs, eval_steps=sizes.eval_steps)
-    reached = [wall for _, wall, value in scalars(output / TENSORBOARD_SUBDIR, "eval/loss") if value <= sizes.target_eval_loss]
+    output = launch_ours(
+        work, "to-loss", model, Path(data_dir), num_train_epochs=sizes.loss_epochs, eval_steps=sizes.eval_steps
+    )
+    reached = [
+        wall for _, wall, value in scalars(output / TENSORBOARD_SUBDIR, "eval/loss") if value <= sizes.target_eval_loss
+    ]
 
     curve = {"max_steps": sizes.curve_steps, "eval_strategy": "no", "logging_steps": 1}
-    fast = [value for *_, value in scalars(launch_ours(work, "curve-defaults", model, data, **curve) / TENSORBOARD_SUBDIR)]
-    eager = [value for *_, value in scalars(launch_ours(work, "curve-eager-fp32", model, data, **curve,
-                                                        precision="fp32", optim="adamw_torch", tf32=False) / TENSORBOARD_SUBDIR)]
+    fast = [
+        value for *_, value in scalars(launch_ours(work, "curve-defaults", model, data, **curve) / TENSORBOARD_SUBDIR)
+    ]
+    eager = [
+        value
+        for *_, value in scalars(
+            launch_ours(
+                work, "curve-eager-fp32", model, data, **curve, precision="fp32", optim="adamw_torch", tf32=False
+            )
+            / TENSORBOARD_SUBDIR
+        )
+    ]
 
     default = rows["default"]
     return {
@@ -211,13 +271,20 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
         "unit": "x (samples/s defaults / old recipe, same GPU, same run)",
         "goal": ">= 10.0",
         "device": device,
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": metadata.version("deepspeed")},
+        "versions": {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "deepspeed": metadata.version("deepspeed"),
+        },
         "old_recipe_samples_per_s": round(old_rate, 1),
         "old_recipe_mfu_real_tokens": round(mfu(old_rate * mean_flops, 1.0, peak), 4) if peak else None,
         "token_budget": budget,
         "profiles": rows,
-        "seconds_to_eval_loss": {"target": sizes.target_eval_loss, "old_recipe": loss_clock.seconds and round(loss_clock.seconds, 1),
-                                 "defaults": round(reached[0] - started_ours, 1) if reached else None},
+        "seconds_to_eval_loss": {
+            "target": sizes.target_eval_loss,
+            "old_recipe": loss_clock.seconds and round(loss_clock.seconds, 1),
+            "defaults": round(reached[0] - started_ours, 1) if reached else None,
+        },
         "loss_curve_vs_eager_fp32": curves_match(eager, fast, sizes.curve_tolerance),
         "inference": inference.run(data_dir, sizes.infer, device="cuda"),
         "flop_convention": "6 x (N_enc x L_enc + N_dec x L_dec) + attention scores, per sample at its unpadded lengths (bench/flops.py)",

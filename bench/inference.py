@@ -11,6 +11,7 @@ seed 42), the same tokenized questions (the prepared sample's validation split),
 grammar (textsql.decoding.grammar, the default) against free decoding, from one run: questions/s of each and
 the share of each arm's outputs that parse as queries over their table.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,16 +72,27 @@ def run(data_dir: str, sizes: Sizes = Sizes(), device: str = "cpu") -> dict:
         tokens = 0
         with torch.inference_mode():
             for ids in batch:
-                output = predictor.model.generate(torch.tensor([ids], device=predictor.model.device), max_new_tokens=sizes.max_new_tokens, do_sample=False)
+                output = predictor.model.generate(
+                    torch.tensor([ids], device=predictor.model.device),
+                    max_new_tokens=sizes.max_new_tokens,
+                    do_sample=False,
+                )
                 tokens += output.shape[1] - 1  # less the decoder start token
         generated["seed"] = tokens
 
-    logger.info("infer: %d questions, %d new tokens at most, %d rounds", len(input_ids), sizes.max_new_tokens, sizes.repetitions)
+    logger.info(
+        "infer: %d questions, %d new tokens at most, %d rounds", len(input_ids), sizes.max_new_tokens, sizes.repetitions
+    )
     for arm in (seed, ours):  # warm-up on a few questions: lazy initialisation, allocator
-        arm(input_ids[:sizes.warmup_questions])
-    rates = alternate({
-        "seed_one_at_a_time": lambda: timed("seed", seed, input_ids), "ours_batched_64": lambda: timed("ours", ours, input_ids),
-    }, sizes.repetitions, warmup=0)
+        arm(input_ids[: sizes.warmup_questions])
+    rates = alternate(
+        {
+            "seed_one_at_a_time": lambda: timed("seed", seed, input_ids),
+            "ours_batched_64": lambda: timed("ours", ours, input_ids),
+        },
+        sizes.repetitions,
+        warmup=0,
+    )
     return {
         "value": ratio(rates["ours_batched_64"], rates["seed_one_at_a_time"]),
         "unit": "x (examples/s ours / seed)",
@@ -122,8 +134,15 @@ def run_constrained(sizes: ConstrainedSizes = ConstrainedSizes()) -> dict:
     records = load_records("sample", "validation", limit=sizes.questions)
     predictor = Predictor(load_model(), load_tokenizer(), device=sizes.device)
     input_ids = [predictor.encode(record["question"], record["header"]) for record in records]
-    arms = {name: GenerationOptions(batch_size=BATCH_SIZE, num_beams=sizes.num_beams, max_new_tokens=sizes.max_new_tokens, constrained=constrained)
-            for name, constrained in (("free", False), ("constrained", True))}
+    arms = {
+        name: GenerationOptions(
+            batch_size=BATCH_SIZE,
+            num_beams=sizes.num_beams,
+            max_new_tokens=sizes.max_new_tokens,
+            constrained=constrained,
+        )
+        for name, constrained in (("free", False), ("constrained", True))
+    }
     outputs: dict[str, list[str]] = {}
 
     def timed(name: str) -> float:
@@ -133,10 +152,19 @@ def run_constrained(sizes: ConstrainedSizes = ConstrainedSizes()) -> dict:
             torch.cuda.synchronize()
         return len(input_ids) / (time.perf_counter() - started)
 
-    logger.info("infer constrained: %d questions, %d new tokens at most, %d rounds", len(input_ids), sizes.max_new_tokens, sizes.repetitions)
+    logger.info(
+        "infer constrained: %d questions, %d new tokens at most, %d rounds",
+        len(input_ids),
+        sizes.max_new_tokens,
+        sizes.repetitions,
+    )
     rates = alternate({name: lambda name=name: timed(name) for name in arms}, sizes.repetitions, warmup=1)
     parse_rate = {
-        name: round(sum(parsed(text, record["header"])["query"] is not None for text, record in zip(texts, records)) / len(records), 4)
+        name: round(
+            sum(parsed(text, record["header"])["query"] is not None for text, record in zip(texts, records))
+            / len(records),
+            4,
+        )
         for name, texts in outputs.items()
     }
     return {
@@ -148,7 +176,8 @@ def run_constrained(sizes: ConstrainedSizes = ConstrainedSizes()) -> dict:
         "parse_rate": parse_rate,
         # Free decoding of an untrained model never writes </s>; constrained decoding may end a query early.
         "generated_tokens_per_question": {
-            name: round(sum(len(ids) for ids in predictor.tokenizer(texts)["input_ids"]) / len(texts), 1) for name, texts in outputs.items()
+            name: round(sum(len(ids) for ids in predictor.tokenizer(texts)["input_ids"]) / len(texts), 1)
+            for name, texts in outputs.items()
         },
         "method": (
             f"{len(input_ids)} validation questions of the sample (schema input), untrained textsql.model.load_model() "

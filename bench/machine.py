@@ -1,4 +1,5 @@
 """The machine and the releases a bench run measured."""
+
 from __future__ import annotations
 
 import logging
@@ -62,6 +63,8 @@ def _gpu() -> str | None:
 
 def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=PROJECT_DIR, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=PROJECT_DIR, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

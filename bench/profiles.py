@@ -7,6 +7,7 @@ Each profile trains a model of t5-small's shape (random weights from
 run :mod:`bench.rank_probe`, which runs ``textsql.training.train`` and records its peak RSS at exit; samples/s
 comes from the wall times of the per-step loss events in the run's TensorBoard files.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,11 +22,11 @@ from bench.events import samples_per_second, step_wall_times
 from bench.rank_probe import PROBE_DIR_VAR
 from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
-from textsql.training.estimate import estimate
 from textsql.files import read_json
 from textsql.launching.launch import LaunchArguments, launch
-from textsql.training.profiles import available_profiles
+from textsql.training.estimate import estimate
 from textsql.training.events import TENSORBOARD_SUBDIR
+from textsql.training.profiles import available_profiles
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,15 @@ def launch_probed(run_dir: Path, ranks: int, train_args: list[str], what: str) -
     """
     probes = run_dir / "probe"
     probes.mkdir(parents=True, exist_ok=True)
-    arguments = LaunchArguments(run_dir=run_dir, launcher="local", ranks=ranks, module="bench.rank_probe", master_port=free_port(),
-                                env={PROBE_DIR_VAR: str(probes)}, train_args=train_args)
+    arguments = LaunchArguments(
+        run_dir=run_dir,
+        launcher="local",
+        ranks=ranks,
+        module="bench.rank_probe",
+        master_port=free_port(),
+        env={PROBE_DIR_VAR: str(probes)},
+        train_args=train_args,
+    )
     with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
         code = launch(arguments, stream=log)
     if code != 0:
@@ -106,8 +114,16 @@ def train_args(model: Path, data: Path, output: Path, profile: str, steps: int, 
     :rtype: list[str]
     """
     return train_argv(
-        model=model, data_dir=data, output_dir=output, profile=profile, max_steps=steps, per_device_train_batch_size=batch_size,
-        logging_steps=1, eval_strategy="no", save_strategy="no", disable_tqdm=True,
+        model=model,
+        data_dir=data,
+        output_dir=output,
+        profile=profile,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        logging_steps=1,
+        eval_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
     )
 
 
@@ -120,10 +136,14 @@ def run_profile(profile: str, model: Path, data: Path, work: Path, sizes: Sizes)
     shutil.rmtree(run_dir, ignore_errors=True)
     output = run_dir / "out"
     logger.info("profile %s: launching %d ranks (log in %s)", profile, RANKS, run_dir / "bench.log")
-    probes = launch_probed(run_dir, RANKS, train_args(model, data, output, profile, sizes.steps, sizes.batch_size), f"profile {profile}")
+    probes = launch_probed(
+        run_dir, RANKS, train_args(model, data, output, profile, sizes.steps, sizes.batch_size), f"profile {profile}"
+    )
     peaks = [read_json(path)["peak_rss_bytes"] for path in sorted(probes.glob("rank*.json"))]
     if len(peaks) != RANKS:
-        raise RuntimeError(f"profile {profile}: {len(peaks)} of {RANKS} ranks recorded their memory; see {run_dir / 'bench.log'}")
+        raise RuntimeError(
+            f"profile {profile}: {len(peaks)} of {RANKS} ranks recorded their memory; see {run_dir / 'bench.log'}"
+        )
     times = step_wall_times(output / TENSORBOARD_SUBDIR)
     return {
         "samples_per_s": round(samples_per_second(times, sizes.batch_size * RANKS, sizes.skip_steps), 3),
@@ -153,7 +173,9 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
         profile: {
             "samples_per_s": round(statistics.median(run["samples_per_s"] for run in profile_runs), 3),
             "samples_per_s_runs": [run["samples_per_s"] for run in profile_runs],
-            "peak_rss_gib_per_rank": [max(ranks) for ranks in zip(*(run["peak_rss_gib_per_rank"] for run in profile_runs))],
+            "peak_rss_gib_per_rank": [
+                max(ranks) for ranks in zip(*(run["peak_rss_gib_per_rank"] for run in profile_runs))
+            ],
             "peak_rss_gib_max_rank": max(run["peak_rss_gib_max_rank"] for run in profile_runs),
         }
         for profile, profile_runs in runs.items()
@@ -170,7 +192,9 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
         rows[profile] = {
             **numbers,
             "samples_per_s_vs_zero0": round(numbers["samples_per_s"] / base["samples_per_s"], 2) if base else None,
-            "peak_rss_vs_zero0": round(numbers["peak_rss_gib_max_rank"] / base["peak_rss_gib_max_rank"], 2) if base else None,
+            "peak_rss_vs_zero0": round(numbers["peak_rss_gib_max_rank"] / base["peak_rss_gib_max_rank"], 2)
+            if base
+            else None,
             "estimate_gpu_gb_per_rank": estimate_row["gpu_gb_per_rank"],
             "estimate_cpu_gb_per_node": estimate_row["cpu_gb_per_node"],
             "estimate_gpu_vs_zero0": round(estimate_row["gpu_gb_per_rank"] / base_row["gpu_gb_per_rank"], 2),

@@ -4,6 +4,7 @@ Launched by the profiles benchmark as the ranks' module (``textsql launch ... --
 The kernel's own high-water mark (``ru_maxrss``) is read at exit, so no peak is missed between samples.
 The file goes to ``$TEXTSQL_BENCH_PROBE_DIR/rank{RANK}.json``.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from textsql.training import train
 from textsql.files import write_json
+from textsql.training import train
 
 logger = logging.getLogger(__name__)
 

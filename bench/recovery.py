@@ -13,6 +13,7 @@ by name. The figures come from the kill's own clock and the supervisor's records
 The helpers that find and kill a rank, and the stream that says when a step was logged, are the ones
 tests/test_recovery.py uses too.
 """
+
 from __future__ import annotations
 
 import io
@@ -30,12 +31,12 @@ import psutil
 from bench.profiles import train_only
 from bench.timing import summary
 from textsql.arguments import train_argv
-from textsql.training.checkpoints import COMPLETE_MARKER
 from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launching.launch import LaunchArguments
 from textsql.launching.supervisor import SUPERVISOR_FILE, WORKER_LOST, supervise
+from textsql.training.checkpoints import COMPLETE_MARKER
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,17 @@ def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **va
     :param values: training arguments on top (``max_steps``, ``save_steps`` ...).
     :rtype: LaunchArguments
     """
-    args = train_argv(model=DEFAULT_MODEL_DIR, data_dir=data, output_dir=output, profile=PROFILE, logging_steps=1,
-                      eval_strategy="no", disable_tqdm=True, log_level="info", **values)
+    args = train_argv(
+        model=DEFAULT_MODEL_DIR,
+        data_dir=data,
+        output_dir=output,
+        profile=PROFILE,
+        logging_steps=1,
+        eval_strategy="no",
+        disable_tqdm=True,
+        log_level="info",
+        **values,
+    )
     return LaunchArguments(run_dir=run_dir, train_args=args, env={TAG_VAR: tag})
 
 
@@ -181,8 +191,15 @@ def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
     stream = StepStream(work / "bench.log")
     checkpoint = output / f"checkpoint-{sizes.kill_after_step // sizes.save_steps * sizes.save_steps}"
     killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed)
-    arguments = supervised_arguments(cluster.run_dir, data, output, tag, max_steps=sizes.steps, save_steps=sizes.save_steps,
-                                     per_device_train_batch_size=sizes.batch_size)
+    arguments = supervised_arguments(
+        cluster.run_dir,
+        data,
+        output,
+        tag,
+        max_steps=sizes.steps,
+        save_steps=sizes.save_steps,
+        per_device_train_batch_size=sizes.batch_size,
+    )
     try:
         code = supervise(arguments, cluster, max_restarts=1, stream=stream)
     finally:
@@ -202,7 +219,9 @@ def figures(events: list[dict], killed_at: float) -> dict:
     lost = next((event for event in events if event["event"] == WORKER_LOST), None)
     resumed = next((event for event in events if event["event"] == "resumed"), None)
     if lost is None or resumed is None or not resumed.get("checkpoint"):
-        raise RuntimeError(f"the supervisor recorded no lost worker and resume from a checkpoint: {[e['event'] for e in events]}")
+        raise RuntimeError(
+            f"the supervisor recorded no lost worker and resume from a checkpoint: {[e['event'] for e in events]}"
+        )
     resumed_step = int(Path(resumed["checkpoint"]).name.rsplit("-", 1)[1])
     return {
         "detection_s": lost["aware_at"] - killed_at,

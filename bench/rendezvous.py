@@ -10,6 +10,7 @@ Pythons. Each worker holds its connection open until the run is complete, as an 
 A second figure, ``rendezvous_64_agents_end_to_end_s``, runs the real agents
 (``start_workers("local", 64, sshd=False)``): from the call to the hostfile, process start included.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,7 +57,9 @@ def worker_address(index: int) -> str:
 
 def _client(indices: list[int], endpoint: tuple[str, int], token: str, go, done, starts) -> None:
     """One client process: a thread per worker, all waiting for ``go``, each holding its session until ``done``."""
-    registrations = [Registration(address=worker_address(i), slots=1, hostname=f"bench-{i}", pod=f"bench-{i}") for i in indices]
+    registrations = [
+        Registration(address=worker_address(i), slots=1, hostname=f"bench-{i}", pod=f"bench-{i}") for i in indices
+    ]
     sessions, first = [], []
 
     def one(registration: Registration) -> None:
@@ -86,10 +89,18 @@ def once(count: int, backlog: int | None = None) -> float:
     go, done, starts = context.Event(), context.Event(), context.Queue()
     with tempfile.TemporaryDirectory(prefix="bench-rendezvous-") as run_dir:
         files = RunFiles.in_dir(Path(run_dir))
-        server_class = RendezvousServer if backlog is None else type("BacklogServer", (RendezvousServer,), {"request_queue_size": backlog})
+        server_class = (
+            RendezvousServer
+            if backlog is None
+            else type("BacklogServer", (RendezvousServer,), {"request_queue_size": backlog})
+        )
         with server_class(expect=count, token=token, files=files) as server:
             shares = [list(range(count))[i::CLIENT_PROCESSES] for i in range(CLIENT_PROCESSES)]
-            clients = [context.Process(target=_client, args=(share, server.endpoint, token, go, done, starts)) for share in shares if share]
+            clients = [
+                context.Process(target=_client, args=(share, server.endpoint, token, go, done, starts))
+                for share in shares
+                if share
+            ]
             for client in clients:
                 client.start()
             time.sleep(0.5 + count / 200)  # let every client thread reach go.wait()
@@ -148,7 +159,11 @@ def run(sizes: Sizes = Sizes()) -> dict[str, dict]:
             # More simultaneous connects than the listen backlog: the overflow's SYNs are dropped and
             # retried by TCP after a second. What a backlog as large as the connection limit gives:
             larger = [once(count, MAX_CONNECTIONS) for _ in range(sizes.repetitions)]
-            figure["with_listen_backlog"] = {"backlog": MAX_CONNECTIONS, "server_default": RendezvousServer.request_queue_size, "seconds": summary(larger, 3)}
+            figure["with_listen_backlog"] = {
+                "backlog": MAX_CONNECTIONS,
+                "server_default": RendezvousServer.request_queue_size,
+                "seconds": summary(larger, 3),
+            }
     if sizes.agents:
         seconds = agents_end_to_end(sizes.agents)
         figures[f"rendezvous_{sizes.agents}_agents_end_to_end_s"] = {

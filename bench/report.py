@@ -1,4 +1,5 @@
 """Write a bench run as ``results.json`` and a markdown table (``README.md``)."""
+
 from __future__ import annotations
 
 import logging
@@ -89,7 +90,8 @@ def observations(results: dict) -> list[str]:
     if prepare and prepare["sample"]["speedup"] < 1:
         parts = {name: prepare[name] for name in ("sample", "dev_questions") if name in prepare}
         call_gain = ", ".join(
-            f"{name} {part['batched_tokenizer_call_only']['median'] / part['per_example_loop']['median']:.2f}x" for name, part in parts.items()
+            f"{name} {part['batched_tokenizer_call_only']['median'] / part['per_example_loop']['median']:.2f}x"
+            for name, part in parts.items()
         )
         notes.append(
             "`prepare_examples_per_s`: batched `datasets.map` over a per-example loop: "
@@ -160,7 +162,11 @@ def markdown(results: dict) -> str:
                 f"| {name} | {row['samples_per_s']} | {row['samples_per_s_vs_zero0']} | {row['peak_rss_gib_max_rank']} | "
                 f"{row['peak_rss_vs_zero0']} | {row['estimate_gpu_gb_per_rank']} | {row['estimate_gpu_vs_zero0']} | {row['estimate_ram_vs_zero0']} |"
             )
-    notes = [f"- `{key}` missed its goal ({results[key]['goal']}): {why}" for key, why in MISSED.items() if key in results and not _met(results[key])]
+    notes = [
+        f"- `{key}` missed its goal ({results[key]['goal']}): {why}"
+        for key, why in MISSED.items()
+        if key in results and not _met(results[key])
+    ]
     notes += [f"- {note}" for note in observations(results)]
     if notes:
         lines += ["", "## Notes", "", *notes]
@@ -186,8 +192,10 @@ def _value(key: str, figure: dict) -> str:
     if "parse_rate" in figure:
         text += "<br>parsed: " + ", ".join(f"{arm} {rate:.0%}" for arm, rate in figure["parse_rate"].items())
     if "detection_s" in figure:
-        text += (f"<br>detection (kill to supervisor aware) {figure['detection_s']['median']} s, "
-                 f"repeated steps {figure['repeated_steps']}")
+        text += (
+            f"<br>detection (kill to supervisor aware) {figure['detection_s']['median']} s, "
+            f"repeated steps {figure['repeated_steps']}"
+        )
     if "value_cpu_time" in figure:
         text += f"<br>per CPU second: {figure['value_cpu_time']}x"
     if "seconds" in figure and len(figure["seconds"]["runs"]) > 1:

@@ -6,6 +6,7 @@ its loss event in the run's TensorBoard files. DeepSpeed's compiled ops are cach
 profile runs before it have built and cached every op this needs), and one unmeasured launch warms
 the file cache first.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,13 +48,24 @@ def once(data: Path, run_dir: Path) -> float:
     run_dir.mkdir(parents=True)
     textsql = Path(sys.executable).parent / "textsql"
     command = [
-        str(textsql), "launch", "--run-dir", str(run_dir), "--launcher", "local", "--ranks", str(RANKS),
-        "--master-port", str(free_port()), "--",
+        str(textsql),
+        "launch",
+        "--run-dir",
+        str(run_dir),
+        "--launcher",
+        "local",
+        "--ranks",
+        str(RANKS),
+        "--master-port",
+        str(free_port()),
+        "--",
         *train_args(DEFAULT_MODEL_DIR, data, run_dir / "out", PROFILE, steps=2, batch_size=8),
     ]
     with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
         started = time.time()
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False).returncode
+        code = subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False
+        ).returncode
     if code != 0:
         raise RuntimeError(f"textsql launch failed with exit code {code}; see {run_dir / 'bench.log'}")
     first_step, first_time = step_wall_times(run_dir / "out" / TENSORBOARD_SUBDIR)[0]

@@ -1,4 +1,5 @@
 """Repeated, alternated measurement of two or more arms, summarised by the median."""
+
 from __future__ import annotations
 
 import logging

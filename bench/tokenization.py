@@ -5,6 +5,7 @@ and the full WikiSQL dev split from ``../shared/data/wikisql/original/dev.jsonl`
 table headers here (the release's ``dev.tables.jsonl`` is not available offline), so its questions are
 tokenized question-only (``translate to SQL: ...``) and without targets (a target needs the header).
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,11 +45,16 @@ def run(sizes: Sizes = Sizes(), dev_file: Path = DEV_QUESTIONS) -> dict:
     datasets.disable_progress_bars()
     records = [record for split in SPLITS for record in load_records(SAMPLE_SOURCE, split)]
     inputs = {
-        "sample": {"source_text": [source_text(r["question"], r["header"]) for r in records], "target": [target_text(r) for r in records]},
+        "sample": {
+            "source_text": [source_text(r["question"], r["header"]) for r in records],
+            "target": [target_text(r) for r in records],
+        },
     }
     if dev_file.is_file():
         questions = [line["question"] for line in read_jsonl(dev_file)]
-        inputs["dev_questions"] = {"source_text": [source_text(q, [], "question") for q in questions[:sizes.dev_questions]]}
+        inputs["dev_questions"] = {
+            "source_text": [source_text(q, [], "question") for q in questions[: sizes.dev_questions]]
+        }
 
     def batched_map(columns: dict[str, list[str]]) -> float:
         started = time.perf_counter()
@@ -66,9 +72,9 @@ def run(sizes: Sizes = Sizes(), dev_file: Path = DEV_QUESTIONS) -> dict:
         # The tokenizer alone on batches of 1000, no datasets: separates the tokenizer's gain from map's overhead.
         started = time.perf_counter()
         for start in range(0, len(columns["source_text"]), MAP_BATCH):
-            tokenizer(columns["source_text"][start:start + MAP_BATCH])
+            tokenizer(columns["source_text"][start : start + MAP_BATCH])
             if "target" in columns:
-                tokenizer(text_target=columns["target"][start:start + MAP_BATCH])
+                tokenizer(text_target=columns["target"][start : start + MAP_BATCH])
         return len(columns["source_text"]) / (time.perf_counter() - started)
 
     def per_example(columns: dict[str, list[str]]) -> float:
@@ -82,14 +88,20 @@ def run(sizes: Sizes = Sizes(), dev_file: Path = DEV_QUESTIONS) -> dict:
 
     figure: dict = {"unit": "examples/s", "goal": None}
     for name, columns in inputs.items():
-        rates = alternate({
-            "batched_map": lambda c=columns: batched_map(c),
-            "per_example_loop": lambda c=columns: per_example(c),
-            "batched_tokenizer_call_only": lambda c=columns: batched_call(c),
-        }, sizes.repetitions, sizes.warmup)
+        rates = alternate(
+            {
+                "batched_map": lambda c=columns: batched_map(c),
+                "per_example_loop": lambda c=columns: per_example(c),
+                "batched_tokenizer_call_only": lambda c=columns: batched_call(c),
+            },
+            sizes.repetitions,
+            sizes.warmup,
+        )
         figure[name] = {
             "examples": len(columns["source_text"]),
-            "tokenized": "input and target (schema input)" if "target" in columns else "question-only input, no target (no headers available)",
+            "tokenized": "input and target (schema input)"
+            if "target" in columns
+            else "question-only input, no target (no headers available)",
             **{arm: summary(values, 1) for arm, values in rates.items()},
             "speedup": ratio(rates["batched_map"], rates["per_example_loop"]),
         }

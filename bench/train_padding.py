@@ -7,6 +7,7 @@ Our arm: what ``textsql.training.train`` does: unpadded examples from ``textsql 
 Both arms: the same small T5 (``textsql.model.load_model()``, same seed), the same prepared sample,
 the same number of steps, batch size and trainer settings (``Seq2SeqTrainer``, one process, fp32).
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import datasets
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback, default_data_collator
+from transformers import (
+    DataCollatorForSeq2Seq,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+    default_data_collator,
+)
 
 from bench.timing import alternate, ratio, summary
 from textsql.constants import LABEL_PAD_TOKEN_ID
@@ -74,29 +81,49 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
         clock = StepClock()
         with tempfile.TemporaryDirectory(prefix="bench-train-") as output:
             args = Seq2SeqTrainingArguments(
-                output_dir=output, per_device_train_batch_size=sizes.batch_size, max_steps=steps, learning_rate=1e-3,
-                dataloader_drop_last=True, train_sampling_strategy=strategy, report_to=[], save_strategy="no",
-                eval_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True, seed=42,
+                output_dir=output,
+                per_device_train_batch_size=sizes.batch_size,
+                max_steps=steps,
+                learning_rate=1e-3,
+                dataloader_drop_last=True,
+                train_sampling_strategy=strategy,
+                report_to=[],
+                save_strategy="no",
+                eval_strategy="no",
+                logging_strategy="no",
+                disable_tqdm=True,
+                use_cpu=True,
+                seed=42,
             )
             model = load_model()
             model.accepts_loss_kwargs = False  # as textsql.training.train sets it
-            trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[clock])
+            trainer = Seq2SeqTrainer(
+                model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[clock]
+            )
             trainer.train()
         wall, cpu = (end - start for end, start in zip(clock.ended, clock.started))
         cpu_rates.setdefault(name, []).append(steps * sizes.batch_size / cpu)
         return steps * sizes.batch_size / wall
 
     logger.info("train: %d steps of %d, %d rounds", steps, sizes.batch_size, sizes.repetitions)
-    our_collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=PAD_TO_MULTIPLE_OF)
+    our_collator = DataCollatorForSeq2Seq(
+        tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=PAD_TO_MULTIPLE_OF
+    )
     arm("warm-up", seed, default_data_collator, "random", sizes.warmup_steps)
     arm("warm-up", ours, our_collator, "group_by_length", sizes.warmup_steps)
-    rates = alternate({
-        "seed_fixed_96": lambda: arm("seed_fixed_96", seed, default_data_collator, "random"),
-        "ours_dynamic_grouped": lambda: arm("ours_dynamic_grouped", ours, our_collator, "group_by_length"),
-    }, sizes.repetitions, warmup=0)
+    rates = alternate(
+        {
+            "seed_fixed_96": lambda: arm("seed_fixed_96", seed, default_data_collator, "random"),
+            "ours_dynamic_grouped": lambda: arm("ours_dynamic_grouped", ours, our_collator, "group_by_length"),
+        },
+        sizes.repetitions,
+        warmup=0,
+    )
     tokens = {
         "seed_fixed_96": 2 * SEED_MAX_LENGTH,
-        "ours_mean_unpadded": round(sum(len(i) + len(l) for i, l in zip(ours["input_ids"], ours["labels"])) / len(ours), 1),
+        "ours_mean_unpadded": round(
+            sum(len(i) + len(l) for i, l in zip(ours["input_ids"], ours["labels"])) / len(ours), 1
+        ),
     }
     return {
         "value": ratio(rates["ours_dynamic_grouped"], rates["seed_fixed_96"]),
@@ -122,4 +149,8 @@ def seed_padding(batch: dict, tokenizer) -> dict:
     """The seed notebook's preprocessing: pad everything to 96 and keep pad ids in the labels."""
     sources = tokenizer(batch["source_text"], padding="max_length", max_length=SEED_MAX_LENGTH, truncation=True)
     targets = tokenizer(text_target=batch["target"], padding="max_length", max_length=SEED_MAX_LENGTH, truncation=True)
-    return {"input_ids": sources["input_ids"], "attention_mask": sources["attention_mask"], "labels": targets["input_ids"]}
+    return {
+        "input_ids": sources["input_ids"],
+        "attention_mask": sources["attention_mask"],
+        "labels": targets["input_ids"],
+    }

@@ -9,6 +9,7 @@ starting (Cloudera ML docs, "Restrictions for upgrading R and Python packages").
 
 This script reads requirements.txt itself: nothing of the project is installed yet when it runs.
 """
+
 from __future__ import annotations
 
 import re
@@ -43,8 +44,9 @@ def installed_version(name: str) -> str | None:
         return None
 
 
-def install_arguments(requirements: str, installed: Callable[[str], str | None] = installed_version,
-                      project_dir: Path = PROJECT_DIR) -> list[str]:
+def install_arguments(
+    requirements: str, installed: Callable[[str], str | None] = installed_version, project_dir: Path = PROJECT_DIR
+) -> list[str]:
     """pip's arguments for the runtime: our pins, with the runtime's own Jupyter pinned where it has one.
 
     :param requirements: the text of requirements.txt.
@@ -72,7 +74,9 @@ def main() -> None:
     print(f"installing the runtime requirements: {' '.join(arguments)}", flush=True)
     result = subprocess.run([sys.executable, "-m", "pip", "install", "--progress-bar", "off", *arguments], check=False)
     if result.returncode != 0:
-        sys.exit(f"Error: pip could not install the runtime requirements (exit code {result.returncode}); its reason is above")
+        sys.exit(
+            f"Error: pip could not install the runtime requirements (exit code {result.returncode}); its reason is above"
+        )
 
 
 if __name__ == "__main__":

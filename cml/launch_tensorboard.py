@@ -1,4 +1,5 @@
 """CML application: TensorBoard on every run's event files, at the application's port."""
+
 import os
 
 from textsql.constants import PROJECT_DIR

@@ -4,6 +4,7 @@ The same check as `textsql preflight`, with the project's TEXTSQL_<NAME> values.
 needs (it runs next, during the import) can fail the import; what training needs later (pdsh, sshd,
 GPUs) is reported and left to the user, who starts the training job once the runtime has it.
 """
+
 from textsql.cli import cli
 
 cli.main(["preflight", "--require", "prepare"], prog_name="textsql")

@@ -8,13 +8,14 @@ runs/jobs/<notebook>-<time>.ipynb, to open from the Files tab. A failing cell, a
 runtime without what training needs (pdsh, sshd: checked before any worker starts) ends the job with
 one line saying which, not a traceback.
 """
+
 import logging
 import sys
 import time
 
 from textsql.constants import PROJECT_DIR
-from textsql.jobs import job_parameters, parameters_from_environ, run_notebook, runtime_checks
 from textsql.errors import TextSQLError
+from textsql.jobs import job_parameters, parameters_from_environ, run_notebook, runtime_checks
 from textsql.launching.preflight import TRAIN, missing_for
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
@@ -24,7 +25,9 @@ try:
     if name == "02_train_distributed":
         missing = missing_for(runtime_checks(job_parameters()), [TRAIN])
         if missing:
-            sys.exit("Error: this runtime cannot train: " + "; ".join(f"{check.name}: {check.detail}" for check in missing))
+            sys.exit(
+                "Error: this runtime cannot train: " + "; ".join(f"{check.name}: {check.detail}" for check in missing)
+            )
     run_notebook(name, output, parameters_from_environ(name))
 except TextSQLError as error:
     sys.exit(f"Error: {error}")

@@ -24,6 +24,7 @@ Usage::
 
     .venv/bin/python scripts/build_sample.py [--shared ../shared/data/wikisql] [--out textsql/assets/wikisql_sample]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,15 +35,19 @@ import tempfile
 from pathlib import Path
 
 from textsql.constants import AGG_OPS, SAMPLE_DATA_DIR
-from textsql.errors import DataError, SQLParseError
 from textsql.data.sql import parse_sql
+from textsql.errors import DataError, SQLParseError
 
 logger = logging.getLogger(__name__)
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_SHARED = PROJECT_DIR.parent / "shared" / "data" / "wikisql"
 # Release split stem -> (with_headers file, original file aligned with it or None).
-SPLIT_SOURCES = {"train": ("train.jsonl", None), "dev": ("valid.jsonl", "dev.jsonl"), "test": ("test.jsonl", "test.jsonl")}
+SPLIT_SOURCES = {
+    "train": ("train.jsonl", None),
+    "dev": ("valid.jsonl", "dev.jsonl"),
+    "test": ("test.jsonl", "test.jsonl"),
+}
 NUMERIC_AGGREGATIONS = {AGG_OPS.index(name) for name in ("MAX", "MIN", "SUM", "AVG")}
 LICENSES = {"original/LICENSE": "LICENSE.WikiSQL", "with_headers/LICENSE": "LICENSE.mlx-examples"}
 NOTICE = """\
@@ -76,7 +81,9 @@ Derived here (scripts/build_sample.py regenerates this folder from those files):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=DEFAULT_SHARED, help="the shared wikisql folder (original/, with_headers/)")
+    parser.add_argument(
+        "--shared", type=Path, default=DEFAULT_SHARED, help="the shared wikisql folder (original/, with_headers/)"
+    )
     parser.add_argument("--out", type=Path, default=SAMPLE_DATA_DIR, help="the sample folder to (re)write")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -96,7 +103,9 @@ def build(shared: Path, out: Path) -> dict[str, int]:
                 question["sql"] = structured_query(question, tables[question["table_id"]]["header"])
             evidence = release_queries(shared, stem, set(tables)) or [(q["table_id"], q["sql"]) for q in questions]
             for table in tables.values():
-                table["types"] = infer_types(table["header"], [sql for table_id, sql in evidence if table_id == table["id"]])
+                table["types"] = infer_types(
+                    table["header"], [sql for table_id, sql in evidence if table_id == table["id"]]
+                )
             write_jsonl(staging / f"{stem}.jsonl", [release_line(question) for question in questions])
             write_jsonl(staging / f"{stem}.tables.jsonl", list(tables.values()))
             counts[stem] = len(questions)
@@ -120,10 +129,16 @@ def read_split(shared: Path, stem: str) -> list[dict]:
         table_line, columns_line, question_line, answer_line = json.loads(line)["text"].split("\n")
         table_id = table_line.removeprefix("table: ")
         gold = answer_line.removeprefix("A: ").replace(f" FROM {table_id}", " FROM table", 1)
-        questions.append({
-            "where": f"{path}:{line_number}", "table_id": table_id, "pieces": columns_line.removeprefix("columns: ").split(", "),
-            "question": question_line.removeprefix("Q: "), "gold": gold, "original": None,
-        })
+        questions.append(
+            {
+                "where": f"{path}:{line_number}",
+                "table_id": table_id,
+                "pieces": columns_line.removeprefix("columns: ").split(", "),
+                "question": question_line.removeprefix("Q: "),
+                "gold": gold,
+                "original": None,
+            }
+        )
     if original_file:
         with open(shared / "original" / original_file) as lines:
             for question, line in zip(questions, lines):
@@ -174,7 +189,9 @@ def build_tables(questions: list[dict]) -> dict[str, dict]:
         mentions = [mention for question in group for mention in mentioned_columns(question)]
         header = recover_header(pieces, mentions)
         if header is None:
-            raise DataError(f"{group[0]['where']}: no split of {', '.join(pieces)!r} fits the columns its questions name: {mentions!r}")
+            raise DataError(
+                f"{group[0]['where']}: no split of {', '.join(pieces)!r} fits the columns its questions name: {mentions!r}"
+            )
         tables[table_id] = {"id": table_id, "header": header, "types": [], "rows": []}
     return tables
 
@@ -190,13 +207,17 @@ def recover_header(pieces: list[str], mentions: list[tuple[int | None, str]]) ->
 
     def groups(start: int, header: list[str]) -> list[str] | None:
         if start == len(pieces):
-            return header if names <= set(header) and all(i < len(header) and header[i] == n for i, n in at_index.items()) else None
+            return (
+                header
+                if names <= set(header) and all(i < len(header) and header[i] == n for i, n in at_index.items())
+                else None
+            )
         index = len(header)
         lengths = range(1, len(pieces) - start + 1)
         # Mentioned names first, then single pieces, then any other join (only an index can ask for it).
-        ordered = sorted(lengths, key=lambda n: (", ".join(pieces[start:start + n]) not in names, n != 1, n))
+        ordered = sorted(lengths, key=lambda n: (", ".join(pieces[start : start + n]) not in names, n != 1, n))
         for length in ordered:
-            name = ", ".join(pieces[start:start + length])
+            name = ", ".join(pieces[start : start + length])
             if index in at_index and at_index[index] != name:
                 continue
             if length > 1 and name not in names and not at_index:

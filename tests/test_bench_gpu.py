@@ -1,4 +1,5 @@
 """The GPU bench section: its arithmetic on the CPU, its clean absence without CUDA, the real thing marked gpu."""
+
 import json
 import subprocess
 import sys
@@ -7,8 +8,8 @@ import pytest
 
 from bench.flops import T5Shape, training_flops
 from bench.gpu import available, curves_match, step_samples
-from textsql.training.batching import TokenBudgetBatchSampler
 from textsql.constants import PROJECT_DIR
+from textsql.training.batching import TokenBudgetBatchSampler
 
 TINY = T5Shape(d_model=8, d_attention=8, d_ff=16, encoder_layers=1, decoder_layers=1, vocab_size=32)
 
@@ -36,8 +37,24 @@ def test_step_samples_rebuild_every_epoch_of_the_seeded_sampler():
 def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(tmp_path):
     before = json.loads((PROJECT_DIR / "bench" / "results.json").read_text())
     (tmp_path / "results.json").write_text(json.dumps(before))
-    subprocess.run([sys.executable, "-m", "bench", "--smoke", "--only", "gpu", "--out", str(tmp_path), "--work", str(tmp_path / "work")],
-                   cwd=PROJECT_DIR, check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--smoke",
+            "--only",
+            "gpu",
+            "--out",
+            str(tmp_path),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        cwd=PROJECT_DIR,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     results = json.loads((tmp_path / "results.json").read_text())
     assert "gpu" not in results
     figures = [key for key in before if key not in ("machine", "releases", "started", "finished")]
@@ -47,8 +64,24 @@ def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(tmp_pa
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_the_gpu_section_runs_at_smoke_size(tmp_path):
-    subprocess.run([sys.executable, "-m", "bench", "--smoke", "--only", "gpu", "--out", str(tmp_path), "--work", str(tmp_path / "work")],
-                   cwd=PROJECT_DIR, check=True, timeout=900, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--smoke",
+            "--only",
+            "gpu",
+            "--out",
+            str(tmp_path),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        cwd=PROJECT_DIR,
+        check=True,
+        timeout=900,
+        capture_output=True,
+    )
     figure = json.loads((tmp_path / "results.json").read_text())["gpu"]
     assert figure["old_recipe_samples_per_s"] > 0 and figure["profiles"]["default"]["samples_per_s"] > 0
     assert figure["device"] and figure["versions"]["cuda"]

@@ -5,6 +5,7 @@ Debian's headless chromium through its chromedriver (both installed by scripts/s
 Selenium downloads nothing). Screenshots land in the test's tmp dir. Everything waits on the page's
 own state (the kernel's status, execution counts, the charts' titles), never on a fixed sleep.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,21 +22,24 @@ from pathlib import Path
 
 import nbformat
 import papermill
-from ipykernel.ipkernel import IPythonKernel
 import psutil
 import pytest
-
+from ipykernel.ipkernel import IPythonKernel
 from test_tensorboard import serve, stop, wait_for_run
+
 from textsql.arguments import train_argv
-from textsql.jobs import check_parameters, notebook_path
 from textsql.display.tensorboard import read_scalars
+from textsql.jobs import check_parameters, notebook_path
 from worker.network import free_port
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="Debian's chromium and chromium-driver are absent; run scripts/setup-system.sh"),
+    pytest.mark.skipif(
+        not (CHROMIUM and CHROMEDRIVER),
+        reason="Debian's chromium and chromium-driver are absent; run scripts/setup-system.sh",
+    ),
 ]
 
 # Generous bounds for a shared 2-core machine; each wait ends as soon as the page is ready.
@@ -57,9 +61,17 @@ def browser(tmp_path: Path):
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     # Root in a container has no user namespace for chromium's sandbox; /dev/shm may be tiny there.
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+    ):
         options.add_argument(argument)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")))
+    driver = webdriver.Chrome(
+        options=options, service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    )
     (tmp_path / "screenshots").mkdir()
     try:
         yield driver
@@ -108,7 +120,9 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     check_parameters(NOTEBOOK, parameters)
     served = tmp_path / "notebooks"
     served.mkdir()
-    notebook = papermill.parameterize.parameterize_notebook(papermill.iorw.load_notebook_node(str(notebook_path(NOTEBOOK))), parameters)
+    notebook = papermill.parameterize.parameterize_notebook(
+        papermill.iorw.load_notebook_node(str(notebook_path(NOTEBOOK))), parameters
+    )
     # The shipped file names Python's minor version only as far as test_notebooks checks it; the patch
     # level is this machine's, so the copy carries this kernel's own, as JupyterLab would save it here.
     notebook.metadata.language_info = IPythonKernel.language_info
@@ -120,13 +134,22 @@ def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
     port, token = free_port(), "browser-test-token"
     command = [
-        str(Path(sys.executable).with_name("jupyter-lab")), "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={served}",
-        f"--LabApp.user_settings_dir={settings.parent.parent}", f"--LabApp.workspaces_dir={tmp_path / 'lab' / 'workspaces'}",
+        str(Path(sys.executable).with_name("jupyter-lab")),
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={served}",
+        f"--LabApp.user_settings_dir={settings.parent.parent}",
+        f"--LabApp.workspaces_dir={tmp_path / 'lab' / 'workspaces'}",
     ]
     if os.geteuid() == 0:  # a container's root; JupyterLab refuses it otherwise
         command.append("--allow-root")
-    environment = os.environ | {name: str(tmp_path / "jupyter" / name.lower()) for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR")}
+    environment = os.environ | {
+        name: str(tmp_path / "jupyter" / name.lower())
+        for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR")
+    }
     with (tmp_path / "jupyter.log").open("w") as log:
         process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
@@ -175,6 +198,7 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
 
     url, data_dir = jupyter_lab
     browser.get(url)
+
     def opened(driver) -> bool:
         state = notebook_state(driver)
         return state["status"] == "Idle" and bool(state["prompts"])
@@ -187,8 +211,12 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     assert not dirty, "JupyterLab changed the notebook on opening it: it shows as unsaved"
 
     browser.find_element(By.XPATH, "//li[contains(@class, 'lm-MenuBar-item')][.//div[text()='Run']]").click()
-    wait(browser, 10, lambda driver: driver.find_element(By.CSS_SELECTOR, "li[data-command='runmenu:run-all']"),
-         "the Run menu has no Run All Cells").click()
+    wait(
+        browser,
+        10,
+        lambda driver: driver.find_element(By.CSS_SELECTOR, "li[data-command='runmenu:run-all']"),
+        "the Run menu has no Run All Cells",
+    ).click()
 
     def finished(driver) -> dict | bool:
         state = notebook_state(driver)
@@ -203,15 +231,21 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     text = "\n".join(state["outputs"])
     assert "Traceback" not in text, text[-3000:]
     assert state["stderr"] == [], "third-party noise reached the notebook (log_level is warning)"
-    assert [int(prompt[1:-2]) for prompt in state["prompts"]] == list(range(1, len(state["prompts"]) + 1)), "each cell ran once, in order"
+    assert [int(prompt[1:-2]) for prompt in state["prompts"]] == list(range(1, len(state["prompts"]) + 1)), (
+        "each cell ran once, in order"
+    )
     assert f"wrote {data_dir} (schema input, tokenizer" in text
     for split in ("train", "validation", "test"):
         assert re.search(rf"{split}: {LIMIT} questions, \d+ tables", text), f"no {split} line in:\n{text}"
-    assert (data_dir / "dataset_dict.json").is_file() and (data_dir / "prepare.json").is_file(), "the kernel really wrote the dataset"
+    assert (data_dir / "dataset_dict.json").is_file() and (data_dir / "prepare.json").is_file(), (
+        "the kernel really wrote the dataset"
+    )
 
     figure = browser.find_element(By.CSS_SELECTOR, ".jp-OutputArea-output img")
     browser.execute_script("arguments[0].scrollIntoView()", figure)
-    assert browser.execute_script("return arguments[0].naturalWidth", figure) > 0, "the token length histograms did not render"
+    assert browser.execute_script("return arguments[0].naturalWidth", figure) > 0, (
+        "the token length histograms did not render"
+    )
     screenshot(browser, tmp_path, "lab-3-histograms")
     table = browser.find_element(By.CSS_SELECTOR, ".jp-OutputArea-output table")
     browser.execute_script("arguments[0].scrollIntoView()", table)
@@ -228,11 +262,22 @@ def training(prepared_sample: Path, tmp_path_factory) -> Iterator[tuple[subproce
     which keeps the module well under two minutes. Yields the process and its output dir."""
     output = tmp_path_factory.mktemp("training") / "run"
     argv = train_argv(
-        data_dir=prepared_sample, output_dir=output, max_steps=4, per_device_train_batch_size=4, learning_rate=3e-3, logging_steps=1,
-        eval_steps=2, max_eval_samples=4, per_device_eval_batch_size=4, generation_max_length=24, disable_tqdm=True,
+        data_dir=prepared_sample,
+        output_dir=output,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        logging_steps=1,
+        eval_steps=2,
+        max_eval_samples=4,
+        per_device_eval_batch_size=4,
+        generation_max_length=24,
+        disable_tqdm=True,
     )
     with (output.parent / "train.log").open("w") as log:
-        process = subprocess.Popen([TEXTSQL, "train", *argv], stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
+        process = subprocess.Popen(
+            [TEXTSQL, "train", *argv], stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"}
+        )
     try:
         yield process, output
     finally:
@@ -288,13 +333,18 @@ def test_tensorboard_plots_every_scalar_of_a_finished_run(browser, finished_run,
 
         cards = wait(browser, START_S, every_card, f"TensorBoard did not show a chart for each of {sorted(written)}")
         for tag in ("eval/loss", "train/loss"):
-            browser.execute_script("document.querySelector(`.tag[title='${arguments[0]}']`).closest('card-view').scrollIntoView({block: 'center'})", tag)
+            browser.execute_script(
+                "document.querySelector(`.tag[title='${arguments[0]}']`).closest('card-view').scrollIntoView({block: 'center'})",
+                tag,
+            )
             screenshot(browser, tmp_path, f"tensorboard-{tag.replace('/', '-')}")
     finally:
         stop(process)
     # Every scalar the run wrote has its chart, the eval accuracies with the losses, and nothing else.
     assert set(cards) == written
-    (run, losses), = ((run, tags["train/loss"]) for run, tags in scalars.items() if "train/loss" in tags)
+    ((run, losses),) = ((run, tags["train/loss"]) for run, tags in scalars.items() if "train/loss" in tags)
     loss = cards["train/loss"]
     assert loss["Run"] == [run] and loss["Step"] == [str(losses[-1][0])]
-    assert float(loss["Value"][0]) == pytest.approx(losses[-1][1], abs=1e-3), "the chart's table shows the last logged loss"
+    assert float(loss["Value"][0]) == pytest.approx(losses[-1][1], abs=1e-3), (
+        "the chart's table shows the last logged loss"
+    )

@@ -1,22 +1,29 @@
 """A run is quiet by default: third-party loggers at WARNING, ranks' noise only in launch.log, a few terminal lines."""
+
 from __future__ import annotations
 
 import io
-import time
-import os
 import logging
+import os
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
 import torch
 
 from textsql.console import (
-    LOG_LEVEL_VAR, QUIET_ENVIRONMENT, THIRD_PARTY_LOGGERS, configure_cli, is_verbose, set_log_level, shown_rank_line,
+    LOG_LEVEL_VAR,
+    QUIET_ENVIRONMENT,
+    THIRD_PARTY_LOGGERS,
+    configure_cli,
+    is_verbose,
+    set_log_level,
+    shown_rank_line,
 )
-from textsql.errors import TextSQLError
 from textsql.display.terminal import StageView, cell_output_to
+from textsql.errors import TextSQLError
 
 # Lines DeepSpeed's runner and the ranks print in a demo, read from a real launch.log.
 NOISE = [
@@ -64,7 +71,9 @@ def test_third_party_loggers_are_at_warning_unless_verbose(monkeypatch):
 
 
 def test_unknown_log_level_names_the_known_ones():
-    with pytest.raises(TextSQLError, match="unknown log_level 'loud'; pass log_level one of debug, info, warning, error"):
+    with pytest.raises(
+        TextSQLError, match="unknown log_level 'loud'; pass log_level one of debug, info, warning, error"
+    ):
         set_log_level("loud")
 
 
@@ -139,15 +148,26 @@ load_model(sys.argv[2])
 """
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed warns about its CPU accelerator only where there is no GPU")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="DeepSpeed warns about its CPU accelerator only where there is no GPU"
+)
 def test_deepspeeds_accelerator_warning_and_the_loading_bar_only_when_verbose(tmp_path):
     """What notebook 02's estimate cell and notebook 03's model load printed: gone at warning, back at info."""
     outputs = {}
     for level in ("warning", "info"):
-        environment = {name: value for name, value in os.environ.items() if name not in (LOG_LEVEL_VAR, *QUIET_ENVIRONMENT)}
-        result = subprocess.run([sys.executable, "-c", LOAD_A_SAVED_MODEL, level, str(tmp_path / level)],
-                                capture_output=True, text=True, env=environment, timeout=300)
+        environment = {
+            name: value for name, value in os.environ.items() if name not in (LOG_LEVEL_VAR, *QUIET_ENVIRONMENT)
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", LOAD_A_SAVED_MODEL, level, str(tmp_path / level)],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         outputs[level] = result.stdout + result.stderr
-    assert "Setting accelerator to CPU" not in outputs["warning"] and "Loading weights" not in outputs["warning"], outputs["warning"]
+    assert "Setting accelerator to CPU" not in outputs["warning"] and "Loading weights" not in outputs["warning"], (
+        outputs["warning"]
+    )
     assert "Setting accelerator to CPU" in outputs["info"] and "Loading weights" in outputs["info"]

@@ -3,6 +3,7 @@
 A notebook's parameters and the AMP's environment defaults must be literals, so they repeat the values;
 these tests fail as soon as a copy drifts from the dataclass fields and TRAINING_DEFAULTS.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,7 +26,10 @@ DEMO_SCHEDULE = {"learning_rate", "max_steps", "eval_steps"}
 
 
 def notebook_parameter_defaults(name: str) -> dict:
-    return {parameter: ast.literal_eval(spec["default"]) for parameter, spec in papermill.inspect_notebook(str(notebook_path(name))).items()}
+    return {
+        parameter: ast.literal_eval(spec["default"])
+        for parameter, spec in papermill.inspect_notebook(str(notebook_path(name))).items()
+    }
 
 
 def test_notebook_02_parameters_are_the_one_source():
@@ -38,10 +42,21 @@ def test_the_cli_trains_with_the_same_defaults(tmp_path):
     model_args, _, run_args, training = parse_command_line(train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path)))
     defaults = notebook_defaults()
     assert run_args.auto_profile and model_args.model == defaults["model"]
-    assert (training["per_device_train_batch_size"], training["learning_rate"], training["eval_steps"], training["save_steps"],
-            training["max_steps"], run_args.overwrite_output_dir) == (
-        defaults["per_device_batch_size"], defaults["learning_rate"], defaults["eval_steps"], defaults["eval_steps"],
-        defaults["max_steps"], defaults["overwrite"])
+    assert (
+        training["per_device_train_batch_size"],
+        training["learning_rate"],
+        training["eval_steps"],
+        training["save_steps"],
+        training["max_steps"],
+        run_args.overwrite_output_dir,
+    ) == (
+        defaults["per_device_batch_size"],
+        defaults["learning_rate"],
+        defaults["eval_steps"],
+        defaults["eval_steps"],
+        defaults["max_steps"],
+        defaults["overwrite"],
+    )
 
 
 def test_the_amp_environment_defaults_are_notebook_02s():
@@ -55,4 +70,6 @@ def test_the_amp_environment_defaults_are_notebook_02s():
 
 def test_the_demo_takes_the_defaults_but_its_schedule(tmp_path):
     training = demo_parameters(tmp_path)["02_train_distributed"]
-    assert not (set(training) & set(notebook_defaults())) - DEMO_SCHEDULE, "the demo repeats a default; leave it to notebook 02"
+    assert not (set(training) & set(notebook_defaults())) - DEMO_SCHEDULE, (
+        "the demo repeats a default; leave it to notebook 02"
+    )

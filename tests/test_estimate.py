@@ -1,4 +1,5 @@
 """textsql estimate: parameters from the config alone, DeepSpeed's estimators, the cheapest profile that fits."""
+
 import json
 
 import pytest
@@ -8,8 +9,16 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 
 from textsql.cli import cli
 from textsql.errors import ProfileError
-from textsql.training.estimate import GIB, choose_profile, count_parameters, estimate, format_estimate, resolve_profile, resolve_profile_here
 from textsql.model import load_config, load_model
+from textsql.training.estimate import (
+    GIB,
+    choose_profile,
+    count_parameters,
+    estimate,
+    format_estimate,
+    resolve_profile,
+    resolve_profile_here,
+)
 
 T5_SMALL_PARAMETERS = 60_506_624  # t5-small as published (tied embeddings counted once)
 
@@ -48,7 +57,9 @@ def test_recommends_the_cheapest_profile_that_fits(shared_data_dir):
 
 
 def test_cli_json_is_clean_on_stdout_and_errors_are_one_line():
-    result = CliRunner().invoke(cli, ["estimate", "--nodes", "2", "--gpus-per-node", "2", "--gpu-memory-gb", "16", "--json"])
+    result = CliRunner().invoke(
+        cli, ["estimate", "--nodes", "2", "--gpus-per-node", "2", "--gpu-memory-gb", "16", "--json"]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["parameters"] == load_model().num_parameters()
@@ -65,9 +76,15 @@ def test_profile_auto_is_the_recommendation_and_a_named_profile_wins(shared_data
     config = str(shared_data_dir / "t5" / "t5-small.config.json")
     small_gpus = estimate(config, nodes=4, gpus_per_node=8, gpu_memory_gb=0.15)
     assert choose_profile("auto", small_gpus) == small_gpus["recommended"] == "zero3"
-    assert format_estimate(small_gpus, requested="auto").splitlines()[-1] == "this run uses: zero3 (profile auto: the recommendation)"
+    assert (
+        format_estimate(small_gpus, requested="auto").splitlines()[-1]
+        == "this run uses: zero3 (profile auto: the recommendation)"
+    )
     assert choose_profile("zero1", small_gpus) == "zero1"
-    assert format_estimate(small_gpus, requested="zero1").splitlines()[-1] == "this run uses: zero1 (named by the profile parameter)"
+    assert (
+        format_estimate(small_gpus, requested="zero1").splitlines()[-1]
+        == "this run uses: zero1 (named by the profile parameter)"
+    )
     assert resolve_profile("auto", config, 4, 8, 0.15) == "zero3"
     with pytest.raises(ProfileError, match="unknown profile 'zero9'"):
         choose_profile("zero9", small_gpus)
@@ -90,6 +107,12 @@ def test_on_cpus_auto_prefers_stage_1_where_it_fits_and_says_why():
     assert (on_gpus["recommended"], on_cpus["recommended"]) == ("zero0", "zero1")
     assert "on CPUs ZeRO-1 ran fastest" in format_estimate(on_cpus) and "CPUs" not in format_estimate(on_gpus)
     # Where stage 1 does not fit, CPUs get the cheapest profile that does, as GPUs do.
-    tight = estimate(None, nodes=2, gpus_per_node=1, gpu_memory_gb=on_cpus["profiles"]["zero1"]["gpu_gb_per_rank"] / 0.8 * 0.99, cpu=True)
+    tight = estimate(
+        None,
+        nodes=2,
+        gpus_per_node=1,
+        gpu_memory_gb=on_cpus["profiles"]["zero1"]["gpu_gb_per_rank"] / 0.8 * 0.99,
+        cpu=True,
+    )
     assert not tight["profiles"]["zero1"]["fits"]
     assert tight["recommended"] == next(name for name, row in tight["profiles"].items() if row["fits"])

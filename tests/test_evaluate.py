@@ -1,4 +1,5 @@
 """WikiSQL metrics against the real dev file (logical form) and hand-built tables (execution)."""
+
 import copy
 import json
 from collections import Counter
@@ -8,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
+from textsql.data.sql import parse_sql, render_sql
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
-from textsql.inference.evaluate import ExecutionError, TableEngine, evaluate, format_report, to_number
 from textsql.files import load_tables, read_jsonl
-from textsql.data.sql import parse_sql, render_sql
+from textsql.inference.evaluate import ExecutionError, TableEngine, evaluate, format_report, to_number
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,13 @@ def test_gold_as_prediction_scores_one_with_breakdowns(dev):
     assert report["ex_accuracy"] is None  # question files carry no table rows
     aggs = Counter(item["sql"]["agg"] for item in dev)
     assert {name: row["n"] for name, row in report["by_aggregation"].items()} == {
-        "none": aggs[0], "MAX": aggs[1], "MIN": aggs[2], "COUNT": aggs[3], "SUM": aggs[4], "AVG": aggs[5]}
+        "none": aggs[0],
+        "MAX": aggs[1],
+        "MIN": aggs[2],
+        "COUNT": aggs[3],
+        "SUM": aggs[4],
+        "AVG": aggs[5],
+    }
     assert list(report["by_aggregation"]) == ["none", "MAX", "MIN", "COUNT", "SUM", "AVG"]
     conds = Counter(len(item["sql"]["conds"]) for item in dev)
     assert {int(name): row["n"] for name, row in report["by_conditions"].items()} == dict(conds)
@@ -44,7 +51,7 @@ def test_gold_as_prediction_scores_one_with_breakdowns(dev):
 @pytest.mark.parametrize("k", [1, 17, 842])
 def test_changed_select_on_k_lines_is_exactly_k_wrong(dev, k):
     pred = official(dev)
-    for item in pred[::len(dev) // k][:k]:
+    for item in pred[:: len(dev) // k][:k]:
         item["query"]["sel"] += 1
     report = evaluate(dev, pred)
     assert report["lf_correct"] == len(dev) - k
@@ -81,7 +88,9 @@ def test_value_case_is_ignored_but_value_text_is_not(dev):
     for item in pred:
         item["query"]["conds"] = [[c, o, v.upper() if isinstance(v, str) else v] for c, o, v in item["query"]["conds"]]
     # str.lower() is not the inverse of str.upper() everywhere ("ı".upper() is "I"): one dev value.
-    unicode_trap = sum(any(isinstance(v, str) and v.upper().lower() != v.lower() for _, _, v in item["sql"]["conds"]) for item in dev)
+    unicode_trap = sum(
+        any(isinstance(v, str) and v.upper().lower() != v.lower() for _, _, v in item["sql"]["conds"]) for item in dev
+    )
     assert unicode_trap == 1
     assert evaluate(dev, pred)["lf_correct"] == len(dev) - unicode_trap
     changed = official(dev)
@@ -95,8 +104,12 @@ def test_numbers_compare_as_their_text_like_the_official_script(dev):
     """Gold 2003 matches "2003"; gold 1939.0 matches "1939.0" but not "1939" (str(value))."""
     pred = official(dev)
     for item in pred:
-        item["query"]["conds"] = [[c, o, str(int(v)) if isinstance(v, (int, float)) else v] for c, o, v in item["query"]["conds"]]
-    floats = sum(any(isinstance(v, float) and str(int(v)) != str(v) for _, _, v in item["sql"]["conds"]) for item in dev)
+        item["query"]["conds"] = [
+            [c, o, str(int(v)) if isinstance(v, (int, float)) else v] for c, o, v in item["query"]["conds"]
+        ]
+    floats = sum(
+        any(isinstance(v, float) and str(int(v)) != str(v) for _, _, v in item["sql"]["conds"]) for item in dev
+    )
     ints = sum(any(isinstance(v, int) for _, _, v in item["sql"]["conds"]) for item in dev)
     assert floats > 100 and ints > 1000
     assert evaluate(dev, pred)["lf_correct"] == len(dev) - floats
@@ -121,7 +134,7 @@ def test_parse_rate_counts_queries_whose_columns_belong_to_their_table():
     records, tables = load_split("sample", "validation")
     pred = [{"id": item["id"], "query": copy.deepcopy(item["sql"])} for item in records]
     pred[0] = {"id": records[0]["id"], "error": "could not parse"}
-    pred[1]["query"]["sel"] = len(records[1]["header"])                    # one column past the table
+    pred[1]["query"]["sel"] = len(records[1]["header"])  # one column past the table
     pred[2]["query"]["conds"] = [[len(records[2]["header"]) + 3, 0, "x"]]  # a condition on no column
     report = evaluate(records, pred)
     assert report["parse_rate"] == (len(records) - 3) / len(records)
@@ -193,14 +206,17 @@ def q(sel, agg=0, conds=()):
     return {"sel": sel, "agg": agg, "conds": [list(c) for c in conds]}
 
 
-@pytest.mark.parametrize("agg, expected", [
-    (0, [2.01, 2.10]),        # plain select, in table order
-    (1, [2.10]),              # MAX
-    (2, [2.01]),              # MIN
-    (3, [2]),                 # COUNT
-    (4, [pytest.approx(4.11)]),  # SUM
-    (5, [pytest.approx(2.055)]),  # AVG
-])
+@pytest.mark.parametrize(
+    "agg, expected",
+    [
+        (0, [2.01, 2.10]),  # plain select, in table order
+        (1, [2.10]),  # MAX
+        (2, [2.01]),  # MIN
+        (3, [2]),  # COUNT
+        (4, [pytest.approx(4.11)]),  # SUM
+        (5, [pytest.approx(2.055)]),  # AVG
+    ],
+)
 def test_every_aggregation_runs_in_sql(engine, agg, expected):
     assert engine.execute("players", q(3, agg, [(4, 0, "Duke")])) == expected
 
@@ -214,9 +230,9 @@ def test_text_is_case_insensitive_and_numbers_are_read_from_text(engine):
     assert engine.execute("players", q(0, 0, [(4, 0, "butler cc (ks)")])) == ["ann lee"]
     assert engine.execute("players", q(0, 0, [(1, 0, "3")])) == ["ann lee", "cy fox"]
     assert engine.execute("players", q(0, 0, [(1, 0, 3.0)])) == ["ann lee", "cy fox"]
-    assert engine.execute("players", q(0, 0, [(1, 0, "1000")])) == ["di hu"]      # cell "1,000"
+    assert engine.execute("players", q(0, 0, [(1, 0, "1000")])) == ["di hu"]  # cell "1,000"
     assert engine.execute("players", q(0, 0, [(1, 1, "no. 100")])) == ["di hu"]  # first number in text
-    assert engine.execute("players", q(0, 0, [(3, 2, "1.8")])) == ["di hu"]      # cell "1.75 m"
+    assert engine.execute("players", q(0, 0, [(3, 2, "1.8")])) == ["di hu"]  # cell "1.75 m"
     assert engine.execute("players", q(0, 0, [(3, 1, "2"), (2, 0, "FORWARD")])) == ["bob ray"]
 
 
@@ -249,16 +265,24 @@ def test_execution_accuracy_differs_from_logical_form_where_it_should():
     gold = players_gold()
     pred = [
         {"query": q(0, 0, [(4, 0, "butler cc (ks)")])},  # case only: both right
-        {"query": q(0, 3, [(4, 0, "Duke")])},             # COUNT of another column: same result
-        {"query": q(1, 4, [(2, 0, "guard")])},            # both right
+        {"query": q(0, 3, [(4, 0, "Duke")])},  # COUNT of another column: same result
+        {"query": q(1, 4, [(2, 0, "guard")])},  # both right
         {"query": q(0, 0, [(1, 0, 3.0), (2, 0, "center")])},  # 3.0 vs "3": LF wrong, EX right
-        {"query": q(9, 0, [(2, 0, "Nobody")])},           # fails to execute: wrong
+        {"query": q(9, 0, [(2, 0, "Nobody")])},  # fails to execute: wrong
     ]
     report = evaluate(gold, pred, tables={"players": PLAYERS})
     assert (report["lf_correct"], report["ex_correct"]) == (2, 4)
     assert report["ex_accuracy"] == 0.8
     assert report["errors"] == 1
-    assert report["by_aggregation"]["COUNT"] == {"n": 1, "lf_accuracy": 0.0, "ex_accuracy": 1.0, "lf_correct": 0, "ex_correct": 1, "errors": 0, "parse_rate": 1.0}
+    assert report["by_aggregation"]["COUNT"] == {
+        "n": 1,
+        "lf_accuracy": 0.0,
+        "ex_accuracy": 1.0,
+        "lf_correct": 0,
+        "ex_correct": 1,
+        "errors": 0,
+        "parse_rate": 1.0,
+    }
     assert report["by_conditions"]["2"]["ex_accuracy"] == 1.0
 
 
@@ -295,7 +319,9 @@ def test_cli_finds_tables_beside_gold_and_writes_json(tmp_path: Path):
     pred[1] = {"error": "bad"}
     pred_path.write_text("".join(json.dumps(item) + "\n" for item in pred))
     out = tmp_path / "metrics.json"
-    result = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path), "--json", "--out", str(out)])
+    result = CliRunner().invoke(
+        cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path), "--json", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["ex_accuracy"] == 0.8
     assert json.loads(out.read_text())["lf_accuracy"] == 0.8
@@ -314,7 +340,10 @@ def test_cli_mismatched_lengths_is_one_line_error(tmp_path: Path):
 
 def test_cli_scores_our_predictions_alone_from_their_gold_queries(tmp_path: Path):
     pred_path = tmp_path / "predictions.jsonl"
-    lines = [{"id": item["id"], "table_id": "players", "query": item["sql"], "error": None, "gold_query": item["sql"]} for item in players_gold()]
+    lines = [
+        {"id": item["id"], "table_id": "players", "query": item["sql"], "error": None, "gold_query": item["sql"]}
+        for item in players_gold()
+    ]
     lines[0]["query"] = q(1)
     pred_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = CliRunner().invoke(cli, ["evaluate", "--pred", str(pred_path), "--json"])

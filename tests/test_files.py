@@ -1,4 +1,5 @@
 """The library's file I/O (textsql.files) and the atomic write under it (worker.files)."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,14 @@ import pytest
 from textsql.constants import SAMPLE_DATA_DIR
 from textsql.errors import DataError
 from textsql.files import (
-    load_tables, prepared_tables_path, read_json, read_jsonl, read_jsonl_located, tables_beside, write_json, write_jsonl,
+    load_tables,
+    prepared_tables_path,
+    read_json,
+    read_jsonl,
+    read_jsonl_located,
+    tables_beside,
+    write_json,
+    write_jsonl,
 )
 from worker.files import atomic_write, last_line
 
@@ -43,10 +51,13 @@ def test_json_and_jsonl_round_trip_and_create_the_folder(tmp_path):
     assert report.read_text().endswith("}\n")
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"a": 1}\n\n{"a": 2\n', "lines.jsonl:3: not a JSON object"),
-    ('{"a": 1}\n[1, 2]\n', "lines.jsonl:2: a JSON list, not an object"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"a": 1}\n\n{"a": 2\n', "lines.jsonl:3: not a JSON object"),
+        ('{"a": 1}\n[1, 2]\n', "lines.jsonl:2: a JSON list, not an object"),
+    ],
+)
 def test_jsonl_errors_name_file_and_line(tmp_path, text, message):
     path = tmp_path / "lines.jsonl"
     path.write_text(text)
@@ -73,11 +84,15 @@ def test_missing_and_broken_files_say_which(tmp_path):
 
 def test_load_tables_fills_defaults_and_checks_each_table(tmp_path):
     path = tmp_path / "dev.tables.jsonl"
-    path.write_text(json.dumps({"id": "t", "header": ["Name", "Age"]}) + "\n" + json.dumps({"id": "u", "rows": []}) + "\n")
+    path.write_text(
+        json.dumps({"id": "t", "header": ["Name", "Age"]}) + "\n" + json.dumps({"id": "u", "rows": []}) + "\n"
+    )
     with pytest.raises(DataError, match="dev.tables.jsonl:2: a table needs an id and a header"):
         load_tables(path)
     path.write_text(json.dumps({"id": "t", "header": ["Name", "Age"], "page_title": "People"}) + "\n")
-    assert load_tables(path) == {"t": {"id": "t", "header": ["Name", "Age"], "page_title": "People", "types": ["text", "text"], "rows": []}}
+    assert load_tables(path) == {
+        "t": {"id": "t", "header": ["Name", "Age"], "page_title": "People", "types": ["text", "text"], "rows": []}
+    }
 
 
 def test_tables_files_of_both_layouts(tmp_path):

@@ -1,4 +1,5 @@
 """The encoder-decoder FLOP convention against the issue's t5-small figures (from t5-small's real config)."""
+
 import pytest
 from transformers import AutoConfig
 

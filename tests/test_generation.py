@@ -1,4 +1,5 @@
 """Evaluation generation bounded by the gold queries: one length, saved with the model, no warnings."""
+
 import json
 import logging
 
@@ -13,17 +14,24 @@ from textsql.model import load_model, load_tokenizer
 
 
 def labelled(lengths: list[int]) -> datasets.Dataset:
-    return datasets.Dataset.from_dict({
-        "input_ids": [[5, 6, 7, 1]] * len(lengths),
-        "attention_mask": [[1] * 4] * len(lengths),
-        "labels": [[9] * (length - 1) + [1] for length in lengths],
-    })
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": [[5, 6, 7, 1]] * len(lengths),
+            "attention_mask": [[1] * 4] * len(lengths),
+            "labels": [[9] * (length - 1) + [1] for length in lengths],
+        }
+    )
 
 
 def arguments(tmp_path, cap: int | None = 64) -> Seq2SeqTrainingArguments:
     return Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path), predict_with_generate=True, generation_max_length=cap, report_to=[], use_cpu=True,
-        per_device_eval_batch_size=4, disable_tqdm=True,
+        output_dir=str(tmp_path),
+        predict_with_generate=True,
+        generation_max_length=cap,
+        report_to=[],
+        use_cpu=True,
+        per_device_eval_batch_size=4,
+        disable_tqdm=True,
     )
 
 
@@ -56,9 +64,13 @@ def test_evaluation_warns_nothing_and_the_saved_config_has_the_bound(tmp_path, h
     data = labelled([6, 11, 9, 4])
     args = arguments(tmp_path)
     bound = bound_generation(model, args, data)
-    trainer = Seq2SeqTrainer(model=model, args=args, processing_class=tokenizer,
-                             data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID),
-                             callbacks=[KeepGenerationBound()])
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID),
+        callbacks=[KeepGenerationBound()],
+    )
     trainer.predict(data)  # a second evaluation must not inherit the first one's filled-in defaults
     output = trainer.predict(data)
     # An untrained model never writes </s>: it runs to the bound, not to 64 or 128.

@@ -1,4 +1,5 @@
 """Decoding constrained to each question's WikiSQL grammar: real sample tables, an untrained model, beams, EOS."""
+
 import random
 
 import pytest
@@ -8,13 +9,13 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from textsql.cli import cli
 from textsql.constants import MAX_CONDITIONS
+from textsql.data.sql import parse_sql
 from textsql.data.wikisql import load_split, read_source_text, source_text, target_text
-from textsql.decoding.processor import grammar_processor, processor_for_inputs
 from textsql.decoding.grammar import QueryAutomaton, compile_automata
-from textsql.training.trainer import generation_budget
+from textsql.decoding.processor import grammar_processor, processor_for_inputs
 from textsql.inference.predict import GenerationOptions, Predictor
 from textsql.model import load_tokenizer
-from textsql.data.sql import parse_sql
+from textsql.training.trainer import generation_budget
 
 PLAYERS = ["Player", "No.", "Nationality", "Position", "Years in Toronto", "School/Club Team"]
 
@@ -71,11 +72,14 @@ def random_query(tokenizer, automaton: QueryAutomaton, rng: random.Random, budge
     return tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
 
-@pytest.mark.parametrize("record_id", [
-    "validation-1",   # COUNT, multi-word column, a number from the question ("number 3 play")
-    "validation-24",  # headers with commas, LT, a long number, a value with a comma and "(1.89%)?"
-    "validation-22",  # comma headers, a value of many words with em dashes
-])
+@pytest.mark.parametrize(
+    "record_id",
+    [
+        "validation-1",  # COUNT, multi-word column, a number from the question ("number 3 play")
+        "validation-24",  # headers with commas, LT, a long number, a value with a comma and "(1.89%)?"
+        "validation-22",  # comma headers, a value of many words with em dashes
+    ],
+)
 def test_the_gold_query_is_in_the_grammar_of_its_table(tokenizer, records, record_id):
     record = next(item for item in records if item["id"] == record_id)
     automaton = QueryAutomaton.build(tokenizer, record["question"], record["header"])
@@ -150,18 +154,24 @@ def test_eos_exactly_where_a_query_may_end(tokenizer):
     automaton = QueryAutomaton.build(tokenizer, "How many schools did player number 3 play at?", PLAYERS)
     eos = tokenizer.eos_token_id
     text = "SELECT COUNT School/Club Team FROM table WHERE No. LT 3"
-    ends = [tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"][:index + 1]) for index in range(len(walk(tokenizer, automaton, text)) - 1)]
+    ends = [
+        tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"][: index + 1])
+        for index in range(len(walk(tokenizer, automaton, text)) - 1)
+    ]
     states = walk(tokenizer, automaton, text)
     allows_eos = [eos in automaton.allowed(state, 1000).tolist() for state in states[:-1]]
-    assert [end for end, allowed in zip(ends, allows_eos) if allowed] == ["SELECT COUNT School/Club Team FROM table", text]
+    assert [end for end, allowed in zip(ends, allows_eos) if allowed] == [
+        "SELECT COUNT School/Club Team FROM table",
+        text,
+    ]
     assert automaton.allowed(automaton.start, 1000).tolist() != [eos]
     # After EOS only EOS or padding follow (a greedy search pads finished rows).
     assert sorted(automaton.allowed(states[-1], 1000).tolist()) == sorted({eos, tokenizer.pad_token_id})
 
 
 def test_values_are_spans_of_the_question_with_their_glued_punctuation_dropped(tokenizer):
-    automaton = QueryAutomaton.build(tokenizer, "What is Rice's score at the \"Big game\"?", ["Team", "Score"])
-    for value in ("Rice", "rice's", "Big game", "\"Big game\"", "score at the", "What"):
+    automaton = QueryAutomaton.build(tokenizer, 'What is Rice\'s score at the "Big game"?', ["Team", "Score"])
+    for value in ("Rice", "rice's", "Big game", '"Big game"', "score at the", "What"):
         walk(tokenizer, automaton, f"SELECT Score FROM table WHERE Team = {value}")
     with pytest.raises(AssertionError):
         walk(tokenizer, automaton, "SELECT Score FROM table WHERE Team = Duke")
@@ -183,16 +193,28 @@ def test_an_untrained_model_writes_only_queries_over_each_table(predictor, recor
     for text, item in zip(predictor.generate(input_ids, options, items=items), items):
         query = parse_sql(text, item["header"])
         assert all(0 <= col < len(item["header"]) for col in [query["sel"], *(cond[0] for cond in query["conds"])])
-    free = predictor.generate(input_ids, GenerationOptions(batch_size=6, num_beams=num_beams, max_new_tokens=40, constrained=False))
+    free = predictor.generate(
+        input_ids, GenerationOptions(batch_size=6, num_beams=num_beams, max_new_tokens=40, constrained=False)
+    )
     assert not any(text.startswith("SELECT") for text in free)
 
 
 def test_every_beam_is_a_query(predictor, tokenizer, records):
     items = records[:3]
-    batch = tokenizer.pad([{"input_ids": predictor.encode(item["question"], item["header"])} for item in items], return_tensors="pt")
-    processor = grammar_processor(tokenizer, [item["question"] for item in items], [item["header"] for item in items], 40)
+    batch = tokenizer.pad(
+        [{"input_ids": predictor.encode(item["question"], item["header"])} for item in items], return_tensors="pt"
+    )
+    processor = grammar_processor(
+        tokenizer, [item["question"] for item in items], [item["header"] for item in items], 40
+    )
     with torch.inference_mode():
-        output = predictor.model.generate(**batch, num_beams=4, num_return_sequences=4, max_new_tokens=40, logits_processor=LogitsProcessorList([processor]))
+        output = predictor.model.generate(
+            **batch,
+            num_beams=4,
+            num_return_sequences=4,
+            max_new_tokens=40,
+            logits_processor=LogitsProcessorList([processor]),
+        )
     texts = tokenizer.batch_decode(output, skip_special_tokens=True)
     for index, text in enumerate(texts):
         parse_sql(text, items[index // 4]["header"])
@@ -214,16 +236,31 @@ def test_the_evaluation_during_training_generates_only_queries(predictor, record
     from textsql.training.trainer import GrammarSeq2SeqTrainer
 
     tokenizer, items = predictor.tokenizer, records[:6]
-    dataset = datasets.Dataset.from_dict({
-        "input_ids": [predictor.encode(item["question"], item["header"]) for item in items],
-        "labels": [tokenizer(target_text(item))["input_ids"] for item in items],
-    })
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=3, predict_with_generate=True,
-                                    generation_max_length=32, report_to=[], use_cpu=True, disable_tqdm=True)
-    trainer = GrammarSeq2SeqTrainer(model=predictor.model, args=args, processing_class=tokenizer,
-                                    data_collator=DataCollatorForSeq2Seq(tokenizer, model=predictor.model))
+    dataset = datasets.Dataset.from_dict(
+        {
+            "input_ids": [predictor.encode(item["question"], item["header"]) for item in items],
+            "labels": [tokenizer(target_text(item))["input_ids"] for item in items],
+        }
+    )
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_eval_batch_size=3,
+        predict_with_generate=True,
+        generation_max_length=32,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = GrammarSeq2SeqTrainer(
+        model=predictor.model,
+        args=args,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=predictor.model),
+    )
     output = trainer.predict(dataset)
-    predictions = torch.where(torch.tensor(output.predictions) < 0, tokenizer.pad_token_id, torch.tensor(output.predictions))
+    predictions = torch.where(
+        torch.tensor(output.predictions) < 0, tokenizer.pad_token_id, torch.tensor(output.predictions)
+    )
     for text, item in zip(tokenizer.batch_decode(predictions, skip_special_tokens=True), items):
         parse_sql(text, item["header"])
 
@@ -238,8 +275,21 @@ def test_the_generation_budget_follows_generate():
 
 def test_cli_answers_one_question_constrained_and_free():
     for flags, parses in (([], True), (["--constrained", "false"], False)):
-        result = CliRunner().invoke(cli, ["infer", "--question", "How many schools did player number 3 play at?",
-                                          "--header", ",".join(PLAYERS), "--max-new-tokens", "24", "--device", "cpu", *flags])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "infer",
+                "--question",
+                "How many schools did player number 3 play at?",
+                "--header",
+                ",".join(PLAYERS),
+                "--max-new-tokens",
+                "24",
+                "--device",
+                "cpu",
+                *flags,
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert ('"error": null' in result.output) is parses, result.output
 

@@ -1,24 +1,41 @@
 """Execution-guided decoding: among the beams, the first query that runs on the table's rows and finds something."""
+
 import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from textsql.errors import SQLParseError
-from textsql.inference.evaluate import ExecutionError, TableEngine
-from textsql.files import write_jsonl
+from textsql.data.sql import parse_sql
 from textsql.decoding.processor import grammar_processor
+from textsql.errors import SQLParseError
+from textsql.files import write_jsonl
+from textsql.inference.evaluate import ExecutionError, TableEngine
 from textsql.inference.guidance import ExecutionGuide
 from textsql.inference.predict import GenerationOptions, Predictor, predict
-from textsql.data.sql import parse_sql
 
 HEADER = ["Player", "No.", "School"]
-TABLES = {"t1": {"id": "t1", "header": HEADER, "types": ["text", "real", "text"],
-                 "rows": [["Ann", 3, "Duke"], ["Bob", 5, "Yale"], ["Cy", 12, "Duke"]]}}
+TABLES = {
+    "t1": {
+        "id": "t1",
+        "header": HEADER,
+        "types": ["text", "real", "text"],
+        "rows": [["Ann", 3, "Duke"], ["Bob", 5, "Yale"], ["Cy", 12, "Duke"]],
+    }
+}
 ITEMS = [
-    {"id": "q0", "table_id": "t1", "question": "Which player wore number 3 at Duke?", "header": HEADER,
-     "sql": {"sel": 0, "agg": 0, "conds": [[1, 0, "3"]]}},
-    {"id": "q1", "table_id": "t1", "question": "How many players came from Yale?", "header": HEADER,
-     "sql": {"sel": 0, "agg": 3, "conds": [[2, 0, "Yale"]]}},
+    {
+        "id": "q0",
+        "table_id": "t1",
+        "question": "Which player wore number 3 at Duke?",
+        "header": HEADER,
+        "sql": {"sel": 0, "agg": 0, "conds": [[1, 0, "3"]]},
+    },
+    {
+        "id": "q1",
+        "table_id": "t1",
+        "question": "How many players came from Yale?",
+        "header": HEADER,
+        "sql": {"sel": 0, "agg": 3, "conds": [[2, 0, "Yale"]]},
+    },
 ]
 NEW_TOKENS = 32
 BEAMS = 4
@@ -39,11 +56,11 @@ def first_finding(engine: TableEngine, own: list[str]) -> str:
 
 def test_the_first_beam_that_runs_and_finds_something_is_chosen():
     candidates = [
-        "SELECT Player FROM",                              # no query
-        "SELECT Player FROM table WHERE No. > many",       # a word compared with a number column: fails
+        "SELECT Player FROM",  # no query
+        "SELECT Player FROM table WHERE No. > many",  # a word compared with a number column: fails
         "SELECT Player FROM table WHERE School = Harvard",  # runs, finds nothing
         "SELECT MAX No. FROM table WHERE School = Oxford",  # an aggregate of nothing: NULL
-        "SELECT Player FROM table WHERE School = Duke",    # runs, finds Ann and Cy
+        "SELECT Player FROM table WHERE School = Duke",  # runs, finds Ann and Cy
         "SELECT Player FROM table",
     ]
     with ExecutionGuide(TABLES) as guide:
@@ -66,10 +83,15 @@ def own_beams(predictor: Predictor) -> list[list[str]]:
     batch = tokenizer.pad([{"input_ids": ids} for ids in input_ids], return_tensors="pt")
     processor = grammar_processor(tokenizer, [item["question"] for item in ITEMS], [HEADER] * len(ITEMS), NEW_TOKENS)
     with torch.inference_mode():
-        output = predictor.model.generate(**batch, num_beams=BEAMS, num_return_sequences=BEAMS, max_new_tokens=NEW_TOKENS,
-                                          logits_processor=LogitsProcessorList([processor]))
+        output = predictor.model.generate(
+            **batch,
+            num_beams=BEAMS,
+            num_return_sequences=BEAMS,
+            max_new_tokens=NEW_TOKENS,
+            logits_processor=LogitsProcessorList([processor]),
+        )
     beams = [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
-    return [beams[index * BEAMS:(index + 1) * BEAMS] for index in range(len(ITEMS))]
+    return [beams[index * BEAMS : (index + 1) * BEAMS] for index in range(len(ITEMS))]
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +104,25 @@ def predictor() -> Predictor:
             candidate = Predictor.load(None, device="cpu")
             if any(first_finding(engine, own) != own[0] for own in own_beams(candidate)):
                 return candidate
-    pytest.fail(f"no seed below {SEEDS} gives the untrained model a question whose first beam finds nothing and a later one something")
+    pytest.fail(
+        f"no seed below {SEEDS} gives the untrained model a question whose first beam finds nothing and a later one something"
+    )
 
 
 def test_predictor_answers_with_the_first_executing_beam(predictor):
     input_ids = encoded(predictor)
-    chosen = predictor.generate(input_ids, GenerationOptions(num_beams=BEAMS, max_new_tokens=NEW_TOKENS), items=ITEMS, tables=TABLES)
+    chosen = predictor.generate(
+        input_ids, GenerationOptions(num_beams=BEAMS, max_new_tokens=NEW_TOKENS), items=ITEMS, tables=TABLES
+    )
     beams = own_beams(predictor)
     with TableEngine(TABLES) as engine:
         assert chosen == [first_finding(engine, own) for own in beams]
-    unguided = predictor.generate(input_ids, GenerationOptions(num_beams=BEAMS, max_new_tokens=NEW_TOKENS, execution_guided=False), items=ITEMS, tables=TABLES)
+    unguided = predictor.generate(
+        input_ids,
+        GenerationOptions(num_beams=BEAMS, max_new_tokens=NEW_TOKENS, execution_guided=False),
+        items=ITEMS,
+        tables=TABLES,
+    )
     assert unguided == [own[0] for own in beams]
     assert chosen != unguided, "guidance took the first beam for every question, though the fixture gave it a choice"
 
@@ -99,7 +130,13 @@ def test_predictor_answers_with_the_first_executing_beam(predictor):
 def test_predict_on_records_with_rows_is_guided_and_scored_by_execution(predictor, tmp_path):
     data = tmp_path / "questions.jsonl"
     write_jsonl(data, [{**item, **{key: TABLES["t1"][key] for key in ("types", "rows")}} for item in ITEMS])
-    summary = predict(predictor, data, out=tmp_path / "predictions.jsonl", options=GenerationOptions(num_beams=4, max_new_tokens=24), progress=False)
+    summary = predict(
+        predictor,
+        data,
+        out=tmp_path / "predictions.jsonl",
+        options=GenerationOptions(num_beams=4, max_new_tokens=24),
+        progress=False,
+    )
     metrics = summary["metrics"]
     assert metrics["parse_rate"] == 1.0 and metrics["ex_accuracy"] is not None
     assert metrics["inference"]["constrained"] is True

@@ -1,4 +1,5 @@
 """Defaults chosen from device facts (passed in, so every case runs on a CPU), and the teardown."""
+
 import pytest
 import torch
 

@@ -3,6 +3,7 @@
 A model overfitted in-process (plain torch, a few hundred steps on eight sample questions) gives
 predictions that mean something, so the tests can check that the right SQL comes back.
 """
+
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -15,14 +16,14 @@ from transformers import DataCollatorForSeq2Seq
 
 from textsql.cli import cli
 from textsql.constants import LABEL_PAD_TOKEN_ID, MAX_CONDITIONS, SAMPLE_DATA_DIR
-from textsql.data.wikisql import load_split
-from textsql.errors import DataError
-from textsql.inference.evaluate import evaluate
-from textsql.files import read_jsonl
-from textsql.inference.predict import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
-from textsql.model import load_model, load_tokenizer
 from textsql.data.prepare import prepare
 from textsql.data.sql import canonical_sql
+from textsql.data.wikisql import load_split
+from textsql.errors import DataError
+from textsql.files import read_jsonl
+from textsql.inference.evaluate import evaluate
+from textsql.inference.predict import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
+from textsql.model import load_model, load_tokenizer
 
 QUESTIONS = 8
 # The fixture checks exact repetition every few steps, up to a cap (about 80 steps are needed here).
@@ -59,7 +60,8 @@ def trained(prepared: Path, tmp_path_factory) -> Path:
     tokenizer, model = load_tokenizer(), load_model()
     rows = datasets.load_from_disk(str(prepared))["validation"]
     batch = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID)(
-        list(rows.select_columns(["input_ids", "attention_mask", "labels"])))
+        list(rows.select_columns(["input_ids", "attention_mask", "labels"]))
+    )
     targets = [tokenizer.decode(labels, skip_special_tokens=True).strip() for labels in rows["labels"]]
     checking = Predictor(model, tokenizer)
     check = GenerationOptions(max_new_tokens=max(len(labels) for labels in rows["labels"]) + 2)
@@ -85,7 +87,9 @@ def trained(prepared: Path, tmp_path_factory) -> Path:
     return out
 
 
-def not_repeated(predictor: Predictor, input_ids: list[list[int]], targets: list[str], options: GenerationOptions) -> list[int]:
+def not_repeated(
+    predictor: Predictor, input_ids: list[list[int]], targets: list[str], options: GenerationOptions
+) -> list[int]:
     """Indexes of the questions whose greedy output is not exactly their target at some batch size
     the tests use (padding changes the arithmetic, so each is checked)."""
     outputs = [predictor.generate(input_ids, replace(options, batch_size=size)) for size in CHECKED_BATCH_SIZES]
@@ -129,7 +133,9 @@ def test_batches_are_sorted_longest_first(predictor, input_ids):
 
 def test_predict_writes_lines_official_format_and_metrics(predictor, prepared, tmp_path):
     out, official = tmp_path / "run" / "predictions.jsonl", tmp_path / "official.jsonl"
-    summary = predict(predictor, prepared, "validation", out, GenerationOptions(batch_size=4), official_out=official, progress=False)
+    summary = predict(
+        predictor, prepared, "validation", out, GenerationOptions(batch_size=4), official_out=official, progress=False
+    )
     lines = list(read_jsonl(out))
     assert [line["id"] for line in lines] == [f"validation-{i}" for i in range(QUESTIONS)]
     assert set(lines[0]) == {"id", "table_id", "question", "pred_sql", "query", "error", "gold_sql", "gold_query"}
@@ -162,7 +168,14 @@ def test_records_with_rows_get_execution_accuracy(predictor, tmp_path):
 def test_a_trained_model_writes_only_wikisql_queries_over_unseen_tables(predictor, tmp_path):
     """Issue 13's done-when on a model that has learnt something: questions and tables it never saw
     (the sample's test split) all come out as queries over their own table, in metrics.json too."""
-    summary = predict(predictor, "sample", "test", tmp_path / "predictions.jsonl", GenerationOptions(batch_size=16, max_new_tokens=48), progress=False)
+    summary = predict(
+        predictor,
+        "sample",
+        "test",
+        tmp_path / "predictions.jsonl",
+        GenerationOptions(batch_size=16, max_new_tokens=48),
+        progress=False,
+    )
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["n"] == 100 and metrics["parse_rate"] == 1.0
     for line, record in zip(read_jsonl(summary["predictions"]), load_split("sample", "test")[0]):
@@ -187,11 +200,29 @@ def test_cli_question_and_split(trained, prepared, tmp_path):
     records, _ = sample_records()
     record = records[0]
     runner = CliRunner()
-    answer = runner.invoke(cli, ["infer", "--model", str(trained), "--question", record["question"], "--header", json.dumps(record["header"])])
+    answer = runner.invoke(
+        cli,
+        ["infer", "--model", str(trained), "--question", record["question"], "--header", json.dumps(record["header"])],
+    )
     assert answer.exit_code == 0, answer.output
     assert json.loads(answer.stdout)["query"] == canonical_sql(record["sql"])
     out = tmp_path / "p.jsonl"
-    result = runner.invoke(cli, ["infer", "--model", str(trained), "--data", str(prepared), "--out", str(out), "--limit", "3", "--num-beams", "2"])
+    result = runner.invoke(
+        cli,
+        [
+            "infer",
+            "--model",
+            str(trained),
+            "--data",
+            str(prepared),
+            "--out",
+            str(out),
+            "--limit",
+            "3",
+            "--num-beams",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert len(list(read_jsonl(out))) == 3 and (tmp_path / "metrics.json").is_file()
 
@@ -204,7 +235,9 @@ def test_cli_mistakes_are_one_line(trained, prepared, tmp_path):
     assert bad_header.exit_code == 1 and bad_header.output.startswith("Error: --header")
     missing_model = runner.invoke(cli, ["infer", "--model", str(tmp_path / "nope"), "--data", str(prepared)])
     assert missing_model.exit_code == 1 and "--model" in missing_model.output
-    bad_device = runner.invoke(cli, ["infer", "--model", str(trained), "--device", "gpu0", "--question", "Who?", "--header", "A"])
+    bad_device = runner.invoke(
+        cli, ["infer", "--model", str(trained), "--device", "gpu0", "--question", "Who?", "--header", "A"]
+    )
     assert bad_device.exit_code == 1 and bad_device.output.splitlines()[-1].startswith("Error: unknown device 'gpu0'")
 
 

@@ -4,6 +4,7 @@ The multi-host tests run on two real `local` worker pods (their own sshd on 127.
 127.0.0.3, host keys from the rendezvous) with a small rank program that forms a gloo process
 group, so they check the launcher itself in seconds; test_launch_training.py runs the real training.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,8 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.errors import LaunchError
-from textsql.launching.launch import LaunchArguments, launch
 from textsql.launching.command import deepspeed_command, mask_credentials, rank_environment, without_secrets
+from textsql.launching.launch import LaunchArguments, launch
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -28,7 +29,7 @@ BIN = Path(sys.executable).parent
 HOSTS = ("127.0.0.2", "127.0.0.3")
 
 # A rank program: forms the gloo group, all-reduces, reports; fails or lingers when asked.
-RANK_MODULE = '''
+RANK_MODULE = """
 import os, sys, time
 import torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
@@ -41,7 +42,7 @@ print(f"stand-in rank {rank}/{dist.get_world_size()} node {os.environ['CROSS_RAN
       f"args {sys.argv[1:]} gloo {os.environ.get('GLOO_SOCKET_IFNAME')}", flush=True)
 time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
 dist.destroy_process_group()
-'''
+"""
 
 
 def tagged_processes(tag: str) -> list[int]:
@@ -75,18 +76,25 @@ def textsql_launch(run_dir: Path, *options: str, env: dict[str, str] | None = No
     """The `textsql launch` command line for a run dir (the master port: a free one, by default), verbose:
     these tests read the ranks' own output, which the default level keeps to launch.log."""
     return [
-        str(BIN / "textsql"), "--verbose", "launch", "--run-dir", str(run_dir),
-        *[f"--env={key}={value}" for key, value in (env or {}).items()], *options,
+        str(BIN / "textsql"),
+        "--verbose",
+        "launch",
+        "--run-dir",
+        str(run_dir),
+        *[f"--env={key}={value}" for key, value in (env or {}).items()],
+        *options,
     ]
-
 
 
 # ---- the command and environment DeepSpeed's runner gets ----------------------------------------
 
+
 def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
     from deepspeed.launcher.runner import parse_args
 
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", "out dir", "--resume", "auto"], ssh_port=2022)
+    arguments = LaunchArguments(
+        run_dir=tmp_path, train_args=["--output_dir", "out dir", "--resume", "auto"], ssh_port=2022
+    )
     command = deepspeed_command(arguments, tmp_path / "hostfile", list(HOSTS))
     assert command[0] == str(BIN / "deepspeed")
     parsed = parse_args(command[1:])
@@ -96,7 +104,10 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
     remote = parse_args(deepspeed_command(arguments, tmp_path / "hostfile", ["10.0.0.5"])[1:])
     assert (remote.master_addr, remote.master_port) == ("10.0.0.5", 29500)
     assert parsed.module and parsed.no_local_rank and parsed.no_ssh_check
-    assert (parsed.user_script, parsed.user_args) == ("textsql.training.train", ["--output_dir", "out dir", "--resume", "auto"])
+    assert (parsed.user_script, parsed.user_args) == (
+        "textsql.training.train",
+        ["--output_dir", "out dir", "--resume", "auto"],
+    )
 
 
 def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
@@ -121,14 +132,23 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
 
 def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
     environ = {
-        "HF_TOKEN": "hf_abc", "HTTPS_PROXY": "http://alice:hunter2@proxy:3128", "PIP_INDEX_URL": "https://bob:pw@index/simple",
-        "HTTP_PROXY": "http://proxy:3128", "MLFLOW_TRACKING_URI": "https://mlflow.example/a:b@c", "PATH": "/usr/bin",
+        "HF_TOKEN": "hf_abc",
+        "HTTPS_PROXY": "http://alice:hunter2@proxy:3128",
+        "PIP_INDEX_URL": "https://bob:pw@index/simple",
+        "HTTP_PROXY": "http://proxy:3128",
+        "MLFLOW_TRACKING_URI": "https://mlflow.example/a:b@c",
+        "PATH": "/usr/bin",
     }
     assert without_secrets(environ) == {
-        "HTTP_PROXY": "http://proxy:3128", "MLFLOW_TRACKING_URI": "https://mlflow.example/a:b@c", "PATH": "/usr/bin",
+        "HTTP_PROXY": "http://proxy:3128",
+        "MLFLOW_TRACKING_URI": "https://mlflow.example/a:b@c",
+        "PATH": "/usr/bin",
     }
     line = "export HTTPS_PROXY=http://alice:hunter2@proxy:3128; export B=git+ssh://git:s3cret@host/repo\n"
-    assert mask_credentials(line) == "export HTTPS_PROXY=http://alice:***@proxy:3128; export B=git+ssh://git:***@host/repo\n"
+    assert (
+        mask_credentials(line)
+        == "export HTTPS_PROXY=http://alice:***@proxy:3128; export B=git+ssh://git:***@host/repo\n"
+    )
     assert mask_credentials("https://mlflow.example/a:b@c no user part") == "https://mlflow.example/a:b@c no user part"
 
 
@@ -145,7 +165,9 @@ def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
         (["--", "--data_dir", "data", "--output_dir", "out"], "does not exist; start the workers first"),
     ],
 )
-def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], message: str) -> None:
+def test_bad_input_is_one_line_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], message: str
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dataset_dict.json").write_text('{"splits": ["train"]}')
@@ -165,7 +187,9 @@ def test_missing_pdsh_names_the_package(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_unreachable_host_fails_before_anything_starts(tmp_path: Path) -> None:
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n")
-    (tmp_path / "ssh_config").write_text(f"Host 127.0.0.2\n  Port {free_port('127.0.0.2')}\n  StrictHostKeyChecking yes\n")
+    (tmp_path / "ssh_config").write_text(
+        f"Host 127.0.0.2\n  Port {free_port('127.0.0.2')}\n  StrictHostKeyChecking yes\n"
+    )
     with pytest.raises(LaunchError, match=r"passwordless ssh failed for 127\.0\.0\.2 \(.*Connection refused"):
         launch(LaunchArguments(run_dir=tmp_path))
     assert not (tmp_path / "launch.log").exists()
@@ -180,6 +204,7 @@ def test_unverified_host_keys_are_refused(tmp_path: Path) -> None:
 
 # ---- real launches ----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: dict[str, str]) -> None:
     """Rank 1 dies before the process group forms: rank 0 would wait 30 minutes for it; it must not.
@@ -189,7 +214,8 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
     """
     command = textsql_launch(two_local_workers.run_dir, *MODULE, env=standin_env | {"STANDIN_FAIL_RANK": "1"})
     environment = os.environ | {
-        "MLFLOW_TRACKING_TOKEN": "do-not-show", "MLFLOW_EXPERIMENT_NAME": "launch-test",
+        "MLFLOW_TRACKING_TOKEN": "do-not-show",
+        "MLFLOW_EXPERIMENT_NAME": "launch-test",
         "MLFLOW_TRACKING_URI": "https://alice:hunter2@mlflow.example/",  # DeepSpeed's runner exports MLFLOW*
     }
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
@@ -216,7 +242,9 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
 @pytest.mark.slow
 def test_sigterm_ends_remote_ranks(two_local_workers, standin_env: dict[str, str]) -> None:
     """Also checks what the ranks got: world, node ranks, an argument with a space, gloo on lo, host prefixes."""
-    command = textsql_launch(two_local_workers.run_dir, *MODULE, "--", "--name", "two words", env=standin_env | {"STANDIN_SLEEP": "600"})
+    command = textsql_launch(
+        two_local_workers.run_dir, *MODULE, "--", "--name", "two words", env=standin_env | {"STANDIN_SLEEP": "600"}
+    )
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in process.stdout:

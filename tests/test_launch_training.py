@@ -6,6 +6,7 @@ verified, the run is interrupted once its first checkpoint is complete, every ra
 ends, and `--resume auto` continues from that checkpoint's global step and data position to the
 consolidated model/.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,20 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from test_launch import HOSTS, tagged_processes, textsql_launch
+
 from textsql.arguments import train_argv
 from textsql.training.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 
 MAX_STEPS = 6
 TRAIN_ARGS = dict(
-    max_steps=MAX_STEPS, per_device_train_batch_size=4, save_steps=2, eval_steps=1000, logging_steps=1, max_eval_samples=8, log_level="info",
+    max_steps=MAX_STEPS,
+    per_device_train_batch_size=4,
+    save_steps=2,
+    eval_steps=1000,
+    logging_steps=1,
+    max_eval_samples=8,
+    log_level="info",
 )
 
 
@@ -44,7 +51,9 @@ def wait_for(condition, process: subprocess.Popen, log: Path, timeout: float = 9
 
 
 @pytest.mark.slow
-def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(two_local_workers, prepared_sample: Path, tmp_path: Path) -> None:
+def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
+    two_local_workers, prepared_sample: Path, tmp_path: Path
+) -> None:
     run_dir, out = two_local_workers.run_dir, tmp_path / "out"
     tag = {"LAUNCH_TEST_TAG": uuid.uuid4().hex}
     args = ["--", *train_argv(data_dir=prepared_sample, output_dir=out, **TRAIN_ARGS)]
@@ -76,6 +85,8 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(tw
     assert summary["world_size"] == 2 and summary["engine"].endswith("DeepSpeedEngine")
     logged_steps = [entry["step"] for entry in summary["log_history"] if "loss" in entry]
     assert logged_steps == list(range(1, MAX_STEPS + 1)), "steps were repeated or skipped across the resume"
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "model").iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in (out / "model").iterdir()
+    }
     assert tagged_processes(tag["LAUNCH_TEST_TAG"]) == []
     print(f"launch to first step {to_first_step:.1f} s; resumed run to the end {resumed_run:.1f} s")

@@ -4,6 +4,7 @@ The slow test runs all three through `textsql demo` on small parameters (a few t
 `local` worker pods with their own sshd), which is `make demo`'s path; another one checks that a
 failure inside the training cell still releases the workers.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,9 +22,9 @@ from click.testing import CliRunner
 from ipykernel.ipkernel import IPythonKernel
 
 from textsql.cli import cli
-from textsql.jobs import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
-from textsql.errors import DataError, ModelError
 from textsql.display.tensorboard import read_scalars
+from textsql.errors import DataError, ModelError
+from textsql.jobs import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
 # Code cells call the package in a few lines; only the imports and the parameters may be longer.
@@ -57,7 +58,8 @@ def test_jupyterlab_opens_them_unchanged(name):
     text = notebook_path(name).read_text()
     notebook = nbformat.reads(text, as_version=4)
     assert minor_version(notebook.metadata.get("language_info", {})) == minor_version(IPythonKernel.language_info), (
-        f"{name}: open and save it in JupyterLab, or set metadata.language_info to {IPythonKernel.language_info}")
+        f"{name}: open and save it in JupyterLab, or set metadata.language_info to {IPythonKernel.language_info}"
+    )
     assert text == nbformat.writes(notebook) + "\n", f"{name}: save it with nbformat.write (or from JupyterLab)"
 
 
@@ -81,10 +83,21 @@ def test_cells_are_thin_calls_into_the_package(name):
 def test_training_runs_inside_the_workers_context():
     """The launch is in the body of `with start_workers(...)`, so the workers are released whatever happens."""
     tree = ast.parse("\n".join(cell.source for cell in code_cells("02_train_distributed")[1:]))
-    blocks = [node for node in ast.walk(tree) if isinstance(node, ast.With)
-              and any(isinstance(item.context_expr, ast.Call) and getattr(item.context_expr.func, "id", "") == "start_workers" for item in node.items)]
+    blocks = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.With)
+        and any(
+            isinstance(item.context_expr, ast.Call) and getattr(item.context_expr.func, "id", "") == "start_workers"
+            for item in node.items
+        )
+    ]
     assert len(blocks) == 1
-    launches = [node for node in ast.walk(blocks[0]) if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("launch", "supervise")]
+    launches = [
+        node
+        for node in ast.walk(blocks[0])
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("launch", "supervise")
+    ]
     assert launches, "launch() or supervise() must run inside the start_workers block"
 
 
@@ -112,7 +125,9 @@ def test_demo_refuses_a_bad_profile_before_any_notebook_or_worker(tmp_path):
     out = tmp_path / "demo"
     result = CliRunner().invoke(cli, ["demo", "--out", str(out), "-p", "profile=zero9"])
     assert result.exit_code == 1
-    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("Error: unknown profile 'zero9'; pass --profile one of zero0")
+    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith(
+        "Error: unknown profile 'zero9'; pass --profile one of zero0"
+    )
     assert not out.exists(), "nothing was written, no notebook ran, no worker started"
 
 
@@ -139,15 +154,27 @@ def test_training_notebook_refuses_a_bad_profile_before_any_worker(tmp_path):
 @pytest.mark.slow
 def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    small = ["-p", "01_prepare_dataset.limit=48", "-p", "max_steps=4", "-p", "eval_steps=2", "-p", "per_device_batch_size=4",
-             "-p", "03_inference.limit=6"]
+    small = [
+        "-p",
+        "01_prepare_dataset.limit=48",
+        "-p",
+        "max_steps=4",
+        "-p",
+        "eval_steps=2",
+        "-p",
+        "per_device_batch_size=4",
+        "-p",
+        "03_inference.limit=6",
+    ]
     result = subprocess.run([TEXTSQL, "demo", "--out", str(out), *small], capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "MISSING" not in result.stdout and "textsql tensorboard --logdir" in result.stdout
     terminal = result.stdout + result.stderr
     assert terminal.count("\n") < 60, f"the demo is noisy again:\n{terminal[-3000:]}"
     assert "done in" in result.stderr and "[IPKernelApp]" not in terminal and "[INFO]" not in terminal
-    assert "[INFO]" in (out / "launch.log").read_text() and "Executing Cell" in (out / "demo.log").read_text(), "the logs keep it all"
+    assert "[INFO]" in (out / "launch.log").read_text() and "Executing Cell" in (out / "demo.log").read_text(), (
+        "the logs keep it all"
+    )
 
     assert (out / DEMO_MARKER).is_file()
     assert [line.split()[0] for line in (out / "hostfile").read_text().splitlines()] == ["127.0.0.2", "127.0.0.3"]
@@ -161,17 +188,35 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     assert len(predictions) == 6 and json.loads((out / "metrics.json").read_text())["n"] == 6
     for name in NOTEBOOKS:
         executed = nbformat.read(out / "notebooks" / f"{name}.ipynb", as_version=4)
-        assert all(cell.execution_count for cell in executed.cells if cell.cell_type == "code"), f"{name} did not run every cell"
-    plotted = [output for cell in nbformat.read(out / "notebooks" / "02_train_distributed.ipynb", as_version=4).cells
-               for output in cell.get("outputs", []) if "image/png" in output.get("data", {})]
+        assert all(cell.execution_count for cell in executed.cells if cell.cell_type == "code"), (
+            f"{name} did not run every cell"
+        )
+    plotted = [
+        output
+        for cell in nbformat.read(out / "notebooks" / "02_train_distributed.ipynb", as_version=4).cells
+        for output in cell.get("outputs", [])
+        if "image/png" in output.get("data", {})
+    ]
     assert plotted, "notebook 02 drew no loss plot"
-    executed = {name: nbformat.read(out / "notebooks" / f"{name}.ipynb", as_version=4) for name in ("02_train_distributed", "03_inference")}
-    recommended = [line for cell in executed["02_train_distributed"].cells for output in cell.get("outputs", [])
-                   for line in output.get("text", "").splitlines() if line.startswith("this run uses: ")]
-    assert recommended == [f"this run uses: {json.loads((out / 'run.json').read_text())['profile']} (profile auto: the recommendation)"]
+    executed = {
+        name: nbformat.read(out / "notebooks" / f"{name}.ipynb", as_version=4)
+        for name in ("02_train_distributed", "03_inference")
+    }
+    recommended = [
+        line
+        for cell in executed["02_train_distributed"].cells
+        for output in cell.get("outputs", [])
+        for line in output.get("text", "").splitlines()
+        if line.startswith("this run uses: ")
+    ]
+    assert recommended == [
+        f"this run uses: {json.loads((out / 'run.json').read_text())['profile']} (profile auto: the recommendation)"
+    ]
     outputs = [output.get("data", {}) for cell in executed["03_inference"].cells for output in cell.get("outputs", [])]
     assert any("image/png" in data for data in outputs), "notebook 03 drew no accuracy plot"
-    assert sum("gold_sql" in data.get("text/html", "") for data in outputs) == 2, "predictions beside their gold SQL, and the worst ones"
+    assert sum("gold_sql" in data.get("text/html", "") for data in outputs) == 2, (
+        "predictions beside their gold SQL, and the worst ones"
+    )
     assert not processes_mentioning(str(out)), "worker processes outlived the demo"
 
 
@@ -183,13 +228,17 @@ def test_training_notebook_releases_workers_when_the_training_cell_fails(tmp_pat
     data_dir = tmp_path / "da;ta"
     data_dir.symlink_to(prepared_sample)
     with pytest.raises(NotebookError, match="02_train_distributed failed.*LaunchError.*shell would interpret"):
-        run_notebook("02_train_distributed", tmp_path / "02.ipynb", {"run_dir": str(run_dir), "data_dir": str(data_dir)})
+        run_notebook(
+            "02_train_distributed", tmp_path / "02.ipynb", {"run_dir": str(run_dir), "data_dir": str(data_dir)}
+        )
     assert len((run_dir / "hostfile").read_text().splitlines()) == 2, "the workers never registered"
     assert not processes_mentioning(str(run_dir)), "workers were left running after the failure"
 
 
 def test_an_unknown_notebook_parameter_is_an_error_naming_the_known_ones(tmp_path):
-    with pytest.raises(NotebookError, match=r"notebook 03_inference has no parameter 'profil'; its parameters are run_dir, data_dir"):
+    with pytest.raises(
+        NotebookError, match=r"notebook 03_inference has no parameter 'profil'; its parameters are run_dir, data_dir"
+    ):
         run_notebook("03_inference", tmp_path / "03.ipynb", {"profil": "zero1"})
     result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "demo"), "-p", "profil=zero1"])
     assert result.exit_code == 1 and "sets no notebook parameter" in result.output and "profile" in result.output
@@ -199,6 +248,12 @@ def test_an_unknown_notebook_parameter_is_an_error_naming_the_known_ones(tmp_pat
 def test_cml_job_reports_a_failing_notebook_in_one_line(tmp_path):
     job = Path(__file__).resolve().parent.parent / "cml" / "run_notebook.py"
     env = {**os.environ, "TEXTSQL_PROFILE": "zero9"}
-    result = subprocess.run([sys.executable, str(job), "not_a_notebook"], capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(job), "not_a_notebook"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("Error: unknown notebook 'not_a_notebook'; pass one of 01_prepare_dataset")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("Error: unknown notebook 'not_a_notebook'; pass one of 01_prepare_dataset")
+    )

@@ -1,4 +1,5 @@
 """textsql prepare: the tokenized DatasetDict on disk, its summary, the collator's batches, bad input."""
+
 import json
 import os
 import subprocess
@@ -13,12 +14,23 @@ from transformers import DataCollatorForSeq2Seq
 
 from textsql.cli import cli
 from textsql.constants import LABEL_PAD_TOKEN_ID, SPLITS
+from textsql.data.prepare import PrepareArguments, prepare
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
 from textsql.model import load_tokenizer
-from textsql.data.prepare import PrepareArguments, prepare
 
-COLUMNS = ["id", "table_id", "question", "header", "sql", "target", "source_text", "input_ids", "attention_mask", "labels"]
+COLUMNS = [
+    "id",
+    "table_id",
+    "question",
+    "header",
+    "sql",
+    "target",
+    "source_text",
+    "input_ids",
+    "attention_mask",
+    "labels",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +48,17 @@ def test_the_full_sample_is_saved_in_the_contract_form(prepared, tokenizer):
     data = load_from_disk(prepared["out"])
     assert list(data) == list(SPLITS)
     assert {split: data[split].column_names for split in SPLITS} == {split: COLUMNS for split in SPLITS}
-    assert {split: len(data[split]) for split in SPLITS} == prepared["counts"] == {"train": 1000, "validation": 100, "test": 100}
+    assert (
+        {split: len(data[split]) for split in SPLITS}
+        == prepared["counts"]
+        == {"train": 1000, "validation": 100, "test": 100}
+    )
     row = data["validation"][1]
     assert row["target"] == "SELECT COUNT School/Club Team FROM table WHERE No. = 3"
     assert json.loads(row["sql"]) == {"sel": 5, "agg": 3, "conds": [[1, 0, "3"]]}
-    assert row["source_text"].endswith("columns: Player | No. | Nationality | Position | Years in Toronto | School/Club Team")
+    assert row["source_text"].endswith(
+        "columns: Player | No. | Nationality | Position | Years in Toronto | School/Club Team"
+    )
     assert tokenizer.decode(row["labels"], skip_special_tokens=True) == row["target"]
     for split in SPLITS:
         for row in data[split]:
@@ -57,12 +75,16 @@ def test_prepare_json_and_tables_describe_the_output(prepared, tokenizer):
     assert summary["counts"] == prepared["counts"]
     assert summary["truncated"] == {split: {"source": 0, "target": 0} for split in SPLITS}
     data = load_from_disk(prepared["out"])
-    assert summary["targets_with_unknown_tokens"] == {split: sum(tokenizer.unk_token_id in row["labels"] for row in data[split]) for split in SPLITS}
+    assert summary["targets_with_unknown_tokens"] == {
+        split: sum(tokenizer.unk_token_id in row["labels"] for row in data[split]) for split in SPLITS
+    }
     assert summary["targets_with_unknown_tokens"]["train"] > 0  # e.g. "Svāhā": T5's vocabulary lacks some letters
     for split in SPLITS:
         lengths = summary["source_length"][split]
         assert 0 < lengths["p50"] <= lengths["p90"] <= lengths["p95"] <= lengths["p99"] <= lengths["max"] <= 512
-        tables = [json.loads(line) for line in (prepared_dir / "tables" / f"{split}.tables.jsonl").read_text().splitlines()]
+        tables = [
+            json.loads(line) for line in (prepared_dir / "tables" / f"{split}.tables.jsonl").read_text().splitlines()
+        ]
         assert {table["id"] for table in tables} == set(load_split("sample", split)[1])
         assert set(tables[0]) >= {"id", "header", "types", "rows"}
     assert not [path for path in prepared_dir.parent.iterdir() if path.name.startswith(".")]  # no staging left
@@ -75,7 +97,10 @@ def test_truncation_is_counted_and_matches_the_tokenizer(tmp_path, tokenizer):
         rows = data[split].to_dict()
         sources = tokenizer(rows["source_text"])["input_ids"]
         targets = tokenizer(text_target=rows["target"])["input_ids"]
-        assert summary["truncated"][split] == {"source": sum(len(ids) > 24 for ids in sources), "target": sum(len(ids) > 12 for ids in targets)}
+        assert summary["truncated"][split] == {
+            "source": sum(len(ids) > 24 for ids in sources),
+            "target": sum(len(ids) > 12 for ids in targets),
+        }
         assert summary["truncated"][split]["source"] > 0 and summary["truncated"][split]["target"] > 0
         assert rows["input_ids"] == tokenizer(rows["source_text"], truncation=True, max_length=24)["input_ids"]
         assert rows["labels"] == tokenizer(text_target=rows["target"], truncation=True, max_length=12)["input_ids"]
@@ -91,8 +116,12 @@ def test_collator_pads_masks_and_labels(prepared, tokenizer):
         assert batch["input_ids"][index, :length].tolist() == feature["input_ids"]
         assert batch["attention_mask"][index].tolist() == [1] * length + [0] * (batch["input_ids"].shape[1] - length)
         assert set(batch["input_ids"][index, length:].tolist()) <= {tokenizer.pad_token_id}
-        assert batch["labels"][index].tolist() == feature["labels"] + [LABEL_PAD_TOKEN_ID] * (batch["labels"].shape[1] - target_length)
-    assert int((batch["labels"] == LABEL_PAD_TOKEN_ID).sum()) == sum(batch["labels"].shape[1] - len(f["labels"]) for f in features)
+        assert batch["labels"][index].tolist() == feature["labels"] + [LABEL_PAD_TOKEN_ID] * (
+            batch["labels"].shape[1] - target_length
+        )
+    assert int((batch["labels"] == LABEL_PAD_TOKEN_ID).sum()) == sum(
+        batch["labels"].shape[1] - len(f["labels"]) for f in features
+    )
     assert batch["labels"].dtype == torch.long
 
 
@@ -114,10 +143,15 @@ def test_overwrite_replaces_and_refuses_without_the_flag(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["data"]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"num_proc": 0}, "--num-proc"), ({"max_source_length": 1}, "--max-source-length"),
-    ({"input_format": "sql"}, "--input-format"), ({"limit": 0}, "--limit"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_proc": 0}, "--num-proc"),
+        ({"max_source_length": 1}, "--max-source-length"),
+        ({"input_format": "sql"}, "--input-format"),
+        ({"limit": 0}, "--limit"),
+    ],
+)
 def test_arguments_are_checked_up_front(tmp_path, options, message):
     with pytest.raises(DataError, match=message):
         PrepareArguments(out=str(tmp_path / "x"), **options)
@@ -136,7 +170,9 @@ def malformed_line(release, tmp_path):
 
 
 def missing_table(release, tmp_path):
-    _insert_line(release, "dev", json.dumps({"table_id": "1-0-0", "question": "Who?", "sql": {"sel": 0, "agg": 0, "conds": []}}))
+    _insert_line(
+        release, "dev", json.dumps({"table_id": "1-0-0", "question": "Who?", "sql": {"sel": 0, "agg": 0, "conds": []}})
+    )
     return ["--source", str(release)]
 
 
@@ -153,6 +189,7 @@ def _sel_as(value):
         first["sql"]["sel"] = value
         _insert_line(release, "dev", json.dumps(first))
         return ["--source", str(release)]
+
     return setup
 
 
@@ -172,16 +209,19 @@ def no_tokenizer(release, tmp_path):
     return ["--model", str(tmp_path / "empty")]
 
 
-@pytest.mark.parametrize("setup, expected", [
-    (malformed_line, "test.jsonl:2: not a JSON object"),
-    (missing_table, "dev.jsonl:2: table '1-0-0' is not in"),
-    (invalid_utf8, "dev.jsonl:2: not UTF-8"),
-    (_sel_as("3"), "dev.jsonl:2: sql must be"),
-    (_sel_as(True), "dev.jsonl:2: sql must be"),
-    (unknown_source, "unknown source 'wikisql'"),
-    (broken_tokenizer, "cannot load a tokenizer"),
-    (no_tokenizer, "no tokenizer in"),
-])
+@pytest.mark.parametrize(
+    "setup, expected",
+    [
+        (malformed_line, "test.jsonl:2: not a JSON object"),
+        (missing_table, "dev.jsonl:2: table '1-0-0' is not in"),
+        (invalid_utf8, "dev.jsonl:2: not UTF-8"),
+        (_sel_as("3"), "dev.jsonl:2: sql must be"),
+        (_sel_as(True), "dev.jsonl:2: sql must be"),
+        (unknown_source, "unknown source 'wikisql'"),
+        (broken_tokenizer, "cannot load a tokenizer"),
+        (no_tokenizer, "no tokenizer in"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, wikisql_release_copy, setup, expected):
     arguments = setup(wikisql_release_copy, tmp_path)
     result = CliRunner().invoke(cli, ["prepare", "--out", str(tmp_path / "out"), "--limit", "5", *arguments])
@@ -193,7 +233,9 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, wikisql_release_
 
 
 def test_cli_writes_and_summarises(tmp_path):
-    result = CliRunner().invoke(cli, ["prepare", "--out", str(tmp_path / "out"), "--limit", "5", "--input-format", "question"])
+    result = CliRunner().invoke(
+        cli, ["prepare", "--out", str(tmp_path / "out"), "--limit", "5", "--input-format", "question"]
+    )
     assert result.exit_code == 0, result.output
     assert "train: 5 questions" in result.stdout
     assert json.loads((tmp_path / "out" / "prepare.json").read_text())["input_format"] == "question"
@@ -204,10 +246,15 @@ def test_hub_source_reaches_the_network_edge_with_a_clear_error(tmp_path):
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"}
     completed = subprocess.run(
         [str(Path(sys.executable).parent / "textsql"), "prepare", "--source", "hub", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, env=environment, timeout=300,
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
     )
     assert completed.returncode == 1
     assert completed.stderr.count("\n") == 1, completed.stderr
-    assert completed.stderr.startswith("Error: cannot load 'Salesforce/wikisql' at revision 'refs/convert/parquet' from the hub")
+    assert completed.stderr.startswith(
+        "Error: cannot load 'Salesforce/wikisql' at revision 'refs/convert/parquet' from the hub"
+    )
     assert "pass --source sample" in completed.stderr
     assert not (tmp_path / "out").exists()

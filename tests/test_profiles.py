@@ -1,5 +1,6 @@
 """DeepSpeed profiles: names, overlays, errors, acceptance by DeepSpeed's own config parser, and one
 place for them: a new JSON file is a new profile in the estimate, the CLI, notebook 02 and the bench."""
+
 import json
 import shutil
 
@@ -12,11 +13,19 @@ from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 from bench import profiles as bench_profiles
 from textsql.cli import cli
 from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
-from textsql.jobs import notebook_path
 from textsql.errors import ProfileError
-from textsql.training.estimate import GIB, estimate, format_estimate
+from textsql.jobs import notebook_path
 from textsql.model import load_model
-from textsql.training.profiles import available_overlays, available_profiles, get_profile, load_profile, merge, profile_path, profiles
+from textsql.training.estimate import GIB, estimate, format_estimate
+from textsql.training.profiles import (
+    available_overlays,
+    available_profiles,
+    get_profile,
+    load_profile,
+    merge,
+    profile_path,
+    profiles,
+)
 
 PROFILES = ("zero0", "zero1", "zero2", "zero3", "zero3_offload")
 
@@ -52,7 +61,11 @@ def test_a_profile_path_and_a_broken_file(tmp_path):
 def test_merge_is_deep_and_leaves_its_inputs_alone():
     base = {"zero_optimization": {"stage": 3, "overlap_comm": True}, "steps_per_print": 10}
     merged = merge(base, {"zero_optimization": {"stage": 2}, "flops_profiler": {"enabled": True}})
-    assert merged == {"zero_optimization": {"stage": 2, "overlap_comm": True}, "steps_per_print": 10, "flops_profiler": {"enabled": True}}
+    assert merged == {
+        "zero_optimization": {"stage": 2, "overlap_comm": True},
+        "steps_per_print": 10,
+        "flops_profiler": {"enabled": True},
+    }
     assert base["zero_optimization"]["stage"] == 3
 
 
@@ -60,8 +73,12 @@ def test_merge_is_deep_and_leaves_its_inputs_alone():
 def trainer_arguments(tmp_path_factory):
     # Single process, no deepspeed= here: only the values the trainer substitutes for "auto" matter.
     return Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path_factory.mktemp("args")), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-        learning_rate=3e-4, max_grad_norm=0.5, report_to="none",
+        output_dir=str(tmp_path_factory.mktemp("args")),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=3e-4,
+        max_grad_norm=0.5,
+        report_to="none",
     )
 
 
@@ -91,8 +108,11 @@ def test_deepspeed_accepts_each_profile_after_the_trainer_fills_auto(name, train
 def test_each_profile_says_its_stage_offload_and_precision():
     facts = {profile.name: (profile.stage, profile.offload_optimizer, profile.offload_params) for profile in profiles()}
     assert facts == {
-        "zero0": (0, False, False), "zero1": (1, False, False), "zero2": (2, False, False),
-        "zero3": (3, False, False), "zero3_offload": (3, True, True),
+        "zero0": (0, False, False),
+        "zero1": (1, False, False),
+        "zero2": (2, False, False),
+        "zero3": (3, False, False),
+        "zero3_offload": (3, True, True),
     }
     assert all(profile.precision == {"bf16": "auto", "fp16": "auto"} for profile in profiles())
 
@@ -116,7 +136,9 @@ def test_a_sixth_json_file_is_a_profile_everywhere(sixth_profile):
     report = estimate(None, nodes=1, gpus_per_node=2, gpu_memory_gb=16)
     row = report["profiles"][sixth_profile]
     assert (row["zero_stage"], row["offload"]) == (2, "optimizer")
-    assert row["gpu_gb_per_rank"] == round(2 * report["parameters"] / GIB, 3), "offloaded ZeRO-2 keeps only 16-bit weights on the GPU"
+    assert row["gpu_gb_per_rank"] == round(2 * report["parameters"] / GIB, 3), (
+        "offloaded ZeRO-2 keeps only 16-bit weights on the GPU"
+    )
     # Notebook 02's table is format_estimate over that report.
     source = "".join(cell.source for cell in nbformat.read(notebook_path("02_train_distributed"), as_version=4).cells)
     assert "report = estimate(" in source and "format_estimate(report" in source
@@ -148,5 +170,7 @@ def test_a_precision_the_profile_fixes_otherwise_is_refused(tmp_path):
     fixed.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
     profile = get_profile(str(fixed))
     profile.check_precision("bf16")
-    with pytest.raises(ProfileError, match=r'fixes bf16.enabled to true but the run uses fp32.*"auto".*--precision bf16'):
+    with pytest.raises(
+        ProfileError, match=r'fixes bf16.enabled to true but the run uses fp32.*"auto".*--precision bf16'
+    ):
         profile.check_precision("fp32")

@@ -11,6 +11,7 @@ The reference for "the loss an uninterrupted run logs at that step" is the kille
 to the kill it *is* an uninterrupted run (same seed, data, world size), so its step after the
 checkpoint is compared with the resumed launch's, without a third launch on two shared cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_launch import tagged_processes
 
 from bench.events import scalars_per_file
 from bench.profiles import train_only
 from bench.recovery import KILLED_RANK, StepStream, kill_after, rank_process, supervised_arguments
-from test_launch import tagged_processes
-from textsql.training.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.launching.supervisor import SUPERVISOR_FILE, WORKER_LOST, supervise
+from textsql.training.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
 from textsql.training.events import TENSORBOARD_SUBDIR
 
 pytestmark = pytest.mark.slow
@@ -50,8 +51,16 @@ def train_data(tmp_path_factory) -> Path:
 
 def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStream) -> dict:
     """The supervised run to the end; supervisor.json's events. No rank is left behind."""
-    arguments = supervised_arguments(cluster.run_dir, data, output, tag, max_steps=MAX_STEPS, save_steps=SAVE_STEPS,
-                                      per_device_train_batch_size=4, seed=7)
+    arguments = supervised_arguments(
+        cluster.run_dir,
+        data,
+        output,
+        tag,
+        max_steps=MAX_STEPS,
+        save_steps=SAVE_STEPS,
+        per_device_train_batch_size=4,
+        seed=7,
+    )
     try:
         code = supervise(arguments, cluster, max_restarts=2, stream=stream)
     finally:
@@ -80,7 +89,9 @@ def assert_resumed_to_the_end(output: Path, record: dict, checkpoint: str) -> di
     return summary
 
 
-def test_a_rank_killed_after_a_checkpoint_resumes_from_it_with_the_uninterrupted_loss(two_local_workers, train_data, tmp_path):
+def test_a_rank_killed_after_a_checkpoint_resumes_from_it_with_the_uninterrupted_loss(
+    two_local_workers, train_data, tmp_path
+):
     output, tag, killed = tmp_path / "out", uuid.uuid4().hex, {}
     stream = StepStream(tmp_path / "output.log")
     # Step 3 is logged only after checkpoint-2's on_save (barrier, then the marker): the kill lands after it.
@@ -103,8 +114,10 @@ def test_a_rank_killed_after_a_checkpoint_resumes_from_it_with_the_uninterrupted
     # The learning-rate schedule continues where it was, not from its start.
     first_lr, resumed_lr = scalars_per_file(output / TENSORBOARD_SUBDIR, "train/learning_rate")
     assert [resumed_lr[step] for step in overlap] == [first_lr[step] for step in overlap]
-    print(f"rank SIGKILL after checkpoint-{SAVE_STEPS}: {lost['line']}; {repeated} step(s) repeated; "
-          f"losses at steps {overlap}: uninterrupted {[first[s] for s in overlap]}, resumed {[resumed_losses[s] for s in overlap]}")
+    print(
+        f"rank SIGKILL after checkpoint-{SAVE_STEPS}: {lost['line']}; {repeated} step(s) repeated; "
+        f"losses at steps {overlap}: uninterrupted {[first[s] for s in overlap]}, resumed {[resumed_losses[s] for s in overlap]}"
+    )
 
 
 def test_a_rank_killed_while_saving_resumes_from_the_previous_checkpoint(two_local_workers, train_data, tmp_path):

@@ -1,4 +1,5 @@
 """The rendezvous over real TCP sockets: authentication, validation, bounded reads, concurrency, files."""
+
 from __future__ import annotations
 
 import base64
@@ -30,8 +31,15 @@ def host_key(seed: int) -> str:
 
 
 def worker(i: int, **changes) -> Registration:
-    fields = dict(address=f"10.0.{i // 250}.{i % 250 + 1}", slots=1 + i % 4, hostname=f"pod-{i}", pod=f"pod-{i}",
-                  ssh_port=2222, host_key=host_key(i), user="cdsw")
+    fields = dict(
+        address=f"10.0.{i // 250}.{i % 250 + 1}",
+        slots=1 + i % 4,
+        hostname=f"pod-{i}",
+        pod=f"pod-{i}",
+        ssh_port=2222,
+        host_key=host_key(i),
+        user="cdsw",
+    )
     fields.update(changes)
     return Registration(**fields)
 
@@ -141,16 +149,19 @@ def closed_by_server(sock: socket.socket, within: float = 10) -> bool:
         while True:
             if not sock.recv(4096):
                 return True
-    except (socket.timeout, ConnectionResetError):
+    except (TimeoutError, ConnectionResetError):
         return False
 
 
-@pytest.mark.parametrize("payload", [
-    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # garbage: its first 4 bytes read as a huge length
-    struct.pack(">I", 10_000_000) + b"{",  # oversized length prefix, refused unread
-    struct.pack(">I", 5) + b"[1,2]",  # JSON, but not an object
-    struct.pack(">I", 4) + b"\xff\xfe\xfd\xfc",  # not UTF-8
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # garbage: its first 4 bytes read as a huge length
+        struct.pack(">I", 10_000_000) + b"{",  # oversized length prefix, refused unread
+        struct.pack(">I", 5) + b"[1,2]",  # JSON, but not an object
+        struct.pack(">I", 4) + b"\xff\xfe\xfd\xfc",  # not UTF-8
+    ],
+)
 def test_bad_frames_close_the_connection_and_others_still_register(files, payload):
     with RendezvousServer(expect=1, token=TOKEN, files=files) as server:
         sock = raw_connection(server)
@@ -212,20 +223,23 @@ def test_duplicates_are_refused_politely_and_retries_of_the_same_worker_accepted
         again.close()
 
 
-@pytest.mark.parametrize("changes, reason", [
-    ({"address": "not-an-ip"}, "address 'not-an-ip' is not an IP address"),
-    ({"address": "0.0.0.0"}, "cannot be reached"),
-    ({"slots": 0}, "slots 0 must be an integer from 1 to 16"),
-    ({"slots": 99}, "slots 99 must be"),
-    ({"slots": "2"}, "slots '2' must be"),
-    ({"ssh_port": 70000}, "ssh port 70000"),
-    ({"hostname": "bad host;rm"}, "hostname 'bad host;rm' is not a valid hostname"),
-    ({"host_key": "ssh-ed25519 !!!"}, "not a valid OpenSSH public key"),
-    ({"host_key": "ssh-dss AAAA"}, "type 'ssh-dss' is not one of"),
-    ({"host_key": host_key(1).replace("ssh-ed25519", "ssh-rsa")}, "holds a 'ssh-ed25519' key but says 'ssh-rsa'"),
-    ({"host_key": None}, "ssh_port and host_key go together"),
-    ({"user": "root\nHost *"}, "user 'root\\\\nHost \\*' is not a valid login name"),
-])
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"address": "not-an-ip"}, "address 'not-an-ip' is not an IP address"),
+        ({"address": "0.0.0.0"}, "cannot be reached"),
+        ({"slots": 0}, "slots 0 must be an integer from 1 to 16"),
+        ({"slots": 99}, "slots 99 must be"),
+        ({"slots": "2"}, "slots '2' must be"),
+        ({"ssh_port": 70000}, "ssh port 70000"),
+        ({"hostname": "bad host;rm"}, "hostname 'bad host;rm' is not a valid hostname"),
+        ({"host_key": "ssh-ed25519 !!!"}, "not a valid OpenSSH public key"),
+        ({"host_key": "ssh-dss AAAA"}, "type 'ssh-dss' is not one of"),
+        ({"host_key": host_key(1).replace("ssh-ed25519", "ssh-rsa")}, "holds a 'ssh-ed25519' key but says 'ssh-rsa'"),
+        ({"host_key": None}, "ssh_port and host_key go together"),
+        ({"user": "root\nHost *"}, "user 'root\\\\nHost \\*' is not a valid login name"),
+    ],
+)
 def test_invalid_fields_are_refused_naming_the_field(files, changes, reason):
     with RendezvousServer(expect=1, token=TOKEN, files=files) as server:
         with pytest.raises(RegistrationRejected, match=reason):
@@ -238,8 +252,15 @@ def test_unknown_fields_are_refused(files):
         sock = socket.create_connection(server.endpoint, timeout=10)
         nonce = recv_frame(sock)["nonce"]
         body = dict(worker(0).to_dict(), command="rm -rf /")
-        send_frame(sock, {"type": "register", "nonce": "ab" * 16, "worker": body,
-                          "mac": sign(TOKEN.encode(), "register", nonce, "ab" * 16, body)})
+        send_frame(
+            sock,
+            {
+                "type": "register",
+                "nonce": "ab" * 16,
+                "worker": body,
+                "mac": sign(TOKEN.encode(), "register", nonce, "ab" * 16, body),
+            },
+        )
         assert recv_frame(sock)["reason"] == "unknown registration field 'command'"
         sock.close()
 
@@ -272,8 +293,14 @@ def test_worker_sees_the_master_go_away():
         conn, _ = listener.accept()
         send_frame(conn, {"type": "hello", "version": 1, "nonce": "cd" * 16})
         message = recv_frame(conn)
-        send_frame(conn, {"type": "accepted", "reason": "",
-                          "mac": sign(TOKEN.encode(), "accepted", "cd" * 16, message["nonce"], "")})
+        send_frame(
+            conn,
+            {
+                "type": "accepted",
+                "reason": "",
+                "mac": sign(TOKEN.encode(), "accepted", "cd" * 16, message["nonce"], ""),
+            },
+        )
         conn.close()
 
     thread = threading.Thread(target=vanishing_master)
@@ -335,7 +362,9 @@ def test_a_master_of_another_protocol_version_is_refused():
 
     thread = threading.Thread(target=future_master)
     thread.start()
-    with pytest.raises(RegistrationRejected, match="speaks rendezvous protocol 99, this worker 1; run the same textsql version"):
+    with pytest.raises(
+        RegistrationRejected, match="speaks rendezvous protocol 99, this worker 1; run the same textsql version"
+    ):
         register(listener.getsockname(), TOKEN, worker(0))
     thread.join()
     listener.close()

@@ -1,4 +1,5 @@
 """`textsql rendezvous serve` and `register` as jobs run them: exit codes, one-line errors, files."""
+
 from __future__ import annotations
 
 import shutil
@@ -25,14 +26,35 @@ def test_serve_writes_the_hostfile_once_every_worker_registered(tmp_path):
     key_file = tmp_path / "host_key.pub"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
     serve = subprocess.Popen(
-        [TEXTSQL, "rendezvous", "serve", "--expect", "2", "--port", str(port), "--host", "127.0.0.1",
-         "--token-file", str(token_file), "--hostfile", str(hostfile), "--timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            TEXTSQL,
+            "rendezvous",
+            "serve",
+            "--expect",
+            "2",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--token-file",
+            str(token_file),
+            "--hostfile",
+            str(hostfile),
+            "--timeout",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         runner = CliRunner()
         base = ["rendezvous", "register", "--master", f"127.0.0.1:{port}", "--token-file", str(token_file)]
-        first = runner.invoke(cli, base + ["--address", "10.1.0.7", "--slots", "2", "--ssh-port", "2222",
-                                           "--ssh-host-key-file", str(key_file)])
+        first = runner.invoke(
+            cli,
+            base
+            + ["--address", "10.1.0.7", "--slots", "2", "--ssh-port", "2222", "--ssh-host-key-file", str(key_file)],
+        )
         assert first.exit_code == 0, first.output
         assert "registered 10.1.0.7" in first.output
         second = runner.invoke(cli, base + ["--address", "10.1.0.5", "--slots", "1"])
@@ -53,13 +75,45 @@ def test_register_with_the_wrong_token_exits_1_with_the_masters_reason(tmp_path)
     new_token(token_file)
     new_token(wrong)
     serve = subprocess.Popen(
-        [TEXTSQL, "rendezvous", "serve", "--expect", "1", "--port", str(port), "--host", "127.0.0.1",
-         "--token-file", str(token_file), "--hostfile", str(tmp_path / "hostfile"), "--timeout", "30"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            TEXTSQL,
+            "rendezvous",
+            "serve",
+            "--expect",
+            "1",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--token-file",
+            str(token_file),
+            "--hostfile",
+            str(tmp_path / "hostfile"),
+            "--timeout",
+            "30",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         result = subprocess.run(
-            [TEXTSQL, "rendezvous", "register", "--master", f"127.0.0.1:{port}", "--token-file", str(wrong),
-             "--address", "10.1.0.5", "--timeout", "30"], capture_output=True, text=True, timeout=60)
+            [
+                TEXTSQL,
+                "rendezvous",
+                "register",
+                "--master",
+                f"127.0.0.1:{port}",
+                "--token-file",
+                str(wrong),
+                "--address",
+                "10.1.0.5",
+                "--timeout",
+                "30",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         serve.kill()
         serve.wait()
@@ -72,9 +126,27 @@ def test_register_with_the_wrong_token_exits_1_with_the_masters_reason(tmp_path)
 def test_serve_timeout_is_one_line_and_writes_nothing(tmp_path):
     started = time.monotonic()
     result = subprocess.run(
-        [TEXTSQL, "rendezvous", "serve", "--expect", "3", "--port", "0", "--host", "127.0.0.1",
-         "--token-file", str(tmp_path / "token"), "--hostfile", str(tmp_path / "hostfile"), "--timeout", "1"],
-        capture_output=True, text=True, timeout=60)
+        [
+            TEXTSQL,
+            "rendezvous",
+            "serve",
+            "--expect",
+            "3",
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--token-file",
+            str(tmp_path / "token"),
+            "--hostfile",
+            str(tmp_path / "hostfile"),
+            "--timeout",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("Error: only 0 of 3 workers registered within 1s")
     assert not (tmp_path / "hostfile").exists()
@@ -84,9 +156,33 @@ def test_serve_timeout_is_one_line_and_writes_nothing(tmp_path):
 
 def test_register_refuses_bad_values_before_connecting(tmp_path):
     new_token(tmp_path / "token")
-    result = CliRunner().invoke(cli, ["rendezvous", "register", "--master", "127.0.0.1:1", "--token-file",
-                                      str(tmp_path / "token"), "--address", "10.0.0.300"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "rendezvous",
+            "register",
+            "--master",
+            "127.0.0.1:1",
+            "--token-file",
+            str(tmp_path / "token"),
+            "--address",
+            "10.0.0.300",
+        ],
+    )
     assert result.exit_code == 1 and "address '10.0.0.300' is not an IP address" in result.output
-    result = CliRunner().invoke(cli, ["rendezvous", "register", "--master", "nowhere", "--token-file",
-                                      str(tmp_path / "token"), "--address", "10.0.0.3", "--ssh-port", "22"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "rendezvous",
+            "register",
+            "--master",
+            "nowhere",
+            "--token-file",
+            str(tmp_path / "token"),
+            "--address",
+            "10.0.0.3",
+            "--ssh-port",
+            "22",
+        ],
+    )
     assert result.exit_code == 1 and "--ssh-port and --ssh-host-key-file go together" in result.output

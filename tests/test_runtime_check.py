@@ -1,4 +1,5 @@
 """`textsql preflight`: what the runtime lacks for preparing and training, one line each with its fix."""
+
 from __future__ import annotations
 
 import http.server
@@ -63,7 +64,11 @@ def test_every_check_is_one_line_and_all_pass_for_the_embedded_default_on_cpu():
 def test_missing_tools_name_the_custom_runtime_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # a runtime without pdsh and ssh on its PATH
     checks = by_name(check_runtime(model="default", source="sample", backend="cml", worker_gpus=0))
-    assert checks["pdsh"].ok is False and "custom runtime" in checks["pdsh"].detail and "apt-get install -y pdsh" in checks["pdsh"].detail
+    assert (
+        checks["pdsh"].ok is False
+        and "custom runtime" in checks["pdsh"].detail
+        and "apt-get install -y pdsh" in checks["pdsh"].detail
+    )
     assert checks["ssh"].ok is False and "openssh-client" in checks["ssh"].detail
     assert {check.name for check in missing_for(checks.values(), [TRAIN])} == {"pdsh", "ssh"}
     assert missing_for(checks.values(), [PREPARE]) == [], "preparing needs neither"
@@ -74,12 +79,22 @@ def test_static_hosts_need_no_local_sshd():
 
 
 def test_unreachable_hub_is_missing_for_every_stage_whose_model_comes_from_it():
-    hub = by_name(check_runtime(model="t5-small", source="sample", backend="local", worker_gpus=0,
-                                training_model="default", hub_url=refused_url()))["model hub"]
+    hub = by_name(
+        check_runtime(
+            model="t5-small",
+            source="sample",
+            backend="local",
+            worker_gpus=0,
+            training_model="default",
+            hub_url=refused_url(),
+        )
+    )["model hub"]
     assert hub.ok is False and hub.needed_by == (PREPARE,)
     assert "unreachable" in hub.detail and 'set model to "default"' in hub.detail
     source = by_name(check_runtime("default", "hub", "local", 0, hub_url=refused_url()))["model hub"]
-    assert source.ok is False and "set source to sample" in source.detail and "model" not in source.detail.split(":")[-1]
+    assert (
+        source.ok is False and "set source to sample" in source.detail and "model" not in source.detail.split(":")[-1]
+    )
 
 
 def test_any_http_answer_counts_as_reachable(answering_hub):
@@ -114,7 +129,10 @@ def test_cli_reports_everything_and_fails_only_for_the_required_stage(monkeypatc
     result = runner.invoke(cli, ["preflight", "-p", "02_train_distributed.model=t5-small"])
     assert result.exit_code == 1
     assert "MISSING  model hub" in result.output
-    assert result.output.strip().splitlines()[-1] == "Error: this runtime lacks model hub to train; each fix is on its line above"
+    assert (
+        result.output.strip().splitlines()[-1]
+        == "Error: this runtime lacks model hub to train; each fix is on its line above"
+    )
     result = runner.invoke(cli, ["preflight", "--require", "prepare", "-p", "02_train_distributed.model=t5-small"])
     assert result.exit_code == 0 and "MISSING  model hub" in result.output
 

@@ -4,6 +4,7 @@ The slow tests run real launches over pdsh on two real `local` worker pods with 
 program (as tests/test_launch.py does), so a restart takes seconds; test_launch_training.py-style
 real training is left to the slower tests.
 """
+
 from __future__ import annotations
 
 import io
@@ -13,16 +14,23 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from test_launch import HOSTS, PROJECT_DIR, tagged_processes
+
 from textsql.errors import LaunchError
 from textsql.launching.launch import LaunchArguments
 from textsql.launching.supervisor import (
-    APPLICATION_ERROR, SUPERVISOR_FILE, WORKER_LOST, LaunchWatch, classify, killing_signal, resumed, supervise,
+    APPLICATION_ERROR,
+    SUPERVISOR_FILE,
+    WORKER_LOST,
+    LaunchWatch,
+    classify,
+    killing_signal,
+    resumed,
+    supervise,
 )
 
 # A rank program: forms the gloo group; rank 1 of the first launch (no --resume yet) fails as asked.
-RANK_MODULE = '''
+RANK_MODULE = """
 import os, signal, sys
 import psutil, torch.distributed as dist
 rank, mode, resumed = int(os.environ["RANK"]), os.environ["STANDIN_MODE"], "--resume" in sys.argv
@@ -40,7 +48,7 @@ if rank == 1 and mode == "killpod" and not resumed:
 dist.barrier()
 print(f"stand-in rank {rank} done resumed={resumed}", flush=True)
 dist.destroy_process_group()
-'''
+"""
 
 
 def supervised(cluster, tmp_path: Path, mode: str, max_restarts: int = 3) -> tuple[int | Exception, str, dict]:
@@ -63,6 +71,7 @@ def supervised(cluster, tmp_path: Path, mode: str, max_restarts: int = 3) -> tup
 
 # ---- classification, no processes -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("code, signum", [(247, 9), (137, 9), (241, 15), (-9, 9), (1, None), (0, None), (255, None)])
 def test_killing_signal_from_exit_status(code: int, signum: int | None) -> None:
     assert killing_signal(code) == signum
@@ -76,7 +85,9 @@ def watched(*lines: str) -> LaunchWatch:
 
 def test_a_rank_killed_by_sigkill_is_a_lost_worker_even_if_its_peer_raised() -> None:
     watch = watched(
-        "127.0.0.2: Traceback (most recent call last):", '127.0.0.2:   File "x.py", line 1', "127.0.0.2: RuntimeError: Connection reset by peer",
+        "127.0.0.2: Traceback (most recent call last):",
+        '127.0.0.2:   File "x.py", line 1',
+        "127.0.0.2: RuntimeError: Connection reset by peer",
         "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
         "pdsh@m: 127.0.0.3: ssh exited with exit code 247",
     )
@@ -86,12 +97,16 @@ def test_a_rank_killed_by_sigkill_is_a_lost_worker_even_if_its_peer_raised() -> 
 
 def test_a_raising_rank_is_an_application_error_with_its_exception_line() -> None:
     watch = watched(
-        "127.0.0.3: Traceback (most recent call last):", '127.0.0.3:   File "x.py", line 1', "127.0.0.3: ValueError: bad batch",
+        "127.0.0.3: Traceback (most recent call last):",
+        '127.0.0.3:   File "x.py", line 1',
+        "127.0.0.3: ValueError: bad batch",
         "127.0.0.3: [2025-01-01 10:00:00,000] [ERROR] [launch.py:1] exits with return code = 1",
         "pdsh@m: 127.0.0.3: ssh exited with exit code 1",
         "pdsh@m: 127.0.0.2: ssh exited with exit code 241",  # ended by us afterwards: SIGTERM is no loss
     )
-    assert classify(1, watch, {}) == classify(1, watch, {}) and classify(1, watch, {}).message == "ValueError: bad batch"
+    assert (
+        classify(1, watch, {}) == classify(1, watch, {}) and classify(1, watch, {}).message == "ValueError: bad batch"
+    )
     assert classify(1, watch, {}).kind == APPLICATION_ERROR
     assert classify(1, watched("pdsh@m: 127.0.0.3: ssh exited with exit code 255"), {}).kind == WORKER_LOST
     assert classify(1, watch, {"127.0.0.3": "pod local-1 exited"}).kind == WORKER_LOST
@@ -102,7 +117,8 @@ def test_the_cause_is_the_raising_rank_not_the_peer_that_lost_it_first() -> None
     watch = watched(
         "127.0.0.2: [rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:19894.",
         "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
-        "127.0.0.3: Traceback (most recent call last):", "127.0.0.3: ValueError: bad batch",
+        "127.0.0.3: Traceback (most recent call last):",
+        "127.0.0.3: ValueError: bad batch",
         "pdsh@m: 127.0.0.3: ssh exited with exit code 1",
     )
     failure = classify(1, watch, {})
@@ -124,7 +140,8 @@ def test_a_255_from_a_host_whose_ranks_we_ended_later_is_not_the_lost_worker() -
     assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3") and "SIGKILL" in failure.message
     # A 255 that only follows a peer's lost connection is still the unreachable host.
     watch = watched(
-        "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer", "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+        "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
         "pdsh@m: 127.0.0.3: ssh exited with exit code 255",
     )
     assert (classify(1, watch, {}).kind, classify(1, watch, {}).host) == (WORKER_LOST, "127.0.0.3")
@@ -133,12 +150,15 @@ def test_a_255_from_a_host_whose_ranks_we_ended_later_is_not_the_lost_worker() -
 def test_the_launcher_leaving_on_our_sigterm_is_not_an_application_error() -> None:
     """DeepSpeed's launch.py, ended by us after the loss, may print a SystemExit traceback from an atexit hook."""
     watch = watched(
-        "127.0.0.2: [rank0]: Traceback (most recent call last):", "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer",
+        "127.0.0.2: [rank0]: Traceback (most recent call last):",
+        "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer",
         "127.0.0.3: [2026-01-01 10:00:00,000] [ERROR] [launch.py:259:sigkill_handler] [...] exits with return code = -9",
         "pdsh@m: 127.0.0.3: ssh exited with exit code 247",
         "127.0.0.2: Exception ignored in atexit callback: <bound method finalize._exitfunc>",
-        "127.0.0.2: Traceback (most recent call last):", '127.0.0.2:   File "deepspeed/launcher/launch.py", line 266, in sigkill_handler',
-        "127.0.0.2: SystemExit: 1", "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
+        "127.0.0.2: Traceback (most recent call last):",
+        '127.0.0.2:   File "deepspeed/launcher/launch.py", line 266, in sigkill_handler',
+        "127.0.0.2: SystemExit: 1",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
     )
     failure = classify(1, watch, {})
     assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3"), failure
@@ -149,16 +169,23 @@ def test_the_failure_line_names_the_step_and_the_detection_time() -> None:
     assert watch.step == 3
     line = classify(1, watch, {}).line(watch.step, 0.42)
     assert line == "worker lost at step 3 (a rank on 127.0.0.3 was killed by SIGKILL), detected after 0.4 s"
-    assert classify(1, watched("127.0.0.3: ValueError: x"), {}).line(None, 1).startswith("application error before the first step")
+    assert (
+        classify(1, watched("127.0.0.3: ValueError: x"), {})
+        .line(None, 1)
+        .startswith("application error before the first step")
+    )
 
 
 def test_resumed_replaces_any_resume_with_auto(tmp_path: Path) -> None:
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", "out", "--resume", "out/checkpoint-2", "--seed=3"])
+    arguments = LaunchArguments(
+        run_dir=tmp_path, train_args=["--output_dir", "out", "--resume", "out/checkpoint-2", "--seed=3"]
+    )
     assert resumed(arguments).train_args == ["--output_dir", "out", "--seed=3", "--resume", "auto"]
     assert resumed(resumed(arguments)).train_args == resumed(arguments).train_args
 
 
 # ---- real launches ----------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_rank_killed_by_sigkill_is_relaunched_on_the_same_workers(two_local_workers, tmp_path: Path) -> None:

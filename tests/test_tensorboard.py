@@ -1,4 +1,5 @@
 """`textsql tensorboard` really serves, at CML's port when set; scalars come back from real event files."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from textsql.errors import TextSQLError
 from textsql.arguments import train_argv
-from textsql.training.events import ScalarsOnce
 from textsql.display.tensorboard import Address, platform_address, plot_run, plot_scalars, read_scalars
+from textsql.errors import TextSQLError
+from textsql.training.events import ScalarsOnce
 from worker.network import free_port
 
 TEXTSQL = [str(Path(sys.executable).parent / "textsql")]
@@ -39,7 +40,10 @@ def serve(logdir: Path, *args: str, env: dict | None = None) -> tuple[subprocess
     """Start `textsql tensorboard` and return it with the URL it printed."""
     process = subprocess.Popen(
         [*TEXTSQL, "tensorboard", "--logdir", str(logdir), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + 120
     for line in process.stdout:
@@ -99,9 +103,9 @@ def test_binds_cml_application_port_on_loopback(tmp_path):
 
 def test_platform_address_follows_cml_variables():
     assert platform_address({}) == Address("localhost", 6006)
-    assert platform_address({"CDSW_READONLY_PORT": "8081", "CDSW_ENGINE_ID": "e1", "CDSW_DOMAIN": "cml.corp"}) == Address(
-        "127.0.0.1", 8081, "https://read-only-e1.cml.corp/"
-    )
+    assert platform_address(
+        {"CDSW_READONLY_PORT": "8081", "CDSW_ENGINE_ID": "e1", "CDSW_DOMAIN": "cml.corp"}
+    ) == Address("127.0.0.1", 8081, "https://read-only-e1.cml.corp/")
     both = {"CDSW_APP_PORT": "8100", "CDSW_READONLY_PORT": "8081"}
     assert platform_address(both) == Address("127.0.0.1", 8100, None)
     with pytest.raises(TextSQLError, match="CDSW_APP_PORT='x'.*--port"):
@@ -150,13 +154,18 @@ def test_each_scalar_is_written_once_per_step(tmp_path):
 
     callback = ScalarsOnce()
     callback.logging_dir = str(tmp_path / "run")
-    arguments, state = TrainingArguments(output_dir=str(tmp_path), report_to=[]), TrainerState(global_step=4, is_world_process_zero=True)
+    arguments, state = (
+        TrainingArguments(output_dir=str(tmp_path), report_to=[]),
+        TrainerState(global_step=4, is_world_process_zero=True),
+    )
     callback.on_log(arguments, state, None, logs={"eval_loss": 1.0})
     callback.on_train_end(arguments, state, None)
     callback.on_log(arguments, state, None, logs={"eval_loss": 2.0, "eval_lf_accuracy": 0.5})
     callback.close()
     assert read_scalars(tmp_path) == {"run": {"eval/loss": [(4, 1.0)], "eval/lf_accuracy": [(4, 0.5)]}}
-    assert len(list((tmp_path / "run").iterdir())) == 1, "one event file: the writer outlives training for the final evaluation"
+    assert len(list((tmp_path / "run").iterdir())) == 1, (
+        "one event file: the writer outlives training for the final evaluation"
+    )
 
 
 @pytest.mark.slow
@@ -164,11 +173,25 @@ def test_a_real_run_is_named_after_its_directory_with_accuracy_and_no_repeats(pr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     output = tmp_path / "my-run"
-    command = [*TEXTSQL, "train", *train_argv(
-        data_dir=prepared_sample, output_dir=output, max_steps=4, per_device_train_batch_size=4, logging_steps=1, eval_steps=2,
-        save_steps=4, max_eval_samples=8, per_device_eval_batch_size=4, generation_max_length=24,
-    )]
-    result = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    command = [
+        *TEXTSQL,
+        "train",
+        *train_argv(
+            data_dir=prepared_sample,
+            output_dir=output,
+            max_steps=4,
+            per_device_train_batch_size=4,
+            logging_steps=1,
+            eval_steps=2,
+            save_steps=4,
+            max_eval_samples=8,
+            per_device_eval_batch_size=4,
+            generation_max_length=24,
+        ),
+    ]
+    result = subprocess.run(
+        command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     runs = [path.parent for path in (output / "tensorboard").rglob("events.out.tfevents.*")]
     assert runs == [output / "tensorboard" / "my-run"], "one event file, in a folder named after the run"

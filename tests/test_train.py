@@ -1,12 +1,18 @@
 """textsql.training.train without starting ranks: strict parsing, precision rules, output directory, checkpoints."""
+
 import json
 
 import pytest
 import torch
 
 from textsql.arguments import RunArguments, train_argv
-from textsql.training.checkpoints import COMPLETE_MARKER, is_complete_checkpoint, newest_complete_checkpoint, set_aside_incomplete
 from textsql.errors import DataError, LaunchError, ModelError, ProfileError
+from textsql.training.checkpoints import (
+    COMPLETE_MARKER,
+    is_complete_checkpoint,
+    newest_complete_checkpoint,
+    set_aside_incomplete,
+)
 from textsql.training.train import _prepare_on_saving_rank, check_train_args, parse_command_line, resolve_precision
 
 REQUIRED = train_argv(data_dir="data", output_dir="out")
@@ -26,13 +32,16 @@ def test_abbreviations_are_not_guessed():
         parse("--learning", "1e-3")
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    (["--gradient_checkpointing", "false"], False),
-    (["--gradient_checkpointing", "False"], False),
-    (["--gradient-checkpointing", "true"], True),
-    (["--gradient_checkpointing"], True),
-    ([], None),  # unset: the trainer decides (off)
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--gradient_checkpointing", "false"], False),
+        (["--gradient_checkpointing", "False"], False),
+        (["--gradient-checkpointing", "true"], True),
+        (["--gradient_checkpointing"], True),
+        ([], None),  # unset: the trainer decides (off)
+    ],
+)
 def test_booleans_mean_what_they_say(flags, expected):
     assert parse(*flags)[3]["gradient_checkpointing"] is expected
 
@@ -60,9 +69,14 @@ def test_unknown_profile_fails_before_anything_starts():
         parse("--profile", "zero4")
 
 
-@pytest.mark.parametrize(("flag", "replacement"), [
-    (["--deepspeed", "ds.json"], "--profile"), (["--bf16", "true"], "--precision bf16"), (["--resume_from_checkpoint", "x"], "--resume"),
-])
+@pytest.mark.parametrize(
+    ("flag", "replacement"),
+    [
+        (["--deepspeed", "ds.json"], "--profile"),
+        (["--bf16", "true"], "--precision bf16"),
+        (["--resume_from_checkpoint", "x"], "--resume"),
+    ],
+)
 def test_flags_this_program_sets_are_refused_with_the_one_to_use(flag, replacement):
     with pytest.raises(LaunchError, match=replacement):
         parse(*flag)
@@ -132,13 +146,16 @@ def test_a_checkpoint_not_every_rank_finished_is_set_aside(tmp_path, caplog):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-5", "incomplete-checkpoint-10"]
 
 
-@pytest.mark.parametrize(("latest", "reason"), [
-    (b"", "names no state directory ('')"),
-    (b"\n", "names no state directory ('')"),
-    (b"\xff\xfe", "is not text"),
-    (b"..", "names no state directory ('..')"),
-    (b"global_step99", "names 'global_step99', which is missing"),
-])
+@pytest.mark.parametrize(
+    ("latest", "reason"),
+    [
+        (b"", "names no state directory ('')"),
+        (b"\n", "names no state directory ('')"),
+        (b"\xff\xfe", "is not text"),
+        (b"..", "names no state directory ('..')"),
+        (b"global_step99", "names 'global_step99', which is missing"),
+    ],
+)
 def test_a_checkpoint_with_a_broken_latest_tag_is_skipped_and_named(tmp_path, caplog, latest, reason):
     fake_checkpoint(tmp_path, 10)
     broken = fake_checkpoint(tmp_path, 15)
@@ -169,7 +186,9 @@ def test_cli_train_errors_are_one_line_without_traceback():
 
     result = CliRunner().invoke(cli, ["train", "--data_dir", "data", "--output_dir", "out", "--lerning_rate", "1e-3"])
     assert result.exit_code == 1
-    assert result.output.strip().splitlines() == ["Error: unknown argument '--lerning_rate' (did you mean --learning_rate?); see `textsql train --help`"]
+    assert result.output.strip().splitlines() == [
+        "Error: unknown argument '--lerning_rate' (did you mean --learning_rate?); see `textsql train --help`"
+    ]
 
 
 def fake_prepared(directory):
@@ -179,13 +198,16 @@ def fake_prepared(directory):
     return directory
 
 
-@pytest.mark.parametrize(("values", "error", "fix"), [
-    ({"profile": "zero9"}, ProfileError, "unknown profile 'zero9'; pass --profile one of zero0, zero1"),
-    ({"model": "./no-such-model"}, ModelError, "model directory './no-such-model' does not exist; check --model"),
-    ({"data_dir": "missing"}, DataError, "no such directory); run notebook 01 or `textsql prepare --out DIR`"),
-    ({"data_dir": "."}, DataError, "not a prepared dataset (no readable dataset_dict.json); run notebook 01"),
-    ({"max_stepz": "3"}, LaunchError, "did you mean max_steps?"),
-])
+@pytest.mark.parametrize(
+    ("values", "error", "fix"),
+    [
+        ({"profile": "zero9"}, ProfileError, "unknown profile 'zero9'; pass --profile one of zero0, zero1"),
+        ({"model": "./no-such-model"}, ModelError, "model directory './no-such-model' does not exist; check --model"),
+        ({"data_dir": "missing"}, DataError, "no such directory); run notebook 01 or `textsql prepare --out DIR`"),
+        ({"data_dir": "."}, DataError, "not a prepared dataset (no readable dataset_dict.json); run notebook 01"),
+        ({"max_stepz": "3"}, LaunchError, "did you mean max_steps?"),
+    ],
+)
 def test_check_train_args_refuses_in_one_line_what_the_ranks_would(tmp_path, monkeypatch, values, error, fix):
     monkeypatch.chdir(tmp_path)
     fake_prepared(tmp_path / "data")
@@ -195,15 +217,25 @@ def test_check_train_args_refuses_in_one_line_what_the_ranks_would(tmp_path, mon
 
 
 def test_check_train_args_accepts_a_complete_run(tmp_path):
-    check_train_args(train_argv(data_dir=fake_prepared(tmp_path / "data"), output_dir=tmp_path / "out", profile="zero3", overlay=["flops_profiler"]))
+    check_train_args(
+        train_argv(
+            data_dir=fake_prepared(tmp_path / "data"),
+            output_dir=tmp_path / "out",
+            profile="zero3",
+            overlay=["flops_profiler"],
+        )
+    )
     assert not (tmp_path / "out").exists(), "checking writes nothing"
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"profile": "zero9"}, "Error: unknown profile 'zero9'"),
-    ({"model": "./no-such-model"}, "Error: model directory './no-such-model' does not exist"),
-    ({"data_dir": "missing"}, "Error: no prepared dataset at 'missing'"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"profile": "zero9"}, "Error: unknown profile 'zero9'"),
+        ({"model": "./no-such-model"}, "Error: model directory './no-such-model' does not exist"),
+        ({"data_dir": "missing"}, "Error: no prepared dataset at 'missing'"),
+    ],
+)
 def test_textsql_launch_refuses_before_any_rank_starts(tmp_path, monkeypatch, values, message):
     from click.testing import CliRunner
 
@@ -221,6 +253,8 @@ def test_textsql_launch_refuses_before_any_rank_starts(tmp_path, monkeypatch, va
 
 
 def test_train_argv_refuses_a_name_that_is_no_argument():
-    with pytest.raises(LaunchError, match="unknown training argument 'lerning_rate' \\(did you mean learning_rate\\?\\)"):
+    with pytest.raises(
+        LaunchError, match="unknown training argument 'lerning_rate' \\(did you mean learning_rate\\?\\)"
+    ):
         train_argv(lerning_rate=1e-3)
     assert train_argv(overlay=[], resume=None, overwrite_output_dir=False) == ["--overwrite_output_dir", "false"]

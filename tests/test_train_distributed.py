@@ -5,6 +5,7 @@ sample, 8 steps, 2 ranks of one thread). zero3_offload builds DeepSpeed's CPU Ad
 ~/.cache/torch_extensions (about a minute) and reuses it afterwards, so the environment's
 TORCH_EXTENSIONS_DIR is passed through untouched.
 """
+
 import json
 import math
 import os
@@ -16,8 +17,8 @@ import pytest
 import torch
 
 from textsql.arguments import train_argv
-from textsql.training.profiles import available_profiles, get_profile
 from textsql.display.tensorboard import read_scalars
+from textsql.training.profiles import available_profiles, get_profile
 from worker.network import free_port
 
 pytestmark = pytest.mark.slow
@@ -42,11 +43,27 @@ def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.Co
     """`deepspeed --num_gpus 2 --module textsql.training.train ...` on this machine, no ssh (the CPU
     accelerator counts one device; --num_gpus sets the ranks per host)."""
     command = [
-        str(DEEPSPEED), "--num_gpus", str(RANKS), "--master_port", str(free_port()), "--module", "textsql.training.train",
+        str(DEEPSPEED),
+        "--num_gpus",
+        str(RANKS),
+        "--master_port",
+        str(free_port()),
+        "--module",
+        "textsql.training.train",
         *train_argv(
-            data_dir=data, output_dir=output, profile=profile, max_steps=STEPS, per_device_train_batch_size=4, learning_rate=3e-3,
-            logging_steps=1, eval_steps=4, save_steps=STEPS, max_eval_samples=8, per_device_eval_batch_size=4,
-            generation_max_length=24, disable_tqdm=True,
+            data_dir=data,
+            output_dir=output,
+            profile=profile,
+            max_steps=STEPS,
+            per_device_train_batch_size=4,
+            learning_rate=3e-3,
+            logging_steps=1,
+            eval_steps=4,
+            save_steps=STEPS,
+            max_eval_samples=8,
+            per_device_eval_batch_size=4,
+            generation_max_length=24,
+            disable_tqdm=True,
         ),
         *flags,
     ]
@@ -70,7 +87,9 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     # auto: the small T5 fits unsharded in each CPU rank's share of host memory, so the cheapest stage.
     used = AUTO_ON_TWO_CPU_RANKS if profile == "auto" else profile
     assert (summary["profile"], summary["profile_chosen_by"]) == (used, "auto" if profile == "auto" else "name")
-    assert f"profile {used} (ZeRO-{get_profile(used).stage}" in result.stdout, "the stage line names the profile the run uses"
+    assert f"profile {used} (ZeRO-{get_profile(used).stage}" in result.stdout, (
+        "the stage line names the profile the run uses"
+    )
     assert summary["engine"] == "deepspeed.runtime.engine.DeepSpeedEngine"
     assert summary["world_size"] == RANKS
     assert summary["zero_stage"] == get_profile(used).stage
@@ -103,21 +122,39 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
         different = [name for name, tensor in sharded.items() if not torch.equal(tensor, exported[name])]
         assert different == []
 
+
 def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tmp_path):
     textsql = Path(sys.executable).with_name("textsql")
     command = [
-        str(textsql), "train",
+        str(textsql),
+        "train",
         *train_argv(
-            data_dir=prepared_data, output_dir=tmp_path, profile="zero1", max_steps=2, per_device_train_batch_size=4, save_steps=2,
-            eval_strategy="no", max_eval_samples=4, generation_max_length=8, disable_tqdm=True,
+            data_dir=prepared_data,
+            output_dir=tmp_path,
+            profile="zero1",
+            max_steps=2,
+            per_device_train_batch_size=4,
+            save_steps=2,
+            eval_strategy="no",
+            max_eval_samples=4,
+            generation_max_length=8,
+            disable_tqdm=True,
         ),
     ]
-    result = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    result = subprocess.run(
+        command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     summary = json.loads((tmp_path / "run.json").read_text())
-    assert (summary["engine"], summary["world_size"], summary["global_step"]) == ("deepspeed.runtime.engine.DeepSpeedEngine", 1, 2)
+    assert (summary["engine"], summary["world_size"], summary["global_step"]) == (
+        "deepspeed.runtime.engine.DeepSpeedEngine",
+        1,
+        2,
+    )
 
-    again = subprocess.run(command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    again = subprocess.run(
+        command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     assert again.returncode == 1
     assert "holds a previous run" in again.stderr and "--resume auto" in again.stderr
     assert (tmp_path / "checkpoint-2").is_dir() and (tmp_path / "model" / "model.safetensors").is_file()

@@ -1,14 +1,15 @@
 """The notebooks' views: a training run's summary; accuracy by query type as bars, predictions beside their gold SQL, one answer."""
+
 from __future__ import annotations
 
 import matplotlib
 import pytest
 
-from textsql.errors import TextSQLError
-from textsql.inference.evaluate import evaluate
-from textsql.files import write_json, write_jsonl
 from textsql.data.sql import parsed
 from textsql.display.views import format_answer, format_run, plot_accuracy_by_type, predictions_table
+from textsql.errors import TextSQLError
+from textsql.files import write_json, write_jsonl
+from textsql.inference.evaluate import evaluate
 
 matplotlib.use("Agg")
 
@@ -16,9 +17,33 @@ COUNT = {"sel": 0, "agg": 3, "conds": [[1, 0, "3"]]}
 PLAIN = {"sel": 1, "agg": 0, "conds": []}
 LONG_GOLD = "SELECT Player FROM table WHERE School/Club Team = A school whose name is longer than fifty characters"
 LINES = [
-    {"id": "1", "question": "How many wear 3?", "pred_sql": "SELECT COUNT Player ...", "query": COUNT, "error": None, "gold_sql": "SELECT COUNT ...", "gold_query": COUNT},
-    {"id": "2", "question": "Which number?", "pred_sql": "SELECT Player", "query": {**PLAIN, "sel": 0}, "error": None, "gold_sql": LONG_GOLD, "gold_query": PLAIN},
-    {"id": "3", "question": "Nonsense?", "pred_sql": "SELECT SELECT", "query": None, "error": "no column", "gold_sql": "SELECT No.", "gold_query": PLAIN},
+    {
+        "id": "1",
+        "question": "How many wear 3?",
+        "pred_sql": "SELECT COUNT Player ...",
+        "query": COUNT,
+        "error": None,
+        "gold_sql": "SELECT COUNT ...",
+        "gold_query": COUNT,
+    },
+    {
+        "id": "2",
+        "question": "Which number?",
+        "pred_sql": "SELECT Player",
+        "query": {**PLAIN, "sel": 0},
+        "error": None,
+        "gold_sql": LONG_GOLD,
+        "gold_query": PLAIN,
+    },
+    {
+        "id": "3",
+        "question": "Nonsense?",
+        "pred_sql": "SELECT SELECT",
+        "query": None,
+        "error": "no column",
+        "gold_sql": "SELECT No.",
+        "gold_query": PLAIN,
+    },
 ]
 
 
@@ -42,17 +67,37 @@ def test_predictions_beside_gold_whole_and_the_wrong_ones_errors_first(tmp_path)
 
 
 # run.json of a real 4-step demo run (2 ranks, evaluated every 2 steps), as textsql.training.train wrote it.
-EVALUATION = {"eval_exact_match": 0.0, "eval_lf_accuracy": 0.25, "eval_parse_rate": 1.0, "eval_runtime": 40.9851,
-              "eval_samples_per_second": 1.171, "eval_steps_per_second": 0.073}
+EVALUATION = {
+    "eval_exact_match": 0.0,
+    "eval_lf_accuracy": 0.25,
+    "eval_parse_rate": 1.0,
+    "eval_runtime": 40.9851,
+    "eval_samples_per_second": 1.171,
+    "eval_steps_per_second": 0.073,
+}
 RUN = {
-    "engine": "deepspeed.runtime.engine.DeepSpeedEngine", "zero_stage": 0, "world_size": 2, "profile": "zero0",
-    "profile_chosen_by": "auto", "precision": "fp32", "model": "default", "resumed_from": None, "global_step": 4,
+    "engine": "deepspeed.runtime.engine.DeepSpeedEngine",
+    "zero_stage": 0,
+    "world_size": 2,
+    "profile": "zero0",
+    "profile_chosen_by": "auto",
+    "precision": "fp32",
+    "model": "default",
+    "resumed_from": None,
+    "global_step": 4,
     "log_history": [
         {"loss": 9.9, "grad_norm": 1.2, "learning_rate": 0.001, "epoch": 0.17, "step": 1},
         {**EVALUATION, "eval_loss": 8.762718200683594, "epoch": 0.3333333333333333, "step": 2},
         {**EVALUATION, "eval_loss": 8.261699676513672, "eval_lf_accuracy": 0.5, "epoch": 0.6666666666666666, "step": 4},
-        {"train_runtime": 105.6756, "train_samples_per_second": 0.303, "train_steps_per_second": 0.038,
-         "total_flos": 9175695360.0, "train_loss": 9.420011520385742, "epoch": 0.6666666666666666, "step": 4},
+        {
+            "train_runtime": 105.6756,
+            "train_samples_per_second": 0.303,
+            "train_steps_per_second": 0.038,
+            "total_flos": 9175695360.0,
+            "train_loss": 9.420011520385742,
+            "epoch": 0.6666666666666666,
+            "step": 4,
+        },
     ],
 }
 
@@ -60,8 +105,10 @@ RUN = {
 def test_a_run_reads_as_a_short_summary_with_one_row_per_evaluation(tmp_path):
     write_json(tmp_path / "run.json", RUN)
     lines = format_run(tmp_path).splitlines()
-    assert lines[0] == (f"{tmp_path / 'run.json'}: 4 steps of model default on 2 rank(s), profile zero0 "
-                        "(ZeRO-0; auto: the estimate's recommendation), fp32, DeepSpeedEngine")
+    assert lines[0] == (
+        f"{tmp_path / 'run.json'}: 4 steps of model default on 2 rank(s), profile zero0 "
+        "(ZeRO-0; auto: the estimate's recommendation), fp32, DeepSpeedEngine"
+    )
     assert lines[1] == "training: 106 s, 0.30 samples/s, train loss 9.420"
     assert lines[2].split() == ["step", "exact_match", "lf_accuracy", "parse_rate", "loss"], "scores only, no timings"
     assert lines[3].split() == ["2", "0.0%", "25.0%", "100.0%", "8.763"]

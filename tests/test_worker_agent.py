@@ -1,4 +1,5 @@
 """The agent's settings: where its address, pod name, token and slots come from, and bad values."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,12 @@ from worker.rendezvous.token import new_token
 def env(tmp_path) -> dict[str, str]:
     token_file = tmp_path / "token"
     new_token(token_file)
-    return {c.ENV_RENDEZVOUS: "127.0.0.1:29400", c.ENV_TOKEN_FILE: str(token_file),
-            c.ENV_CLIENT_PUBKEY: "ssh-ed25519 AAAA", c.ENV_SLOTS: "2"}
+    return {
+        c.ENV_RENDEZVOUS: "127.0.0.1:29400",
+        c.ENV_TOKEN_FILE: str(token_file),
+        c.ENV_CLIENT_PUBKEY: "ssh-ed25519 AAAA",
+        c.ENV_SLOTS: "2",
+    }
 
 
 def test_explicit_address_beats_platform_variables(env):
@@ -33,15 +38,18 @@ def test_without_hints_the_address_is_the_route_to_the_master(env):
     assert AgentConfig.from_env(env).address == route_address("127.0.0.1") == "127.0.0.1"
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({c.ENV_RENDEZVOUS: ""}, "TEXTSQL_RENDEZVOUS is not set"),
-    ({c.ENV_RENDEZVOUS: "nohost"}, "must be HOST:PORT"),
-    ({c.ENV_TOKEN_FILE: ""}, "set TEXTSQL_RENDEZVOUS_TOKEN_FILE"),
-    ({c.ENV_CLIENT_PUBKEY: ""}, "TEXTSQL_CLIENT_PUBKEY is not set"),
-    ({c.ENV_SLOTS: "0"}, "slots 0 must be"),
-    ({c.ENV_SSH_PORT: "x"}, "bad number"),
-    ({c.ENV_ADDRESS: "0.0.0.0"}, "cannot be reached"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({c.ENV_RENDEZVOUS: ""}, "TEXTSQL_RENDEZVOUS is not set"),
+        ({c.ENV_RENDEZVOUS: "nohost"}, "must be HOST:PORT"),
+        ({c.ENV_TOKEN_FILE: ""}, "set TEXTSQL_RENDEZVOUS_TOKEN_FILE"),
+        ({c.ENV_CLIENT_PUBKEY: ""}, "TEXTSQL_CLIENT_PUBKEY is not set"),
+        ({c.ENV_SLOTS: "0"}, "slots 0 must be"),
+        ({c.ENV_SSH_PORT: "x"}, "bad number"),
+        ({c.ENV_ADDRESS: "0.0.0.0"}, "cannot be reached"),
+    ],
+)
 def test_bad_settings_name_the_variable(env, changes, message):
     with pytest.raises(TextSQLError, match=message):
         AgentConfig.from_env({**env, **changes})
@@ -56,5 +64,7 @@ def test_missing_sshd_names_the_package():
     from worker.errors import WorkerError
     from worker.sshd import require_tool
 
-    with pytest.raises(WorkerError, match=r"/no/such/sshd is not installed; install it with: apt-get install -y openssh-server"):
+    with pytest.raises(
+        WorkerError, match=r"/no/such/sshd is not installed; install it with: apt-get install -y openssh-server"
+    ):
         require_tool("/no/such/sshd")

@@ -1,4 +1,5 @@
 """Real local workers: agent processes with their own sshd, verified ssh, pdsh, and clean shutdown."""
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from worker.errors import RendezvousError
 from worker import constants as c
 from worker.backends.local import LocalBackend
 from worker.cluster import start_workers
+from worker.errors import RendezvousError
 from worker.network import free_port
 
 pytestmark = pytest.mark.slow
@@ -50,23 +51,33 @@ def test_local_workers_answer_ssh_with_verified_host_keys(tmp_path):
     with start_workers("local", 2, run_dir, timeout=60, env=env) as cluster:
         assert cluster.hosts == ["127.0.0.2", "127.0.0.3"] and cluster.master_addr == "127.0.0.2"
         assert cluster.hostfile.read_text() == "127.0.0.2 slots=1\n127.0.0.3 slots=1\n"
-        keys = [(run_dir / "workers" / f"local-{i}" / "sshd" / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-                for i in range(2)]
+        keys = [
+            (run_dir / "workers" / f"local-{i}" / "sshd" / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+            for i in range(2)
+        ]
         assert cluster.known_hosts.read_text() == "".join(
-            f"[127.0.0.{i + 2}]:{cluster.ssh_port} {' '.join(keys[i])}\n" for i in range(2))
+            f"[127.0.0.{i + 2}]:{cluster.ssh_port} {' '.join(keys[i])}\n" for i in range(2)
+        )
         assert oct((run_dir / c.TOKEN_NAME).stat().st_mode & 0o777) == "0o600"
         token = (run_dir / c.TOKEN_NAME).read_text().strip()
 
         for host in cluster.hosts:
-            result = cluster.ssh(host, f"{sys.executable} -c 'import sys, worker; print(sys.prefix)'; echo \"$PATH\"; env")
+            result = cluster.ssh(
+                host, f"{sys.executable} -c 'import sys, worker; print(sys.prefix)'; echo \"$PATH\"; env"
+            )
             assert result.returncode == 0, result.stderr
             prefix, path = result.stdout.splitlines()[:2]
             assert prefix == sys.prefix and VENV_BIN in path.split(":")
             assert token not in result.stdout and c.ENV_TOKEN_FILE not in result.stdout
 
         # pdsh, as DeepSpeed's launcher runs it, over the same ssh_config.
-        pdsh = subprocess.run(["pdsh", "-S", "-w", ",".join(cluster.hosts), "cd /tmp; echo ready"],
-                              env={**os.environ, **cluster.pdsh_env}, capture_output=True, text=True, timeout=60)
+        pdsh = subprocess.run(
+            ["pdsh", "-S", "-w", ",".join(cluster.hosts), "cd /tmp; echo ready"],
+            env={**os.environ, **cluster.pdsh_env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert pdsh.returncode == 0, pdsh.stderr
         assert sorted(pdsh.stdout.splitlines()) == ["127.0.0.2: ready", "127.0.0.3: ready"]
 
@@ -75,16 +86,26 @@ def test_local_workers_answer_ssh_with_verified_host_keys(tmp_path):
         forged.write_text(cluster.known_hosts.read_text().replace(keys[0][1], keys[1][1]))
         config = tmp_path / "forged_config"
         config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(forged)))
-        refused = subprocess.run(["ssh", "-F", str(config), "127.0.0.2", "true"], capture_output=True, text=True,
-                                 timeout=60, stdin=subprocess.DEVNULL)
+        refused = subprocess.run(
+            ["ssh", "-F", str(config), "127.0.0.2", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert refused.returncode == 255 and "host key" in refused.stderr.lower()
 
         # Another client key is not authorized.
         other = tmp_path / "other_key"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
         config.write_text(cluster.ssh_config.read_text().replace(str(cluster.identity_file), str(other)))
-        denied = subprocess.run(["ssh", "-F", str(config), "127.0.0.2", "true"], capture_output=True, text=True,
-                                timeout=60, stdin=subprocess.DEVNULL)
+        denied = subprocess.run(
+            ["ssh", "-F", str(config), "127.0.0.2", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert denied.returncode == 255 and "permission denied" in denied.stderr.lower()
         port = cluster.ssh_port
     assert wait_gone(run_dir) == []
@@ -123,10 +144,9 @@ def test_worker_that_dies_fails_the_start_at_once(tmp_path):
 
 def test_keyboard_interrupt_inside_the_block_stops_workers(tmp_path):
     run_dir = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        with start_workers("local", 1, run_dir, timeout=60, sshd=False):
-            assert agent_pids(run_dir)
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), start_workers("local", 1, run_dir, timeout=60, sshd=False):
+        assert agent_pids(run_dir)
+        raise KeyboardInterrupt
     assert wait_gone(run_dir) == []
 
 
@@ -134,20 +154,50 @@ def test_agent_exits_cleanly_on_sigterm_and_when_the_master_dies(tmp_path):
     token_file, hostfile = tmp_path / "token", tmp_path / "hostfile"
     port = free_port()  # any free port for the master
     serve = subprocess.Popen(
-        [shutil.which("textsql", path=VENV_BIN), "rendezvous", "serve", "--expect", "2", "--port", str(port),
-         "--host", "127.0.0.1", "--token-file", str(token_file), "--hostfile", str(hostfile), "--hold"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            shutil.which("textsql", path=VENV_BIN),
+            "rendezvous",
+            "serve",
+            "--expect",
+            "2",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--token-file",
+            str(token_file),
+            "--hostfile",
+            str(hostfile),
+            "--hold",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        env = dict(os.environ, **{c.ENV_RENDEZVOUS: f"127.0.0.1:{port}", c.ENV_TOKEN_FILE: str(token_file),
-                                  c.ENV_SSHD: "0", c.ENV_SLOTS: "1"})
+        env = dict(
+            os.environ,
+            **{
+                c.ENV_RENDEZVOUS: f"127.0.0.1:{port}",
+                c.ENV_TOKEN_FILE: str(token_file),
+                c.ENV_SSHD: "0",
+                c.ENV_SLOTS: "1",
+            },
+        )
         deadline = time.monotonic() + 60
         while not token_file.exists() and serve.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert token_file.exists(), serve.stdout.read() if serve.poll() is not None else "serve made no token file"
-        agents = [subprocess.Popen([sys.executable, "-m", "worker.agent"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True,
-                                   env=dict(env, **{c.ENV_ADDRESS: f"127.0.0.{i + 2}", c.ENV_POD: f"a{i}"}))
-                  for i in range(2)]
+        agents = [
+            subprocess.Popen(
+                [sys.executable, "-m", "worker.agent"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=dict(env, **{c.ENV_ADDRESS: f"127.0.0.{i + 2}", c.ENV_POD: f"a{i}"}),
+            )
+            for i in range(2)
+        ]
         deadline = time.monotonic() + 60
         while not hostfile.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -180,8 +230,11 @@ def test_sigterm_flood_still_stops_sshd_cleanly(tmp_path):
     run_dir = tmp_path / "run"
     with start_workers("local", 1, run_dir, timeout=60) as cluster:
         port = cluster.ssh_port
-        agent = next(psutil.Process(pid) for pid in agent_pids(run_dir)
-                     if "worker.agent" in " ".join(psutil.Process(pid).cmdline()))
+        agent = next(
+            psutil.Process(pid)
+            for pid in agent_pids(run_dir)
+            if "worker.agent" in " ".join(psutil.Process(pid).cmdline())
+        )
         deadline = time.monotonic() + 30
         while agent.is_running() and agent.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             agent.send_signal(signal.SIGTERM)

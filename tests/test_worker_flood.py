@@ -4,6 +4,7 @@ The attack stays on loopback: the attacker connects from 127.0.0.66, the honest 
 127.0.0.2..4, the server listens on 127.0.0.1. It opens at most ``ATTACK_CONNECTIONS`` connections
 at up to about 1,000 a second, holds them silently, and stops by itself after ``FLOOD_S`` seconds.
 """
+
 from __future__ import annotations
 
 import base64
@@ -30,8 +31,15 @@ FLOOD_S = 12.0
 
 def registration(address: str, seed: int) -> Registration:
     blob = struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + seed.to_bytes(32, "big")
-    return Registration(address=address, slots=1, hostname=f"pod-{seed}", pod=f"pod-{seed}", ssh_port=2222,
-                        host_key=f"ssh-ed25519 {base64.b64encode(blob).decode()}", user="root")
+    return Registration(
+        address=address,
+        slots=1,
+        hostname=f"pod-{seed}",
+        pod=f"pod-{seed}",
+        ssh_port=2222,
+        host_key=f"ssh-ed25519 {base64.b64encode(blob).decode()}",
+        user="root",
+    )
 
 
 class Flood(threading.Thread):
@@ -71,8 +79,10 @@ def test_honest_workers_register_during_a_flood_from_one_address(tmp_path, caplo
         flood.start()
         assert flood.started_flooding.wait(timeout=10)
         started = time.monotonic()
-        sessions = [register(server.endpoint, TOKEN, registration(address, i), timeout=5, source=address)
-                    for i, address in enumerate(HONEST)]
+        sessions = [
+            register(server.endpoint, TOKEN, registration(address, i), timeout=5, source=address)
+            for i, address in enumerate(HONEST)
+        ]
         workers = server.wait(timeout=5)
         took = time.monotonic() - started
         assert flood.is_alive(), "the flood ended before the workers registered: the test proved nothing"
@@ -82,7 +92,11 @@ def test_honest_workers_register_during_a_flood_from_one_address(tmp_path, caplo
     assert [w.address for w in workers] == HONEST
     assert took < 5
     assert flood.opened >= 600, flood.opened
-    refusals = [r for r in caplog.records if r.name.startswith("worker.rendezvous")
-                and ("refusing" in r.getMessage() or "dropped before registering" in r.getMessage())]
+    refusals = [
+        r
+        for r in caplog.records
+        if r.name.startswith("worker.rendezvous")
+        and ("refusing" in r.getMessage() or "dropped before registering" in r.getMessage())
+    ]
     # One line per kind per 5 s, not one per connection.
     assert len(refusals) <= 2 * (1 + FLOOD_S / 5), [r.getMessage() for r in refusals]

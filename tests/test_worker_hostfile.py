@@ -1,4 +1,5 @@
 """Hostfiles we write are the ones DeepSpeed's own launcher reads; bad ones fail here first."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,25 +20,31 @@ def test_round_trip_through_deepspeeds_parser(tmp_path):
     assert list(ours.items()) == list(theirs.items()) == ENTRIES
 
 
-@pytest.mark.parametrize("text", [
-    "# comment\n\n127.0.0.2 slots=2\n",
-    "  127.0.0.2   slots=2  \n127.0.0.3\tslots=1\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# comment\n\n127.0.0.2 slots=2\n",
+        "  127.0.0.2   slots=2  \n127.0.0.3\tslots=1\n",
+    ],
+)
 def test_comments_and_spacing_read_like_deepspeed(text):
     from deepspeed.launcher.runner import _parse_hostfile
 
     assert parse_hostfile(text) == dict(_parse_hostfile(text.splitlines()))
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "lists no hosts"),
-    ("# only a comment\n", "lists no hosts"),
-    ("a slots=1\na slots=2\n", "hostfile:2: 'a' appears twice"),
-    ("a slots=x\n", "hostfile:1: bad line 'a slots=x'; expected 'HOST slots=N'"),
-    ("a\n", "bad line 'a'"),
-    ("a slots=2 gpus=3\n", "bad line"),
-    ("a slots=0\n", "has 0 slots"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "lists no hosts"),
+        ("# only a comment\n", "lists no hosts"),
+        ("a slots=1\na slots=2\n", "hostfile:2: 'a' appears twice"),
+        ("a slots=x\n", "hostfile:1: bad line 'a slots=x'; expected 'HOST slots=N'"),
+        ("a\n", "bad line 'a'"),
+        ("a slots=2 gpus=3\n", "bad line"),
+        ("a slots=0\n", "has 0 slots"),
+    ],
+)
 def test_bad_hostfiles_are_refused(text, message):
     with pytest.raises(HostfileError, match=message):
         parse_hostfile(text)
@@ -51,13 +58,16 @@ def test_deepspeed_refuses_what_we_refuse_for_duplicates_and_empty_files():
             _parse_hostfile(text.splitlines())
 
 
-@pytest.mark.parametrize("entries, message", [
-    ([], "no workers"),
-    ([("a", 1), ("a", 1)], "appears twice"),
-    ([("a b", 1)], "cannot go in a hostfile"),
-    ([("a", 0)], "slots 0"),
-    ([("a", True)], "slots True"),
-])
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ([], "no workers"),
+        ([("a", 1), ("a", 1)], "appears twice"),
+        ([("a b", 1)], "cannot go in a hostfile"),
+        ([("a", 0)], "slots 0"),
+        ([("a", True)], "slots True"),
+    ],
+)
 def test_writer_refuses_bad_entries_and_writes_nothing(tmp_path, entries, message):
     with pytest.raises(HostfileError, match=message):
         write_hostfile(tmp_path / "hostfile", entries)

@@ -1,4 +1,5 @@
 """The weaker points of the attack pass: deep nesting, an IPv6 worker's default name, the workers' sshd."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,8 @@ def test_a_registration_nested_5000_deep_is_one_line_refusal_without_a_traceback
             assert sock.recv(4096) == b""  # closed without an answer
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     assert [r.getMessage() for r in caplog.records if "nests deeper" in r.getMessage()] == [
-        "connection from 127.0.0.1 dropped before registering: frame body nests deeper than 8 levels"]
+        "connection from 127.0.0.1 dropped before registering: frame body nests deeper than 8 levels"
+    ]
 
 
 def test_register_with_an_ipv6_address_builds_a_valid_default_pod_name():
@@ -42,8 +44,15 @@ def test_register_with_an_ipv6_address_builds_a_valid_default_pod_name():
 def worker_sshd(loopback_sshd, tmp_path):
     """A worker's sshd under /tmp (where StrictModes once had to be off), and the run's files for it."""
     sshd, identity = loopback_sshd
-    registration = Registration(address="127.0.0.2", slots=1, hostname="w", pod="w", ssh_port=sshd.port,
-                                host_key=sshd.host_public_key, user="root")
+    registration = Registration(
+        address="127.0.0.2",
+        slots=1,
+        hostname="w",
+        pod="w",
+        ssh_port=sshd.port,
+        host_key=sshd.host_public_key,
+        user="root",
+    )
     (tmp_path / "run").mkdir()
     return sshd, write_run_files(RunFiles.in_dir(tmp_path / "run"), [registration], identity)
 
@@ -56,6 +65,10 @@ def test_worker_sshd_runs_strict_modes_and_refuses_stream_local_forwarding(worke
     ssh = ["ssh", "-F", str(files.ssh_config)]
     login = subprocess.run([*ssh, "127.0.0.2", "echo ok"], capture_output=True, text=True, timeout=30)
     assert login.returncode == 0 and login.stdout == "ok\n", login.stderr
-    forward = subprocess.run([*ssh, "-o", "ExitOnForwardFailure=yes", "-R", f"{tmp_path}/fwd.sock:127.0.0.1:9",
-                              "127.0.0.2", "true"], capture_output=True, text=True, timeout=30)
+    forward = subprocess.run(
+        [*ssh, "-o", "ExitOnForwardFailure=yes", "-R", f"{tmp_path}/fwd.sock:127.0.0.1:9", "127.0.0.2", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert forward.returncode == 255 and "forwarding failed" in forward.stderr, (forward.returncode, forward.stderr)

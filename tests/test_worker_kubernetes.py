@@ -5,6 +5,7 @@ lay it out (a timestamped directory, a ``..data`` symlink to it, one symlink per
 ``..data``; files get the Secret's defaultMode plus group read, group = fsGroup), then read by a
 process running with the pod's uid and supplementary groups.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,6 +21,7 @@ from worker.backends import Resources
 from worker.backends.kubernetes import TOKEN_MOUNT, KubernetesBackend
 from worker.errors import RendezvousError
 from worker.rendezvous.token import read_token
+
 
 def kubelet_secret_mount(root: Path, pod, token: str) -> Path:
     """The token volume of ``pod`` under ``root``, laid out as the kubelet does; returns the key's path."""
@@ -88,7 +90,9 @@ def read_as(uid: int, gid: int, groups: list[int], path: Path, group: int) -> st
 def test_the_pods_user_reads_the_mounted_token_with_the_agents_check(mounted):
     pod, path, token = mounted
     security, env = pod.spec.security_context, pod_env(pod)
-    answer = read_as(security.run_as_user, security.run_as_group, [security.fs_group], path, int(env[c.ENV_TOKEN_GROUP]))
+    answer = read_as(
+        security.run_as_user, security.run_as_group, [security.fs_group], path, int(env[c.ENV_TOKEN_GROUP])
+    )
     assert answer == f"ok {token}"
 
 

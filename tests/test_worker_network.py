@@ -1,4 +1,5 @@
 """Free-port probes (worker.network): the port is bindable where it was probed."""
+
 from __future__ import annotations
 
 import socket

@@ -2,6 +2,7 @@
 
 Also: IPv4 and IPv6 workers together give one hostfile in a defined order (no TypeError, no hang).
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,12 +27,31 @@ def host_key(seed: int) -> str:
 
 
 def fields(address: str, key: str, pod: str, port: int = 2222) -> dict:
-    return {"address": address, "slots": 1, "hostname": pod, "pod": pod, "ssh_port": port, "host_key": key, "user": "root"}
+    return {
+        "address": address,
+        "slots": 1,
+        "hostname": pod,
+        "pod": pod,
+        "ssh_port": port,
+        "host_key": key,
+        "user": "root",
+    }
 
 
-@pytest.mark.parametrize("address", [
-    WILDCARD, "fe80::1%eth0", "*", "127.0.0.2,*", "[::1]", "::1 ", "10.0.0.1?", "!10.0.0.1", "fe80::1%x]:22 *",
-])
+@pytest.mark.parametrize(
+    "address",
+    [
+        WILDCARD,
+        "fe80::1%eth0",
+        "*",
+        "127.0.0.2,*",
+        "[::1]",
+        "::1 ",
+        "10.0.0.1?",
+        "!10.0.0.1",
+        "fe80::1%x]:22 *",
+    ],
+)
 def test_addresses_openssh_could_read_as_patterns_are_refused(address):
     with pytest.raises(InvalidRegistration, match="address"):
         check_address(address)
@@ -54,17 +74,23 @@ def test_a_wildcard_registration_does_not_make_ssh_trust_an_impostor(loopback_ss
         attacker = Registration.from_dict(fields("127.0.0.9", impostor.host_public_key, "attacker", impostor.port))
     (tmp_path / "run").mkdir()
     files = write_run_files(RunFiles.in_dir(tmp_path / "run"), [honest, attacker], identity)
-    result = subprocess.run(["ssh", "-F", str(files.ssh_config), "127.0.0.2", "true"],
-                            capture_output=True, text=True, timeout=30)
-    assert result.returncode == 255 and "Host key verification failed" in result.stderr, (result.returncode, result.stderr)
+    result = subprocess.run(
+        ["ssh", "-F", str(files.ssh_config), "127.0.0.2", "true"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 255 and "Host key verification failed" in result.stderr, (
+        result.returncode,
+        result.stderr,
+    )
 
 
 def test_ipv4_and_ipv6_workers_give_a_hostfile_in_a_defined_order(tmp_path):
     files = RunFiles.in_dir(tmp_path)
     addresses = ["10.0.0.2", "::1", "10.0.0.1", "fd00::2"]
     with RendezvousServer(expect=len(addresses), token=TOKEN, files=files) as server:
-        sessions = [register(server.endpoint, TOKEN, Registration.from_dict(fields(a, host_key(i), f"pod-{i}")))
-                    for i, a in enumerate(addresses)]
+        sessions = [
+            register(server.endpoint, TOKEN, Registration.from_dict(fields(a, host_key(i), f"pod-{i}")))
+            for i, a in enumerate(addresses)
+        ]
         workers = server.wait(timeout=10)
         for session in sessions:
             session.close()

@@ -5,20 +5,20 @@ kubelet), the rest is real: each "engine" or "pod" is a local agent process with
 own loopback address, registering over the real authenticated rendezvous; the replacement's host key
 is checked by a real ssh login through the run's ssh_config.
 """
+
 from __future__ import annotations
 
 import time
 
 import psutil
 import pytest
+from conftest import PROJECT_DIR
+from fakes.kubernetes_api import KubeletCoreV1
 from kubernetes.client import ApiClient
 
 from worker.backends.kubernetes import APP_LABEL, KubernetesBackend
 from worker.cluster import Cluster, start_workers
 from worker.errors import WorkerError
-
-from fakes.kubernetes_api import KubeletCoreV1
-from conftest import PROJECT_DIR
 
 pytestmark = pytest.mark.slow
 LOST = "127.0.0.3"  # the second of two workers; the replacement gets the next new address
@@ -111,8 +111,11 @@ def test_a_kubernetes_replacement_that_never_runs_fails_at_the_deadline_naming_w
     lost = cluster.workers[1].pod
     api.image_pull_fails = True
     api.delete_namespaced_pod(lost, "default", grace_period_seconds=10)
-    with pytest.raises(WorkerError, match=rf"no replacement for lost worker {LOST} \(pod {lost}\) registered within 1s: "
-                                          rf"pods not running after 1s: {lost}-r1 \(ImagePullBackOff\); check image, quota"):
+    with pytest.raises(
+        WorkerError,
+        match=rf"no replacement for lost worker {LOST} \(pod {lost}\) registered within 1s: "
+        rf"pods not running after 1s: {lost}-r1 \(ImagePullBackOff\); check image, quota",
+    ):
         cluster.replace_worker(LOST, timeout=1)
 
 
@@ -120,7 +123,10 @@ def engine_processes(engine_id: str) -> list[psutil.Process]:
     """A CML engine's processes (the emulator's engine, its agent, that agent's sshd), found by CDSW_ENGINE_ID."""
     for process in psutil.process_iter():
         try:
-            if process.environ().get("CDSW_ENGINE_ID") == engine_id and process.parent().environ().get("CDSW_ENGINE_ID") != engine_id:
+            if (
+                process.environ().get("CDSW_ENGINE_ID") == engine_id
+                and process.parent().environ().get("CDSW_ENGINE_ID") != engine_id
+            ):
                 return [process, *process.children(recursive=True)]
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
@@ -153,6 +159,9 @@ def test_a_cml_replacement_that_fails_is_reported_with_its_status(cml_cluster):
     cluster, api = cml_cluster
     kill(engine_processes(cluster.workers[1].pod))
     (cluster.run_dir / "rendezvous.token").unlink()  # the new engine's agent cannot read the token: it exits 1
-    with pytest.raises(WorkerError, match=rf"no replacement for lost worker {LOST} .* registered within 60s: "
-                                          r"worker \S+ ended with status 'failed' before registering"):
+    with pytest.raises(
+        WorkerError,
+        match=rf"no replacement for lost worker {LOST} .* registered within 60s: "
+        r"worker \S+ ended with status 'failed' before registering",
+    ):
         cluster.replace_worker(LOST, timeout=60)

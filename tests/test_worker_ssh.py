@@ -1,4 +1,5 @@
 """worker.ssh: the options every ssh caller uses mean to ssh what they say (read back with `ssh -G`)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -19,25 +20,40 @@ def test_verified_options_survive_spaces_and_percent_in_paths(tmp_path: Path) ->
     directory = tmp_path / "a dir %h"
     directory.mkdir()
     known_hosts, identity = directory / "known_hosts", directory / "id_ed25519"
-    config = effective(ssh_options(port=2022, user="worker", identity_file=identity, known_hosts=known_hosts, connect_timeout=7))
+    config = effective(
+        ssh_options(port=2022, user="worker", identity_file=identity, known_hosts=known_hosts, connect_timeout=7)
+    )
     assert (config["port"], config["user"], config["connecttimeout"]) == ("2022", "worker", "7")
     assert config["userknownhostsfile"] == str(known_hosts)
     # ssh -G shows IdentityFile before its %-expansion, which happens when the key is loaded.
     assert config["identityfile"] == str(identity).replace("%", "%%") and config["identitiesonly"] == "yes"
-    assert (config["stricthostkeychecking"], config["batchmode"], config["passwordauthentication"]) == ("true", "yes", "no")
+    assert (config["stricthostkeychecking"], config["batchmode"], config["passwordauthentication"]) == (
+        "true",
+        "yes",
+        "no",
+    )
     assert config["globalknownhostsfile"] == "/dev/null"
 
 
 def test_the_run_config_and_the_options_agree(tmp_path: Path) -> None:
     """A host reached through the run's ssh_config gets what the same settings on the command line give."""
-    worker = Registration.from_dict({
-        "address": "127.0.0.2", "slots": 1, "hostname": "w0", "pod": "w0", "ssh_port": 2022, "user": "worker",
-        "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn3VXZ0Q0TDsKy7iCU0DSPkhVTUz3hnNxlsEtkqBHYR",
-    })
+    worker = Registration.from_dict(
+        {
+            "address": "127.0.0.2",
+            "slots": 1,
+            "hostname": "w0",
+            "pod": "w0",
+            "ssh_port": 2022,
+            "user": "worker",
+            "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBn3VXZ0Q0TDsKy7iCU0DSPkhVTUz3hnNxlsEtkqBHYR",
+        }
+    )
     known_hosts, identity = tmp_path / "known_hosts", tmp_path / "id_ed25519"
     config = tmp_path / "ssh_config"
     config.write_text(format_ssh_config([worker], identity, known_hosts))
     through_config = effective(ssh_options(config))
-    on_command_line = effective(["-F", "/dev/null", *ssh_options(port=2022, user="worker", identity_file=identity, known_hosts=known_hosts)])
+    on_command_line = effective(
+        ["-F", "/dev/null", *ssh_options(port=2022, user="worker", identity_file=identity, known_hosts=known_hosts)]
+    )
     assert through_config == on_command_line
     assert through_config["stricthostkeychecking"] == "true" and through_config["batchmode"] == "yes"

@@ -12,6 +12,7 @@ parameters cell, ``textsql demo`` and the AMP's environment variables repeat the
 parameters must be literals), and ``tests/test_defaults.py`` fails when a copy drifts
 (:func:`notebook_defaults` names them as the notebook does).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -27,7 +28,12 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Trainer flags this program sets itself, and the flag to use instead.
-REPLACED_FLAGS = {"deepspeed": "--profile", "bf16": "--precision bf16", "fp16": "--precision fp16", "resume_from_checkpoint": "--resume"}
+REPLACED_FLAGS = {
+    "deepspeed": "--profile",
+    "bf16": "--precision bf16",
+    "fp16": "--precision fp16",
+    "resume_from_checkpoint": "--resume",
+}
 # Defaults that differ from Seq2SeqTrainingArguments' own, for this task (every one can be overridden).
 TRAINING_DEFAULTS: dict[str, Any] = {
     "report_to": "tensorboard",
@@ -56,25 +62,47 @@ class PrepareArguments:
     """What ``textsql prepare`` reads, how it tokenizes, and where it writes."""
 
     out: str = field(metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."})
-    source: str = field(default=SAMPLE_SOURCE, metadata={"help": "sample (the shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."})
-    model: str | None = field(default=None, metadata={"help": "Tokenizer to use: a model directory or hub id (default: the embedded T5)."})
-    input_format: str = field(default="schema", metadata={"help": "schema: the question and the table's column names; question: the question alone."})
+    source: str = field(
+        default=SAMPLE_SOURCE,
+        metadata={
+            "help": "sample (the shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."
+        },
+    )
+    model: str | None = field(
+        default=None, metadata={"help": "Tokenizer to use: a model directory or hub id (default: the embedded T5)."}
+    )
+    input_format: str = field(
+        default="schema",
+        metadata={"help": "schema: the question and the table's column names; question: the question alone."},
+    )
     num_proc: int = field(default=1, metadata={"help": "Processes for tokenization (datasets map num_proc)."})
-    max_source_length: int = field(default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (longer ones are truncated and counted)."})
-    max_target_length: int = field(default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Target tokens kept per query (longer ones are truncated and counted)."})
-    limit: int | None = field(default=None, metadata={"help": "Keep only the first N questions of each split (quick runs)."})
+    max_source_length: int = field(
+        default=DEFAULT_MAX_SOURCE_LENGTH,
+        metadata={"help": "Input tokens kept per question (longer ones are truncated and counted)."},
+    )
+    max_target_length: int = field(
+        default=DEFAULT_MAX_TARGET_LENGTH,
+        metadata={"help": "Target tokens kept per query (longer ones are truncated and counted)."},
+    )
+    limit: int | None = field(
+        default=None, metadata={"help": "Keep only the first N questions of each split (quick runs)."}
+    )
     overwrite: bool = field(default=False, metadata={"help": "Replace --out if it exists."})
 
     def __post_init__(self) -> None:
         if not str(self.out).strip():
             raise DataError("no output directory; pass --out DIR")
         if self.input_format not in INPUT_FORMATS:
-            raise DataError(f"unknown input format {self.input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
+            raise DataError(
+                f"unknown input format {self.input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}"
+            )
         if self.num_proc < 1:
             raise DataError(f"num_proc must be at least 1, got {self.num_proc!r}; pass --num-proc 1 or more")
         for name in ("max_source_length", "max_target_length"):
             if getattr(self, name) < 2:
-                raise DataError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)!r}; pass --{name.replace('_', '-')} N")
+                raise DataError(
+                    f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)!r}; pass --{name.replace('_', '-')} N"
+                )
         if self.limit is not None and self.limit < 1:
             raise DataError(f"limit must be at least 1, got {self.limit!r}; pass --limit N or leave it out")
 
@@ -85,11 +113,16 @@ class ModelArguments:
 
     model: str = field(
         default="default",
-        metadata={"help": "Model to fine-tune: a hub id (t5-small), a local directory, or 'default' for the embedded small T5."},
+        metadata={
+            "help": "Model to fine-tune: a hub id (t5-small), a local directory, or 'default' for the embedded small T5."
+        },
     )
     precision: str = field(
         default="auto",
-        metadata={"help": "auto (bf16 where the GPU supports it, else fp32), bf16, fp16 or fp32.", "choices": PRECISIONS},
+        metadata={
+            "help": "auto (bf16 where the GPU supports it, else fp32), bf16, fp16 or fp32.",
+            "choices": PRECISIONS,
+        },
     )
     force_fp16: bool = field(
         default=False,
@@ -109,19 +142,30 @@ class ModelArguments:
 class DataArguments:
     """The prepared dataset (``textsql prepare --out DIR``) and how much of it to use."""
 
-    data_dir: str | None = field(default=None, metadata={"help": "Prepared dataset directory written by `textsql prepare --out DIR`."})
+    data_dir: str | None = field(
+        default=None, metadata={"help": "Prepared dataset directory written by `textsql prepare --out DIR`."}
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples only."})
     max_eval_samples: int = field(
         default=64,
-        metadata={"help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."},
+        metadata={
+            "help": "Validation examples used for eval loss and generated exact match (generation is slow, keep it small)."
+        },
     )
-    pad_to_multiple_of: int | None = field(default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."})
+    pad_to_multiple_of: int | None = field(
+        default=8, metadata={"help": "Pad each batch to a multiple of N tokens (tensor-core friendly)."}
+    )
     constrained: bool = field(
-        default=True, metadata={"help": "Evaluation generates only WikiSQL queries over each question's table (textsql.decoding.grammar); false generates freely."}
+        default=True,
+        metadata={
+            "help": "Evaluation generates only WikiSQL queries over each question's table (textsql.decoding.grammar); false generates freely."
+        },
     )
     max_tokens_per_batch: int | None = field(
         default=None,
-        metadata={"help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."},
+        metadata={
+            "help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -135,13 +179,19 @@ class RunArguments:
 
     profile: str = field(
         default="auto",
-        metadata={"help": "DeepSpeed profile: auto (the cheapest that fits the model, as `textsql estimate` recommends), "
-                          "the name of a dsconfig/*.json file (`textsql estimate --help` lists them), or a .json path."},
+        metadata={
+            "help": "DeepSpeed profile: auto (the cheapest that fits the model, as `textsql estimate` recommends), "
+            "the name of a dsconfig/*.json file (`textsql estimate --help` lists them), or a .json path."
+        },
     )
-    overlay: list[str] = field(default_factory=list, metadata={"help": "Overlays merged onto the profile, e.g. flops_profiler."})
+    overlay: list[str] = field(
+        default_factory=list, metadata={"help": "Overlays merged onto the profile, e.g. flops_profiler."}
+    )
     resume: str | None = field(
         default=None,
-        metadata={"help": "'auto' continues from the newest complete checkpoint in --output_dir (fresh start if none); or a checkpoint path."},
+        metadata={
+            "help": "'auto' continues from the newest complete checkpoint in --output_dir (fresh start if none); or a checkpoint path."
+        },
     )
     overwrite_output_dir: bool = field(
         default=False,
@@ -206,12 +256,18 @@ def train_argv(**values: Any) -> list[str]:
     """
     from transformers import Seq2SeqTrainingArguments
 
-    known = [spec.name for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments) for spec in fields(cls)]
+    known = [
+        spec.name
+        for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
+        for spec in fields(cls)
+    ]
     argv: list[str] = []
     for name, value in values.items():
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
-            raise LaunchError(f"unknown training argument {name!r}{f' (did you mean {close[0]}?)' if close else ''}; see `textsql train --help`")
+            raise LaunchError(
+                f"unknown training argument {name!r}{f' (did you mean {close[0]}?)' if close else ''}; see `textsql train --help`"
+            )
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if value is not None and items:
             argv += [f"--{name}", *(str(item).lower() if isinstance(item, bool) else str(item) for item in items)]

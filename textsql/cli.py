@@ -3,6 +3,7 @@
 Each subcommand parses its options and calls one function of the package, so notebooks, jobs and
 the shell run the same code. A user mistake surfaces as one line on stderr and a non-zero exit.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -46,7 +47,9 @@ class ProfileType(click.ParamType):
         return str(value)
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
-        return [click.shell_completion.CompletionItem(name) for name in available_profiles() if name.startswith(incomplete)]
+        return [
+            click.shell_completion.CompletionItem(name) for name in available_profiles() if name.startswith(incomplete)
+        ]
 
 
 def field_option(cls: type, name: str, **attrs) -> Callable:
@@ -66,7 +69,12 @@ def field_option(cls: type, name: str, **attrs) -> Callable:
 
 
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "TEXTSQL", "help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Show third-party output (DeepSpeed, transformers, datasets, the notebooks' cells) and debug messages; the run's log files hold it either way.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Show third-party output (DeepSpeed, transformers, datasets, the notebooks' cells) and debug messages; the run's log files hold it either way.",
+)
 def cli(verbose: bool) -> None:
     """Fine-tune T5 for WikiSQL text-to-SQL with DeepSpeed across worker pods."""
     configure_cli(verbose)
@@ -84,15 +92,29 @@ def cli(verbose: bool) -> None:
 @field_option(PrepareArguments, "overwrite", is_flag=True)
 def prepare(**options) -> None:
     """Load WikiSQL, render SQL targets, tokenize for T5 and save the splits with save_to_disk."""
-    from textsql.data.prepare import format_summary, prepare as run_prepare
+    from textsql.data.prepare import format_summary
+    from textsql.data.prepare import prepare as run_prepare
 
     click.echo(format_summary(run_prepare(PrepareArguments(**options))))
 
 
 @cli.command()
-@click.option("--gold", type=click.Path(exists=True, dir_okay=False), help="Release question file (dev.jsonl) or our records [default: the gold queries inside our predictions.jsonl].")
-@click.option("--pred", required=True, type=click.Path(exists=True, dir_okay=False), help="Official predictions or our predictions.jsonl.")
-@click.option("--tables", type=click.Path(exists=True, dir_okay=False), help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].")
+@click.option(
+    "--gold",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Release question file (dev.jsonl) or our records [default: the gold queries inside our predictions.jsonl].",
+)
+@click.option(
+    "--pred",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Official predictions or our predictions.jsonl.",
+)
+@click.option(
+    "--tables",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].",
+)
 @click.option("--ordered", is_flag=True, help="Conditions must come in the gold order (official --ordered).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full JSON report instead of a table.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
@@ -100,8 +122,9 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
     """Score predictions with WikiSQL's logical-form and execution accuracy."""
     import json
 
-    from textsql.inference.evaluate import evaluate as score, format_report
     from textsql.files import tables_beside, write_json
+    from textsql.inference.evaluate import evaluate as score
+    from textsql.inference.evaluate import format_report
 
     report = score(gold, pred, tables or (gold and tables_beside(gold)), ordered=ordered)
     if out:
@@ -110,21 +133,77 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
 
 
 @cli.command()
-@click.option("--model", "model_dir", help="Trained model directory (OUTPUT_DIR/model of `textsql train`) [default: the untrained embedded T5].")
-@click.option("--data", default="sample", show_default=True, help="A `textsql prepare` directory, a records .jsonl, or a source: sample, hub, a release directory.")
-@click.option("--split", type=click.Choice(["train", "validation", "test"]), default="validation", show_default=True, help="Split to answer.")
-@click.option("--out", default="predictions.jsonl", show_default=True, type=click.Path(dir_okay=False), help="Predictions file; metrics.json goes beside it.")
-@click.option("--official-out", type=click.Path(dir_okay=False), help="Also write the official WikiSQL prediction format here.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Questions per generate() call.")
+@click.option(
+    "--model",
+    "model_dir",
+    help="Trained model directory (OUTPUT_DIR/model of `textsql train`) [default: the untrained embedded T5].",
+)
+@click.option(
+    "--data",
+    default="sample",
+    show_default=True,
+    help="A `textsql prepare` directory, a records .jsonl, or a source: sample, hub, a release directory.",
+)
+@click.option(
+    "--split",
+    type=click.Choice(["train", "validation", "test"]),
+    default="validation",
+    show_default=True,
+    help="Split to answer.",
+)
+@click.option(
+    "--out",
+    default="predictions.jsonl",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Predictions file; metrics.json goes beside it.",
+)
+@click.option(
+    "--official-out", type=click.Path(dir_okay=False), help="Also write the official WikiSQL prediction format here."
+)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Questions per generate() call."
+)
 @click.option("--num-beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam width (1: greedy).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Most tokens generated per query.")
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Most tokens generated per query.",
+)
 @click.option("--limit", type=click.IntRange(min=1), help="Only the first N questions.")
 @click.option("--question", help="Answer this one question instead of a split (with --header).")
 @click.option("--header", help="With --question: the table's column names, 'A,B,C' or a JSON list.")
-@click.option("--input-format", type=click.Choice(INPUT_FORMATS), help="Model input form [default: as recorded with the model, else schema].")
+@click.option(
+    "--input-format",
+    type=click.Choice(INPUT_FORMATS),
+    help="Model input form [default: as recorded with the model, else schema].",
+)
 @click.option("--device", help="cuda, cpu, ... [default: cuda when present].")
-@click.option("--constrained", type=bool, default=True, show_default=True, help="Write only WikiSQL queries over the question's own table; false decodes freely (for comparison).")
-def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_new_tokens, limit, question, header, input_format, device, constrained) -> None:
+@click.option(
+    "--constrained",
+    type=bool,
+    default=True,
+    show_default=True,
+    help="Write only WikiSQL queries over the question's own table; false decodes freely (for comparison).",
+)
+def infer(
+    model_dir,
+    data,
+    split,
+    out,
+    official_out,
+    batch_size,
+    num_beams,
+    max_new_tokens,
+    limit,
+    question,
+    header,
+    input_format,
+    device,
+    constrained,
+) -> None:
     """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
     import json
 
@@ -133,7 +212,9 @@ def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
     columns = parse_header(header) if question is not None else None
-    options = GenerationOptions(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens, constrained=constrained)
+    options = GenerationOptions(
+        batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens, constrained=constrained
+    )
     predictor = Predictor.load(model_dir, input_format=input_format, device=device)
     if question is not None:
         click.echo(json.dumps(predictor.ask(question, columns, options), ensure_ascii=False))
@@ -142,9 +223,19 @@ def infer(model_dir, data, split, out, official_out, batch_size, num_beams, max_
 
 
 @cli.command()
-@click.option("--logdir", default="runs", show_default=True, type=click.Path(file_okay=False), help="Directory searched recursively for event files.")
+@click.option(
+    "--logdir",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory searched recursively for event files.",
+)
 @click.option("--host", help="Address to bind [default: 127.0.0.1 on CML, else localhost].")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port [default: $CDSW_APP_PORT or $CDSW_READONLY_PORT on CML, else 6006; 0: any free port].")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help="Port [default: $CDSW_APP_PORT or $CDSW_READONLY_PORT on CML, else 6006; 0: any free port].",
+)
 def tensorboard(logdir: str, host: str | None, port: int | None) -> None:
     """Serve TensorBoard on the run's event files at the platform's address; prints the URL."""
     from textsql.display.tensorboard import serve_forever
@@ -177,8 +268,13 @@ def train(args: tuple[str, ...]) -> None:
 @field_option(LaunchArguments, "socket_ifname")
 @field_option(LaunchArguments, "env", multiple=True, metavar="KEY=VALUE")
 @field_option(LaunchArguments, "module")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=DEFAULT_MAX_RESTARTS, show_default=True,
-              help="Relaunches after a failure, from the newest complete checkpoint (0: the first failure ends the run).")
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_RESTARTS,
+    show_default=True,
+    help="Relaunches after a failure, from the newest complete checkpoint (0: the first failure ends the run).",
+)
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def launch(env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, **options) -> None:
     """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
@@ -205,12 +301,25 @@ def rendezvous() -> None:
 
 @rendezvous.command()
 @click.option("--expect", type=click.IntRange(1, 1024), required=True, help="Number of workers that complete the run.")
-@click.option("--token-file", type=click.Path(dir_okay=False), required=True, help="Per-run secret; created (0600) when missing.")
-@click.option("--hostfile", type=click.Path(dir_okay=False), required=True, help="DeepSpeed hostfile to write; known_hosts and ssh_config go beside it.")
+@click.option(
+    "--token-file", type=click.Path(dir_okay=False), required=True, help="Per-run secret; created (0600) when missing."
+)
+@click.option(
+    "--hostfile",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="DeepSpeed hostfile to write; known_hosts and ssh_config go beside it.",
+)
 @click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (0: any free port) [default: 29400].")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=300, show_default=True, help="Seconds to wait for every worker.")
-@click.option("--identity-file", type=click.Path(dir_okay=False), help="Private key named in ssh_config [default: id_ed25519 beside the hostfile].")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0), default=300, show_default=True, help="Seconds to wait for every worker."
+)
+@click.option(
+    "--identity-file",
+    type=click.Path(dir_okay=False),
+    help="Private key named in ssh_config [default: id_ed25519 beside the hostfile].",
+)
 @click.option("--hold", is_flag=True, help="Keep holding the workers after writing the files, until interrupted.")
 def serve(**options) -> None:
     """Wait for --expect workers, then write the hostfile, known_hosts and ssh_config atomically."""
@@ -226,9 +335,17 @@ def serve(**options) -> None:
 @click.option("--address", required=True, help="This worker's IP address, as other workers reach it.")
 @click.option("--slots", type=int, default=1, show_default=True, help="Ranks on this worker (its GPUs; 1 without).")
 @click.option("--ssh-port", type=int, help="Port of this worker's sshd (with --ssh-host-key-file).")
-@click.option("--ssh-host-key-file", type=click.Path(exists=True, dir_okay=False), help="This sshd's host public key (.pub).")
+@click.option(
+    "--ssh-host-key-file", type=click.Path(exists=True, dir_okay=False), help="This sshd's host public key (.pub)."
+)
 @click.option("--pod", help="The platform's name for this worker, reported back [default: the address].")
-@click.option("--timeout", type=click.FloatRange(min=0), default=60, show_default=True, help="Seconds to retry an unreachable master.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60,
+    show_default=True,
+    help="Seconds to retry an unreachable master.",
+)
 @click.option("--wait", is_flag=True, help="Hold the registration until the master releases it.")
 def register(master: str, token_file: str, timeout: float, wait: bool, **fields) -> None:
     """Register this worker; exit 0 once accepted, non-zero with the master's reason otherwise."""
@@ -246,7 +363,9 @@ def workers() -> None:
 
 @workers.command()
 @click.option("--namespace", default="default", show_default=True, help="Namespace the worker pods ran in.")
-@click.option("--run", "run_id", help="Only this run's pods and Secret (the `textsql/run` label) [default: every textsql run].")
+@click.option(
+    "--run", "run_id", help="Only this run's pods and Secret (the `textsql/run` label) [default: every textsql run]."
+)
 def cleanup(namespace: str, run_id: str | None) -> None:
     """Delete the Kubernetes worker Pods and token Secrets of a run, found by their labels."""
     from worker.backends import kubernetes
@@ -256,32 +375,62 @@ def cleanup(namespace: str, run_id: str | None) -> None:
 
 
 @cli.command()
-@click.option("--model", default="default", show_default=True, help="Hub id, model directory or config.json file (only the config is read).")
+@click.option(
+    "--model",
+    default="default",
+    show_default=True,
+    help="Hub id, model directory or config.json file (only the config is read).",
+)
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Worker nodes.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per node.")
-@click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), required=True, help="Memory of one GPU in GiB.")
-@click.option("--profile", "names", type=ProfileType(), multiple=True, help="Only this profile (repeatable) [default: every one in dsconfig/].")
+@click.option(
+    "--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True, help="GPUs (ranks) per node."
+)
+@click.option(
+    "--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True), required=True, help="Memory of one GPU in GiB."
+)
+@click.option(
+    "--profile",
+    "names",
+    type=ProfileType(),
+    multiple=True,
+    help="Only this profile (repeatable) [default: every one in dsconfig/].",
+)
 @click.option("--cpu", is_flag=True, help="The ranks run on CPUs (--gpu-memory-gb is then host memory per rank).")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
-def estimate(model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], cpu: bool, as_json: bool) -> None:
+def estimate(
+    model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], cpu: bool, as_json: bool
+) -> None:
     """Per-rank memory of each DeepSpeed profile for a model, from its config, and the cheapest that fits."""
     import contextlib
     import json
     import sys
 
-    from textsql.training.estimate import estimate as run_estimate, format_estimate
+    from textsql.training.estimate import estimate as run_estimate
+    from textsql.training.estimate import format_estimate
 
     # DeepSpeed logs to stdout (its import announces the accelerator); stdout is for the report.
     with contextlib.redirect_stdout(sys.stderr):
-        report = run_estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, names=names or None, cpu=cpu)
+        report = run_estimate(
+            model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, names=names or None, cpu=cpu
+        )
     click.echo(json.dumps(report, indent=2) if as_json else format_estimate(report))
 
 
 @cli.command("preflight")
-@click.option("--require", type=click.Choice(STAGES), multiple=True,
-              help="Fail only when what this stage needs is missing; the rest is reported [default: every stage].")
-@click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE",
-              help="Notebook parameter to check with, as `textsql demo -p` [default: the notebooks' own and TEXTSQL_<NAME>].")
+@click.option(
+    "--require",
+    type=click.Choice(STAGES),
+    multiple=True,
+    help="Fail only when what this stage needs is missing; the rest is reported [default: every stage].",
+)
+@click.option(
+    "-p",
+    "--parameter",
+    "parameters",
+    multiple=True,
+    metavar="[NOTEBOOK.]NAME=VALUE",
+    help="Notebook parameter to check with, as `textsql demo -p` [default: the notebooks' own and TEXTSQL_<NAME>].",
+)
 def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...]) -> None:
     """Say what this runtime lacks for the notebooks (pdsh, sshd, GPUs, model hub), one line each with its fix."""
     from textsql.jobs import job_parameters, parse_overrides, runtime_checks
@@ -292,12 +441,27 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...]) -> 
     missing = missing_for(checks, require or STAGES)
     if missing:
         stages = sorted({stage for check in missing for stage in check.needed_by if stage in (require or STAGES)})
-        raise click.ClickException(f"this runtime lacks {', '.join(check.name for check in missing)} to {' and '.join(stages)}; each fix is on its line above")
+        raise click.ClickException(
+            f"this runtime lacks {', '.join(check.name for check in missing)} to {' and '.join(stages)}; each fix is on its line above"
+        )
 
 
 @cli.command()
-@click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False), help="Run directory for everything the demo writes (a previous demo there is replaced).")
-@click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE", help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.")
+@click.option(
+    "--out",
+    default="runs/demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Run directory for everything the demo writes (a previous demo there is replaced).",
+)
+@click.option(
+    "-p",
+    "--parameter",
+    "parameters",
+    multiple=True,
+    metavar="[NOTEBOOK.]NAME=VALUE",
+    help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.",
+)
 def demo(out: str, parameters: tuple[str, ...]) -> None:
     """Run the three notebooks with papermill on the embedded default: sample, small T5, two local workers, profile auto."""
     from textsql.jobs import format_summary, parse_overrides, run_demo

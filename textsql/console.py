@@ -13,6 +13,7 @@ Usage::
     >>> shown_rank_line("127.0.0.2: [2026-01-01 10:00:00,000] [INFO] [launch.py:145:main] ...")
     False
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,14 +32,31 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_LOG_LEVEL = "warning"
 # Loggers of the libraries a run uses; the root logger stays at INFO for this package's own messages.
 THIRD_PARTY_LOGGERS = (
-    "datasets", "transformers", "accelerate", "DeepSpeed", "deepspeed", "torch", "papermill", "nbclient",
-    "traitlets", "tensorboard", "absl", "werkzeug", "huggingface_hub", "filelock", "urllib3", "httpx",
-    "matplotlib", "asyncio",
+    "datasets",
+    "transformers",
+    "accelerate",
+    "DeepSpeed",
+    "deepspeed",
+    "torch",
+    "papermill",
+    "nbclient",
+    "traitlets",
+    "tensorboard",
+    "absl",
+    "werkzeug",
+    "huggingface_hub",
+    "filelock",
+    "urllib3",
+    "httpx",
+    "matplotlib",
+    "asyncio",
 )
 # Read by the libraries at import, so kernels and ranks started from here are quiet from their first line.
 # The hub's switch also turns off transformers' "Loading weights" bar, which flashes by for every model load.
 QUIET_ENVIRONMENT = {
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
 }
 # Third-party warnings a person can do nothing about, dropped at the default level: DeepSpeed warns on every
 # import on a machine without a GPU, where the CPU accelerator is what this project means to use.

@@ -1,4 +1,5 @@
 """Names, limits and defaults shared across the package (kept here, not inline)."""
+
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent

@@ -4,11 +4,19 @@ The worker's errors (:class:`RendezvousError`, :class:`HostfileError`, :class:`W
 base :class:`TextSQLError` live in :mod:`worker.errors`, the lower layer; they are named here too so
 that library code and users catch every project error from one module.
 """
+
 from worker.errors import HostfileError, RendezvousError, TextSQLError, WorkerError
 
 __all__ = [
-    "TextSQLError", "DataError", "SQLParseError", "ModelError", "ProfileError", "RendezvousError",
-    "HostfileError", "WorkerError", "LaunchError",
+    "DataError",
+    "HostfileError",
+    "LaunchError",
+    "ModelError",
+    "ProfileError",
+    "RendezvousError",
+    "SQLParseError",
+    "TextSQLError",
+    "WorkerError",
 ]
 
 

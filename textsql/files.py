@@ -7,6 +7,7 @@ notebook, a second rank) sees the old file or the new one, never half of one; th
 The module is called ``files``, not ``io``: a script run from inside ``textsql/`` would otherwise
 shadow the standard library's ``io`` for the whole interpreter.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,10 +40,12 @@ def read_json(path: str | Path) -> Any:
     except FileNotFoundError:
         raise DataError(f"{str(path)!r} is not a file; check the path") from None
     except UnicodeDecodeError as error:
-        line = data[:error.start].count(b"\n") + 1
+        line = data[: error.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: {_not_utf8(error)}") from None
     except json.JSONDecodeError as error:
-        raise DataError(f"{path}:{error.lineno}: not JSON ({error.msg} at column {error.colno}); fix or rewrite the file") from None
+        raise DataError(
+            f"{path}:{error.lineno}: not JSON ({error.msg} at column {error.colno}); fix or rewrite the file"
+        ) from None
 
 
 def write_json(path: str | Path, data: Any) -> Path:
@@ -79,7 +82,9 @@ def read_jsonl_located(path: str | Path) -> Iterator[tuple[str, dict]]:
             try:
                 item = json.loads(text)
             except json.JSONDecodeError as error:
-                raise DataError(f"{where}: not a JSON object ({error.msg} at column {error.colno}); fix or remove the line") from None
+                raise DataError(
+                    f"{where}: not a JSON object ({error.msg} at column {error.colno}); fix or remove the line"
+                ) from None
             if not isinstance(item, dict):
                 raise DataError(f"{where}: a JSON {type(item).__name__}, not an object; fix or remove the line")
             yield where, item
@@ -142,12 +147,18 @@ def checked_table(table: Any, where: str) -> dict:
     :raises DataError: without an id and a header, or when its types do not match its columns.
     """
     header = table.get("header") if isinstance(table, dict) else None
-    if not isinstance(header, list) or not all(isinstance(name, str) for name in header) or not isinstance(table.get("id"), str):
+    if (
+        not isinstance(header, list)
+        or not all(isinstance(name, str) for name in header)
+        or not isinstance(table.get("id"), str)
+    ):
         raise DataError(f"{where}: a table needs an id and a header (a list of column names); fix or remove the line")
     table["types"] = list(table.get("types") or ["text"] * len(header))
     table["rows"] = list(table.get("rows") or [])
     if len(table["types"]) != len(header):
-        raise DataError(f"{where}: table {table['id']!r} has {len(header)} columns but {len(table['types'])} types; fix its types")
+        raise DataError(
+            f"{where}: table {table['id']!r} has {len(header)} columns but {len(table['types'])} types; fix its types"
+        )
     return table
 
 

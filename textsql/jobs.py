@@ -5,6 +5,7 @@ The notebooks stay the single place the workflow is written down; this module on
 parameters, runs them in order, and reports where the time went. A notebook that fails stops the run
 with one line naming the cell's error and the executed copy to open.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,10 +24,10 @@ import yaml
 
 from textsql.console import is_verbose, log_level
 from textsql.constants import PROJECT_DIR
+from textsql.display.terminal import StageView, cell_output_to
 from textsql.errors import TextSQLError
 from textsql.files import read_json
 from textsql.training.profiles import get_profile
-from textsql.display.terminal import StageView, cell_output_to
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,9 @@ def declared_parameters(name: str) -> dict[str, dict[str, Any]]:
         papermill_logger.setLevel(level)
 
 
-def parameters_from_environ(name: str, environ: Mapping[str, str] | None = None, root: Path = PROJECT_DIR) -> dict[str, Any]:
+def parameters_from_environ(
+    name: str, environ: Mapping[str, str] | None = None, root: Path = PROJECT_DIR
+) -> dict[str, Any]:
     """The notebook's parameters that are set as ``TEXTSQL_<NAME>`` in the environment; relative paths
     among them are made absolute against the project root (:func:`project_path`).
 
@@ -138,7 +141,9 @@ def project_path(parameter: str, value: Any, root: Path = PROJECT_DIR) -> Any:
     return value
 
 
-def job_parameters(overrides: Mapping[str, Mapping[str, Any]] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+def job_parameters(
+    overrides: Mapping[str, Mapping[str, Any]] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Every notebook's parameters as a job would run it: the notebook's defaults, then ``TEXTSQL_<NAME>``
     from the environment (:func:`parameters_from_environ`), then ``overrides``.
 
@@ -164,11 +169,18 @@ def runtime_checks(chosen: Mapping[str, Mapping[str, Any]]) -> list:
     from textsql.launching.preflight import check_runtime
 
     prepare, train = chosen["01_prepare_dataset"], chosen["02_train_distributed"]
-    return check_runtime(model=prepare["model"], source=prepare["source"], backend=train["backend"],
-                         worker_gpus=train["worker_gpus"], training_model=train["model"])
+    return check_runtime(
+        model=prepare["model"],
+        source=prepare["source"],
+        backend=train["backend"],
+        worker_gpus=train["worker_gpus"],
+        training_model=train["model"],
+    )
 
 
-def run_notebook(name: str, output: str | Path, parameters: Mapping[str, Any] | None = None, log_output: bool = True) -> Path:
+def run_notebook(
+    name: str, output: str | Path, parameters: Mapping[str, Any] | None = None, log_output: bool = True
+) -> Path:
     """Execute one notebook with papermill and write the executed copy to ``output``.
 
     The kernel runs in ``notebooks/`` (as in JupyterLab), with this Python's ``python3`` kernel.
@@ -218,7 +230,9 @@ def check_parameters(name: str, parameters: Mapping[str, Any]) -> None:
     declared = declared_parameters(name)
     unknown = sorted(set(parameters) - set(declared))
     if unknown:
-        raise NotebookError(f"notebook {name} has no parameter {', '.join(map(repr, unknown))}; its parameters are {', '.join(declared)}")
+        raise NotebookError(
+            f"notebook {name} has no parameter {', '.join(map(repr, unknown))}; its parameters are {', '.join(declared)}"
+        )
 
 
 def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
@@ -234,10 +248,15 @@ def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
     return {
         "01_prepare_dataset": {"source": "sample", "model": "default", "data_dir": data_dir},
         "02_train_distributed": {
-            "data_dir": data_dir, "run_dir": str(out_dir), "backend": "local", "workers": 2,
+            "data_dir": data_dir,
+            "run_dir": str(out_dir),
+            "backend": "local",
+            "workers": 2,
             # The small T5 starts from random weights: a high rate and a short schedule show the loss
             # falling within the demo's time on two CPU cores.
-            "learning_rate": 3e-3, "max_steps": 200, "eval_steps": 50,
+            "learning_rate": 3e-3,
+            "max_steps": 200,
+            "eval_steps": 50,
         },
         "03_inference": {"data_dir": data_dir, "run_dir": str(out_dir)},
     }
@@ -255,10 +274,14 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
     for entry in entries:
         key, separator, text = entry.partition("=")
         notebook, _, parameter = key.rpartition(".")
-        targets = [notebook_path(notebook).stem] if notebook else [name for name in NOTEBOOKS if parameter in declared[name]]
+        targets = (
+            [notebook_path(notebook).stem] if notebook else [name for name in NOTEBOOKS if parameter in declared[name]]
+        )
         if not separator or not targets or any(parameter not in declared[name] for name in targets):
             known = sorted(set().union(*declared.values()))
-            raise NotebookError(f"-p {entry!r} sets no notebook parameter; write NAME=VALUE with NAME one of {', '.join(known)}")
+            raise NotebookError(
+                f"-p {entry!r} sets no notebook parameter; write NAME=VALUE with NAME one of {', '.join(known)}"
+            )
         for name in targets:
             overrides[name][parameter] = yaml.safe_load(text)
     return overrides
@@ -273,9 +296,9 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
     :raises TextSQLError: a ProfileError, ModelError or DataError naming the fix.
     """
     from textsql.arguments import notebook_defaults
-    from textsql.training.estimate import AUTO_PROFILE
-    from textsql.model import load_config
     from textsql.data.prepare import check_prepared
+    from textsql.model import load_config
+    from textsql.training.estimate import AUTO_PROFILE
 
     training = notebook_defaults() | dict(chosen["02_train_distributed"])
     if training["profile"] != AUTO_PROFILE:
@@ -351,20 +374,28 @@ def format_summary(result: DemoResult) -> str:
         parts = metrics.get("components") or {}
         baseline = (metrics.get("baseline") or {}).get("components") or {}
         if parts:
-            lines.append("  parts right: " + ", ".join(
-                f"{name} {value:.1%}" + (f" (baseline {baseline[name]:.1%})" if name in baseline else "") for name, value in parts.items()
-            ))
+            lines.append(
+                "  parts right: "
+                + ", ".join(
+                    f"{name} {value:.1%}" + (f" (baseline {baseline[name]:.1%})" if name in baseline else "")
+                    for name, value in parts.items()
+                )
+            )
     lines += [
         "Open next:",
         f"  {_command('textsql')} tensorboard --logdir {_shown(out / 'tensorboard')}",
         *(f"  {_command('jupyter')} lab {_shown(path)}" for path in result.notebooks.values()),
         "Time:",
     ]
-    runtime = next((entry["train_runtime"] for entry in training.get("log_history", []) if "train_runtime" in entry), None)
+    runtime = next(
+        (entry["train_runtime"] for entry in training.get("log_history", []) if "train_runtime" in entry), None
+    )
     for name, seconds in result.seconds.items():
         lines.append(f"  {name:22} {seconds:7.1f} s")
         if name == "02_train_distributed" and runtime is not None:
-            lines.append(f"    of which {runtime:.0f} s optimizer steps on {training['world_size']} ranks, ZeRO-{training['zero_stage']}")
+            lines.append(
+                f"    of which {runtime:.0f} s optimizer steps on {training['world_size']} ranks, ZeRO-{training['zero_stage']}"
+            )
     lines.append(f"  {'total':22} {sum(result.seconds.values()):7.1f} s")
     return "\n".join(lines)
 

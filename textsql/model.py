@@ -5,13 +5,20 @@ vocabulary but no weights: it is a small T5 initialised from a fixed seed, sized
 trains visibly in minutes on two CPU cores. A directory that holds weights (a trained ``model/``)
 and a hub id (``t5-small``, for connected users) load with ``from_pretrained``.
 """
+
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase, T5ForConditionalGeneration
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    T5ForConditionalGeneration,
+)
 
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.errors import ModelError
@@ -22,7 +29,12 @@ TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
 # transformers 5 silently builds a T5 tokenizer of only its special tokens when the vocabulary file
 # is missing; no real vocabulary is this small.
 MIN_VOCABULARY = 1000
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 INIT_SEED = 42
 
 
@@ -55,7 +67,9 @@ def load_config(model: str | Path | None) -> PretrainedConfig:
             return AutoConfig.from_pretrained(str(path.resolve()))
         return AutoConfig.from_pretrained(resolve_model(model))
     except (OSError, ValueError) as error:
-        raise ModelError(f"cannot read a model config from {str(model)!r} ({error}); pass --model a directory with config.json, a config.json file, or a hub id on a connected machine") from None
+        raise ModelError(
+            f"cannot read a model config from {str(model)!r} ({error}); pass --model a directory with config.json, a config.json file, or a hub id on a connected machine"
+        ) from None
 
 
 def has_weights(model_dir: str | Path) -> bool:
@@ -90,7 +104,9 @@ def load_tokenizer(name_or_dir: str | Path | None = None) -> PreTrainedTokenizer
             "with tokenizer.json or spiece.model, or a hub id on a connected machine"
         ) from None
     if len(tokenizer) < MIN_VOCABULARY:
-        raise ModelError(f"tokenizer at {reference!r} has only {len(tokenizer)} tokens; its vocabulary file is missing or broken")
+        raise ModelError(
+            f"tokenizer at {reference!r} has only {len(tokenizer)} tokens; its vocabulary file is missing or broken"
+        )
     if not tokenizer.is_fast:
         raise ModelError(f"tokenizer at {reference!r} is not a fast tokenizer; install `tokenizers` and retry")
     return tokenizer
@@ -112,7 +128,9 @@ def load_model(name_or_dir: str | Path | None = None, *, seed: int = INIT_SEED) 
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = T5ForConditionalGeneration(config)
-            logger.info("built %s from its config (%.1fM parameters, seed %d)", reference, model.num_parameters() / 1e6, seed)
+            logger.info(
+                "built %s from its config (%.1fM parameters, seed %d)", reference, model.num_parameters() / 1e6, seed
+            )
             return model
         return T5ForConditionalGeneration.from_pretrained(reference)
     except (OSError, ValueError) as error:

@@ -10,6 +10,7 @@
 
 SIGTERM and SIGINT stop sshd and exit 0 as well. A refused registration exits 1 with the master's reason.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -82,7 +83,7 @@ class AgentConfig:
     sshd: bool
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "AgentConfig":
+    def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
         """Read and check the agent's settings.
 
         :param env: usually ``os.environ``.
@@ -159,14 +160,30 @@ def run(config: AgentConfig) -> bool:
         # its pods) must not cut that stop short and orphan sshd.
         stack.callback(signal.signal, signal.SIGTERM, signal.SIG_IGN)
         registration = Registration(
-            address=config.address, slots=config.slots, hostname=socket.gethostname(), pod=config.pod,
-            ssh_port=sshd.port if sshd else None, host_key=sshd.host_public_key if sshd else None,
+            address=config.address,
+            slots=config.slots,
+            hostname=socket.gethostname(),
+            pod=config.pod,
+            ssh_port=sshd.port if sshd else None,
+            host_key=sshd.host_public_key if sshd else None,
             user=getpass.getuser(),
         )
-        session = stack.enter_context(register_until(config.master, config.token, registration, config.deadline_s,
-                                                     source=_loopback_source(config.address, config.master[0])))
-        logger.info("registered %s (pod %s, %d slots) with %s:%d; waiting for release",
-                    config.address, config.pod, config.slots, *config.master)
+        session = stack.enter_context(
+            register_until(
+                config.master,
+                config.token,
+                registration,
+                config.deadline_s,
+                source=_loopback_source(config.address, config.master[0]),
+            )
+        )
+        logger.info(
+            "registered %s (pod %s, %d slots) with %s:%d; waiting for release",
+            config.address,
+            config.pod,
+            config.slots,
+            *config.master,
+        )
         released = session.wait_released()
         logger.info("released by the master" if released else "the master is gone; shutting down")
         return released
@@ -183,8 +200,11 @@ def main() -> int:
 
     :rtype: int
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s worker.agent[%(process)d]: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s worker.agent[%(process)d]: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     signal.signal(signal.SIGTERM, _terminate)
     try:
         run(AgentConfig.from_env(os.environ))

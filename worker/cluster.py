@@ -7,6 +7,7 @@ Usage::
         env = {**os.environ, **cluster.pdsh_env}   # for deepspeed --launcher pdsh --hostfile cluster.hostfile
     # every launched worker is released and stopped here, also after an error or KeyboardInterrupt
 """
+
 from __future__ import annotations
 
 import atexit
@@ -19,9 +20,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from worker.errors import RendezvousError, WorkerError
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
+from worker.errors import RendezvousError, WorkerError
 from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
 from worker.rendezvous.token import new_token
@@ -72,7 +73,7 @@ class Cluster:
                 lost.setdefault(by_pod[pod], f"pod {pod} {reason}")
         return lost
 
-    def replace_worker(self, address: str, timeout: float = 300.0) -> "Cluster":
+    def replace_worker(self, address: str, timeout: float = 300.0) -> Cluster:
         """Replace the lost worker at ``address`` through the backend and rewrite the run's files.
 
         A launched replacement (a new local process, CML engine or Kubernetes pod) must be running and
@@ -99,11 +100,16 @@ class Cluster:
         handle = self.backend.replace(lost.pod, timeout)
         try:
             self.backend.wait(max(0.0, deadline - time.monotonic()))
-            workers = self._server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[handle.pod],
-                                        check=lambda: _check_pods(self.backend), total=timeout)
+            workers = self._server.wait(
+                max(0.0, deadline - time.monotonic()),
+                expected_pods=[handle.pod],
+                check=lambda: _check_pods(self.backend),
+                total=timeout,
+            )
         except (WorkerError, RendezvousError) as error:
-            raise WorkerError(f"no replacement for lost worker {address} (pod {lost.pod}) registered within "
-                              f"{timeout:.0f}s: {error}") from None
+            raise WorkerError(
+                f"no replacement for lost worker {address} (pod {lost.pod}) registered within {timeout:.0f}s: {error}"
+            ) from None
         new = next((worker.address for worker in workers if worker.pod == handle.pod), "?")
         logger.info("worker %s (pod %s) replaced by %s (pod %s)", address, lost.pod, new, handle.pod)
         return replace(self, workers=tuple(workers), master_addr=workers[0].address)
@@ -149,8 +155,9 @@ class Cluster:
         :param timeout: seconds before giving up.
         :rtype: subprocess.CompletedProcess
         """
-        return subprocess.run(self.ssh_command(host, command), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            self.ssh_command(host, command), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
 
 
 def _clear_run_files(run_dir: Path) -> RunFiles:
@@ -219,7 +226,9 @@ def start_workers(
     if isinstance(backend, str):
         backend = make_backend(backend, **backend_options)
     elif backend_options:
-        raise WorkerError(f"options {sorted(backend_options)} go to the backend's constructor, not with a Backend instance")
+        raise WorkerError(
+            f"options {sorted(backend_options)} go to the backend's constructor, not with a Backend instance"
+        )
     backend.workdir = run_dir / c.WORKERS_DIR_NAME
     deadline = time.monotonic() + timeout
     with ExitStack() as stack:
@@ -232,10 +241,16 @@ def start_workers(
             write_run_files(files, workers, identity)
         else:
             identity, token, public_key = _run_secrets(run_dir)
-            server = stack.enter_context(RendezvousServer(
-                expect=count, token=token, host=backend.rendezvous_host(), port=rendezvous_port,
-                files=files, identity_file=identity,
-            ))
+            server = stack.enter_context(
+                RendezvousServer(
+                    expect=count,
+                    token=token,
+                    host=backend.rendezvous_host(),
+                    port=rendezvous_port,
+                    files=files,
+                    identity_file=identity,
+                )
+            )
             rendezvous = (master_address or backend.advertised_address(), server.endpoint[1])
             agent_env = {
                 **(env or {}),
@@ -247,20 +262,41 @@ def start_workers(
             }
             handles = backend.launch(count, resources or Resources(), agent_env)
             backend.wait(max(0.0, deadline - time.monotonic()))
-            workers = server.wait(max(0.0, deadline - time.monotonic()), expected_pods=[h.pod for h in handles],
-                                  check=lambda: _check_pods(backend), total=timeout)
+            workers = server.wait(
+                max(0.0, deadline - time.monotonic()),
+                expected_pods=[h.pod for h in handles],
+                check=lambda: _check_pods(backend),
+                total=timeout,
+            )
         logger.info("%d workers ready: %s", len(workers), " ".join(w.address for w in workers))
         yield _cluster(run_dir, files, identity, port, rendezvous, workers, backend, stack.close, server)
 
 
-def _cluster(run_dir: Path, files: RunFiles, identity: Path | None, port: int, rendezvous: tuple[str, int],
-             workers: list[Registration], backend: Backend, stop: Callable[[], None],
-             server: RendezvousServer | None) -> Cluster:
+def _cluster(
+    run_dir: Path,
+    files: RunFiles,
+    identity: Path | None,
+    port: int,
+    rendezvous: tuple[str, int],
+    workers: list[Registration],
+    backend: Backend,
+    stop: Callable[[], None],
+    server: RendezvousServer | None,
+) -> Cluster:
     ports = {worker.ssh_port for worker in workers}
     return Cluster(
-        run_dir=run_dir, hostfile=files.hostfile, known_hosts=files.known_hosts, ssh_config=files.ssh_config,
-        identity_file=identity, ssh_port=ports.pop() if len(ports) == 1 else port, master_addr=workers[0].address, rendezvous=rendezvous,
-        workers=tuple(workers), backend=backend, _stop=stop, _server=server,
+        run_dir=run_dir,
+        hostfile=files.hostfile,
+        known_hosts=files.known_hosts,
+        ssh_config=files.ssh_config,
+        identity_file=identity,
+        ssh_port=ports.pop() if len(ports) == 1 else port,
+        master_addr=workers[0].address,
+        rendezvous=rendezvous,
+        workers=tuple(workers),
+        backend=backend,
+        _stop=stop,
+        _server=server,
     )
 
 

@@ -31,8 +31,17 @@ PLATFORM_POD_VARS = ("CDSW_ENGINE_ID", "HOSTNAME")
 # Environment of the agent that remote ssh sessions (pdsh, DeepSpeed's launcher) inherit through
 # sshd's SetEnv, so a rank process sees the pod's interpreter, libraries and caches.
 FORWARDED_ENV = (
-    "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES", "HF_HOME", "TORCH_EXTENSIONS_DIR", "LANG", "LC_ALL",
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CUDA_HOME",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "HF_HOME",
+    "TORCH_EXTENSIONS_DIR",
+    "LANG",
+    "LC_ALL",
 )
 
 # Rendezvous protocol limits.
@@ -56,7 +65,11 @@ REFUSAL_LOG_INTERVAL_S = 5.0  # one log line per kind of refusal per this many s
 MAX_SLOTS = 16  # GPUs per worker
 MAX_EXPECTED_WORKERS = 1024
 SSH_KEY_TYPES = (
-    "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa",
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "ssh-rsa",
 )
 
 # Agent timings.

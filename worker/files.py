@@ -1,5 +1,6 @@
 """Run-dir files: writes all at once (a reader sees the old file or the new one, never half of one),
 logs only their owner can read, and the last line of a log."""
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ The format is the one ``deepspeed.launcher.runner._parse_hostfile`` reads (``^(\
 DeepSpeed is lax (trailing text after ``slots=N``, zero slots) so a file that passes here also
 passes there; tests check the round trip against DeepSpeed's own parser.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from worker.errors import HostfileError
 from worker.constants import MAX_SLOTS
+from worker.errors import HostfileError
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)

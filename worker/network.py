@@ -4,6 +4,7 @@ A probe only says what is free now: another process may take the port before its
 Callers on a shared machine (tests, the local backend) accept that small race rather than a fixed
 port that collides every time two runs overlap.
 """
+
 from __future__ import annotations
 
 import logging

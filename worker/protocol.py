@@ -9,6 +9,7 @@ Messages that matter are signed with HMAC-SHA256 under the per-run token over bo
 so a registration cannot be replayed into another session and a worker can tell a real release
 from a forged one. Signatures are compared with :func:`hmac.compare_digest` on bytes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,8 @@ import socket
 import struct
 import time
 
-from worker.errors import RendezvousError
 from worker.constants import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, READ_TIMEOUT_S
+from worker.errors import RendezvousError
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float, what: str) ->
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(min(size - len(buffer), 65536))
-        except socket.timeout:
+        except TimeoutError:
             raise FrameError(f"timed out reading the {what} ({len(buffer)} of {size} bytes arrived)") from None
         except OSError as error:
             raise FrameError(f"connection failed while reading the {what}: {error}") from None

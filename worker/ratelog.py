@@ -4,6 +4,7 @@ A flood of hostile connections must not turn into a flood of log lines: the firs
 is written, the next ones within ``interval`` are only counted, and the count goes into the next
 line of that kind that is written.
 """
+
 from __future__ import annotations
 
 import logging

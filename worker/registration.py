@@ -1,4 +1,5 @@
 """What a worker reports about itself, and the checks every field passes before the master uses it."""
+
 from __future__ import annotations
 
 import base64
@@ -12,12 +13,14 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from worker.errors import RendezvousError
 from worker.constants import MAX_SLOTS, SSH_KEY_TYPES
+from worker.errors import RendezvousError
 
 logger = logging.getLogger(__name__)
 
-_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*")
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*"
+)
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _POD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
 _MAX_KEY_CHARS = 4096
@@ -41,14 +44,15 @@ def check_address(value: object) -> str:
             raise ValueError(value)
         address = ipaddress.ip_address(value)
     except ValueError:
-        raise InvalidRegistration(f"address {value!r} is not an IP address (plain, with no scope id); "
-                                  "pass --address with the pod's IP") from None
+        raise InvalidRegistration(
+            f"address {value!r} is not an IP address (plain, with no scope id); pass --address with the pod's IP"
+        ) from None
     if address.is_unspecified or address.is_multicast:
         raise InvalidRegistration(f"address {value!r} cannot be reached; pass the pod's own IP")
     return str(address)
 
 
-def node_order(registration: "Registration") -> tuple[int, int]:
+def node_order(registration: Registration) -> tuple[int, int]:
     """Sort key giving node-rank order: IPv4 before IPv6, then by numeric address.
 
     Comparing ``IPv4Address`` with ``IPv6Address`` raises TypeError, so mixed families need a key.
@@ -103,12 +107,14 @@ def check_host_key(value: object) -> str:
         raise InvalidRegistration("ssh host key must be one line 'TYPE BASE64' from the worker's sshd")
     fields = value.split()
     if len(fields) < 2 or fields[0] not in SSH_KEY_TYPES:
-        raise InvalidRegistration(f"ssh host key type {fields[0] if fields else ''!r} is not one of {', '.join(SSH_KEY_TYPES)}")
+        raise InvalidRegistration(
+            f"ssh host key type {fields[0] if fields else ''!r} is not one of {', '.join(SSH_KEY_TYPES)}"
+        )
     key_type, blob = fields[0], fields[1]
     try:
         raw = base64.b64decode(blob, validate=True)
         (length,) = struct.unpack(">I", raw[:4])
-        embedded = raw[4:4 + length].decode("ascii")
+        embedded = raw[4 : 4 + length].decode("ascii")
     except (binascii.Error, struct.error, UnicodeDecodeError):
         raise InvalidRegistration("ssh host key blob is not a valid OpenSSH public key") from None
     if embedded != key_type:
@@ -157,7 +163,7 @@ class Registration:
     user: str | None = None
 
     @classmethod
-    def from_dict(cls, data: object) -> "Registration":
+    def from_dict(cls, data: object) -> Registration:
         """Validate every field of a received registration.
 
         :param data: the ``worker`` object of a register message.
@@ -203,8 +209,9 @@ def default_pod(address: str) -> str:
     return address if address[:1].isalnum() else f"ipv6-{address}"
 
 
-def registration_from_options(address: str, slots: int, ssh_port: int | None = None,
-                              ssh_host_key_file: str | None = None, pod: str | None = None) -> Registration:
+def registration_from_options(
+    address: str, slots: int, ssh_port: int | None = None, ssh_host_key_file: str | None = None, pod: str | None = None
+) -> Registration:
     """A registration for this host from command-line values (``textsql rendezvous register``).
 
     :param address: the worker's address.
@@ -217,7 +224,14 @@ def registration_from_options(address: str, slots: int, ssh_port: int | None = N
     if (ssh_port is None) != (ssh_host_key_file is None):
         raise InvalidRegistration("--ssh-port and --ssh-host-key-file go together; pass both or neither")
     host_key = Path(ssh_host_key_file).read_text(encoding="utf-8").strip() if ssh_host_key_file else None
-    return Registration.from_dict({
-        "address": address, "slots": slots, "hostname": socket.gethostname(), "pod": pod or default_pod(address),
-        "ssh_port": ssh_port, "host_key": host_key, "user": getpass.getuser(),
-    })
+    return Registration.from_dict(
+        {
+            "address": address,
+            "slots": slots,
+            "hostname": socket.gethostname(),
+            "pod": pod or default_pod(address),
+            "ssh_port": ssh_port,
+            "host_key": host_key,
+            "user": getpass.getuser(),
+        }
+    )

@@ -3,6 +3,7 @@
 They are built only from authenticated registrations, so ``StrictHostKeyChecking yes`` holds for
 every worker: no trust-on-first-use, no ``StrictHostKeyChecking no``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,7 @@ class RunFiles:
     ssh_config: Path
 
     @classmethod
-    def in_dir(cls, directory: Path) -> "RunFiles":
+    def in_dir(cls, directory: Path) -> RunFiles:
         """The standard names inside ``directory``.
 
         :param directory: the run dir (or the hostfile's directory).
@@ -57,9 +58,7 @@ def format_known_hosts(workers: Sequence[Registration]) -> str:
     :param workers: registrations.
     :rtype: str
     """
-    return "".join(
-        f"{known_hosts_pattern(w.address, w.ssh_port)} {w.host_key}\n" for w in workers if w.host_key
-    )
+    return "".join(f"{known_hosts_pattern(w.address, w.ssh_port)} {w.host_key}\n" for w in workers if w.host_key)
 
 
 def format_ssh_config(workers: Sequence[Registration], identity_file: Path | None, known_hosts: Path) -> str:
@@ -77,7 +76,9 @@ def format_ssh_config(workers: Sequence[Registration], identity_file: Path | Non
         if not worker.host_key:
             continue
         address = check_address(worker.address)
-        settings = ssh_settings(port=worker.ssh_port, user=worker.user, identity_file=identity_file, known_hosts=known_hosts)
+        settings = ssh_settings(
+            port=worker.ssh_port, user=worker.user, identity_file=identity_file, known_hosts=known_hosts
+        )
         lines = [f"Host {address}", f"    HostName {address}"]
         lines += [f"    {name} {value}" for name, value in settings.items()]
         blocks.append("\n".join(lines) + "\n")
@@ -98,5 +99,7 @@ def write_run_files(files: RunFiles, workers: Sequence[Registration], identity_f
     atomic_write(files.known_hosts, format_known_hosts(workers))
     atomic_write(files.ssh_config, format_ssh_config(workers, identity_file, files.known_hosts))
     atomic_write(files.hostfile, hostfile_text)
-    logger.info("wrote %s (%d workers), %s and %s", files.hostfile, len(workers), files.known_hosts.name, files.ssh_config.name)
+    logger.info(
+        "wrote %s (%d workers), %s and %s", files.hostfile, len(workers), files.known_hosts.name, files.ssh_config.name
+    )
     return files

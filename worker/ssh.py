@@ -11,6 +11,7 @@ Usage::
     ['-F', 'runs/r1/ssh_config', '-o', 'BatchMode=yes']
     >>> subprocess.run(["ssh", *ssh_options(port=22, known_hosts=Path("~/.ssh/known_hosts").expanduser()), "node1", "hostname"])
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,9 +65,15 @@ def ssh_settings(
         return settings | {"BatchMode": "yes"}
     # CheckHostIP off: workers are known by the address they registered, one known_hosts line each.
     return settings | {
-        "UserKnownHostsFile": config_path(known_hosts), "GlobalKnownHostsFile": "/dev/null",
-        "StrictHostKeyChecking": "yes", "CheckHostIP": "no", "BatchMode": "yes", "PasswordAuthentication": "no",
-        "ConnectTimeout": str(connect_timeout), "ServerAliveInterval": str(SERVER_ALIVE_INTERVAL_S), "LogLevel": "ERROR",
+        "UserKnownHostsFile": config_path(known_hosts),
+        "GlobalKnownHostsFile": "/dev/null",
+        "StrictHostKeyChecking": "yes",
+        "CheckHostIP": "no",
+        "BatchMode": "yes",
+        "PasswordAuthentication": "no",
+        "ConnectTimeout": str(connect_timeout),
+        "ServerAliveInterval": str(SERVER_ALIVE_INTERVAL_S),
+        "LogLevel": "ERROR",
     }
 
 

@@ -12,6 +12,7 @@ Usage::
     with Sshd(workdir, "127.0.0.2", 2222, client_public_key) as sshd:
         print(sshd.host_public_key)
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.errors import WorkerError
 from worker.files import last_line, private_opener
-from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.registration import InvalidRegistration, check_host_key
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,10 @@ def generate_keypair(private_key: Path, comment: str) -> str:
         stale.unlink(missing_ok=True)
     subprocess.run(
         [require_tool("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(private_key)],
-        check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     return private_key.with_name(private_key.name + ".pub").read_text(encoding="utf-8").strip()
 
@@ -81,8 +85,9 @@ def _quoted(value: str) -> str:
 class Sshd:
     """One sshd child process; a context manager that stops it on exit."""
 
-    def __init__(self, workdir: Path, address: str, port: int, authorized_key: str,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, address: str, port: int, authorized_key: str, env: dict[str, str] | None = None
+    ) -> None:
         """
         :param workdir: private directory for the config, host key, pid file and log.
         :param address: the address to listen on.
@@ -93,7 +98,9 @@ class Sshd:
         try:
             check_host_key(authorized_key.strip())
         except InvalidRegistration:
-            raise WorkerError("the client public key is not an OpenSSH public key line; pass the run's id_ed25519.pub") from None
+            raise WorkerError(
+                "the client public key is not an OpenSSH public key line; pass the run's id_ed25519.pub"
+            ) from None
         self.workdir = Path(workdir).resolve()
         self.address = address
         self.port = port
@@ -115,7 +122,8 @@ class Sshd:
         authorized.write_text(self.authorized_key + "\n", encoding="utf-8")
         authorized.chmod(0o600)
         forwarded = [
-            _quoted(f"{name}={self.env[name]}") for name in FORWARDED_ENV
+            _quoted(f"{name}={self.env[name]}")
+            for name in FORWARDED_ENV
             if self.env.get(name) and not any(c in self.env[name] for c in '"\n\\')
         ]
         lines = [
@@ -149,7 +157,7 @@ class Sshd:
         config.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return config
 
-    def start(self, timeout: float = SSHD_START_TIMEOUT_S) -> "Sshd":
+    def start(self, timeout: float = SSHD_START_TIMEOUT_S) -> Sshd:
         """Generate a fresh host key, write the config, start sshd and wait until it answers.
 
         :param timeout: seconds to wait for sshd's banner.
@@ -163,7 +171,10 @@ class Sshd:
         config = self._write_config()
         with open(self.log_path, "ab", opener=private_opener) as log:
             self._process = subprocess.Popen(
-                [sshd, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                [sshd, "-D", "-e", "-f", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
                 preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
@@ -171,7 +182,9 @@ class Sshd:
             if self._process.poll() is not None:
                 code = self._process.returncode
                 self.stop()
-                raise WorkerError(f"sshd on {self.address}:{self.port} exited with code {code}: {last_line(self.log_path)}")
+                raise WorkerError(
+                    f"sshd on {self.address}:{self.port} exited with code {code}: {last_line(self.log_path)}"
+                )
             if self._answers():
                 logger.info("sshd listening on %s:%d (pid %d)", self.address, self.port, self._process.pid)
                 return self
@@ -211,7 +224,7 @@ class Sshd:
                 shutil.rmtree(self._keys_dir, ignore_errors=True)
                 self._keys_dir = None
 
-    def __enter__(self) -> "Sshd":
+    def __enter__(self) -> Sshd:
         return self if self.running else self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -11,6 +11,7 @@ CML is not here, so this does on this machine what the AMP specification says ea
 A session or job that exits non-zero ends the import, as it does in CML. The scripts import this checkout's
 ``textsql`` (``PYTHONPATH``), as the AMP's own ``pip install -e .`` makes them do in CML.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,9 +51,14 @@ class AmpImport:
     def environment(self, task_environment: Mapping[str, Any] | None = None) -> dict[str, str]:
         """This machine's environment with the project's variables and a task's own on top."""
         project = {name: spec["default"] for name, spec in self.metadata.get("environment_variables", {}).items()}
-        return {**os.environ, **project, **self.user_environment, **self.extra_environment,
-                **{key: str(value) for key, value in (task_environment or {}).items()},
-                "PYTHONPATH": str(self.project_dir)}
+        return {
+            **os.environ,
+            **project,
+            **self.user_environment,
+            **self.extra_environment,
+            **{key: str(value) for key, value in (task_environment or {}).items()},
+            "PYTHONPATH": str(self.project_dir),
+        }
 
     def run_all(self) -> list[TaskRun]:
         """Every task in order until one fails; the runs so far."""
@@ -83,14 +89,25 @@ class AmpImport:
 
     def ran(self) -> list[str]:
         """The scripts that ran, with their arguments, in order."""
-        return [" ".join(filter(None, (self._script(run.task), self._arguments(run.task))))
-                for run in self.runs if run.returncode is not None]
+        return [
+            " ".join(filter(None, (self._script(run.task), self._arguments(run.task))))
+            for run in self.runs
+            if run.returncode is not None
+        ]
 
-    def _execute(self, task: dict[str, Any], script: str, arguments: str | None, environment: Mapping | None) -> TaskRun:
+    def _execute(
+        self, task: dict[str, Any], script: str, arguments: str | None, environment: Mapping | None
+    ) -> TaskRun:
         # CML's "None" is the spelling of "no arguments" in Cloudera's own AMPs.
         argv = [] if arguments in (None, "None") else shlex.split(str(arguments))
-        result = subprocess.run([sys.executable, str(self.project_dir / script), *argv], cwd=self.project_dir,
-                                env=self.environment(environment), capture_output=True, text=True, timeout=TASK_TIMEOUT_S)
+        result = subprocess.run(
+            [sys.executable, str(self.project_dir / script), *argv],
+            cwd=self.project_dir,
+            env=self.environment(environment),
+            capture_output=True,
+            text=True,
+            timeout=TASK_TIMEOUT_S,
+        )
         return TaskRun(task, result.returncode, result.stdout + result.stderr)
 
     def _script(self, task: dict[str, Any]) -> str:

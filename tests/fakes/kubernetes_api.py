@@ -10,6 +10,7 @@ What it does not do: scheduling, image pulls (``image_pull_fails`` leaves new po
 a failed pull does), user and group ids (test_worker_kubernetes.py checks the mount's ownership as
 root), resource limits, network namespaces, ``activeDeadlineSeconds``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -47,7 +48,9 @@ class RecordingCoreV1:
         return wanted.items() <= (body.metadata.labels or {}).items()
 
     def list_namespaced_secret(self, namespace, label_selector):
-        return client.V1SecretList(items=[body for body in self.secrets.values() if self.selected(body, label_selector)])
+        return client.V1SecretList(
+            items=[body for body in self.secrets.values() if self.selected(body, label_selector)]
+        )
 
     def status_of(self, name):
         """(phase, waiting reason or None) of pod ``name``."""
@@ -60,10 +63,21 @@ class RecordingCoreV1:
                 continue
             phase, reason = self.status_of(name)
             waiting = client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason=reason)) if reason else None
-            statuses = [client.V1ContainerStatus(name="agent", image="i", image_id="", ready=False, restart_count=0,
-                                                 state=waiting)] if waiting else None
-            items.append(client.V1Pod(metadata=client.V1ObjectMeta(name=name, labels=pod.metadata.labels),
-                                      status=client.V1PodStatus(phase=phase, container_statuses=statuses)))
+            statuses = (
+                [
+                    client.V1ContainerStatus(
+                        name="agent", image="i", image_id="", ready=False, restart_count=0, state=waiting
+                    )
+                ]
+                if waiting
+                else None
+            )
+            items.append(
+                client.V1Pod(
+                    metadata=client.V1ObjectMeta(name=name, labels=pod.metadata.labels),
+                    status=client.V1PodStatus(phase=phase, container_statuses=statuses),
+                )
+            )
         return client.V1PodList(items=items)
 
     def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
@@ -134,13 +148,20 @@ class KubeletCoreV1(RecordingCoreV1):
             value = variable.value if variable.value_from is None else fields[variable.value_from.field_ref.field_path]
             for mount_path, directory in mounts.items():
                 if value.startswith(mount_path + "/"):
-                    value = str(directory) + value[len(mount_path):]
+                    value = str(directory) + value[len(mount_path) :]
             env[variable.name] = value
         # The image's python is this interpreter; tini, the image's entrypoint, is not needed here.
         command = [sys.executable if arg == "python" else arg for arg in container.args]
         with open(self.root / f"{name}.log", "ab") as log:
-            self.processes[name] = subprocess.Popen(command, env=env, cwd=container.working_dir, stdin=subprocess.DEVNULL,
-                                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.processes[name] = subprocess.Popen(
+                command,
+                env=env,
+                cwd=container.working_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
         super().delete_namespaced_pod(name, namespace, grace_period_seconds)

@@ -9,6 +9,7 @@ and input format, and ``tables/{split}.tables.jsonl`` the tables in the release 
 accuracy). Everything is written to a temporary directory beside ``--out`` and renamed into place,
 so a failed run leaves nothing half-written.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,10 +35,17 @@ from textsql.model import load_tokenizer, resolve_model
 logger = logging.getLogger(__name__)
 
 PERCENTILES = (50, 90, 95, 99)
-TEXT_FEATURES = Features({
-    "id": Value("string"), "table_id": Value("string"), "question": Value("string"), "header": List(Value("string")),
-    "sql": Value("string"), "target": Value("string"), "source_text": Value("string"),
-})
+TEXT_FEATURES = Features(
+    {
+        "id": Value("string"),
+        "table_id": Value("string"),
+        "question": Value("string"),
+        "header": List(Value("string")),
+        "sql": Value("string"),
+        "target": Value("string"),
+        "source_text": Value("string"),
+    }
+)
 # Untruncated token counts and whether a target holds <unk> (the model cannot write it exactly),
 # kept only until the statistics are taken.
 STATISTICS_COLUMNS = ("source_length", "target_length", "target_unknown")
@@ -69,16 +77,29 @@ def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
         )
     tokenizer = load_tokenizer(arguments.model)
     loaded = {split: load_split(arguments.source, split, arguments.limit) for split in SPLITS}
-    texts = DatasetDict({
-        split: Dataset.from_list([_text_row(record, arguments.input_format) for record in records], features=TEXT_FEATURES)
-        for split, (records, _) in loaded.items()
-    })
+    texts = DatasetDict(
+        {
+            split: Dataset.from_list(
+                [_text_row(record, arguments.input_format) for record in records], features=TEXT_FEATURES
+            )
+            for split, (records, _) in loaded.items()
+        }
+    )
     tokenized = texts.map(
-        partial(_tokenize, tokenizer=tokenizer, max_source_length=arguments.max_source_length, max_target_length=arguments.max_target_length),
-        batched=True, num_proc=arguments.num_proc if arguments.num_proc > 1 else None, desc="Tokenizing",
+        partial(
+            _tokenize,
+            tokenizer=tokenizer,
+            max_source_length=arguments.max_source_length,
+            max_target_length=arguments.max_target_length,
+        ),
+        batched=True,
+        num_proc=arguments.num_proc if arguments.num_proc > 1 else None,
+        desc="Tokenizing",
     )
     summary = {
-        "source": arguments.source if arguments.source in (SAMPLE_SOURCE, "hub") else str(Path(arguments.source).resolve()),
+        "source": arguments.source
+        if arguments.source in (SAMPLE_SOURCE, "hub")
+        else str(Path(arguments.source).resolve()),
         "tokenizer": "default" if arguments.model in (None, "", "default") else resolve_model(arguments.model),
         "input_format": arguments.input_format,
         "counts": {split: len(tokenized[split]) for split in SPLITS},
@@ -108,7 +129,9 @@ def check_prepared(data_dir: str | Path) -> None:
     try:
         splits = json.loads((path / DATASET_DICT_FILE).read_text())["splits"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise DataError(f"{str(data_dir)!r} is not a prepared dataset (no readable {DATASET_DICT_FILE}); {fix}") from None
+        raise DataError(
+            f"{str(data_dir)!r} is not a prepared dataset (no readable {DATASET_DICT_FILE}); {fix}"
+        ) from None
     if "train" not in splits:
         raise DataError(f"prepared dataset {str(data_dir)!r} has no train split; {fix}")
 
@@ -119,9 +142,15 @@ def format_summary(summary: dict) -> str:
     :param summary: what :func:`prepare` returned.
     :rtype: str
     """
-    lines = [f"wrote {summary['out']} ({summary['input_format']} input, tokenizer {summary['tokenizer']}, {summary['seconds']}s)"]
+    lines = [
+        f"wrote {summary['out']} ({summary['input_format']} input, tokenizer {summary['tokenizer']}, {summary['seconds']}s)"
+    ]
     for split in SPLITS:
-        source, target, truncated = summary["source_length"][split], summary["target_length"][split], summary["truncated"][split]
+        source, target, truncated = (
+            summary["source_length"][split],
+            summary["target_length"][split],
+            summary["truncated"][split],
+        )
         lines.append(
             f"  {split}: {summary['counts'][split]} questions, {summary['tables'][split]} tables; "
             f"source tokens p50/p95/max {source['p50']}/{source['p95']}/{source['max']} ({truncated['source']} truncated), "
@@ -133,12 +162,19 @@ def format_summary(summary: dict) -> str:
 
 def _text_row(record: dict, input_format: str) -> dict:
     return {
-        "id": record["id"], "table_id": record["table_id"], "question": record["question"], "header": record["header"],
-        "sql": json.dumps(record["sql"]), "target": target_text(record), "source_text": source_text(record["question"], record["header"], input_format),
+        "id": record["id"],
+        "table_id": record["table_id"],
+        "question": record["question"],
+        "header": record["header"],
+        "sql": json.dumps(record["sql"]),
+        "target": target_text(record),
+        "source_text": source_text(record["question"], record["header"], input_format),
     }
 
 
-def _tokenize(batch: dict, *, tokenizer: PreTrainedTokenizerBase, max_source_length: int, max_target_length: int) -> dict:
+def _tokenize(
+    batch: dict, *, tokenizer: PreTrainedTokenizerBase, max_source_length: int, max_target_length: int
+) -> dict:
     """Token ids of a batch, cut to the maximum lengths; the untruncated lengths come along for the statistics.
 
     One untruncated pass gives both the lengths and the ids: cutting ``ids[:n - 1] + [</s>]`` is what
@@ -173,7 +209,10 @@ def _length_statistics(tokenized: DatasetDict, arguments: PrepareArguments) -> d
             if len(lengths) == 0:
                 statistics[column][split] = {**{f"p{p}": 0 for p in PERCENTILES}, "max": 0}
             else:
-                statistics[column][split] = {**{f"p{p}": int(numpy.percentile(lengths, p)) for p in PERCENTILES}, "max": int(lengths.max())}
+                statistics[column][split] = {
+                    **{f"p{p}": int(numpy.percentile(lengths, p)) for p in PERCENTILES},
+                    "max": int(lengths.max()),
+                }
             truncated[column.removesuffix("_length")] = int((lengths > limit).sum())
         statistics["truncated"][split] = truncated
         statistics["targets_with_unknown_tokens"][split] = int(sum(tokenized[split]["target_unknown"]))

@@ -17,6 +17,7 @@ comparison (``lib/query.py``) compares ``str(value).lower()``. The text keeps a 
 with its case, so :func:`parse_sql` returns every value as that string: the round trip is exact
 against :func:`canonical_sql`, which is the gold query with each value in its ``str`` form.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,9 +70,12 @@ def render_sql(sql: dict, header: list[str]) -> str:
     :param header: the table's column names, in order.
     :rtype: str
     """
+
     def column(index: int) -> str:
         if not 0 <= index < len(header):
-            raise DataError(f"query refers to column {index} but the table has {len(header)} columns; check its table_id and header")
+            raise DataError(
+                f"query refers to column {index} but the table has {len(header)} columns; check its table_id and header"
+            )
         return header[index]
 
     if not 0 <= sql["agg"] < len(AGG_OPS):
@@ -158,7 +162,7 @@ class _Parser:
 
     def failure(self) -> str:
         position, what = self.furthest
-        got = self.text[position:position + 30] or "the end"
+        got = self.text[position : position + 30] or "the end"
         return (
             f"cannot read {self.text!r} as WikiSQL over a {len(self.header)}-column header: expected {what} "
             f"at character {position}, got {got!r}; write SELECT [AGG] column FROM table [WHERE column op value AND ...] "
@@ -166,7 +170,11 @@ class _Parser:
         )
 
     def columns_at(self, position: int) -> list[int]:
-        found = [index for index in self.columns if self.names[index] and self.key_text.startswith(self.names[index], position)]
+        found = [
+            index
+            for index in self.columns
+            if self.names[index] and self.key_text.startswith(self.names[index], position)
+        ]
         if not found:
             self.expect(position, "a column name")
         return found
@@ -175,7 +183,9 @@ class _Parser:
         if not self.at(0, _SELECT):
             return None
         start = len(_SELECT)
-        choices = [(agg, start + len(AGG_OPS[agg]) + 1) for agg in range(1, len(AGG_OPS)) if self.at(start, AGG_OPS[agg] + " ")]
+        choices = [
+            (agg, start + len(AGG_OPS[agg]) + 1) for agg in range(1, len(AGG_OPS)) if self.at(start, AGG_OPS[agg] + " ")
+        ]
         for agg, position in choices + [(0, start)]:
             for sel in self.columns_at(position):
                 after = position + len(self.names[sel])

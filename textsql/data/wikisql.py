@@ -11,20 +11,31 @@ Every source yields, per split, records ``{"id", "table_id", "question", "header
 (``id``, ``header``, ``types``, ``rows``, ...). Record ids are ``{split}-{line index}``, the same for
 every source holding the same release file.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from textsql.constants import (
-    AGG_OPS, COLUMN_SEPARATOR, COLUMNS_MARKER, COND_OPS, HUB_DATASET, HUB_REVISION, INPUT_FORMATS,
-    RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS, SQL_TASK_PREFIX,
+    AGG_OPS,
+    COLUMN_SEPARATOR,
+    COLUMNS_MARKER,
+    COND_OPS,
+    HUB_DATASET,
+    HUB_REVISION,
+    INPUT_FORMATS,
+    RELEASE_SPLIT_FILES,
+    SAMPLE_DATA_DIR,
+    SPLITS,
+    SQL_TASK_PREFIX,
 )
+from textsql.data.sql import render_sql
 from textsql.errors import DataError
 from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_jsonl_located
-from textsql.data.sql import render_sql
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +44,9 @@ HUB_SOURCE = "hub"
 _SOURCE_HELP = f"pass --source {SAMPLE_SOURCE}, --source {HUB_SOURCE}, or a directory holding {{train,dev,test}}.jsonl and {{train,dev,test}}.tables.jsonl"
 
 
-def load_split(source: str | Path = SAMPLE_SOURCE, split: str = "train", limit: int | None = None) -> tuple[list[dict], dict[str, dict]]:
+def load_split(
+    source: str | Path = SAMPLE_SOURCE, split: str = "train", limit: int | None = None
+) -> tuple[list[dict], dict[str, dict]]:
     """Load one split: its records and the tables they use.
 
     Usage::
@@ -136,7 +149,16 @@ def records_from_hub(rows: Iterable[dict], split: str, limit: int | None = None)
         if isinstance(conds, dict):
             conds = [dict(zip(conds, values)) for values in zip(*conds.values())]
         triples = [[cond["column_index"], cond["operator_index"], cond["condition"]] for cond in conds]
-        records.append(_record(split, index, row["question"], tables[table["id"]], {"sel": sql["sel"], "agg": sql["agg"], "conds": triples}, where))
+        records.append(
+            _record(
+                split,
+                index,
+                row["question"],
+                tables[table["id"]],
+                {"sel": sql["sel"], "agg": sql["agg"], "conds": triples},
+                where,
+            )
+        )
     return records, tables
 
 
@@ -166,7 +188,9 @@ def _load_release_split(directory: Path, split: str, limit: int | None) -> tuple
             raise DataError(f"{where}: a question needs table_id, question and sql; fix or remove the line")
         table = all_tables.get(line["table_id"])
         if table is None:
-            raise DataError(f"{where}: table {line['table_id']!r} is not in {str(tables_path)!r}; add the table there or remove the question")
+            raise DataError(
+                f"{where}: table {line['table_id']!r} is not in {str(tables_path)!r}; add the table there or remove the question"
+            )
         tables[table["id"]] = table
         records.append(_record(split, index, line["question"], table, line["sql"], where))
     return records, tables
@@ -176,8 +200,13 @@ def _record(split: str, index: int, question: Any, table: dict, sql: Any, where:
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"{where}: the question is empty or not text; fix or remove the line")
     return {
-        "id": f"{split}-{index}", "table_id": table["id"], "question": question, "header": table["header"],
-        "types": table["types"], "rows": table["rows"], "sql": _checked_sql(sql, len(table["header"]), where),
+        "id": f"{split}-{index}",
+        "table_id": table["id"],
+        "question": question,
+        "header": table["header"],
+        "types": table["types"],
+        "rows": table["rows"],
+        "sql": _checked_sql(sql, len(table["header"]), where),
     }
 
 
@@ -191,11 +220,21 @@ def _index(value: Any) -> int:
 def _checked_sql(sql: Any, columns: int, where: str) -> dict:
     """The query as ``{sel, agg, conds}`` with its indices checked against the table's width."""
     try:
-        sel, agg, conds = _index(sql["sel"]), _index(sql["agg"]), [[_index(col), _index(op), value] for col, op, value in sql["conds"]]
+        sel, agg, conds = (
+            _index(sql["sel"]),
+            _index(sql["agg"]),
+            [[_index(col), _index(op), value] for col, op, value in sql["conds"]],
+        )
     except (KeyError, TypeError, ValueError):
-        raise DataError(f"{where}: sql must be {{\"sel\": int, \"agg\": int, \"conds\": [[col, op, value], ...]}}; fix the line") from None
+        raise DataError(
+            f'{where}: sql must be {{"sel": int, "agg": int, "conds": [[col, op, value], ...]}}; fix the line'
+        ) from None
     if not 0 <= sel < columns or not all(0 <= col < columns for col, _, _ in conds):
-        raise DataError(f"{where}: sql refers to a column outside its table's {columns} columns; fix the line or the table's header")
+        raise DataError(
+            f"{where}: sql refers to a column outside its table's {columns} columns; fix the line or the table's header"
+        )
     if not 0 <= agg < len(AGG_OPS) or not all(0 <= op < len(COND_OPS) for _, op, _ in conds):
-        raise DataError(f"{where}: sql has an aggregation outside 0..{len(AGG_OPS) - 1} or an operator outside 0..{len(COND_OPS) - 1}; fix the line")
+        raise DataError(
+            f"{where}: sql has an aggregation outside 0..{len(AGG_OPS) - 1} or an operator outside 0..{len(COND_OPS) - 1}; fix the line"
+        )
     return {"sel": sel, "conds": conds, "agg": agg}

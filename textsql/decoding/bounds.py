@@ -7,6 +7,7 @@ margin, not a fixed 64 or 128. It is set once, as ``max_new_tokens`` in the mode
 in the trainer's arguments: with both set, transformers warns on every ``generate`` call and
 ``max_new_tokens`` silently wins. :class:`KeepGenerationBound` keeps it cleared during training.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,10 @@ def longest_label(dataset: datasets.Dataset) -> int:
 
 
 def bound_generation(
-    model: PreTrainedModel, args: Seq2SeqTrainingArguments, eval_dataset: datasets.Dataset | None, margin: int = GENERATION_MARGIN
+    model: PreTrainedModel,
+    args: Seq2SeqTrainingArguments,
+    eval_dataset: datasets.Dataset | None,
+    margin: int = GENERATION_MARGIN,
 ) -> int:
     """Set ``max_new_tokens`` to the longest gold query plus ``margin``, capped by ``--generation_max_length``.
 

@@ -19,6 +19,7 @@ query has named so far, is a state of a deterministic automaton built lazily as 
 advances each row's state by its last token at every step and masks every other token, and every token after
 which no whole query fits in the tokens left, so an output cut at ``max_new_tokens`` still ends in EOS.
 """
+
 from __future__ import annotations
 
 import logging
@@ -174,7 +175,8 @@ class QueryAutomaton:
         moves = self._moves[state]
         if token not in moves:
             targets = frozenset(
-                (self.children[node][token], used) for node, used in self._members[state]
+                (self.children[node][token], used)
+                for node, used in self._members[state]
                 if token in self.children[node] and self._cost(self.children[node][token], used) < math.inf
             )
             moves[token] = self._state(targets or frozenset([(self.done, frozenset())]))
@@ -265,17 +267,27 @@ class _Phrases:
         # A phrase with a character the vocabulary lacks decodes to other text, which the parser
         # would not find in the header; such a phrase is left out of the grammar.
         self.tokens = {
-            text: tuple(ids) for text, ids, back in zip(ordered, encoded, decoded)
+            text: tuple(ids)
+            for text, ids, back in zip(ordered, encoded, decoded)
             if ids and tokenizer.unk_token_id not in ids and back.strip() == " ".join(text.split())
         }
 
-    def add(self, automaton: QueryAutomaton, source: int, texts: Sequence[str] | set[str], target: int, label: str | None = None) -> None:
+    def add(
+        self,
+        automaton: QueryAutomaton,
+        source: int,
+        texts: Sequence[str] | set[str],
+        target: int,
+        label: str | None = None,
+    ) -> None:
         for text in texts:
             if text in self.tokens:
                 automaton.add(source, self.tokens[text], target, label)
 
 
-def compile_automata(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None]) -> list[QueryAutomaton | None]:
+def compile_automata(
+    tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None]
+) -> list[QueryAutomaton | None]:
     """One :class:`QueryAutomaton` per question (``None`` without a header or with no writable column).
 
     :param tokenizer: the model's tokenizer.
@@ -301,7 +313,9 @@ def compile_automata(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str
     return automata
 
 
-def _automaton(tokenizer: PreTrainedTokenizerBase, phrases: _Phrases, columns: list[str], values: list) -> QueryAutomaton:
+def _automaton(
+    tokenizer: PreTrainedTokenizerBase, phrases: _Phrases, columns: list[str], values: list
+) -> QueryAutomaton:
     """The grammar's states and phrases, added from a query's end backwards (see :meth:`QueryAutomaton.add`)."""
     automaton = QueryAutomaton(tokenizer.eos_token_id, tokenizer.pad_token_id)
     begin, select, aggregated, selected, complete, condition, operator, value = (automaton.root() for _ in range(8))

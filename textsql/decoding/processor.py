@@ -4,6 +4,7 @@ Each row's state advances by its last token; every token the grammar refuses is 
 state offers aggregation keywords beside columns the choice is made between phrases, not first
 tokens (:func:`choose_phrases`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,7 +78,9 @@ class GrammarLogitsProcessor(LogitsProcessor):
         return automaton.advance(parent, sequence[-1])
 
 
-def choose_phrases(scores: torch.Tensor, masked: torch.Tensor, choices: Sequence[tuple[int, tuple[torch.Tensor, torch.Tensor]]]) -> torch.Tensor:
+def choose_phrases(
+    scores: torch.Tensor, masked: torch.Tensor, choices: Sequence[tuple[int, tuple[torch.Tensor, torch.Tensor]]]
+) -> torch.Tensor:
     """Decide, per row, between a state's competing phrases and its other phrases as wholes.
 
     A row keeps its competing tokens (aggregations' first tokens) only if the best of them scores
@@ -102,12 +105,19 @@ def choose_phrases(scores: torch.Tensor, masked: torch.Tensor, choices: Sequence
         sides.append(member)
     competing, others = sides
     picked = masked[rows]
-    wins = picked.masked_fill(~competing, -math.inf).amax(-1) > scores[rows].masked_fill(competing, -math.inf).logsumexp(-1)
+    wins = picked.masked_fill(~competing, -math.inf).amax(-1) > scores[rows].masked_fill(
+        competing, -math.inf
+    ).logsumexp(-1)
     masked[rows] = picked.masked_fill(torch.where(wins[:, None], others, competing), -math.inf)
     return masked
 
 
-def grammar_processor(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None], max_new_tokens: int) -> GrammarLogitsProcessor:
+def grammar_processor(
+    tokenizer: PreTrainedTokenizerBase,
+    questions: Sequence[str],
+    headers: Sequence[list[str] | None],
+    max_new_tokens: int,
+) -> GrammarLogitsProcessor:
     """A processor for one batch of questions, each over its own header.
 
     Usage::
@@ -120,7 +130,9 @@ def grammar_processor(tokenizer: PreTrainedTokenizerBase, questions: Sequence[st
     return GrammarLogitsProcessor(compile_automata(tokenizer, questions, headers), max_new_tokens)
 
 
-def processor_for_inputs(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int) -> GrammarLogitsProcessor:
+def processor_for_inputs(
+    tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int
+) -> GrammarLogitsProcessor:
     """A processor for a batch of tokenized model inputs, reading each question and header back from
     its input text (:func:`textsql.data.wikisql.read_source_text`): what the trainer's evaluation has.
 
@@ -129,4 +141,6 @@ def processor_for_inputs(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Te
     sources = [read_source_text(text) for text in tokenizer.batch_decode(input_ids, skip_special_tokens=True)]
     if not any(header for _, header in sources):
         logger.debug("the inputs carry no table header (question-only input format): generation is not constrained")
-    return grammar_processor(tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens)
+    return grammar_processor(
+        tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens
+    )

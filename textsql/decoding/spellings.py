@@ -4,6 +4,7 @@ A value is a span of the question's words: its first and last word may drop the 
 glues on (``3?``, ``Rice's``, ``"Big``), and each word may be written as it is, lower-, upper- or
 first-letter-upper case, since WikiSQL values follow the table's cells while questions are often lower case.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,7 +18,7 @@ _LEADING_MARKS = "\"'("
 @functools.lru_cache(maxsize=1 << 16)
 def _cases(word: str) -> list[str]:
     letter = next((index for index, char in enumerate(word) if char.isalpha()), 0)
-    capitalized = word[:letter] + word[letter:letter + 1].upper() + word[letter + 1:]
+    capitalized = word[:letter] + word[letter : letter + 1].upper() + word[letter + 1 :]
     return list(dict.fromkeys((word, word.lower(), word.upper(), capitalized, word.title())))
 
 
@@ -31,7 +32,9 @@ def _last_forms(word: str) -> list[str]:
     for _ in range(2):
         if len(forms[-1]) > 1 and forms[-1][-1] in _TRAILING_MARKS:
             forms.append(forms[-1][:-1])
-    forms += [form[:-len(_POSSESSIVE)] for form in list(forms) if form.endswith(_POSSESSIVE) and len(form) > len(_POSSESSIVE)]
+    forms += [
+        form[: -len(_POSSESSIVE)] for form in list(forms) if form.endswith(_POSSESSIVE) and len(form) > len(_POSSESSIVE)
+    ]
     return forms
 
 
@@ -49,4 +52,6 @@ def value_spellings(word: str) -> tuple[frozenset[str], frozenset[str], frozense
     """
     firsts, lasts = _first_forms(word), _last_forms(word)
     onlies = [form for first in firsts for form in _last_forms(first)]
-    return tuple(frozenset(case for form in forms for case in _cases(form)) for forms in ([word], firsts, lasts, onlies))
+    return tuple(
+        frozenset(case for form in forms for case in _cases(form)) for forms in ([word], firsts, lasts, onlies)
+    )

@@ -6,6 +6,7 @@ in ``CDSW_APP_PORT`` (shown at ``https://<CDSW_ENGINE_ID>.<CDSW_DOMAIN>``) or ``
 ``localhost:6006``. The training run writes its events under ``OUTPUT_DIR/tensorboard/<run name>``; the
 notebooks read the same files through TensorBoard's own event multiplexer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -79,9 +80,12 @@ def start(logdir: str | Path, host: str | None = None, port: int | None = None) 
     board.configure(
         argv=[
             "tensorboard",
-            "--logdir", str(Path(logdir).expanduser().resolve()),
-            "--host", host or address.host,
-            "--port", str(address.port if port is None else port),
+            "--logdir",
+            str(Path(logdir).expanduser().resolve()),
+            "--host",
+            host or address.host,
+            "--port",
+            str(address.port if port is None else port),
         ]
     )
     try:
@@ -175,7 +179,12 @@ def _draw(axes, scalars: dict, tags: Iterable[str], ylabel: str) -> bool:
         for tag in tags:
             if by_tag.get(tag):
                 steps, values = zip(*by_tag[tag])
-                axes.plot(steps, values, marker="." if len(steps) < 30 else None, label=tag if len(scalars) == 1 else f"{run} {tag}")
+                axes.plot(
+                    steps,
+                    values,
+                    marker="." if len(steps) < 30 else None,
+                    label=tag if len(scalars) == 1 else f"{run} {tag}",
+                )
     if not axes.lines:
         return False
     axes.set_xlabel("step")

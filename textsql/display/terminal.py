@@ -11,6 +11,7 @@ Usage::
     >>> with view.stage("01_prepare_dataset"):
     ...     view.feed("step 10/200: loss 3.2 (5 s)")
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,7 +65,9 @@ class StageView:
         self.started, self.progress, self.stage_lines = time.monotonic(), "", set()
         if self.redraws:
             # position 0: papermill's own (hidden) bar would otherwise push this one down a line per redraw.
-            self.bar = tqdm(desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True, position=0)
+            self.bar = tqdm(
+                desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True, position=0
+            )
         stop = threading.Event()
         ticker = threading.Thread(target=self._tick, args=(stop,), daemon=True)
         ticker.start()

@@ -4,6 +4,7 @@ accuracy by query type as a plot, predictions beside their gold SQL and one answ
 Each reads what the run left on disk (``run.json``, ``metrics.json``'s breakdowns, ``predictions.jsonl``)
 and shows it for a person, so the notebook's cells stay one call each; the files stay as they are.
 """
+
 from __future__ import annotations
 
 import logging
@@ -11,8 +12,8 @@ from pathlib import Path
 
 from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.errors import TextSQLError
-from textsql.inference.evaluate import logical_form_key
 from textsql.files import read_json, read_jsonl
+from textsql.inference.evaluate import logical_form_key
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ def format_run(run_dir: str | Path) -> str:
     """
     path = Path(run_dir) / RUN_SUMMARY_NAME
     if not path.is_file():
-        raise TextSQLError(f"no {RUN_SUMMARY_NAME} in {str(run_dir)!r}: the training did not finish; see {Path(run_dir) / LAUNCH_LOG_NAME}")
+        raise TextSQLError(
+            f"no {RUN_SUMMARY_NAME} in {str(run_dir)!r}: the training did not finish; see {Path(run_dir) / LAUNCH_LOG_NAME}"
+        )
     run = read_json(path)
     chosen = "; auto: the estimate's recommendation" if run.get("profile_chosen_by") == "auto" else ""
     lines = [
@@ -54,17 +57,24 @@ def format_run(run_dir: str | Path) -> str:
     history = run.get("log_history", [])
     for entry in history:
         if "train_runtime" in entry:
-            lines.append(f"training: {entry['train_runtime']:.0f} s, {entry['train_samples_per_second']:.2f} samples/s, "
-                         f"train loss {entry['train_loss']:.3f}")
+            lines.append(
+                f"training: {entry['train_runtime']:.0f} s, {entry['train_samples_per_second']:.2f} samples/s, "
+                f"train loss {entry['train_loss']:.3f}"
+            )
     evaluations = [entry for entry in history if "eval_loss" in entry]
-    scores = [key for key in dict.fromkeys(key for entry in evaluations for key in entry)
-              if key.startswith(EVAL_PREFIX) and key[len(EVAL_PREFIX):] not in EVAL_TIMINGS]
+    scores = [
+        key
+        for key in dict.fromkeys(key for entry in evaluations for key in entry)
+        if key.startswith(EVAL_PREFIX) and key[len(EVAL_PREFIX) :] not in EVAL_TIMINGS
+    ]
     if evaluations:
-        names = [key[len(EVAL_PREFIX):] for key in scores]
+        names = [key[len(EVAL_PREFIX) :] for key in scores]
         lines.append("step  " + "  ".join(f"{name:>{max(len(name), 6)}}" for name in names))
         for entry in evaluations:
-            lines.append(f"{entry['step']:>4}  " + "  ".join(
-                f"{_score(key, entry.get(key)):>{max(len(name), 6)}}" for key, name in zip(scores, names)))
+            lines.append(
+                f"{entry['step']:>4}  "
+                + "  ".join(f"{_score(key, entry.get(key)):>{max(len(name), 6)}}" for key, name in zip(scores, names))
+            )
     return "\n".join(lines)
 
 
@@ -139,11 +149,18 @@ def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool 
 
     rows = []
     for line in read_jsonl(predictions):
-        right = line.get("query") is not None and line.get("gold_query") is not None and (
-            logical_form_key(line["query"]) == logical_form_key(line["gold_query"]))
+        right = (
+            line.get("query") is not None
+            and line.get("gold_query") is not None
+            and (logical_form_key(line["query"]) == logical_form_key(line["gold_query"]))
+        )
         rows.append({**{name: line.get(name) for name in TABLE_COLUMNS}, "right": right})
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     if wrong_only:
         table = table[~table["right"]].sort_values("error", key=lambda errors: errors.isna(), kind="stable")
-    return table.head(limit).reset_index(drop=True).style.set_properties(**{"text-align": "left"}).set_table_styles(
-        [{"selector": "th", "props": [("text-align", "left")]}])
+    return (
+        table.head(limit)
+        .reset_index(drop=True)
+        .style.set_properties(**{"text-align": "left"})
+        .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}])
+    )

@@ -15,6 +15,7 @@ Gold comes as the release's question files (``{"table_id", "question", "sql"}``)
 (which also carry the table); predictions as the official format (one ``{"query": ...}`` or
 ``{"error": ...}`` line per gold line) or as our ``predictions.jsonl`` (matched by ``id``).
 """
+
 from __future__ import annotations
 
 import json
@@ -163,7 +164,9 @@ class TableEngine:
             return self._names[table_id]
         table = self.tables.get(table_id)
         if table is None:
-            raise DataError(f"no table {table_id!r} among {len(self.tables)} loaded; pass --tables the split's tables file")
+            raise DataError(
+                f"no table {table_id!r} among {len(self.tables)} loaded; pass --tables the split's tables file"
+            )
         types = table["types"]
         name = f"t{len(self._names)}"
         columns = ", ".join(f"col{i} {'REAL' if kind == 'real' else 'TEXT'}" for i, kind in enumerate(types))
@@ -193,7 +196,9 @@ def _stored(cell: Any, kind: str) -> Any:
     return str(cell).lower()
 
 
-def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, dict] | None = None, ordered: bool = False) -> dict:
+def evaluate(
+    gold: Source | None, pred: Source, tables: str | Path | dict[str, dict] | None = None, ordered: bool = False
+) -> dict:
     """Score predictions with WikiSQL's logical-form and execution accuracy.
 
     Usage::
@@ -228,7 +233,10 @@ def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, d
     baseline = {"sel": 0, "agg": _most_common_aggregation(gold_items), "conds": []}
     with TableEngine(tables if executable else {}) as engine:
         scoring = (engine if executable else None, ordered)
-        grades = [_grade(index, g, p, *scoring, widths.get(g.get("table_id"))) for index, (g, p) in enumerate(zip(gold_items, pred_items))]
+        grades = [
+            _grade(index, g, p, *scoring, widths.get(g.get("table_id")))
+            for index, (g, p) in enumerate(zip(gold_items, pred_items))
+        ]
         baseline_grades = [_grade(index, g, {"query": baseline}, *scoring) for index, g in enumerate(gold_items)]
     report = _summary(grades)
     report["ordered"] = ordered
@@ -236,12 +244,17 @@ def evaluate(gold: Source | None, pred: Source, tables: str | Path | dict[str, d
     report["baseline"] = {"query": baseline, **_summary(baseline_grades), "components": _components(baseline_grades)}
     report["by_aggregation"] = _breakdown(grades, lambda grade: (grade.agg, AGG_OPS[grade.agg] or "none"))
     report["by_conditions"] = _breakdown(grades, lambda grade: (grade.n_conds, str(grade.n_conds)))
-    logger.info("n=%d lf_accuracy=%.4f ex_accuracy=%s", report["n"], report["lf_accuracy"] or 0.0, report["ex_accuracy"])
+    logger.info(
+        "n=%d lf_accuracy=%.4f ex_accuracy=%s", report["n"], report["lf_accuracy"] or 0.0, report["ex_accuracy"]
+    )
     return report
 
 
 def _components(grades: list[Grade]) -> dict[str, float | None]:
-    return {name: sum(grade.parts[position] for grade in grades) / len(grades) if grades else None for position, name in enumerate(COMPONENTS)}
+    return {
+        name: sum(grade.parts[position] for grade in grades) / len(grades) if grades else None
+        for position, name in enumerate(COMPONENTS)
+    }
 
 
 def _most_common_aggregation(gold: list[dict]) -> int:
@@ -258,7 +271,9 @@ def _as_list(source: Source) -> list[dict]:
 
 def _embedded_gold(pred: list[dict]) -> list[dict]:
     if not all(isinstance(item.get("gold_query"), dict) and "id" in item for item in pred):
-        raise DataError("predictions without id and gold_query (not textsql infer's output); pass --gold the question file")
+        raise DataError(
+            "predictions without id and gold_query (not textsql infer's output); pass --gold the question file"
+        )
     return [{"id": item["id"], "table_id": item.get("table_id"), "sql": item["gold_query"]} for item in pred]
 
 
@@ -268,10 +283,14 @@ def _align(gold: list[dict], pred: list[dict]) -> list[dict]:
         by_id = {str(item["id"]): item for item in pred}
         missing = [str(item["id"]) for item in gold if str(item["id"]) not in by_id]
         if missing:
-            raise DataError(f"{len(missing)} gold questions have no prediction (first: {missing[0]!r}); predict the same split and --limit")
+            raise DataError(
+                f"{len(missing)} gold questions have no prediction (first: {missing[0]!r}); predict the same split and --limit"
+            )
         return [by_id[str(item["id"])] for item in gold]
     if len(gold) != len(pred):
-        raise DataError(f"{len(gold)} gold lines but {len(pred)} predictions; official predictions need one line per gold line")
+        raise DataError(
+            f"{len(gold)} gold lines but {len(pred)} predictions; official predictions need one line per gold line"
+        )
     return pred
 
 
@@ -283,7 +302,9 @@ def _gold_query(item: dict, index: int) -> dict:
         except json.JSONDecodeError:
             sql = None
     if not isinstance(sql, dict) or not {"sel", "agg", "conds"} <= sql.keys() or "table_id" not in item:
-        raise DataError(f"gold line {index + 1} has no table_id and sql {{sel, agg, conds}}; pass the release file or our records")
+        raise DataError(
+            f"gold line {index + 1} has no table_id and sql {{sel, agg, conds}}; pass the release file or our records"
+        )
     return sql
 
 
@@ -297,7 +318,9 @@ def _pred_query(item: dict) -> tuple[dict | None, str | None]:
     return query, None
 
 
-def _grade(index: int, gold: dict, pred: dict, engine: TableEngine | None, ordered: bool, width: int | None = None) -> Grade:
+def _grade(
+    index: int, gold: dict, pred: dict, engine: TableEngine | None, ordered: bool, width: int | None = None
+) -> Grade:
     gold_query = _gold_query(gold, index)
     query, error = _pred_query(pred)
     if query is not None and width is not None and not _within(query, width):
@@ -369,18 +392,30 @@ def format_report(report: dict) -> str:
     def percent(value: float | None) -> str:
         return "   n/a" if value is None else f"{100 * value:6.2f}"
 
-    lines = [f"{'':14} {'n':>6} {'LF %':>6} {'EX %':>6}", f"{'all':14} {report['n']:6d} {percent(report['lf_accuracy'])} {percent(report['ex_accuracy'])}"]
+    lines = [
+        f"{'':14} {'n':>6} {'LF %':>6} {'EX %':>6}",
+        f"{'all':14} {report['n']:6d} {percent(report['lf_accuracy'])} {percent(report['ex_accuracy'])}",
+    ]
     for title, section in (("agg", "by_aggregation"), ("conds", "by_conditions")):
         for name, row in report[section].items():
-            lines.append(f"{title + ' ' + name:14} {row['n']:6d} {percent(row['lf_accuracy'])} {percent(row['ex_accuracy'])}")
+            lines.append(
+                f"{title + ' ' + name:14} {row['n']:6d} {percent(row['lf_accuracy'])} {percent(row['ex_accuracy'])}"
+            )
     if report.get("parse_rate") is not None:
-        lines.append(f"{'parsed':14} {percent(report['parse_rate']).strip()}% of predictions are queries over their table")
+        lines.append(
+            f"{'parsed':14} {percent(report['parse_rate']).strip()}% of predictions are queries over their table"
+        )
     parts = report.get("components") or {}
     if parts:
-        lines.append("parts right    " + "  ".join(f"{name} {percent(value).strip()}%" for name, value in parts.items()))
+        lines.append(
+            "parts right    " + "  ".join(f"{name} {percent(value).strip()}%" for name, value in parts.items())
+        )
     baseline = report.get("baseline")
     if baseline:
         aggregation = AGG_OPS[baseline["query"]["agg"]] or "no aggregation"
-        lines.append("baseline       " + "  ".join(f"{name} {percent(value).strip()}%" for name, value in baseline["components"].items())
-                     + f"  ({aggregation}, first column, no condition)")
+        lines.append(
+            "baseline       "
+            + "  ".join(f"{name} {percent(value).strip()}%" for name, value in baseline["components"].items())
+            + f"  ({aggregation}, first column, no condition)"
+        )
     return "\n".join(lines)

@@ -7,14 +7,15 @@ table (WikiSQL's own SQLite engine, :class:`textsql.inference.evaluate.TableEngi
 result, and with the first beam when none does (Wang et al. 2018, "Robust Text-to-SQL Generation with
 Execution-Guided Decoding").
 """
+
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 
+from textsql.data.sql import parse_sql
 from textsql.errors import SQLParseError
 from textsql.inference.evaluate import ExecutionError, TableEngine
-from textsql.data.sql import parse_sql
 
 logger = logging.getLogger(__name__)
 

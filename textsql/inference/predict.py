@@ -13,6 +13,7 @@ written by a user about a table header.
 The model's input text is :func:`textsql.data.wikisql.source_text`, the function ``textsql prepare`` uses;
 predictions are read back with :func:`textsql.data.sql.parse_sql`.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,14 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME
+from textsql.data.sql import parsed, render_sql
 from textsql.data.wikisql import load_split, source_text
-from textsql.errors import DataError, ModelError
-from textsql.inference.evaluate import evaluate, format_report
-from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
 from textsql.decoding.processor import grammar_processor, processor_for_inputs
+from textsql.errors import DataError, ModelError
+from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
+from textsql.inference.evaluate import evaluate, format_report
 from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
-from textsql.data.sql import parsed, render_sql
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +50,31 @@ class GenerationOptions:
 
     batch_size: int = field(default=DEFAULT_BATCH_SIZE, metadata={"help": "Questions per generate() call."})
     num_beams: int = field(default=1, metadata={"help": "Beam width; 1 is greedy decoding."})
-    max_new_tokens: int = field(default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Most tokens generated per query."})
-    max_source_length: int = field(default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (as prepare truncates)."})
-    constrained: bool = field(default=True, metadata={"help": "Write only WikiSQL queries over the question's own table (textsql.decoding.grammar); false decodes freely."})
-    execution_guided: bool = field(default=True, metadata={"help": "With beams and tables that carry rows: answer with the first beam whose query runs and finds something."})
+    max_new_tokens: int = field(
+        default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Most tokens generated per query."}
+    )
+    max_source_length: int = field(
+        default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (as prepare truncates)."}
+    )
+    constrained: bool = field(
+        default=True,
+        metadata={
+            "help": "Write only WikiSQL queries over the question's own table (textsql.decoding.grammar); false decodes freely."
+        },
+    )
+    execution_guided: bool = field(
+        default=True,
+        metadata={
+            "help": "With beams and tables that carry rows: answer with the first beam whose query runs and finds something."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "num_beams", "max_new_tokens", "max_source_length"):
             if getattr(self, name) < 1:
-                raise DataError(f"{name} must be at least 1, got {getattr(self, name)!r}; pass --{name.replace('_', '-')} 1 or more")
+                raise DataError(
+                    f"{name} must be at least 1, got {getattr(self, name)!r}; pass --{name.replace('_', '-')} 1 or more"
+                )
 
 
 class Predictor:
@@ -71,7 +88,13 @@ class Predictor:
         {'sql': 'SELECT COUNT School/Club Team FROM table WHERE No. = 3', 'query': {...}, 'error': None}
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, input_format: str = INPUT_FORMATS[0], device: str | torch.device | None = None):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        input_format: str = INPUT_FORMATS[0],
+        device: str | torch.device | None = None,
+    ):
         if input_format not in INPUT_FORMATS:
             raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
         self.device = _device(device)
@@ -80,7 +103,9 @@ class Predictor:
         self.input_format = input_format
 
     @classmethod
-    def load(cls, model_dir: str | Path | None = None, input_format: str | None = None, device: str | None = None) -> Predictor:
+    def load(
+        cls, model_dir: str | Path | None = None, input_format: str | None = None, device: str | None = None
+    ) -> Predictor:
         """Load a trained model directory (weights, config, tokenizer).
 
         :param model_dir: ``from_pretrained`` directory or hub id; ``None`` is the untrained embedded T5.
@@ -92,11 +117,17 @@ class Predictor:
         reference = resolve_model(model_dir)
         if Path(reference).is_dir() and not has_weights(reference):
             logger.warning("%s holds no weights: predictions come from an untrained model", reference)
-        return cls(load_model(reference), load_tokenizer(reference), input_format or recorded_input_format(reference), device)
+        return cls(
+            load_model(reference), load_tokenizer(reference), input_format or recorded_input_format(reference), device
+        )
 
     def generate(
-        self, input_ids: Sequence[list[int]], options: GenerationOptions | None = None, progress: bool = False,
-        items: Sequence[dict] | None = None, tables: dict[str, dict] | None = None,
+        self,
+        input_ids: Sequence[list[int]],
+        options: GenerationOptions | None = None,
+        progress: bool = False,
+        items: Sequence[dict] | None = None,
+        tables: dict[str, dict] | None = None,
     ) -> list[str]:
         """SQL text for each tokenized input, in the input order.
 
@@ -112,31 +143,53 @@ class Predictor:
         order = sorted(range(len(input_ids)), key=lambda index: -len(input_ids[index]))
         texts: list[str] = [""] * len(input_ids)
         guided = bool(items and tables and options.execution_guided and options.num_beams > 1)
-        with ExecutionGuide(tables if guided else {}) as guide, \
-                tqdm(total=len(order), desc="Generating", unit="q", disable=not progress) as bar, torch.inference_mode():
+        with (
+            ExecutionGuide(tables if guided else {}) as guide,
+            tqdm(total=len(order), desc="Generating", unit="q", disable=not progress) as bar,
+            torch.inference_mode(),
+        ):
             for start in range(0, len(order), options.batch_size):
-                chunk = order[start:start + options.batch_size]
-                batch = self.tokenizer.pad([{"input_ids": input_ids[index]} for index in chunk], return_tensors="pt").to(self.device)
+                chunk = order[start : start + options.batch_size]
+                batch = self.tokenizer.pad(
+                    [{"input_ids": input_ids[index]} for index in chunk], return_tensors="pt"
+                ).to(self.device)
                 returned = options.num_beams if guided else 1
                 output = self.model.generate(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], do_sample=False,
-                    num_beams=options.num_beams, max_new_tokens=options.max_new_tokens, num_return_sequences=returned,
-                    logits_processor=self._constraint(batch["input_ids"], [items[index] for index in chunk] if items else None, options),
+                    input_ids=batch["input_ids"],
+                    attention_mask=batch["attention_mask"],
+                    do_sample=False,
+                    num_beams=options.num_beams,
+                    max_new_tokens=options.max_new_tokens,
+                    num_return_sequences=returned,
+                    logits_processor=self._constraint(
+                        batch["input_ids"], [items[index] for index in chunk] if items else None, options
+                    ),
                 )
                 decoded = [text.strip() for text in self.tokenizer.batch_decode(output, skip_special_tokens=True)]
                 for position, index in enumerate(chunk):
-                    beams = decoded[position * returned:(position + 1) * returned]
-                    texts[index] = guide.choose(beams, items[index]["header"], items[index].get("table_id")) if guided else beams[0]
+                    beams = decoded[position * returned : (position + 1) * returned]
+                    texts[index] = (
+                        guide.choose(beams, items[index]["header"], items[index].get("table_id"))
+                        if guided
+                        else beams[0]
+                    )
                 bar.update(len(chunk))
         return texts
 
-    def _constraint(self, input_ids: torch.Tensor, items: list[dict] | None, options: GenerationOptions) -> LogitsProcessorList | None:
+    def _constraint(
+        self, input_ids: torch.Tensor, items: list[dict] | None, options: GenerationOptions
+    ) -> LogitsProcessorList | None:
         """The grammar of each question's table for one batch, or ``None`` when decoding is free."""
         if not options.constrained:
             return None
         if items is None:
             return LogitsProcessorList([processor_for_inputs(self.tokenizer, input_ids, options.max_new_tokens)])
-        processor = grammar_processor(self.tokenizer, [item["question"] for item in items], [item["header"] for item in items], options.max_new_tokens)
+        processor = grammar_processor(
+            self.tokenizer,
+            [item["question"] for item in items],
+            [item["header"] for item in items],
+            options.max_new_tokens,
+        )
         return LogitsProcessorList([processor])
 
     def encode(self, question: str, header: list[str], max_source_length: int = DEFAULT_MAX_SOURCE_LENGTH) -> list[int]:
@@ -144,7 +197,9 @@ class Predictor:
 
         :rtype: list[int]
         """
-        return self.tokenizer(source_text(question, header, self.input_format), truncation=True, max_length=max_source_length)["input_ids"]
+        return self.tokenizer(
+            source_text(question, header, self.input_format), truncation=True, max_length=max_source_length
+        )["input_ids"]
 
     def ask(self, question: str, header: list[str], options: GenerationOptions | None = None) -> dict:
         """Answer one question about a table with this header.
@@ -160,7 +215,11 @@ class Predictor:
             raise DataError("the question is empty; pass --question 'How many ...?'")
         if not header:
             raise DataError("no table header; pass --header 'Column A,Column B,...'")
-        text = self.generate([self.encode(question, header, options.max_source_length)], options, items=[{"question": question, "header": header}])[0]
+        text = self.generate(
+            [self.encode(question, header, options.max_source_length)],
+            options,
+            items=[{"question": question, "header": header}],
+        )[0]
         return {"sql": text, **parsed(text, header)}
 
 
@@ -230,7 +289,11 @@ def load_questions(data: str | Path, split: str = "validation", limit: int | Non
     if (path / PREPARE_JSON_NAME).is_file():
         return _prepared_questions(path, split, limit)
     if path.suffix == ".jsonl":
-        records = [_checked_record(item, index, path) for index, item in enumerate(read_jsonl(path)) if limit is None or index < limit]
+        records = [
+            _checked_record(item, index, path)
+            for index, item in enumerate(read_jsonl(path))
+            if limit is None or index < limit
+        ]
         with_rows = {item["table_id"]: item for item in records if item.get("rows") and item.get("types")}
         return Questions(records, with_rows or None)
     records, tables = load_split(data, split, limit)
@@ -247,7 +310,13 @@ def _prepared_questions(path: Path, split: str, limit: int | None) -> Questions:
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     items = [
-        {"id": row["id"], "table_id": row["table_id"], "question": row["question"], "header": row["header"], "sql": json.loads(row["sql"])}
+        {
+            "id": row["id"],
+            "table_id": row["table_id"],
+            "question": row["question"],
+            "header": row["header"],
+            "sql": json.loads(row["sql"]),
+        }
         for row in dataset.select_columns(["id", "table_id", "question", "header", "sql"])
     ]
     tables_path = prepared_tables_path(path, split)
@@ -301,7 +370,9 @@ def predict(
     questions = load_questions(data, split, limit)
     if not questions.items:
         raise DataError(f"no questions in {str(data)!r} split {split!r}; check --data and --split")
-    input_ids = questions.prepared_ids or [predictor.encode(item["question"], item["header"], options.max_source_length) for item in questions.items]
+    input_ids = questions.prepared_ids or [
+        predictor.encode(item["question"], item["header"], options.max_source_length) for item in questions.items
+    ]
     started = time.perf_counter()
     texts = predictor.generate(input_ids, options, progress=progress, items=questions.items, tables=questions.tables)
     seconds = time.perf_counter() - started
@@ -311,10 +382,15 @@ def predict(
     if official_out:
         write_jsonl(official_out, [_official_line(line) for line in lines])
     summary = {
-        "predictions": str(out), "official": str(official_out) if official_out else None, "n": len(lines),
-        "parse_errors": sum(line["error"] is not None for line in lines), "seconds": round(seconds, 3),
-        "questions_per_second": round(len(lines) / seconds, 2) if seconds else None, "device": str(predictor.device),
-        "constrained": options.constrained, "num_beams": options.num_beams,
+        "predictions": str(out),
+        "official": str(official_out) if official_out else None,
+        "n": len(lines),
+        "parse_errors": sum(line["error"] is not None for line in lines),
+        "seconds": round(seconds, 3),
+        "questions_per_second": round(len(lines) / seconds, 2) if seconds else None,
+        "device": str(predictor.device),
+        "constrained": options.constrained,
+        "num_beams": options.num_beams,
         "metrics": None,
     }
     if all(item.get("sql") for item in questions.items):
@@ -322,16 +398,22 @@ def predict(
         metrics["inference"] = {key: value for key, value in summary.items() if key != "metrics"}
         write_json(out.with_name(METRICS_NAME), metrics)
         summary["metrics"] = metrics
-    logger.info("%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out)
+    logger.info(
+        "%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out
+    )
     return summary
 
 
 def _prediction_line(item: dict, text: str) -> dict:
     gold = item.get("sql")
     return {
-        "id": item["id"], "table_id": item.get("table_id"), "question": item["question"], "pred_sql": text,
+        "id": item["id"],
+        "table_id": item.get("table_id"),
+        "question": item["question"],
+        "pred_sql": text,
         **parsed(text, item["header"]),
-        "gold_sql": render_sql(gold, item["header"]) if gold else None, "gold_query": gold,
+        "gold_sql": render_sql(gold, item["header"]) if gold else None,
+        "gold_query": gold,
     }
 
 
@@ -349,7 +431,9 @@ def parse_header(text: str) -> list[str]:
         try:
             names = json.loads(text)
         except json.JSONDecodeError as error:
-            raise DataError(f"--header {text!r} is not a JSON list ({error.msg}); write '[\"A\", \"B\"]' or 'A,B'") from None
+            raise DataError(
+                f"--header {text!r} is not a JSON list ({error.msg}); write '[\"A\", \"B\"]' or 'A,B'"
+            ) from None
     else:
         names = [name.strip() for name in text.split(",")]
     if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):

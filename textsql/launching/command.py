@@ -11,6 +11,7 @@ Usage::
     >>> command = deepspeed_command(arguments, run_dir / "hostfile", ["127.0.0.2", "127.0.0.3"])
     >>> write_deepspeed_env(run_dir / ".deepspeed_env", rank_environment(arguments, hosts, launch_id))
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -38,8 +39,14 @@ logger = logging.getLogger(__name__)
 # when set: unset, each host keeps its own default (torch's default extensions dir is
 # ~/.cache/torch_extensions/py311_cpu, not the root it would get if set to the default root).
 CARRIED_VARS = (
-    "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_EXTENSIONS_DIR",
-    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", DSCONFIG_DIR_VAR,
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TORCH_EXTENSIONS_DIR",
+    "OMP_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "DS_ACCELERATOR",
+    DSCONFIG_DIR_VAR,
 )
 # Names that hold credentials: never written to .deepspeed_env (it ends up on pdsh's command line and
 # in the log) and kept from DeepSpeed's runner, which exports every MLFLOW*/PYTHON*/... variable.
@@ -67,7 +74,12 @@ def deepspeed_command(arguments: LaunchArguments, hostfile: Path, hosts: list[st
         command += ["--launcher", "pdsh"]
         if arguments.ssh_port is not None:
             command += ["--ssh_port", str(arguments.ssh_port)]
-    command += ["--master_addr", master_addr, "--master_port", str(arguments.master_port or _default_master_port(master_addr))]
+    command += [
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(arguments.master_port or _default_master_port(master_addr)),
+    ]
     # Our own check ran with the run's ssh config; DeepSpeed's plain `ssh host hostname` would not use it.
     command += ["--no_ssh_check", "--no_local_rank", "--module", arguments.module]
     return command + arguments.train_args
@@ -127,8 +139,11 @@ def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
         if SECRET_NAME.search(key):
             continue
         if URL_PASSWORD.search(value):
-            logger.warning("%s holds a password in a URL: not passed to DeepSpeed's runner, whose command line "
-                           "shows it; give ranks credentials through the hosts' own environment or files", key)
+            logger.warning(
+                "%s holds a password in a URL: not passed to DeepSpeed's runner, whose command line "
+                "shows it; give ranks credentials through the hosts' own environment or files",
+                key,
+            )
             continue
         kept[key] = value
     return kept

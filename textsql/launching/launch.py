@@ -28,6 +28,7 @@ Usage::
     >>> launch(LaunchArguments(run_dir="runs/r1", train_args=["--output_dir", "runs/r1/out"]))
     0
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,8 +54,14 @@ from textsql.console import ShownLines
 from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import (
-    SHELL_SAFE, check_env_entry, deepspeed_command, local_device_count, mask_credentials, rank_environment,
-    without_secrets, write_deepspeed_env,
+    SHELL_SAFE,
+    check_env_entry,
+    deepspeed_command,
+    local_device_count,
+    mask_credentials,
+    rank_environment,
+    without_secrets,
+    write_deepspeed_env,
 )
 from textsql.launching.preflight import preflight
 from textsql.launching.ranks import LocalRanks, RemoteRanks
@@ -78,29 +85,45 @@ class LaunchArguments:
     """Where and how to run the training module on every rank."""
 
     run_dir: Path = field(
-        metadata={"help": "Run directory: the workers' hostfile, ssh_config and known_hosts; launch.log and .deepspeed_env are written here."}
+        metadata={
+            "help": "Run directory: the workers' hostfile, ssh_config and known_hosts; launch.log and .deepspeed_env are written here."
+        }
     )
     train_args: list[str] = field(
         default_factory=list, metadata={"help": "Arguments for the training module (see `textsql train --help`)."}
     )
     launcher: str = field(
-        default="pdsh", metadata={"help": "pdsh: the hosts of the hostfile over ssh; local: this machine only, no ssh.", "choices": LAUNCHERS}
+        default="pdsh",
+        metadata={
+            "help": "pdsh: the hosts of the hostfile over ssh; local: this machine only, no ssh.",
+            "choices": LAUNCHERS,
+        },
     )
     hostfile: Path | None = field(default=None, metadata={"help": "DeepSpeed hostfile (default: RUN_DIR/hostfile)."})
     ssh_config: Path | None = field(
-        default=None, metadata={"help": "ssh_config for every host (default: RUN_DIR/ssh_config if present, else your own ssh setup)."}
+        default=None,
+        metadata={
+            "help": "ssh_config for every host (default: RUN_DIR/ssh_config if present, else your own ssh setup)."
+        },
     )
-    ssh_port: int | None = field(default=None, metadata={"help": "sshd port of every host, when ssh_config does not give it."})
-    master_addr: str | None = field(default=None, metadata={"help": "Address ranks reach rank 0 at (default: the first host)."})
+    ssh_port: int | None = field(
+        default=None, metadata={"help": "sshd port of every host, when ssh_config does not give it."}
+    )
+    master_addr: str | None = field(
+        default=None, metadata={"help": "Address ranks reach rank 0 at (default: the first host)."}
+    )
     master_port: int | None = field(
         default=None,
-        metadata={"help": f"Port of torch.distributed's store on the first host (default: {DEFAULT_MASTER_PORT}; a free one when that host is this machine)."},
+        metadata={
+            "help": f"Port of torch.distributed's store on the first host (default: {DEFAULT_MASTER_PORT}; a free one when that host is this machine)."
+        },
     )
     ranks: int | None = field(
         default=None, metadata={"help": "--launcher local: ranks on this machine (default: DeepSpeed's device count)."}
     )
     socket_ifname: str | None = field(
-        default=None, metadata={"help": "Network interface for NCCL and gloo (default: lo when every host is a loopback address)."}
+        default=None,
+        metadata={"help": "Network interface for NCCL and gloo (default: lo when every host is a loopback address)."},
     )
     env: dict[str, str] = field(default_factory=dict, metadata={"help": "Extra KEY=VAL for every rank (no secrets)."})
     module: str = field(default=TRAIN_MODULE, metadata={"help": "Python module each rank runs."})
@@ -150,7 +173,9 @@ def launch(arguments: LaunchArguments, stream: TextIO | None = None) -> int:
     command = deepspeed_command(arguments, hostfile, hosts)
     logger.info("cmd = %s", shlex.join(command))
     with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
-        log.write(mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n"))
+        log.write(
+            mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
+        )
         return _run(command, env, ranks, stream or ShownLines(sys.stdout), log)
 
 
@@ -199,8 +224,15 @@ def _run(command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRank
     # A session of its own: a terminal's Ctrl-C reaches only us, never DeepSpeed's runner (whose
     # SIGINT handler would pkill by pattern on every host).
     runner = subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace", bufsize=1, start_new_session=True,
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,
     )
     try:
         with _sigterm_as_interrupt():

@@ -21,6 +21,7 @@ Usage::
     >>> options
     ['-F', '/abs/runs/r1/ssh_config', '-o', 'BatchMode=yes']
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,8 +83,15 @@ class Check:
         return f"{status:8} {self.name:10} {self.detail}"
 
 
-def check_runtime(model: str, source: str, backend: str, worker_gpus: int, training_model: str | None = None,
-                  hub_url: str | None = None, hub_timeout: float = HUB_TIMEOUT_S) -> list[Check]:
+def check_runtime(
+    model: str,
+    source: str,
+    backend: str,
+    worker_gpus: int,
+    training_model: str | None = None,
+    hub_url: str | None = None,
+    hub_timeout: float = HUB_TIMEOUT_S,
+) -> list[Check]:
     """What this runtime has and lacks for preparing (notebook 01) and training (notebook 02).
 
     :param model: notebook 01's model (its tokenizer).
@@ -95,16 +103,23 @@ def check_runtime(model: str, source: str, backend: str, worker_gpus: int, train
     :param hub_timeout: seconds to wait for the hub.
     :rtype: list[Check]
     """
-    checks = [_tool_check("pdsh", "pdsh", "DeepSpeed's launcher", PDSH_HINT),
-              _tool_check("ssh", "ssh", "pdsh's remote shell", INSTALL_SSH_HINT)]
+    checks = [
+        _tool_check("pdsh", "pdsh", "DeepSpeed's launcher", PDSH_HINT),
+        _tool_check("ssh", "ssh", "pdsh's remote shell", INSTALL_SSH_HINT),
+    ]
     if backend == "static":
         checks.append(Check("sshd", True, "not needed here: static hosts run their own sshd"))
     else:
         checks.append(_tool_check("sshd", SSHD_PATH, f"each {backend} worker pod's own sshd", INSTALL_SSH_HINT))
     checks.append(_gpu_check(backend, worker_gpus))
-    hub_needs = {PREPARE: [name for name in (model,) if _from_hub(name)] + ([f"source {HUB_SOURCE}"] if source == HUB_SOURCE else []),
-                 TRAIN: [name for name in (training_model or model,) if _from_hub(name)]}
-    checks.append(_hub_check(hub_needs, hub_url or os.environ.get("HF_ENDPOINT") or "https://huggingface.co", hub_timeout))
+    hub_needs = {
+        PREPARE: [name for name in (model,) if _from_hub(name)]
+        + ([f"source {HUB_SOURCE}"] if source == HUB_SOURCE else []),
+        TRAIN: [name for name in (training_model or model,) if _from_hub(name)],
+    }
+    checks.append(
+        _hub_check(hub_needs, hub_url or os.environ.get("HF_ENDPOINT") or "https://huggingface.co", hub_timeout)
+    )
     return checks
 
 
@@ -139,15 +154,30 @@ def _gpu_check(backend: str, worker_gpus: int) -> Check:
 
     asked = f"worker_gpus {worker_gpus} asks {worker_gpus} per worker"
     if torch.version.cuda is None:
-        return Check("GPUs", False, f"{asked}, but torch {torch.__version__} here is a CPU build; install torch's CUDA wheel "
-                                    "(README, On a GPU machine) or set worker_gpus 0", (TRAIN,))
+        return Check(
+            "GPUs",
+            False,
+            f"{asked}, but torch {torch.__version__} here is a CPU build; install torch's CUDA wheel "
+            "(README, On a GPU machine) or set worker_gpus 0",
+            (TRAIN,),
+        )
     visible = torch.cuda.device_count()
     if visible:
         return Check("GPUs", True, f"{visible} visible here ({torch.cuda.get_device_name(0)}); {asked}", (TRAIN,))
     if backend == "local":
-        return Check("GPUs", False, f"{asked}, but local workers run on this machine and it has no GPU; set worker_gpus 0", (TRAIN,))
-    return Check("GPUs", None, f"{asked}; none is visible in this session, so the {backend} workers need GPU nodes: "
-                               "without them set worker_gpus 0", (TRAIN,))
+        return Check(
+            "GPUs",
+            False,
+            f"{asked}, but local workers run on this machine and it has no GPU; set worker_gpus 0",
+            (TRAIN,),
+        )
+    return Check(
+        "GPUs",
+        None,
+        f"{asked}; none is visible in this session, so the {backend} workers need GPU nodes: "
+        "without them set worker_gpus 0",
+        (TRAIN,),
+    )
 
 
 def _from_hub(model: str) -> bool:
@@ -168,9 +198,15 @@ def _hub_check(needs: dict[str, list[str]], url: str, timeout: float) -> Check:
     if reason is None:
         return Check("model hub", True, f"{url} answers (for {', '.join(wanted)})", needed_by)
     fixes = ([LOCAL_MODEL_HINT] if any(not name.startswith("source ") for name in wanted) else []) + (
-        ["set source to sample or a release directory"] if f"source {HUB_SOURCE}" in wanted else [])
-    return Check("model hub", False, f"{url} is unreachable from here ({reason}), and {' and '.join(wanted)} "
-                                     f"needs it to {' and '.join(needed_by)}: {'; '.join(fixes)}", needed_by)
+        ["set source to sample or a release directory"] if f"source {HUB_SOURCE}" in wanted else []
+    )
+    return Check(
+        "model hub",
+        False,
+        f"{url} is unreachable from here ({reason}), and {' and '.join(wanted)} "
+        f"needs it to {' and '.join(needed_by)}: {'; '.join(fixes)}",
+        needed_by,
+    )
 
 
 def _unreachable(url: str, timeout: float) -> str | None:
@@ -187,7 +223,9 @@ def _unreachable(url: str, timeout: float) -> str | None:
         return f"no answer in {timeout:g} s" if isinstance(reason, TimeoutError) else str(reason)
 
 
-def preflight(hosts: Sequence[str], run_dir: Path, ssh_config: Path | None = None, ssh_port: int | None = None) -> list[str]:
+def preflight(
+    hosts: Sequence[str], run_dir: Path, ssh_config: Path | None = None, ssh_port: int | None = None
+) -> list[str]:
     """Check pdsh, ssh and every host; the ssh options pdsh is to run with for this launch.
 
     :param hosts: the hostfile's hosts.
@@ -217,21 +255,30 @@ def _run_ssh_config(run_dir: Path, ssh_config: Path | None) -> Path | None:
     config = ssh_config or run_dir / SSH_CONFIG_NAME
     if not config.is_file():
         if ssh_config is not None:
-            raise LaunchError(f"ssh config {str(config)!r} does not exist; start the workers first or pass --ssh-config")
+            raise LaunchError(
+                f"ssh config {str(config)!r} does not exist; start the workers first or pass --ssh-config"
+            )
         logger.info("no %s in %s: ssh uses your own configuration", SSH_CONFIG_NAME, run_dir)
         return None
     resolved = config.resolve()
     # pdsh splits PDSH_SSH_ARGS_APPEND at whitespace, quotes or not.
     if re.search(r"\s", str(resolved)):
-        raise LaunchError(f"ssh config path {str(resolved)!r} has whitespace, which pdsh splits; use a run dir without spaces")
+        raise LaunchError(
+            f"ssh config path {str(resolved)!r} has whitespace, which pdsh splits; use a run dir without spaces"
+        )
     return resolved
 
 
 def _check_reachable(options: list[str], hosts: Sequence[str]) -> None:
     # All hosts at once: a cluster's worth of sequential ssh handshakes would delay every launch.
     checks = {
-        host: subprocess.Popen(["ssh", *options, host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+        host: subprocess.Popen(
+            ["ssh", *options, host, "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for host in hosts
     }
     failed = []
@@ -256,7 +303,9 @@ def _ssh_setting(options: list[str], host: str, name: str) -> str:
     """The value ssh would use for one setting when connecting to host (``ssh -G``: no connection)."""
     result = subprocess.run(["ssh", "-G", *options, host], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise LaunchError(f"ssh cannot read its configuration for {host!r}: {result.stderr.strip()}; fix the ssh_config")
+        raise LaunchError(
+            f"ssh cannot read its configuration for {host!r}: {result.stderr.strip()}; fix the ssh_config"
+        )
     for line in result.stdout.splitlines():
         key, _, value = line.partition(" ")
         if key == name:

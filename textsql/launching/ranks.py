@@ -16,6 +16,7 @@ Usage::
     >>> end_marked(launch_id)   # this machine only
     3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,7 +98,9 @@ def end_marked(launch_id: str, grace: float = END_GRACE_S) -> int:
         time.sleep(POLL_S)
         pids = marked_processes(launch_id)
     if pids:
-        logger.warning("%d processes of launch %s outlived %.0f s after SIGTERM; sending SIGKILL", len(pids), launch_id, grace)
+        logger.warning(
+            "%d processes of launch %s outlived %.0f s after SIGTERM; sending SIGKILL", len(pids), launch_id, grace
+        )
     _send(pids, signal.SIGKILL)
     return count
 
@@ -112,10 +115,20 @@ def remote_end_command(launch_id: str, grace: float = END_GRACE_S) -> str:
     :param grace: seconds before SIGKILL.
     :rtype: str
     """
-    return shlex.join([
-        "env", f"PYTHONPATH={PROJECT_DIR}", sys.executable, "-m", MODULE, "end",
-        "--launch-id", launch_id, "--grace", str(grace),
-    ])
+    return shlex.join(
+        [
+            "env",
+            f"PYTHONPATH={PROJECT_DIR}",
+            sys.executable,
+            "-m",
+            MODULE,
+            "end",
+            "--launch-id",
+            launch_id,
+            "--grace",
+            str(grace),
+        ]
+    )
 
 
 class LocalRanks:
@@ -147,8 +160,13 @@ class RemoteRanks:
         """End every process of the launch on every host; a host that cannot be reached is logged, not raised."""
         remote = remote_end_command(self.launch_id)
         enders = [
-            subprocess.Popen(["ssh", *self.ssh_options, host, remote], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                ["ssh", *self.ssh_options, host, remote],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for host in self.hosts
         ]
         for host, ender in zip(self.hosts, enders):
@@ -158,7 +176,9 @@ class RemoteRanks:
                 ender.kill()
                 _, error = ender.communicate()
             if ender.returncode != 0:
-                logger.warning("could not end the ranks on %s: %s", host, error.strip() or f"exit code {ender.returncode}")
+                logger.warning(
+                    "could not end the ranks on %s: %s", host, error.strip() or f"exit code {ender.returncode}"
+                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,6 +29,7 @@ Usage::
     ...     supervise(LaunchArguments(run_dir=cluster.run_dir, train_args=[...]), cluster, max_restarts=3)
     0
 """
+
 from __future__ import annotations
 
 import json
@@ -38,16 +39,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
-from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
+from textsql.console import STEP_LINE, ShownLines
 from textsql.constants import DEFAULT_MAX_RESTARTS, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
-from textsql.console import STEP_LINE, ShownLines
 from textsql.files import read_json, write_json
 from textsql.launching.launch import PDSH_HOST_FAILED, LaunchArguments, launch
+from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from worker.cluster import Cluster
 from worker.constants import HOSTFILE_NAME
 from worker.files import atomic_write
@@ -77,7 +79,10 @@ NOT_A_CAUSE = re.compile(r"^(SystemExit|KeyboardInterrupt)\b")
 TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 # What a rank raises when a peer died first (gloo, NCCL, sockets): the peer's own error is the cause,
 # and which of the two is seen first depends on timing.
-PEER_FAILURE = re.compile(r"closed by peer|reset by peer|remote worker crash|DistBackendError|Broken pipe|communicator was aborted", re.IGNORECASE)
+PEER_FAILURE = re.compile(
+    r"closed by peer|reset by peer|remote worker crash|DistBackendError|Broken pipe|communicator was aborted",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -207,12 +212,16 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     for host, exit_code in watch.exits:
         signum = killing_signal(exit_code)
         if signum is not None and signum not in OWN_SIGNALS:
-            return Failure(WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}")
+            return Failure(
+                WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}"
+            )
     unreachable = next((host for host, exit_code in watch.exits if exit_code == SSH_FAILED), None)
     if unreachable is not None and all(PEER_FAILURE.search(error) for error in watch.errors.values()):
         return _ssh_failed(unreachable)
     host = watch.exits[0][0] if watch.exits else None
-    message = watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
+    message = (
+        watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
+    )
     return Failure(APPLICATION_ERROR, host, code, message)
 
 
@@ -243,8 +252,11 @@ class Supervisor:
         arguments, previous, aware_at = self.arguments, None, None
         for attempt in range(self.max_restarts + 1):
             resumed_from = self._checkpoint(arguments) if attempt else None
-            watch = LaunchWatch(self.stream, self._hosts(),
-                                on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None)
+            watch = LaunchWatch(
+                self.stream,
+                self._hosts(),
+                on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None,
+            )
             code = launch(arguments, stream=watch)
             if code == 0:
                 if attempt:
@@ -254,8 +266,17 @@ class Supervisor:
             failure = classify(code, watch, self.cluster.lost() if self.cluster is not None else {})
             aware_at = watch.first_failure_at or time.time()
             detected = max(0.0, aware_at - (watch.step_at or watch.started_at))
-            self._event(failure.kind, attempt, failure.line(watch.step, detected), host=failure.host, code=failure.code,
-                        message=failure.message, step=watch.step, aware_at=aware_at, detected_s=round(detected, 2))
+            self._event(
+                failure.kind,
+                attempt,
+                failure.line(watch.step, detected),
+                host=failure.host,
+                code=failure.code,
+                message=failure.message,
+                step=watch.step,
+                aware_at=aware_at,
+                detected_s=round(detected, 2),
+            )
             if failure.kind == APPLICATION_ERROR and previous == (failure.kind, failure.message):
                 self._event("gave up", attempt, f"the same error twice, not retried again: {failure.message}")
                 raise LaunchError(failure.message)
@@ -266,11 +287,18 @@ class Supervisor:
             previous = failure.kind, failure.message
             arguments = resumed(arguments)
             checkpoint, incomplete = self._checkpoint(arguments), self._incomplete(arguments)
-            skipped = "".join(f"; {path.name} is incomplete ({reason}): set aside as {SET_ASIDE_PREFIX}{path.name}"
-                              for path, reason in incomplete)
-            self._event("relaunch", attempt + 1, f"relaunching (restart {attempt + 1} of {self.max_restarts}) "
-                        f"from {Path(checkpoint).name if checkpoint else 'the start: no complete checkpoint yet'}{skipped}",
-                        checkpoint=checkpoint, incomplete=[str(path) for path, _ in incomplete])
+            skipped = "".join(
+                f"; {path.name} is incomplete ({reason}): set aside as {SET_ASIDE_PREFIX}{path.name}"
+                for path, reason in incomplete
+            )
+            self._event(
+                "relaunch",
+                attempt + 1,
+                f"relaunching (restart {attempt + 1} of {self.max_restarts}) "
+                f"from {Path(checkpoint).name if checkpoint else 'the start: no complete checkpoint yet'}{skipped}",
+                checkpoint=checkpoint,
+                incomplete=[str(path) for path, _ in incomplete],
+            )
         if self.max_restarts:
             self._event("gave up", self.max_restarts, f"{self.max_restarts} restart(s) used up; exit code {code}")
         return code
@@ -281,8 +309,14 @@ class Supervisor:
         def resumed_at(step: int) -> None:
             since = time.time() - (aware_at or time.time())
             origin = f"from {Path(checkpoint).name}" if checkpoint else "from the start"
-            self._event("resumed", attempt, f"resumed {origin}: step {step} done {since:.1f} s after the failure was detected",
-                        checkpoint=checkpoint, step=step, first_step_at=time.time())
+            self._event(
+                "resumed",
+                attempt,
+                f"resumed {origin}: step {step} done {since:.1f} s after the failure was detected",
+                checkpoint=checkpoint,
+                step=step,
+                first_step_at=time.time(),
+            )
 
         return resumed_at
 
@@ -304,8 +338,12 @@ class Supervisor:
             return
         started = time.monotonic()
         self.cluster = self.cluster.replace_worker(failure.host, self.replace_timeout)
-        self._event("replaced", attempt, f"replacement for {failure.host} registered after {time.monotonic() - started:.1f} s",
-                    host=failure.host)
+        self._event(
+            "replaced",
+            attempt,
+            f"replacement for {failure.host} registered after {time.monotonic() - started:.1f} s",
+            host=failure.host,
+        )
 
     def _answers(self, host: str) -> bool:
         try:
@@ -336,8 +374,12 @@ class Supervisor:
         atomic_write(self.arguments.run_dir / SUPERVISOR_FILE, json.dumps(record, indent=2) + "\n", mode=0o600)
 
 
-def supervise(arguments: LaunchArguments, cluster: Cluster | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
-              stream: TextIO | None = None) -> int:
+def supervise(
+    arguments: LaunchArguments,
+    cluster: Cluster | None = None,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    stream: TextIO | None = None,
+) -> int:
     """Run the launch under a :class:`Supervisor` (see the module docstring).
 
     :param arguments: the launch.

@@ -14,6 +14,7 @@ Usage::
     >>> sorted(index for batch in sampler for index in batch)
     [0, 1, 2, 3]
 """
+
 from __future__ import annotations
 
 import bisect
@@ -91,8 +92,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     drop_last = False
 
     def __init__(
-        self, source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int, *,
-        buckets: int = DEFAULT_BUCKETS, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+        self,
+        source_lengths: Sequence[int],
+        target_lengths: Sequence[int],
+        max_tokens: int,
+        *,
+        buckets: int = DEFAULT_BUCKETS,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
     ) -> None:
         if len(source_lengths) != len(target_lengths):
             raise DataError(f"{len(source_lengths)} source lengths but {len(target_lengths)} target lengths")
@@ -117,7 +125,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.global_batches = sum(math.ceil(len(group) / self.batch_sizes[key]) for key, group in self.groups.items())
         logger.info(
             "token batches: budget %d, source bounds %s, target bounds %s, %d batches an epoch over %d rank(s)",
-            max_tokens, self.source_bounds, self.target_bounds, self.global_batches, num_replicas,
+            max_tokens,
+            self.source_bounds,
+            self.target_bounds,
+            self.global_batches,
+            num_replicas,
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -134,7 +146,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         for key, group in self.groups.items():
             shuffled = [group[i] for i in generator.permutation(len(group))]
             size = self.batch_sizes[key]
-            batches += [shuffled[start:start + size] for start in range(0, len(shuffled), size)]
+            batches += [shuffled[start : start + size] for start in range(0, len(shuffled), size)]
         batches = [batches[i] for i in generator.permutation(len(batches))]
         missing = -len(batches) % self.num_replicas
         return batches + list(itertools.islice(itertools.cycle(batches), missing))
@@ -151,7 +163,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return shapes
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self.epoch_batches(self.epoch)[self.rank::self.num_replicas]
+        yield from self.epoch_batches(self.epoch)[self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
         return math.ceil(self.global_batches / self.num_replicas)
@@ -164,10 +176,21 @@ class BucketPadding:
     :param source_bounds: bucket bounds of the inputs; ``target_bounds`` those of the labels.
     """
 
-    def __init__(self, collator: Callable[[list[dict]], dict], source_bounds: Sequence[int], target_bounds: Sequence[int], pad_token_id: int) -> None:
+    def __init__(
+        self,
+        collator: Callable[[list[dict]], dict],
+        source_bounds: Sequence[int],
+        target_bounds: Sequence[int],
+        pad_token_id: int,
+    ) -> None:
         self.collator, self.source_bounds, self.target_bounds = collator, tuple(source_bounds), tuple(target_bounds)
-        self.fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": LABEL_PAD_TOKEN_ID,
-                     "decoder_input_ids": pad_token_id, "decoder_attention_mask": 0}
+        self.fill = {
+            "input_ids": pad_token_id,
+            "attention_mask": 0,
+            "labels": LABEL_PAD_TOKEN_ID,
+            "decoder_input_ids": pad_token_id,
+            "decoder_attention_mask": 0,
+        }
 
     def __call__(self, features: list[dict]) -> dict:
         batch = self.collator(features)
@@ -186,7 +209,9 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     With ``max_tokens_per_batch`` unset it is the plain trainer (``per_device_train_batch_size`` examples a batch).
     """
 
-    def __init__(self, *args, max_tokens_per_batch: int | None = None, buckets: int = DEFAULT_BUCKETS, **kwargs) -> None:
+    def __init__(
+        self, *args, max_tokens_per_batch: int | None = None, buckets: int = DEFAULT_BUCKETS, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
 
@@ -199,14 +224,21 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         dataset = self._remove_unused_columns(self.train_dataset, description="Training")
         sampler = TokenBudgetBatchSampler(
-            [len(ids) for ids in dataset["input_ids"]], [len(ids) for ids in dataset["labels"]], self.max_tokens_per_batch,
-            buckets=self.buckets, seed=self.args.seed, num_replicas=self.args.world_size, rank=self.args.process_index,
+            [len(ids) for ids in dataset["input_ids"]],
+            [len(ids) for ids in dataset["labels"]],
+            self.max_tokens_per_batch,
+            buckets=self.buckets,
+            seed=self.args.seed,
+            num_replicas=self.args.world_size,
+            rank=self.args.process_index,
         )
         pad_id = self.processing_class.pad_token_id
         loader = DataLoader(
-            dataset, batch_sampler=sampler,
+            dataset,
+            batch_sampler=sampler,
             collate_fn=BucketPadding(self.data_collator, sampler.source_bounds, sampler.target_bounds, pad_id),
-            num_workers=self.args.dataloader_num_workers, pin_memory=self.args.dataloader_pin_memory,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers and self.args.dataloader_num_workers > 0,
             prefetch_factor=self.args.dataloader_prefetch_factor,
         )

@@ -6,6 +6,7 @@ DeepSpeed's ``save_checkpoint`` lets rank 0 write ``latest`` with no barrier bef
 ranks may still be writing their shards, so ``latest`` proves nothing on its own: a checkpoint
 counts only once :class:`MarkComplete` wrote its marker, after every rank had finished saving.
 """
+
 from __future__ import annotations
 
 import logging

@@ -11,6 +11,7 @@ from its estimate before any worker starts (:func:`choose_profile`), and a rank 
 resolves it from its own device and world (:func:`resolve_profile_here`), so what the estimate
 recommends is what the run uses unless a profile is named.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,8 @@ from transformers import AutoModelForSeq2SeqLM, PretrainedConfig
 
 from textsql.errors import ModelError, ProfileError
 from textsql.model import load_config
-from textsql.training.profiles import get_profile, profiles as all_profiles
+from textsql.training.profiles import get_profile
+from textsql.training.profiles import profiles as all_profiles
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +51,18 @@ def count_parameters(config: PretrainedConfig) -> tuple[int, int]:
     with torch.device("meta"):
         model = AutoModelForSeq2SeqLM.from_config(config)
     total = sum(parameter.numel() for parameter in model.parameters())
-    largest = max(sum(parameter.numel() for parameter in module.parameters(recurse=False)) for module in model.modules())
+    largest = max(
+        sum(parameter.numel() for parameter in module.parameters(recurse=False)) for module in model.modules()
+    )
     return total, largest
 
 
 def estimate(
-    model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: Iterable[str] | None = None,
+    model: str | Path | None,
+    nodes: int,
+    gpus_per_node: int,
+    gpu_memory_gb: float,
+    names: Iterable[str] | None = None,
     cpu: bool = False,
 ) -> dict:
     """Estimate every profile's memory for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs and pick one.
@@ -87,7 +95,11 @@ def estimate(
         needs = profile.memory(total, largest, nodes, gpus_per_node)
         rows[profile.name] = {
             "zero_stage": profile.stage,
-            "offload": "+".join(part for part, on in (("optimizer", profile.offload_optimizer), ("params", profile.offload_params)) if on),
+            "offload": "+".join(
+                part
+                for part, on in (("optimizer", profile.offload_optimizer), ("params", profile.offload_params))
+                if on
+            ),
             "gpu_gb_per_rank": round(needs.gpu / GIB, 3),
             "cpu_gb_per_node": round(needs.cpu / GIB, 3),
             "fits": needs.gpu / GIB <= budget,
@@ -139,7 +151,6 @@ def format_estimate(report: dict, requested: str | None = None) -> str:
     return "\n".join(lines)
 
 
-
 def choose_profile(profile: str, report: dict) -> str:
     """The profile a run uses: ``profile`` itself when one is named, the report's recommendation for ``auto``.
 
@@ -164,14 +175,18 @@ def choose_profile(profile: str, report: dict) -> str:
     return report["recommended"]
 
 
-def resolve_profile(profile: str, model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float, cpu: bool = False) -> str:
+def resolve_profile(
+    profile: str, model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float, cpu: bool = False
+) -> str:
     """:func:`choose_profile` for this hardware; the model's config is read only for ``auto``.
 
     :rtype: str
     """
     if profile != AUTO_PROFILE:
         return profile
-    return choose_profile(profile, estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, cpu=cpu))
+    return choose_profile(
+        profile, estimate(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, cpu=cpu)
+    )
 
 
 def resolve_profile_here(profile: str, model: str | Path | None) -> str:

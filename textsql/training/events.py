@@ -7,6 +7,7 @@ ends and opens a new event file for the final evaluation, which then repeats the
 evaluation at the same step: :class:`ScalarsOnce` keeps one writer until :func:`close_run_events`
 and writes each ``(tag, step)`` once.
 """
+
 from __future__ import annotations
 
 import logging

@@ -15,6 +15,7 @@ Usage::
     >>> fast_defaults(DeviceFacts(cuda=False, cpu_cores=2))
     {'optim': 'adamw_torch', 'dataloader_pin_memory': False}
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,8 +63,11 @@ def device_facts() -> DeviceFacts:
         return DeviceFacts(cuda=False, cpu_cores=cores)
     properties = torch.cuda.get_device_properties(0)
     return DeviceFacts(
-        cuda=True, compute_capability=(properties.major, properties.minor), memory_gib=properties.total_memory / 1024**3,
-        gpus=torch.cuda.device_count(), cpu_cores=cores,
+        cuda=True,
+        compute_capability=(properties.major, properties.minor),
+        memory_gib=properties.total_memory / 1024**3,
+        gpus=torch.cuda.device_count(),
+        cpu_cores=cores,
     )
 
 

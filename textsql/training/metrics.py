@@ -9,6 +9,7 @@ TensorBoard as ``eval/lf_accuracy``, ``eval/parse_rate`` and ``eval/ex_accuracy`
 The evaluation's sampler may reorder the questions (``group_by_length``), so each prediction is matched
 to its question by its input ids, which the trainer hands over with ``include_for_metrics=["inputs"]``.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ from transformers import PreTrainedTokenizerBase
 from transformers.trainer_utils import EvalPrediction
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
-from textsql.inference.evaluate import evaluate
-from textsql.files import load_tables, prepared_tables_path
 from textsql.data.sql import parsed
+from textsql.files import load_tables, prepared_tables_path
+from textsql.inference.evaluate import evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -82,14 +83,26 @@ def wikisql_metrics(
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
         predicted = decode(tokenizer, prediction.predictions)
-        scores = {"exact_match": float(np.mean([p == e for p, e in zip(predicted, decode(tokenizer, prediction.label_ids))]))}
+        scores = {
+            "exact_match": float(np.mean([p == e for p, e in zip(predicted, decode(tokenizer, prediction.label_ids))]))
+        }
         if prediction.inputs is None or not by_source:
             return scores
-        matched = [(by_source.get(source), text) for source, text in zip(decode(tokenizer, prediction.inputs), predicted)]
+        matched = [
+            (by_source.get(source), text) for source, text in zip(decode(tokenizer, prediction.inputs), predicted)
+        ]
         gold = [{**item, "id": str(index)} for index, (item, _) in enumerate(matched) if item is not None]
-        lines = [{"id": str(index), **parsed(text, item["header"])} for index, (item, text) in enumerate(matched) if item is not None]
+        lines = [
+            {"id": str(index), **parsed(text, item["header"])}
+            for index, (item, text) in enumerate(matched)
+            if item is not None
+        ]
         if len(gold) < len(matched):
-            logger.warning("%d of %d evaluated questions not found in the validation split; scored without them", len(matched) - len(gold), len(matched))
+            logger.warning(
+                "%d of %d evaluated questions not found in the validation split; scored without them",
+                len(matched) - len(gold),
+                len(matched),
+            )
         if not gold:
             return scores
         report = evaluate(gold, lines, tables or {})

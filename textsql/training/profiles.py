@@ -10,6 +10,7 @@ e.g. ``flops_profiler``) are merged on top, nested keys included. Batch size, ac
 learning rate and precision stay ``"auto"`` in the files: the HuggingFace trainer fills them from its
 own arguments, so they are set in one place only.
 """
+
 from __future__ import annotations
 
 import json
@@ -97,7 +98,11 @@ class Profile:
     @property
     def precision(self) -> dict[str, Any]:
         """``enabled`` of each precision section the file has (``"auto"``: set by ``--precision``)."""
-        return {key: self.config[key].get("enabled", False) for key in PRECISION_KEYS if isinstance(self.config.get(key), dict)}
+        return {
+            key: self.config[key].get("enabled", False)
+            for key in PRECISION_KEYS
+            if isinstance(self.config.get(key), dict)
+        }
 
     @property
     def cost(self) -> tuple[int, bool, bool]:
@@ -134,18 +139,27 @@ class Profile:
         offload = " (cpu offload)" if self.offload_optimizer else ""
         if self.stage == 3:
             cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-                total, largest, gpus_per_node, nodes, cpu_offload=self.offload_optimizer, cpu_offload_params=self.offload_params
+                total,
+                largest,
+                gpus_per_node,
+                nodes,
+                cpu_offload=self.offload_optimizer,
+                cpu_offload_params=self.offload_params,
             )
             return ModelStateMemory(gpu, cpu, f"deepspeed estimate_zero3_model_states_mem_needs{offload}")
         if self.stage == 2 or self.offload_optimizer:
-            cpu, gpu = estimate_zero2_model_states_mem_needs(total, gpus_per_node, nodes, cpu_offload=self.offload_optimizer)
+            cpu, gpu = estimate_zero2_model_states_mem_needs(
+                total, gpus_per_node, nodes, cpu_offload=self.offload_optimizer
+            )
             return ModelStateMemory(gpu, cpu, f"deepspeed estimate_zero2_model_states_mem_needs{offload}")
         cpu = total * 4 * gpus_per_node * LOAD_BUFFER_FACTOR
         if self.stage == 1:
             ranks = nodes * gpus_per_node
             gpu = total * (PARAM16_BYTES + 2) + total * (4 + OPTIMIZER_BYTES) // ranks
             return ModelStateMemory(gpu, cpu, "2+18 bytes/parameter, optimizer states sharded")
-        return ModelStateMemory(total * (PARAM16_BYTES + GRAD_BYTES + OPTIMIZER_BYTES), cpu, "2+18 bytes/parameter, nothing sharded")
+        return ModelStateMemory(
+            total * (PARAM16_BYTES + GRAD_BYTES + OPTIMIZER_BYTES), cpu, "2+18 bytes/parameter, nothing sharded"
+        )
 
     def _offloaded(self, key: str) -> bool:
         return self.config.get("zero_optimization", {}).get(key, {}).get("device", "none") in OFFLOAD_DEVICES
@@ -253,14 +267,18 @@ def _resolve(name_or_path: str | Path, directory: Path, names: list[str], kind: 
     path = Path(text).expanduser()
     if path.suffix == ".json" and path.is_file():
         return path.resolve()
-    raise ProfileError(f"unknown {kind} {text!r}; pass {flag} one of {', '.join(names)} or a path to a DeepSpeed .json file")
+    raise ProfileError(
+        f"unknown {kind} {text!r}; pass {flag} one of {', '.join(names)} or a path to a DeepSpeed .json file"
+    )
 
 
 def _read(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise ProfileError(f"cannot read DeepSpeed config {str(path)!r}: {error}; fix the file or pick another profile") from None
+        raise ProfileError(
+            f"cannot read DeepSpeed config {str(path)!r}: {error}; fix the file or pick another profile"
+        ) from None
     if not isinstance(config, dict):
         raise ProfileError(f"DeepSpeed config {str(path)!r} is not a JSON object; fix the file or pick another profile")
     return config

@@ -5,6 +5,7 @@ They replace the Trainer's tqdm bar, which reaches the launcher through pdsh as 
 and its raw ``{'loss': ...}`` dicts. :mod:`textsql.console` shows exactly these lines at the default
 log level, and ``textsql demo`` turns ``step N/M`` into its progress bar.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,11 @@ class StepLines(TrainerCallback):
         if "loss" in logs:
             print(f"step {state.global_step}/{state.max_steps}: loss {float(logs['loss']):.3f} ({elapsed})", flush=True)
         elif "eval_loss" in logs:
-            scores = ", ".join(f"{name.removeprefix('eval_')} {float(value):.3f}" for name, value in logs.items()
-                               if name.startswith("eval_") and not name.endswith(("runtime", "per_second")))
+            scores = ", ".join(
+                f"{name.removeprefix('eval_')} {float(value):.3f}"
+                for name, value in logs.items()
+                if name.startswith("eval_") and not name.endswith(("runtime", "per_second"))
+            )
             print(f"step {state.global_step}/{state.max_steps}: eval {scores} ({elapsed})", flush=True)
 
 
@@ -67,7 +71,10 @@ def announce_run(model: str, profile: str, auto: bool, world_size: int, precisio
     from textsql.training.profiles import get_profile
 
     how = "; auto: the cheapest that fits" if auto else ""
-    print(f"{STAGE_PREFIX}training {model} on {world_size} rank(s): profile {profile} (ZeRO-{get_profile(profile).stage}{how}), {precision}", flush=True)
+    print(
+        f"{STAGE_PREFIX}training {model} on {world_size} rank(s): profile {profile} (ZeRO-{get_profile(profile).stage}{how}), {precision}",
+        flush=True,
+    )
 
 
 def announce_op_build() -> None:

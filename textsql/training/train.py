@@ -10,6 +10,7 @@ the distributed state is built with gloo *before* the training arguments (see
 :func:`init_distributed`), otherwise transformers computes a world size of 1 and fails DeepSpeed's
 batch-size check, or silently trains with plain DDP instead of a DeepSpeed engine.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -28,21 +29,26 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
-from textsql.training.batching import TokenBudgetTrainer
-from textsql.training.checkpoints import MarkComplete, incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME
-from textsql.errors import DataError, LaunchError, TextSQLError
-from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
-from textsql.files import write_json, write_jsonl
-from textsql.training.trainer import GrammarSeq2SeqTrainer
-from textsql.decoding.bounds import KeepGenerationBound, bound_generation
-from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
-from textsql.model import load_config, load_model, load_tokenizer
 from textsql.data.prepare import check_prepared
-from textsql.training.progress import announce_op_build, announce_run, use_step_lines
-from textsql.training.profiles import get_profile, load_profile
+from textsql.decoding.bounds import KeepGenerationBound, bound_generation
+from textsql.errors import DataError, LaunchError, TextSQLError
+from textsql.files import write_json, write_jsonl
+from textsql.model import load_config, load_model, load_tokenizer
+from textsql.training.batching import TokenBudgetTrainer
+from textsql.training.checkpoints import (
+    MarkComplete,
+    incomplete_reason,
+    newest_complete_checkpoint,
+    set_aside_incomplete,
+)
+from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.events import close_run_events, events_dir, use_run_events
+from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
+from textsql.training.profiles import get_profile, load_profile
+from textsql.training.progress import announce_op_build, announce_run, use_step_lines
+from textsql.training.trainer import GrammarSeq2SeqTrainer
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
@@ -69,11 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(training_args)
     logger.warning(
         "rank %d/%d (local %d) on %s: profile %s, precision %s",
-        training_args.process_index, training_args.world_size, training_args.local_process_index,
-        training_args.device, run_args.profile, model_args.precision,
+        training_args.process_index,
+        training_args.world_size,
+        training_args.local_process_index,
+        training_args.device,
+        run_args.profile,
+        model_args.precision,
     )
     if training_args.process_index == 0:
-        announce_run(str(model_args.model), run_args.profile, run_args.auto_profile, training_args.world_size, model_args.precision)
+        announce_run(
+            str(model_args.model),
+            run_args.profile,
+            run_args.auto_profile,
+            training_args.world_size,
+            model_args.precision,
+        )
     checkpoint = prepare_output_dir(training_args, run_args)
     set_seed(training_args.seed)
 
@@ -100,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         eval_dataset=splits.get("validation"),
         processing_class=tokenizer,
         data_collator=collator,
-        compute_metrics=wikisql_metrics(tokenizer, *eval_questions(data_args.data_dir, data_args.max_eval_samples)) if training_args.predict_with_generate else None,
+        compute_metrics=wikisql_metrics(tokenizer, *eval_questions(data_args.data_dir, data_args.max_eval_samples))
+        if training_args.predict_with_generate
+        else None,
         callbacks=[KeepGenerationBound(), MarkComplete()],
     )
     use_step_lines(trainer)
@@ -134,7 +152,9 @@ def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> d
     finally:
         trainer.args.train_sampling_strategy = strategy
     # The last in-training evaluation may have scored this same step already: log it once.
-    if not any("eval_loss" in entry and entry.get("step") == trainer.state.global_step for entry in trainer.state.log_history):
+    if not any(
+        "eval_loss" in entry and entry.get("step") == trainer.state.global_step for entry in trainer.state.log_history
+    ):
         trainer.log(output.metrics)
     trainer.log_metrics("eval", output.metrics)
     trainer.save_metrics("eval", output.metrics)
@@ -157,7 +177,9 @@ def parse_arguments(argv: list[str] | None = None):
     return model_args, data_args, run_args, Seq2SeqTrainingArguments(**training_values)
 
 
-def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
+def parse_command_line(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
     """Parse strictly: typos and unknown flags fail (no abbreviations), booleans take ``true``/``false``.
 
     The profile becomes the ``deepspeed`` config and ``--precision`` sets ``bf16``/``fp16``, so those
@@ -167,14 +189,20 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[ModelArguments, D
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
     """
     parser = _StrictParser(
-        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments), prog="textsql train", allow_abbrev=False
+        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
+        prog="textsql train",
+        allow_abbrev=False,
     )
     parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
     namespace, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if unknown:
-        raise LaunchError(f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`")
+        raise LaunchError(
+            f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`"
+        )
     values = vars(namespace)
-    model_args, data_args, run_args = (cls(**_field_values(cls, values)) for cls in (ModelArguments, DataArguments, RunArguments))
+    model_args, data_args, run_args = (
+        cls(**_field_values(cls, values)) for cls in (ModelArguments, DataArguments, RunArguments)
+    )
     for flag, replacement in REPLACED_FLAGS.items():
         if values[flag]:
             raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
@@ -262,7 +290,9 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
     if run_args.resume != "auto":
         reason = incomplete_reason(Path(run_args.resume))
         if reason is not None:
-            raise LaunchError(f"{run_args.resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory")
+            raise LaunchError(
+                f"{run_args.resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory"
+            )
         return run_args.resume
     checkpoint = newest_complete_checkpoint(output)
     if checkpoint is None:
@@ -299,7 +329,9 @@ def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
     try:
         loaded = datasets.load_from_disk(data_args.data_dir)
     except (FileNotFoundError, ValueError) as error:
-        raise DataError(f"cannot load a prepared dataset from {data_args.data_dir!r} ({error}); run `textsql prepare --out DIR` first") from None
+        raise DataError(
+            f"cannot load a prepared dataset from {data_args.data_dir!r} ({error}); run `textsql prepare --out DIR` first"
+        ) from None
     if not isinstance(loaded, datasets.DatasetDict) or "train" not in loaded:
         raise DataError(f"{data_args.data_dir!r} has no train split; run `textsql prepare --out DIR` first")
     missing = [column for column in MODEL_COLUMNS if column not in loaded["train"].column_names]
@@ -308,7 +340,9 @@ def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
     splits = datasets.DatasetDict()
     splits["train"] = _first(loaded["train"], data_args.max_train_samples).select_columns(list(MODEL_COLUMNS))
     if "validation" in loaded and len(loaded["validation"]):
-        splits["validation"] = _first(loaded["validation"], data_args.max_eval_samples).select_columns(list(MODEL_COLUMNS))
+        splits["validation"] = _first(loaded["validation"], data_args.max_eval_samples).select_columns(
+            list(MODEL_COLUMNS)
+        )
     return splits
 
 
@@ -333,7 +367,9 @@ def export_model(trainer: Seq2SeqTrainer, target: Path, prepare_record: Path | N
     trainer.accelerator.wait_for_everyone()
 
 
-def _write_summary(trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args: RunArguments, checkpoint: str | None) -> None:
+def _write_summary(
+    trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args: RunArguments, checkpoint: str | None
+) -> None:
     engine = trainer.model_wrapped
     summary = {
         "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
@@ -363,7 +399,9 @@ def _suggestion(parser: HfArgumentParser, argument: str) -> str:
 
 def _configure_logging(args: Seq2SeqTrainingArguments) -> None:
     logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)]
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
     )
     level = args.get_process_log_level()
     logging.getLogger("textsql").setLevel(level)

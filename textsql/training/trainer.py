@@ -5,6 +5,7 @@ though, is each question's own, and a batch knows its questions only as token id
 :class:`GrammarSeq2SeqTrainer` builds a :class:`textsql.decoding.processor.GrammarLogitsProcessor` per batch from
 its input ids (the question and header read back from the input text) and hands it to ``generate``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,8 +14,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from textsql.training.batching import TokenBudgetTrainer
 from textsql.decoding.processor import processor_for_inputs
+from textsql.training.batching import TokenBudgetTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +43,18 @@ class GrammarSeq2SeqTrainer(TokenBudgetTrainer):
     """
 
     def prediction_step(
-        self, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None, **gen_kwargs,
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+        **gen_kwargs,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         if self.args.predict_with_generate and not prediction_loss_only:
             # The parent takes its stored keyword arguments only when it is given none.
             gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
             budget = generation_budget(gen_kwargs, self.model.generation_config)
-            gen_kwargs["logits_processor"] = LogitsProcessorList([processor_for_inputs(self.processing_class, inputs["input_ids"], budget)])
+            gen_kwargs["logits_processor"] = LogitsProcessorList(
+                [processor_for_inputs(self.processing_class, inputs["input_ids"], budget)]
+            )
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)

@@ -1,11 +1,12 @@
 """Ways to start worker pods: ``local``, ``cml``, ``kubernetes``, ``static``; see :func:`make_backend`."""
+
 from __future__ import annotations
 
 import importlib
 import logging
 
-from worker.errors import WorkerError
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.errors import WorkerError
 
 logger = logging.getLogger(__name__)
 

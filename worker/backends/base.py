@@ -3,6 +3,7 @@
 A backend declares how its workers come to be (:attr:`Backend.attaches`), and with it how their ssh
 host keys are trusted; everything start_workers calls is declared here.
 """
+
 from __future__ import annotations
 
 import logging
@@ -73,8 +74,9 @@ class Backend(ABC):
         needed = ("attach",) if cls.attaches else ("launch", "advertised_address")
         missing = [method for method in needed if getattr(cls, method) is getattr(Backend, method)]
         if missing:
-            raise TypeError(f"{cls.__name__} declares attaches = {cls.attaches} but does not override "
-                            f"{', '.join(missing)}")
+            raise TypeError(
+                f"{cls.__name__} declares attaches = {cls.attaches} but does not override {', '.join(missing)}"
+            )
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         """Start ``count`` agents with ``env`` (the run's rendezvous settings) added to their environment.
@@ -163,7 +165,7 @@ class Backend(ABC):
         """
         return ()
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc_info) -> None:

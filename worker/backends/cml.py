@@ -8,6 +8,7 @@ still lists it running. The token travels as a path on the project filesystem th
 every engine, never as a value. ``cml.workers_v1`` exists only inside CML (older CDSW: ``cdsw``);
 the tests run an emulator with the same signatures (tests/fakes/cml/workers_v1.py).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,8 +17,8 @@ import logging
 import os
 from types import ModuleType
 
-from worker.errors import WorkerError
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.errors import WorkerError
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,9 @@ class CMLBackend(Backend):
         :raises WorkerError: if ``pod`` is not one of this backend's engines, or CML launched none.
         """
         if pod not in self._ids:
-            raise WorkerError(f"no CML worker {pod!r} of this run to replace; workers: {', '.join(self._ids) or 'none'}")
+            raise WorkerError(
+                f"no CML worker {pod!r} of this run to replace; workers: {', '.join(self._ids) or 'none'}"
+            )
         self._ids.remove(pod)
         status = next((w.get("status") for w in self.api.list_workers() if str(w.get("id")) == pod), None)
         if status is not None and status not in _ENDED:
@@ -124,7 +127,8 @@ class CMLBackend(Backend):
         ours = set(self._ids)
         return {
             str(w["id"]): f"ended with status {w.get('status')!r} before registering"
-            for w in self.api.list_workers() if str(w.get("id")) in ours and w.get("status") in _ENDED
+            for w in self.api.list_workers()
+            if str(w.get("id")) in ours and w.get("status") in _ENDED
         }
 
     def stop(self) -> None:

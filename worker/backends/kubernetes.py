@@ -17,6 +17,7 @@ No cluster runs in this project's tests: they check the Pod and Secret objects t
 client's own (validating) models, and run the backend against an emulated API server whose pods are
 local agent processes (tests/fakes/kubernetes_api.py), not a live cluster.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,10 +28,10 @@ import secrets
 import time
 from pathlib import Path
 
-from worker.errors import WorkerError
 from worker import constants as c
 from worker.agent import route_address
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.errors import WorkerError
 from worker.rendezvous.token import read_token
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,20 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
 
-    def __init__(self, image: str, namespace: str = "default", project_claim: str | None = None,
-                 project_path: str | None = None, service_account: str | None = None,
-                 node_selector: dict[str, str] | None = None, api=None, poll_s: float = 2.0,
-                 user_id: int = 1000, group_id: int = 1000, max_runtime_s: int = 24 * 3600) -> None:
+    def __init__(
+        self,
+        image: str,
+        namespace: str = "default",
+        project_claim: str | None = None,
+        project_path: str | None = None,
+        service_account: str | None = None,
+        node_selector: dict[str, str] | None = None,
+        api=None,
+        poll_s: float = 2.0,
+        user_id: int = 1000,
+        group_id: int = 1000,
+        max_runtime_s: int = 24 * 3600,
+    ) -> None:
         """
         :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
         :param namespace: namespace for pods and the Secret.
@@ -133,7 +144,10 @@ class KubernetesBackend(Backend):
         """
         client = _client()
         return client.V1Secret(
-            api_version="v1", kind="Secret", type="Opaque", string_data={_SECRET_KEY: token},
+            api_version="v1",
+            kind="Secret",
+            type="Opaque",
+            string_data={_SECRET_KEY: token},
             metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-token", labels=self._labels()),
         )
 
@@ -146,51 +160,89 @@ class KubernetesBackend(Backend):
         :rtype: kubernetes.client.V1Pod
         """
         client = _client()
-        plain = {**env, c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}", c.ENV_TOKEN_GROUP: str(self.group_id),
-                 c.ENV_SLOTS: str(max(1, resources.gpus))}
+        plain = {
+            **env,
+            c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}",
+            c.ENV_TOKEN_GROUP: str(self.group_id),
+            c.ENV_SLOTS: str(max(1, resources.gpus)),
+        }
         plain.pop(c.ENV_TOKEN, None)
         variables = [client.V1EnvVar(name=key, value=value) for key, value in sorted(plain.items())]
         variables += [
-            client.V1EnvVar(name="POD_IP", value_from=client.V1EnvVarSource(
-                field_ref=client.V1ObjectFieldSelector(field_path="status.podIP"))),
-            client.V1EnvVar(name=c.ENV_POD, value_from=client.V1EnvVarSource(
-                field_ref=client.V1ObjectFieldSelector(field_path="metadata.name"))),
+            client.V1EnvVar(
+                name="POD_IP",
+                value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path="status.podIP")),
+            ),
+            client.V1EnvVar(
+                name=c.ENV_POD,
+                value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path="metadata.name")),
+            ),
         ]
         limits = {"cpu": str(resources.cpu), "memory": f"{resources.memory_gb:g}Gi"}
         if resources.gpus:
             limits["nvidia.com/gpu"] = str(resources.gpus)
-        mounts = [client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True),
-                  client.V1VolumeMount(name="shm", mount_path="/dev/shm")]
+        mounts = [
+            client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True),
+            client.V1VolumeMount(name="shm", mount_path="/dev/shm"),
+        ]
         # 0440: with an fsGroup the kubelet makes the files group-readable anyway; say so, and check it.
-        volumes = [client.V1Volume(name="token", secret=client.V1SecretVolumeSource(
-            secret_name=f"textsql-{self.run_id}-token", default_mode=0o440)),
+        volumes = [
+            client.V1Volume(
+                name="token",
+                secret=client.V1SecretVolumeSource(secret_name=f"textsql-{self.run_id}-token", default_mode=0o440),
+            ),
             # NCCL's shared-memory transport needs more than the runtime's 64 MB /dev/shm.
-            client.V1Volume(name="shm", empty_dir=client.V1EmptyDirVolumeSource(
-                medium="Memory", size_limit=f"{max(1.0, resources.memory_gb / 2):g}Gi"))]
+            client.V1Volume(
+                name="shm",
+                empty_dir=client.V1EmptyDirVolumeSource(
+                    medium="Memory", size_limit=f"{max(1.0, resources.memory_gb / 2):g}Gi"
+                ),
+            ),
+        ]
         if self.project_claim:
             mounts.append(client.V1VolumeMount(name="project", mount_path=self.project_path))
-            volumes.append(client.V1Volume(name="project", persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(
-                claim_name=self.project_claim)))
+            volumes.append(
+                client.V1Volume(
+                    name="project",
+                    persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=self.project_claim),
+                )
+            )
         seccomp = client.V1SeccompProfile(type="RuntimeDefault")
         container = client.V1Container(
             # args, not command: the image's entrypoint (tini) stays pid 1 and reaps sshd's children.
-            name="agent", image=self.image, args=["python", "-m", "worker.agent"], env=variables,
-            working_dir=self.project_path, volume_mounts=mounts,
+            name="agent",
+            image=self.image,
+            args=["python", "-m", "worker.agent"],
+            env=variables,
+            working_dir=self.project_path,
+            volume_mounts=mounts,
             resources=client.V1ResourceRequirements(requests=dict(limits), limits=limits),
             security_context=client.V1SecurityContext(
-                run_as_non_root=True, allow_privilege_escalation=False,
-                capabilities=client.V1Capabilities(drop=["ALL"]), seccomp_profile=seccomp),
+                run_as_non_root=True,
+                allow_privilege_escalation=False,
+                capabilities=client.V1Capabilities(drop=["ALL"]),
+                seccomp_profile=seccomp,
+            ),
         )
         return client.V1Pod(
-            api_version="v1", kind="Pod",
+            api_version="v1",
+            kind="Pod",
             metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-{index}", labels=self._labels()),
             spec=client.V1PodSpec(
-                containers=[container], volumes=volumes, restart_policy="Never",
-                service_account_name=self.service_account, node_selector=self.node_selector,
-                automount_service_account_token=False, active_deadline_seconds=self.max_runtime_s,
+                containers=[container],
+                volumes=volumes,
+                restart_policy="Never",
+                service_account_name=self.service_account,
+                node_selector=self.node_selector,
+                automount_service_account_token=False,
+                active_deadline_seconds=self.max_runtime_s,
                 security_context=client.V1PodSecurityContext(
-                    run_as_non_root=True, run_as_user=self.user_id, run_as_group=self.group_id,
-                    fs_group=self.group_id, seccomp_profile=seccomp),
+                    run_as_non_root=True,
+                    run_as_user=self.user_id,
+                    run_as_group=self.group_id,
+                    fs_group=self.group_id,
+                    seccomp_profile=seccomp,
+                ),
             ),
         )
 
@@ -217,8 +269,11 @@ class KubernetesBackend(Backend):
         for pod in listed.items:
             if pod.metadata.name not in self._pods:
                 continue  # a replaced pod still terminating is no longer ours to wait for or report
-            waiting = [s.state.waiting.reason for s in (pod.status.container_statuses or [])
-                       if s.state and s.state.waiting and s.state.waiting.reason]
+            waiting = [
+                s.state.waiting.reason
+                for s in (pod.status.container_statuses or [])
+                if s.state and s.state.waiting and s.state.waiting.reason
+            ]
             phases[pod.metadata.name] = (pod.status.phase or "Unknown", ", ".join(waiting))
         return phases
 
@@ -238,7 +293,9 @@ class KubernetesBackend(Backend):
                 return
             if time.monotonic() >= deadline:
                 described = ", ".join(f"{name} ({state})" for name, state in sorted(pending.items()))
-                raise WorkerError(f"pods not running after {timeout:.0f}s: {described}; check image, quota and GPU nodes")
+                raise WorkerError(
+                    f"pods not running after {timeout:.0f}s: {described}; check image, quota and GPU nodes"
+                )
             time.sleep(self.poll_s)
 
     def failures(self) -> dict[str, str]:
@@ -277,8 +334,11 @@ class KubernetesBackend(Backend):
             self.api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=int(grace_s))
         except ApiException as error:
             if error.status != 404:  # already gone is what we wanted
-                logger.warning("could not delete pod %s: %s; `textsql workers cleanup` deletes it by its labels",
-                               name, error.reason)
+                logger.warning(
+                    "could not delete pod %s: %s; `textsql workers cleanup` deletes it by its labels",
+                    name,
+                    error.reason,
+                )
 
     def stop(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -309,10 +369,18 @@ def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], 
     """
     selector = APP_LABEL + (f",textsql/run={run_id}" if run_id else "")
     pod_names = [pod.metadata.name for pod in api.list_namespaced_pod(namespace, label_selector=selector).items]
-    secret_names = [secret.metadata.name for secret in api.list_namespaced_secret(namespace, label_selector=selector).items]
+    secret_names = [
+        secret.metadata.name for secret in api.list_namespaced_secret(namespace, label_selector=selector).items
+    ]
     for name in pod_names:
         api.delete_namespaced_pod(name, namespace, grace_period_seconds=int(c.STOP_GRACE_S))
     for name in secret_names:
         api.delete_namespaced_secret(name, namespace)
-    logger.info("deleted %d pods and %d secrets labelled %s in namespace %s", len(pod_names), len(secret_names), selector, namespace)
+    logger.info(
+        "deleted %d pods and %d secrets labelled %s in namespace %s",
+        len(pod_names),
+        len(secret_names),
+        selector,
+        namespace,
+    )
     return pod_names, secret_names

@@ -5,6 +5,7 @@ same multi-node path (rendezvous, verified ssh, pdsh, DeepSpeed's launcher) as a
 All workers share one sshd port, chosen free on every address (DeepSpeed's ``--ssh_port`` is one
 number for all hosts).
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from worker.errors import WorkerError
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.errors import WorkerError
 from worker.files import last_line, private_opener
 from worker.network import free_port_on_all
 from worker.sshd import require_tool
@@ -112,18 +113,24 @@ class LocalBackend(Backend):
     def _start(self, pod: str, index: int) -> None:
         workdir = self._workdir()
         agent_env = {c.ENV_SLOTS: str(self._slots), **os.environ, **self._env}
-        agent_env.update({
-            c.ENV_ADDRESS: loopback_address(index),
-            c.ENV_POD: pod,
-            c.ENV_WORKER_DIR: str(workdir / pod),
-            c.ENV_SSHD: "1" if self.sshd else "0",
-        })
+        agent_env.update(
+            {
+                c.ENV_ADDRESS: loopback_address(index),
+                c.ENV_POD: pod,
+                c.ENV_WORKER_DIR: str(workdir / pod),
+                c.ENV_SSHD: "1" if self.sshd else "0",
+            }
+        )
         self._logs[pod] = workdir / f"{pod}.log"
         self._indexes[pod] = index
         with open(self._logs[pod], "ab", opener=private_opener) as log:
             self._processes[pod] = subprocess.Popen(
-                [self.python, "-m", "worker.agent"], env=agent_env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [self.python, "-m", "worker.agent"],
+                env=agent_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def failures(self) -> dict[str, str]:

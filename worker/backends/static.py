@@ -5,6 +5,7 @@ known_hosts (``BatchMode``, ``StrictHostKeyChecking yes``), its slots read from 
 or counted with ``nvidia-smi -L``, and its host key copied from the trusted known_hosts into the
 run's known_hosts, so the run's ssh_config verifies hosts exactly as the user's own ssh does.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,8 +16,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from worker.errors import WorkerError
 from worker.backends.base import Backend, WorkerHandle
+from worker.errors import WorkerError
 from worker.hostfile import parse_hostfile, read_hostfile
 from worker.registration import Registration, check_host_key, check_pod
 from worker.runfiles import known_hosts_pattern
@@ -36,9 +37,14 @@ class StaticBackend(Backend):
     name = "static"
     attaches = True
 
-    def __init__(self, hosts: Sequence[str] | str | Path, identity_file: str | Path | None = None,
-                 known_hosts: str | Path = "~/.ssh/known_hosts", user: str | None = None,
-                 connect_timeout: int = 10) -> None:
+    def __init__(
+        self,
+        hosts: Sequence[str] | str | Path,
+        identity_file: str | Path | None = None,
+        known_hosts: str | Path = "~/.ssh/known_hosts",
+        user: str | None = None,
+        connect_timeout: int = 10,
+    ) -> None:
         """
         :param hosts: ``["node1", "node2 slots=4"]``, or the path of a hostfile.
         :param identity_file: private key to log in with (None: ssh's defaults).
@@ -73,8 +79,11 @@ class StaticBackend(Backend):
         self._attached = []
 
     def _host_key(self, host: str, port: int) -> str:
-        found = subprocess.run([require_tool("ssh-keygen"), "-F", known_hosts_pattern(host, port), "-f", str(self.known_hosts)],
-                               capture_output=True, text=True)
+        found = subprocess.run(
+            [require_tool("ssh-keygen"), "-F", known_hosts_pattern(host, port), "-f", str(self.known_hosts)],
+            capture_output=True,
+            text=True,
+        )
         for line in found.stdout.splitlines():
             fields = line.split()
             if line.startswith("#") or len(fields) < 3 or fields[0].startswith("@"):
@@ -82,25 +91,42 @@ class StaticBackend(Backend):
             return check_host_key(f"{fields[1]} {fields[2]}")
         raise WorkerError(
             f"no host key for {known_hosts_pattern(host, port)} in {self.known_hosts}; after checking its fingerprint, "
-            f"add it with: ssh-keyscan -p {port} {host} >> {self.known_hosts}")
+            f"add it with: ssh-keyscan -p {port} {host} >> {self.known_hosts}"
+        )
 
     def _probe(self, host: str, port: int, slots: int | None) -> Registration:
         host_key = self._host_key(host, port)
-        options = ssh_options(port=port, user=self.user, identity_file=self.identity_file, known_hosts=self.known_hosts,
-                              connect_timeout=self.connect_timeout)
+        options = ssh_options(
+            port=port,
+            user=self.user,
+            identity_file=self.identity_file,
+            known_hosts=self.known_hosts,
+            connect_timeout=self.connect_timeout,
+        )
         command = [require_tool("ssh"), *options]
-        result = subprocess.run(command + [host, _PROBE], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                                timeout=self.connect_timeout * 3)
+        result = subprocess.run(
+            command + [host, _PROBE],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=self.connect_timeout * 3,
+        )
         if result.returncode != 0:
             reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise WorkerError(f"cannot ssh to {host}:{port}: {reason}; check the key, user and known_hosts")
         hostname, gpus = (result.stdout.split() + ["", "0"])[:2]
         address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
-        return Registration.from_dict({
-            "address": address, "slots": slots or max(1, int(gpus) if gpus.isdigit() else 1),
-            "hostname": hostname, "pod": check_pod(host), "ssh_port": port, "host_key": host_key,
-            "user": self.user,
-        })
+        return Registration.from_dict(
+            {
+                "address": address,
+                "slots": slots or max(1, int(gpus) if gpus.isdigit() else 1),
+                "hostname": hostname,
+                "pod": check_pod(host),
+                "ssh_port": port,
+                "host_key": host_key,
+                "user": self.user,
+            }
+        )
 
     def replace(self, pod: str, timeout: float) -> WorkerHandle:
         """Wait up to ``timeout`` seconds for the same host to answer over ssh again (a static list has
@@ -113,7 +139,9 @@ class StaticBackend(Backend):
         """
         index = next((i for i, worker in enumerate(self._attached) if worker.pod == pod), None)
         if index is None:
-            raise WorkerError(f"no attached host {pod!r} to wait for; attached: {', '.join(w.pod for w in self._attached) or 'none'}")
+            raise WorkerError(
+                f"no attached host {pod!r} to wait for; attached: {', '.join(w.pod for w in self._attached) or 'none'}"
+            )
         old = self._attached[index]
         deadline = time.monotonic() + timeout
         while True:
@@ -134,7 +162,9 @@ class StaticBackend(Backend):
         :rtype: list[Registration]
         """
         if count != len(self.hosts):
-            raise WorkerError(f"asked for {count} workers but the static host list has {len(self.hosts)}; pass count={len(self.hosts)}")
+            raise WorkerError(
+                f"asked for {count} workers but the static host list has {len(self.hosts)}; pass count={len(self.hosts)}"
+            )
         with ThreadPoolExecutor(max_workers=min(16, len(self.hosts))) as pool:
             self._attached = list(pool.map(lambda item: self._probe(item[0], ssh_port, item[1]), self.hosts.items()))
         return self._attached

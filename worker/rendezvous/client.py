@@ -5,6 +5,7 @@ Usage::
     with register_until(("10.0.0.4", 29400), token, registration, deadline_s=300) as session:
         released = session.wait_released()   # False when the master went away instead
 """
+
 from __future__ import annotations
 
 import logging
@@ -76,15 +77,20 @@ class Session:
         """Close the connection; before the run is complete the master then drops this worker."""
         self._sock.close()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
 
-def register(master: str | tuple[str, int], token: str | bytes, registration: Registration,
-             timeout: float = READ_TIMEOUT_S, source: str | None = None) -> Session:
+def register(
+    master: str | tuple[str, int],
+    token: str | bytes,
+    registration: Registration,
+    timeout: float = READ_TIMEOUT_S,
+    source: str | None = None,
+) -> Session:
     """Register one worker with the master's rendezvous server.
 
     :param master: ``HOST:PORT`` or (host, port).
@@ -106,12 +112,22 @@ def register(master: str | tuple[str, int], token: str | bytes, registration: Re
         if hello.get("type") != "hello" or not is_nonce(server_nonce):
             raise FrameError(f"{host}:{port} is not a textsql rendezvous server")
         if hello.get("version") != PROTOCOL_VERSION:
-            raise RegistrationRejected(f"master {host}:{port} speaks rendezvous protocol {hello.get('version')!r}, "
-                                       f"this worker {PROTOCOL_VERSION}; run the same textsql version on both")
+            raise RegistrationRejected(
+                f"master {host}:{port} speaks rendezvous protocol {hello.get('version')!r}, "
+                f"this worker {PROTOCOL_VERSION}; run the same textsql version on both"
+            )
         client_nonce = new_nonce()
         worker = registration.to_dict()
-        send_frame(sock, {"type": "register", "nonce": client_nonce, "worker": worker,
-                          "mac": sign(token, "register", server_nonce, client_nonce, worker)}, timeout=timeout)
+        send_frame(
+            sock,
+            {
+                "type": "register",
+                "nonce": client_nonce,
+                "worker": worker,
+                "mac": sign(token, "register", server_nonce, client_nonce, worker),
+            },
+            timeout=timeout,
+        )
         reply = recv_frame(sock, timeout=timeout)
         kind, reason = reply.get("type"), reply.get("reason", "")
         authentic = verify(token, reply.get("mac"), kind, server_nonce, client_nonce, reason)
@@ -126,8 +142,9 @@ def register(master: str | tuple[str, int], token: str | bytes, registration: Re
         raise
 
 
-def register_until(master: tuple[str, int], token: str, registration: Registration, deadline_s: float,
-                   source: str | None = None) -> Session:
+def register_until(
+    master: tuple[str, int], token: str, registration: Registration, deadline_s: float, source: str | None = None
+) -> Session:
     """Register, retrying unreachable masters with jittered exponential backoff until ``deadline_s``.
 
     :param master: (host, port) of the rendezvous.
@@ -148,14 +165,17 @@ def register_until(master: tuple[str, int], token: str, registration: Registrati
             raise
         except (FrameError, OSError) as error:
             if time.monotonic() + delay > deadline:
-                raise RendezvousError(f"could not register with {master[0]}:{master[1]} within {deadline_s:g}s: {error}") from None
+                raise RendezvousError(
+                    f"could not register with {master[0]}:{master[1]} within {deadline_s:g}s: {error}"
+                ) from None
             logger.info("master %s:%d not reachable yet (%s); retrying in %.1fs", *master, error, delay)
             time.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, BACKOFF_MAX_S)
 
 
-def register_once(master: str, token_file: Path, registration: Registration, timeout: float,
-                  wait: bool = False) -> bool:
+def register_once(
+    master: str, token_file: Path, registration: Registration, timeout: float, wait: bool = False
+) -> bool:
     """``textsql rendezvous register``: register one worker, retrying until ``timeout``.
 
     :param master: ``HOST:PORT`` of the rendezvous.

@@ -4,6 +4,7 @@ The handler speaks the protocol; what it learns it hands to its :class:`~worker.
 through the server's methods for handlers (:meth:`authenticated`, :meth:`record`, :meth:`forget`,
 :attr:`refusals` and :attr:`release_signal`), which keep the run's state and count the connections.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,7 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
     timeout = READ_TIMEOUT_S  # applied to the socket in setup(); reads also carry a per-frame deadline
     disable_nagle_algorithm = True
 
-    server: "RendezvousServer"
+    server: RendezvousServer
 
     def handle(self) -> None:
         peer = self.client_address[0]
@@ -45,8 +46,12 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
         worker = message.get("worker")
         if not verify(self.server.token, message.get("mac"), "register", server_nonce, client_nonce, worker):
             self.server.refusals.log(logging.WARNING, "registration from %s refused: authentication failed", peer)
-            self._reply(server_nonce, client_nonce, "rejected",
-                        "authentication failed: the token does not match this run's; use the run's token file")
+            self._reply(
+                server_nonce,
+                client_nonce,
+                "rejected",
+                "authentication failed: the token does not match this run's; use the run's token file",
+            )
             return
         self.server.authenticated(self.connection)
         try:
@@ -77,7 +82,10 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
     def _send_release(self, server_nonce: str, client_nonce: str) -> None:
         """Release the worker, then wait (bounded) for it to hang up: it has taken the release by then."""
         try:
-            send_frame(self.connection, {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)})
+            send_frame(
+                self.connection,
+                {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)},
+            )
             self.connection.settimeout(RELEASE_HANGUP_S)
             self.connection.recv(1)  # a worker sends nothing after its release: this returns at its hang-up
         except FrameError as error:

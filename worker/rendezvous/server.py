@@ -11,6 +11,7 @@ Usage::
         ...  # ssh / deepspeed over run_dir/ssh_config
     # leaving the block releases every worker
 """
+
 from __future__ import annotations
 
 import logging
@@ -90,7 +91,9 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             raise RendezvousError(f"expected worker count {expect!r} must be 1..{MAX_EXPECTED_WORKERS}; pass --expect")
         self.token = token.encode("utf-8") if isinstance(token, str) else bytes(token)
         if len(self.token) < 16:
-            raise RendezvousError("the rendezvous token is shorter than 16 bytes; create one with secrets.token_urlsafe()")
+            raise RendezvousError(
+                "the rendezvous token is shorter than 16 bytes; create one with secrets.token_urlsafe()"
+            )
         self.expect = expect
         self.files = files
         self.identity_file = identity_file
@@ -139,13 +142,14 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             registrations = [registration for registration, _ in self._by_address.values()]
         return sorted(registrations, key=node_order)
 
-    def start(self) -> "RendezvousServer":
+    def start(self) -> RendezvousServer:
         """Serve in a background thread.
 
         :rtype: RendezvousServer
         """
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="rendezvous", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.2}, name="rendezvous", daemon=True
+        )
         self._thread.start()
         logger.info("rendezvous listening on %s:%d for %d workers", *self.endpoint, self.expect)
         return self
@@ -208,8 +212,10 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
                 self._by_address[registration.address] = (registration, handler)
                 return ""
             if existing:
-                return (f"address {registration.address} is already registered by pod {existing[0].pod!r}; "
-                        "each worker needs its own address")
+                return (
+                    f"address {registration.address} is already registered by pod {existing[0].pod!r}; "
+                    "each worker needs its own address"
+                )
             same_pod = [r for r, _ in self._by_address.values() if r.pod == registration.pod]
             if same_pod:
                 return f"pod {registration.pod!r} is already registered from {same_pod[0].address}"
@@ -217,8 +223,14 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
                 return f"the run is full: {self.expect} of {self.expect} workers registered"
             self._by_address[registration.address] = (registration, handler)
             count = len(self._by_address)
-            logger.info("registered %s (pod %s, %d slots) %d/%d",
-                        registration.address, registration.pod, registration.slots, count, self.expect)
+            logger.info(
+                "registered %s (pod %s, %d slots) %d/%d",
+                registration.address,
+                registration.pod,
+                registration.slots,
+                count,
+                self.expect,
+            )
             if count == self.expect:
                 self._finish()
         return ""
@@ -245,13 +257,17 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             if current is None or current[1] is not handler:
                 return
             if self._complete.is_set():
-                logger.warning("worker %s (pod %s) disconnected during the run: %s",
-                               registration.address, registration.pod, reason)
-                self._lost[registration.address] = f"pod {registration.pod} disconnected from the rendezvous: {reason or 'connection closed'}"
+                logger.warning(
+                    "worker %s (pod %s) disconnected during the run: %s", registration.address, registration.pod, reason
+                )
+                self._lost[registration.address] = (
+                    f"pod {registration.pod} disconnected from the rendezvous: {reason or 'connection closed'}"
+                )
                 return
             del self._by_address[registration.address]
-        logger.warning("worker %s (pod %s) left before the run was complete: %s",
-                       registration.address, registration.pod, reason)
+        logger.warning(
+            "worker %s (pod %s) left before the run was complete: %s", registration.address, registration.pod, reason
+        )
 
     def lost(self) -> dict[str, str]:
         """Workers whose agent hung up after the run was complete (its pod is gone or cut off): address -> why.
@@ -273,8 +289,13 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             self._failure = None
             self._complete.clear()
 
-    def wait(self, timeout: float, expected_pods: Iterable[str] | None = None,
-             check: Callable[[], None] | None = None, total: float | None = None) -> list[Registration]:
+    def wait(
+        self,
+        timeout: float,
+        expected_pods: Iterable[str] | None = None,
+        check: Callable[[], None] | None = None,
+        total: float | None = None,
+    ) -> list[Registration]:
         """Block until ``expect`` workers registered and the files are written.
 
         :param timeout: seconds to wait.
@@ -291,7 +312,9 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             if time.monotonic() >= deadline:
                 raise RendezvousError(self._missing_message(timeout if total is None else total, expected_pods))
         if self._failure is not None:
-            raise RendezvousError(f"all {self.expect} workers registered but the run files could not be written: {self._failure}")
+            raise RendezvousError(
+                f"all {self.expect} workers registered but the run files could not be written: {self._failure}"
+            )
         return self.workers
 
     def _missing_message(self, timeout: float, expected_pods: Iterable[str] | None) -> str:
@@ -303,7 +326,9 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             message += f"; missing: {', '.join(missing) or 'none of the launched pods'}"
         else:
             message += f"; registered: {', '.join(r.address for r in came) or 'none'}"
-        return message + "; check the workers' logs, the token and that they can reach this address, or raise the timeout"
+        return (
+            message + "; check the workers' logs, the token and that they can reach this address, or raise the timeout"
+        )
 
     def release(self) -> None:
         """Tell every held worker it is released (they stop sshd and exit)."""
@@ -330,15 +355,23 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self.release_signal.close()
         self._release_writer.close()
 
-    def __enter__(self) -> "RendezvousServer":
+    def __enter__(self) -> RendezvousServer:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
 
-def serve(expect: int, token_file: Path, hostfile: Path, timeout: float, host: str = "0.0.0.0",
-          port: int | None = None, identity_file: Path | None = None, hold: bool = False) -> list[Registration]:
+def serve(
+    expect: int,
+    token_file: Path,
+    hostfile: Path,
+    timeout: float,
+    host: str = "0.0.0.0",
+    port: int | None = None,
+    identity_file: Path | None = None,
+    hold: bool = False,
+) -> list[Registration]:
     """``textsql rendezvous serve``: wait for ``expect`` workers, write hostfile, known_hosts, ssh_config.
 
     known_hosts and ssh_config go beside the hostfile. A missing token file is created (0600).
@@ -360,8 +393,14 @@ def serve(expect: int, token_file: Path, hostfile: Path, timeout: float, host: s
     siblings = RunFiles.in_dir(hostfile.parent)
     files = RunFiles(hostfile, siblings.known_hosts, siblings.ssh_config)
     port = DEFAULT_RENDEZVOUS_PORT if port is None else port
-    with RendezvousServer(expect=expect, token=token, host=host, port=port, files=files,
-                          identity_file=identity_file or hostfile.parent / IDENTITY_NAME) as server:
+    with RendezvousServer(
+        expect=expect,
+        token=token,
+        host=host,
+        port=port,
+        files=files,
+        identity_file=identity_file or hostfile.parent / IDENTITY_NAME,
+    ) as server:
         workers = server.wait(timeout)
         if hold:
             logger.info("holding %d workers until interrupted", len(workers))

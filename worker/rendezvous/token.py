@@ -2,6 +2,7 @@
 
 Only the file's path travels (environment, pod spec, command line); the value is never logged.
 """
+
 from __future__ import annotations
 
 import logging

@@ -8,6 +8,7 @@ of releases without ``name=``: launch_workers(n, cpu, memory, nvidia_gpu=0, kern
 script="", code="", env={}), await_workers(ids, wait_for_completion=True, timeout_seconds=60),
 list_workers(), stop_workers(*worker_id). cpu, memory and nvidia_gpu are accepted and ignored.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,8 +51,12 @@ def launch_workers(n, cpu, memory, nvidia_gpu=0, kernel="python3", script="", co
         engine_id = f"emu{os.getpid()}x{index}"
         ip = f"127.0.0.{2 + index % 250}"
         command = [sys.executable, script] if script else [sys.executable, "-c", code]
-        process = subprocess.Popen(command, env={**os.environ, **env, "CDSW_ENGINE_ID": engine_id, "CDSW_IP_ADDRESS": ip},
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, **env, "CDSW_ENGINE_ID": engine_id, "CDSW_IP_ADDRESS": ip},
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         _engines[engine_id] = {"process": process, "ip": ip, "stopped": False}
         launched.append(_describe(engine_id))
     return launched
@@ -64,9 +69,13 @@ def await_workers(ids, wait_for_completion=True, timeout_seconds=60):
         states = {engine_id: _status(_engines[engine_id]) for engine_id in wanted}
         done = [i for i, s in states.items() if s != "running"] if wait_for_completion else list(states)
         if len(done) == len(wanted) or time.monotonic() >= deadline:
-            failed = [i for i, s in states.items() if s in ("failed", "stopped") or (wait_for_completion and s == "running")]
-            return {"workers": [_describe(i) for i in wanted if i not in failed],
-                    "failures": [_describe(i) for i in failed]}
+            failed = [
+                i for i, s in states.items() if s in ("failed", "stopped") or (wait_for_completion and s == "running")
+            ]
+            return {
+                "workers": [_describe(i) for i in wanted if i not in failed],
+                "failures": [_describe(i) for i in failed],
+            }
         time.sleep(0.1)
 
 
