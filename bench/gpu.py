@@ -20,7 +20,7 @@ import logging
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -62,7 +62,7 @@ class Sizes:
     eval_steps: int = 50
     curve_steps: int = 300
     curve_tolerance: float = 0.05  # mean relative gap of the smoothed loss curves
-    infer: inference.Sizes = inference.Sizes(questions=256, max_new_tokens=32)
+    infer: inference.Sizes = field(default_factory=lambda: inference.Sizes(questions=256, max_new_tokens=32))
 
 
 def available() -> bool:

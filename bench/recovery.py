@@ -72,7 +72,7 @@ class StepStream(io.TextIOBase):
         self.steps: list[int] = []
         self._partial = ""
         self._logged = threading.Condition()
-        self._log = open(log, "a", encoding="utf-8") if log is not None else None
+        self._log = open(log, "a", encoding="utf-8") if log is not None else None  # noqa: SIM115 - open for the stream's life, closed in close()
 
     def write(self, text: str) -> int:
         with self._logged:
@@ -172,7 +172,7 @@ def kill_after(stream: StepStream, step: int, checkpoint: Path, tag: str, killed
             if not (checkpoint / COMPLETE_MARKER).is_file():
                 raise RuntimeError(f"step {step} logged but {checkpoint.name} is not complete")
             killed["at"] = sigkill_rank(tag)
-        except Exception as error:  # reported by the caller, which is in another thread
+        except Exception as error:  # noqa: BLE001 - reported by the caller, which is in another thread
             killed["error"] = repr(error)
 
     thread = threading.Thread(target=kill, name="kill-rank", daemon=True)

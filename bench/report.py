@@ -121,13 +121,17 @@ def markdown(results: dict) -> str:
     lines = [
         "# Benchmarks",
         "",
-        "`make bench` (`.venv/bin/python -m bench`) writes this file and `results.json` from one run. Each comparison runs "
-        "both arms in the same process, alternated, and reports the ratio of medians: the machine is shared, so absolute "
-        "numbers are noisy and the ratios are what count. `python -m bench --only FIGURE[,FIGURE]` re-measures some "
-        "figures and keeps the others.",
+        (
+            "`make bench` (`.venv/bin/python -m bench`) writes this file and `results.json` from one run. Each comparison runs "
+            "both arms in the same process, alternated, and reports the ratio of medians: the machine is shared, so absolute "
+            "numbers are noisy and the ratios are what count. `python -m bench --only FIGURE[,FIGURE]` re-measures some "
+            "figures and keeps the others."
+        ),
         "",
-        f"Last invocation: {results['started']} to {results['finished']} UTC; each figure says when it was measured "
-        "(machine load average below: at that invocation's start and end).",
+        (
+            f"Last invocation: {results['started']} to {results['finished']} UTC; each figure says when it was measured "
+            "(machine load average below: at that invocation's start and end)."
+        ),
         "",
         "| machine | |",
         "|---|---|",

@@ -68,7 +68,7 @@ def once(data: Path, run_dir: Path) -> float:
         ).returncode
     if code != 0:
         raise RuntimeError(f"textsql launch failed with exit code {code}; see {run_dir / 'bench.log'}")
-    first_step, first_time = step_wall_times(run_dir / "out" / TENSORBOARD_SUBDIR)[0]
+    _first_step, first_time = step_wall_times(run_dir / "out" / TENSORBOARD_SUBDIR)[0]
     return first_time - started
 
 

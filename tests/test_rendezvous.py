@@ -31,15 +31,15 @@ def host_key(seed: int) -> str:
 
 
 def worker(i: int, **changes) -> Registration:
-    fields = dict(
-        address=f"10.0.{i // 250}.{i % 250 + 1}",
-        slots=1 + i % 4,
-        hostname=f"pod-{i}",
-        pod=f"pod-{i}",
-        ssh_port=2222,
-        host_key=host_key(i),
-        user="cdsw",
-    )
+    fields = {
+        "address": f"10.0.{i // 250}.{i % 250 + 1}",
+        "slots": 1 + i % 4,
+        "hostname": f"pod-{i}",
+        "pod": f"pod-{i}",
+        "ssh_port": 2222,
+        "host_key": host_key(i),
+        "user": "cdsw",
+    }
     fields.update(changes)
     return Registration(**fields)
 
@@ -56,7 +56,7 @@ def test_32_concurrent_registrations_write_exact_files(files, tmp_path):
     def join(i):
         try:
             sessions.append(register(server.endpoint, TOKEN, worker(i)))
-        except Exception as error:  # collected and asserted below
+        except Exception as error:  # noqa: BLE001 - collected and asserted below
             errors.append(error)
 
     with RendezvousServer(expect=32, token=TOKEN, files=files, identity_file=identity) as server:
@@ -312,9 +312,11 @@ def test_worker_sees_the_master_go_away():
 
 
 def test_silence_from_the_master_counts_as_gone(files):
-    with RendezvousServer(expect=1, token=TOKEN, files=files, heartbeat=60) as server:
-        with register(server.endpoint, TOKEN, worker(0)) as session:
-            assert session.wait_released(gone_after=0.5) is False
+    with (
+        RendezvousServer(expect=1, token=TOKEN, files=files, heartbeat=60) as server,
+        register(server.endpoint, TOKEN, worker(0)) as session,
+    ):
+        assert session.wait_released(gone_after=0.5) is False
 
 
 def test_token_file_is_private(tmp_path):

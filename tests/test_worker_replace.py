@@ -62,7 +62,7 @@ def assert_replaced(before: Cluster, after: Cluster, keys_before: dict[str, str]
     assert keys[NEW] not in keys_before.values()
     result = after.ssh(NEW, "echo replaced")  # StrictHostKeyChecking yes against the pinned key
     assert result.returncode == 0 and result.stdout == "replaced\n", result.stderr
-    assert [w.pod for w in after.workers][0] == before.workers[0].pod and after.lost() == {}
+    assert next(w.pod for w in after.workers) == before.workers[0].pod and after.lost() == {}
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_a_lost_cml_engine_is_replaced_by_a_new_engine_and_stopped_if_still_runn
 
 
 def test_a_cml_replacement_that_fails_is_reported_with_its_status(cml_cluster):
-    cluster, api = cml_cluster
+    cluster, _api = cml_cluster
     kill(engine_processes(cluster.workers[1].pod))
     (cluster.run_dir / "rendezvous.token").unlink()  # the new engine's agent cannot read the token: it exits 1
     with pytest.raises(

@@ -156,7 +156,12 @@ class Cluster:
         :rtype: subprocess.CompletedProcess
         """
         return subprocess.run(
-            self.ssh_command(host, command), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            self.ssh_command(host, command),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
 
 

@@ -26,11 +26,15 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.errors import WorkerError
 from worker.files import last_line, private_opener
 from worker.registration import InvalidRegistration, check_host_key
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +179,7 @@ class Sshd:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl in the child is the only way; it takes no lock
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -224,7 +228,7 @@ class Sshd:
                 shutil.rmtree(self._keys_dir, ignore_errors=True)
                 self._keys_dir = None
 
-    def __enter__(self) -> Sshd:
+    def __enter__(self) -> Self:
         return self if self.running else self.start()
 
     def __exit__(self, *exc_info) -> None:

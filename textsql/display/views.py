@@ -49,8 +49,10 @@ def format_run(run_dir: str | Path) -> str:
     run = read_json(path)
     chosen = "; auto: the estimate's recommendation" if run.get("profile_chosen_by") == "auto" else ""
     lines = [
-        f"{path}: {run['global_step']} steps of model {run['model']} on {run['world_size']} rank(s), profile {run['profile']} "
-        f"(ZeRO-{run['zero_stage']}{chosen}), {run['precision']}, {run['engine'].rsplit('.', 1)[-1]}"
+        (
+            f"{path}: {run['global_step']} steps of model {run['model']} on {run['world_size']} rank(s), profile {run['profile']} "
+            f"(ZeRO-{run['zero_stage']}{chosen}), {run['precision']}, {run['engine'].rsplit('.', 1)[-1]}"
+        )
     ]
     if run.get("resumed_from"):
         lines.append(f"resumed from {run['resumed_from']}")

@@ -129,8 +129,10 @@ def format_estimate(report: dict, requested: str | None = None) -> str:
     :rtype: str
     """
     lines = [
-        f"{report['model']}: {report['parameters'] / 1e6:,.1f}M parameters (largest layer {report['largest_layer_parameters'] / 1e6:,.1f}M), "
-        f"{report['nodes']} node(s) x {report['gpus_per_node']} GPU(s) of {report['gpu_memory_gb']:g} GiB",
+        (
+            f"{report['model']}: {report['parameters'] / 1e6:,.1f}M parameters (largest layer {report['largest_layer_parameters'] / 1e6:,.1f}M), "
+            f"{report['nodes']} node(s) x {report['gpus_per_node']} GPU(s) of {report['gpu_memory_gb']:g} GiB"
+        ),
         f"{'profile':<14} {'ZeRO':>4}  {'offload':<16} {'GPU GiB/rank':>12} {'CPU GiB/node':>12}  fits",
     ]
     for name, row in report["profiles"].items():

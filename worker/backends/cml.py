@@ -70,7 +70,7 @@ class CMLBackend(Backend):
         return [WorkerHandle(engine_id) for engine_id in self._ids]
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
-        self._options = dict(cpu=resources.cpu, memory=resources.memory_gb, nvidia_gpu=resources.gpus, env=env)
+        self._options = {"cpu": resources.cpu, "memory": resources.memory_gb, "nvidia_gpu": resources.gpus, "env": env}
         if self.script:
             self._options["script"] = self.script
         else:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker.constants import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -39,6 +40,9 @@ from worker.registration import Registration, node_order
 from worker.rendezvous.handler import RegistrationHandler
 from worker.rendezvous.token import new_token, read_token
 from worker.runfiles import RunFiles, write_run_files
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +245,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             ordered = sorted((r for r, _ in self._by_address.values()), key=node_order)
             if self.files is not None:
                 write_run_files(self.files, ordered, self.identity_file)
-        except Exception as error:  # reported by wait(), which the caller is blocked in
+        except Exception as error:  # noqa: BLE001 - reported by wait(), which the caller is blocked in
             self._failure = error
         self._complete.set()
 
@@ -355,7 +359,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self.release_signal.close()
         self._release_writer.close()
 
-    def __enter__(self) -> RendezvousServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

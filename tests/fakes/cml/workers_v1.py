@@ -44,7 +44,7 @@ def _signal_engine(engine: dict, signum: int) -> None:
         pass
 
 
-def launch_workers(n, cpu, memory, nvidia_gpu=0, kernel="python3", script="", code="", env={}):
+def launch_workers(n, cpu, memory, nvidia_gpu=0, kernel="python3", script="", code="", env={}):  # noqa: B006 - CML's own signature, never mutated
     launched = []
     for _ in range(n):
         index = next(_counter)
