@@ -15,7 +15,7 @@ from textsql.arguments import PrepareArguments, argument_field
 from textsql.console import configure_cli
 from textsql.constants import DEFAULT_MAX_RESTARTS, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
-from textsql.launching.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
+from textsql.launching.command import LAUNCHERS, TRAIN_MODULE, LaunchArguments
 from textsql.launching.preflight import STAGES
 from textsql.training.profiles import available_profiles, profile_path
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from worker import constants as c
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import RendezvousError, TextSQLError, WorkerError
-from worker.network import free_port
+from worker.network import free_port, route_address
 from worker.registration import Registration, check_address, check_port, check_slots
 from worker.rendezvous.client import parse_endpoint, register_until
 from worker.rendezvous.token import read_token
@@ -41,18 +41,6 @@ logger = logging.getLogger(__name__)
 
 class Terminated(Exception):
     """SIGTERM arrived: unwind, stop sshd, exit 0."""
-
-
-def route_address(master_host: str) -> str:
-    """The local address of the interface that routes to ``master_host`` (no packet is sent).
-
-    :param master_host: the master's address or name.
-    :rtype: str
-    """
-    family = socket.AF_INET6 if ":" in master_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((master_host, 9))  # UDP connect only picks a route
-        return probe.getsockname()[0]
 
 
 def count_gpus() -> int:

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from worker import constants as c
-from worker.agent import route_address
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.errors import WorkerError
+from worker.network import route_address
 from worker.rendezvous.token import read_token
 
 logger = logging.getLogger(__name__)
