@@ -190,10 +190,11 @@ class QueryAutomaton:
         """
         moves = self._states[state].moves
         if token not in moves:
+            children = [(self.nodes[node].children, used) for node, used in self._states[state].members]
             targets = frozenset(
-                (self.nodes[node].children[token], used)
-                for node, used in self._states[state].members
-                if token in self.nodes[node].children and self._cost(self.nodes[node].children[token], used) < math.inf
+                (after[token], used)
+                for after, used in children
+                if token in after and self._cost(after[token], used) < math.inf
             )
             moves[token] = self._state(targets or frozenset([(self.done, frozenset())]))
         return moves[token]
@@ -213,8 +214,9 @@ class QueryAutomaton:
 
     def _cost(self, node: int, used: frozenset[str]) -> float:
         """The fewest tokens from ``node`` to EOS included, with the columns in ``used`` named already."""
-        cost = self.nodes[node].free
-        for label, left in self.nodes[node].labelled.items():
+        here = self.nodes[node]
+        cost = here.free
+        for label, left in here.labelled.items():
             if label == CONDITION:
                 if self._may_add_condition(used):
                     # The labelled distance took the shortest column; the shortest unnamed one is what counts.
@@ -252,10 +254,11 @@ class QueryAutomaton:
         # there to EOS) is needed for every mask, so it is computed now.
         cost: dict[int, float] = {}
         sides: dict[int, set[bool]] = {}
+        nodes = self.nodes  # this loop is the grammar's hot path: one lookup, not one per token
         for node, used in key:
-            for token, child in self.nodes[node].children.items():
+            for token, child in nodes[node].children.items():
                 sides.setdefault(token, set()).add(child in self.competing)
-                reach = self._cost(child, used) if self.nodes[child].labelled else self.nodes[child].free
+                reach = self._cost(child, used) if nodes[child].labelled else nodes[child].free
                 if reach < cost.get(token, math.inf):
                     cost[token] = reach
         ordered = sorted(cost, key=cost.__getitem__)
