@@ -23,11 +23,12 @@ from typing import Any
 import yaml
 
 from textsql.console import is_verbose, log_level
-from textsql.constants import PROJECT_DIR
+from textsql.constants import LAUNCH_LOG_NAME, METRICS_NAME, PREDICTIONS_NAME, PROJECT_DIR, RUN_SUMMARY_NAME
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.errors import TextSQLError
 from textsql.files import read_json
 from textsql.training.profiles import get_profile
+from worker.constants import HOSTFILE_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -356,13 +357,13 @@ def format_summary(result: DemoResult) -> str:
     """
     out = result.out_dir
     lines = [f"Everything is under {out}:"]
-    for name in ("hostfile", "launch.log", "tensorboard", "model", "predictions.jsonl", "metrics.json"):
+    for name in (HOSTFILE_NAME, LAUNCH_LOG_NAME, "tensorboard", "model", PREDICTIONS_NAME, METRICS_NAME):
         lines.append(f"  {name:18} {'ok' if (out / name).exists() else 'MISSING'}")
-    training = _read_json(out / "run.json")
+    training = _read_json(out / RUN_SUMMARY_NAME)
     losses = [entry["loss"] for entry in training.get("log_history", []) if "loss" in entry]
     if losses:
         lines.append(f"Train loss {losses[0]:.2f} -> {losses[-1]:.2f} over {training['global_step']} steps")
-    metrics = _read_json(out / "metrics.json")
+    metrics = _read_json(out / METRICS_NAME)
     if metrics:
         ex = metrics.get("ex_accuracy")
         lines.append(

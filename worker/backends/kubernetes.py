@@ -37,7 +37,10 @@ from worker.rendezvous.token import read_token
 logger = logging.getLogger(__name__)
 
 TOKEN_MOUNT = "/var/run/textsql"
-APP_LABEL = "app.kubernetes.io/name=textsql-worker"
+# Every worker Pod and token Secret carries the app label and its run's label: cleanup finds them by these.
+APP_LABELS = {"app.kubernetes.io/name": "textsql-worker"}
+RUN_LABEL = "textsql/run"
+APP_LABEL = ",".join(f"{key}={value}" for key, value in APP_LABELS.items())
 _SECRET_KEY = "token"
 _ENDED = {"Failed", "Succeeded"}
 
@@ -134,7 +137,12 @@ class KubernetesBackend(Backend):
         return [WorkerHandle(name) for name in self._pods]
 
     def _labels(self) -> dict[str, str]:
-        return {"app.kubernetes.io/name": "textsql-worker", "textsql/run": self.run_id}
+        return {**APP_LABELS, RUN_LABEL: self.run_id}
+
+    @property
+    def secret_name(self) -> str:
+        """The name of the Secret that holds this run's token."""
+        return f"textsql-{self.run_id}-token"
 
     def secret_spec(self, token: str):
         """The Secret holding the run's token.
@@ -148,7 +156,7 @@ class KubernetesBackend(Backend):
             kind="Secret",
             type="Opaque",
             string_data={_SECRET_KEY: token},
-            metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-token", labels=self._labels()),
+            metadata=client.V1ObjectMeta(name=self.secret_name, labels=self._labels()),
         )
 
     def pod_spec(self, index: int, resources: Resources, env: dict[str, str]):
@@ -189,7 +197,7 @@ class KubernetesBackend(Backend):
         volumes = [
             client.V1Volume(
                 name="token",
-                secret=client.V1SecretVolumeSource(secret_name=f"textsql-{self.run_id}-token", default_mode=0o440),
+                secret=client.V1SecretVolumeSource(secret_name=self.secret_name, default_mode=0o440),
             ),
             # NCCL's shared-memory transport needs more than the runtime's 64 MB /dev/shm.
             client.V1Volume(
@@ -264,7 +272,7 @@ class KubernetesBackend(Backend):
         return self.pods[start:]
 
     def _phases(self) -> dict[str, tuple[str, str]]:
-        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"textsql/run={self.run_id}")
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={self.run_id}")
         phases = {}
         for pod in listed.items:
             if pod.metadata.name not in self._pods:
@@ -367,7 +375,7 @@ def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], 
     :rtype: tuple[list[str], list[str]]
     :returns: names of the deleted Pods and Secrets.
     """
-    selector = APP_LABEL + (f",textsql/run={run_id}" if run_id else "")
+    selector = APP_LABEL + (f",{RUN_LABEL}={run_id}" if run_id else "")
     pod_names = [pod.metadata.name for pod in api.list_namespaced_pod(namespace, label_selector=selector).items]
     secret_names = [
         secret.metadata.name for secret in api.list_namespaced_secret(namespace, label_selector=selector).items
