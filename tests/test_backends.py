@@ -18,7 +18,7 @@ from worker.cluster import start_workers
 from worker.errors import WorkerError
 from worker.registration import Registration
 from worker.rendezvous.client import register
-from worker.rendezvous.token import new_token, read_token
+from worker.rendezvous.token import new_token, pod_key, read_token
 from worker.sshd import generate_keypair
 
 
@@ -33,7 +33,8 @@ def test_cml_backend_runs_agents_as_engines_and_stops_them(cml_emulator, tmp_pat
         ssh_port=0,
         resources=Resources(cpu=1, memory_gb=2),
     ) as cluster:
-        ids = [w.pod for w in cluster.workers]
+        assert [w.pod for w in cluster.workers] == ["textsql-worker-0", "textsql-worker-1"]
+        ids = [h.detail.split()[-1] for h in cluster.backend.pods]
         assert all(i.startswith("emu") for i in ids) and len(cluster.hostfile.read_text().splitlines()) == 2
         result = cluster.ssh(cluster.hosts[0], "echo hello from $(hostname)")
         assert result.returncode == 0 and result.stdout.startswith("hello from"), result.stderr
@@ -102,7 +103,7 @@ def test_kubernetes_pod_spec_through_the_clients_models():
         "shm": "/dev/shm",
     }
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-token", "defaultMode": 0o440}
+    assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-1-key", "defaultMode": 0o440}
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
     assert spec["securityContext"] == {
         "runAsNonRoot": True,
@@ -121,8 +122,9 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert values[c.ENV_TOKEN_GROUP] == "1000"
     assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
     assert token not in str(pod)
-    secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec(token))
-    assert secret["stringData"] == {"token": token} and secret["metadata"]["name"] == "textsql-demo-abc123-token"
+    key = pod_key(token, "textsql-demo-abc123-1")
+    secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec("textsql-demo-abc123-1", key))
+    assert secret["stringData"] == {"token": key} and secret["metadata"]["name"] == "textsql-demo-abc123-1-key"
 
 
 def test_kubernetes_cpu_pod_asks_for_no_gpu():
@@ -198,20 +200,25 @@ def test_static_host_with_unknown_key_is_refused_with_the_fix(static_host, tmp_p
     assert not (tmp_path / "run" / "hostfile").exists()
 
 
-def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secret(tmp_path):
+def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secrets(tmp_path):
     token_file = tmp_path / "token"
     new_token(token_file)
     api = RecordingCoreV1()
     backend = KubernetesBackend(image="img", api=api, poll_s=0.01)
     handles = backend.launch(2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file)})
-    assert [h.pod for h in handles] == sorted(api.pods) and len(api.secrets) == 1
+    # One Secret per pod, holding that pod's key and not the run's token.
+    assert [h.pod for h in handles] == sorted(api.pods) and sorted(api.secrets) == [f"{h.pod}-key" for h in handles]
+    token = read_token(token_file)
+    assert [api.secrets[f"{h.pod}-key"].string_data for h in handles] == [
+        {"token": pod_key(token, h.pod)} for h in handles
+    ]
     backend.wait(timeout=5)
     backend.stop()
     assert api.pods == {} and api.secrets == {}
 
 
-def test_workers_cleanup_deletes_a_dead_runs_pods_and_secret_by_label(tmp_path, monkeypatch):
-    """The kernel died without stop(): `textsql workers cleanup --run` finds its Pods and Secret by label."""
+def test_workers_cleanup_deletes_a_dead_runs_pods_and_secrets_by_label(tmp_path, monkeypatch):
+    """The kernel died without stop(): `textsql workers cleanup --run` finds its Pods and Secrets by label."""
     from click.testing import CliRunner
 
     from textsql.cli import cli
@@ -226,8 +233,8 @@ def test_workers_cleanup_deletes_a_dead_runs_pods_and_secret_by_label(tmp_path, 
     monkeypatch.setattr(kubernetes, "connect", lambda: api)
     result = CliRunner().invoke(cli, ["workers", "cleanup", "--namespace", "default", "--run", dead.run_id])
     assert result.exit_code == 0, result.output
-    assert "deleted 2 pods and 1 secrets" in result.output
-    assert sorted(api.pods) == [p.pod for p in alive.pods] and len(api.secrets) == 1
+    assert "deleted 2 pods and 2 secrets" in result.output
+    assert sorted(api.pods) == [p.pod for p in alive.pods] and len(api.secrets) == 2
     result = CliRunner().invoke(cli, ["workers", "cleanup"])
     assert result.exit_code == 0 and api.pods == {} and api.secrets == {}, result.output
 
@@ -366,7 +373,6 @@ class InProcessLauncher(UsesRecorded, Backend):
         return "127.0.0.1"
 
     def launch(self, count, resources, env):
-        token = read_token(Path(env[c.ENV_TOKEN_FILE]))
         port = int(env[c.ENV_SSH_PORT])
         for index in range(count):
             registration = Registration(
@@ -377,7 +383,9 @@ class InProcessLauncher(UsesRecorded, Backend):
                 ssh_port=port,
                 host_key=self._host_key,
             )
-            self._sessions.append(register(env[c.ENV_RENDEZVOUS], token, registration))
+            key = self.pod_key(registration.pod)
+            source = registration.address  # each pod connects from its own address
+            self._sessions.append(register(env[c.ENV_RENDEZVOUS], key, registration, source=source))
         return [WorkerHandle(f"fake-{index}") for index in range(count)]
 
     def stop(self) -> None:

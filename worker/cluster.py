@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from worker import constants as c
@@ -25,7 +26,7 @@ from worker.backends import Backend, Resources, make_backend
 from worker.errors import RendezvousError, WorkerError
 from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
-from worker.rendezvous.token import new_token
+from worker.rendezvous.token import new_token, pod_key
 from worker.runfiles import RunFiles, write_run_files
 from worker.ssh import ssh_options
 from worker.sshd import generate_keypair
@@ -249,17 +250,18 @@ def start_workers(
                     port=rendezvous_port,
                     files=files,
                     identity_file=identity,
+                    check_peer=True,
                 )
             )
             rendezvous = (master_address or backend.advertised_address(), server.endpoint[1])
             agent_env = {
                 **(env or {}),
                 c.ENV_RENDEZVOUS: f"{rendezvous[0]}:{rendezvous[1]}",
-                c.ENV_TOKEN_FILE: str(run_dir / c.TOKEN_NAME),
                 c.ENV_CLIENT_PUBKEY: public_key,
                 c.ENV_SSH_PORT: str(port),
                 c.ENV_DEADLINE: str(int(timeout)),
             }
+            backend.pod_key = partial(pod_key, token)
             handles = backend.launch(count, resources or Resources(), agent_env)
             backend.wait(max(0.0, deadline - time.monotonic()))
             workers = server.wait(

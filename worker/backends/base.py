@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -68,6 +68,9 @@ class Backend(ABC):
     identity_file: Path | None = None
     #: Where workers' logs and files go on the master (``RUN_DIR/workers``); start_workers sets it.
     workdir: Path | None = None
+    #: Launching backends: the key of the pod with this name, which only that pod may receive (its own
+    #: environment or Secret), never the run token; start_workers sets it.
+    pod_key: Callable[[str], str] | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,7 +82,8 @@ class Backend(ABC):
             )
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
-        """Start ``count`` agents with ``env`` (the run's rendezvous settings) added to their environment.
+        """Start ``count`` agents with ``env`` (the run's rendezvous settings) added to their environment,
+        and each agent's own :attr:`pod_key` of the name it registers under (``TEXTSQL_WORKER_POD``).
 
         :param count: number of workers.
         :param resources: per-pod CPU, memory and GPUs.

@@ -1,7 +1,7 @@
 """``kubernetes``: worker pods through the official ``kubernetes`` client.
 
-Per run: one Secret holding the rendezvous token (mounted read-only as a file; the pod spec never
-holds the value) and N pods running ``python -m worker.agent`` with the project's shared volume
+Per pod: a Secret holding that pod's own rendezvous key (mounted read-only as a file into that pod only;
+the pod spec never holds the value; the run token stays with the master), and the pod running ``python -m worker.agent`` with the project's shared volume
 mounted at the same path as on the master (DeepSpeed's pdsh launcher ``cd``s there on every worker),
 ``POD_IP`` and the pod name from the downward API, and ``nvidia.com/gpu`` limits. ``wait`` polls
 until every pod is Running; ``replace`` deletes a lost pod (if it is still there) and creates one
@@ -26,13 +26,14 @@ import os
 import re
 import secrets
 import time
+from functools import partial
 from pathlib import Path
 
 from worker import constants as c
 from worker.agent import route_address
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.errors import WorkerError
-from worker.rendezvous.token import read_token
+from worker.rendezvous.token import pod_key, read_token
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,15 @@ _ENDED = {"Failed", "Succeeded"}
 
 def _dns_name(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "run"
+
+
+def secret_name(pod: str) -> str:
+    """The name of the Secret holding ``pod``'s key.
+
+    :param pod: the pod's name.
+    :rtype: str
+    """
+    return f"{pod}-key"
 
 
 def _client():
@@ -114,7 +124,8 @@ class KubernetesBackend(Backend):
         # The Pod objects created, by name: a replacement is a copy of the lost one under a new name.
         self._bodies: dict[str, object] = {}
         self._replaced = 0
-        self._secret: str | None = None
+        # The Secrets created, one per pod (its key), including those of replaced pods.
+        self._secrets: list[str] = []
 
     @property
     def api(self):
@@ -136,10 +147,11 @@ class KubernetesBackend(Backend):
     def _labels(self) -> dict[str, str]:
         return {"app.kubernetes.io/name": "textsql-worker", "textsql/run": self.run_id}
 
-    def secret_spec(self, token: str):
-        """The Secret holding the run's token.
+    def secret_spec(self, pod: str, key: str):
+        """The Secret holding one pod's rendezvous key, mounted by that pod only.
 
-        :param token: the per-run token.
+        :param pod: the pod's name.
+        :param key: its key (:func:`~worker.rendezvous.token.pod_key`).
         :rtype: kubernetes.client.V1Secret
         """
         client = _client()
@@ -147,8 +159,8 @@ class KubernetesBackend(Backend):
             api_version="v1",
             kind="Secret",
             type="Opaque",
-            string_data={_SECRET_KEY: token},
-            metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-token", labels=self._labels()),
+            string_data={_SECRET_KEY: key},
+            metadata=client.V1ObjectMeta(name=secret_name(pod), labels=self._labels()),
         )
 
     def pod_spec(self, index: int, resources: Resources, env: dict[str, str]):
@@ -156,10 +168,11 @@ class KubernetesBackend(Backend):
 
         :param index: the worker's index.
         :param resources: CPU, memory, GPUs.
-        :param env: the agent's environment (the token file path is replaced by the Secret's mount).
+        :param env: the agent's environment (any token is replaced by the pod's own Secret, mounted).
         :rtype: kubernetes.client.V1Pod
         """
         client = _client()
+        name = f"textsql-{self.run_id}-{index}"
         plain = {
             **env,
             c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}",
@@ -189,7 +202,7 @@ class KubernetesBackend(Backend):
         volumes = [
             client.V1Volume(
                 name="token",
-                secret=client.V1SecretVolumeSource(secret_name=f"textsql-{self.run_id}-token", default_mode=0o440),
+                secret=client.V1SecretVolumeSource(secret_name=secret_name(name), default_mode=0o440),
             ),
             # NCCL's shared-memory transport needs more than the runtime's 64 MB /dev/shm.
             client.V1Volume(
@@ -227,7 +240,7 @@ class KubernetesBackend(Backend):
         return client.V1Pod(
             api_version="v1",
             kind="Pod",
-            metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-{index}", labels=self._labels()),
+            metadata=client.V1ObjectMeta(name=name, labels=self._labels()),
             spec=client.V1PodSpec(
                 containers=[container],
                 volumes=volumes,
@@ -249,19 +262,23 @@ class KubernetesBackend(Backend):
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         run_name = self.workdir.parent.name if self.workdir else "run"
         self.run_id = self.run_id or f"{_dns_name(run_name)}-{secrets.token_hex(3)}"
-        token = env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE]))
-        if self._secret is None:
-            secret = self.secret_spec(token)
-            self.api.create_namespaced_secret(self.namespace, secret)
-            self._secret = secret.metadata.name
+        if self.pod_key is None:  # called with the run's token rather than by start_workers
+            self.pod_key = partial(pod_key, env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE])))
         start = len(self._pods)
         for index in range(start, start + count):
             pod = self.pod_spec(index, resources, env)
-            self.api.create_namespaced_pod(self.namespace, pod)
+            self._create(pod)
             self._pods.append(pod.metadata.name)
-            self._bodies[pod.metadata.name] = pod
         logger.info("created %d pods in namespace %s (run %s)", count, self.namespace, self.run_id)
         return self.pods[start:]
+
+    def _create(self, pod) -> None:
+        """Create ``pod``'s Secret (its own key), then the pod that mounts it."""
+        name = pod.metadata.name
+        self.api.create_namespaced_secret(self.namespace, self.secret_spec(name, self.pod_key(name)))
+        self._secrets.append(secret_name(name))
+        self.api.create_namespaced_pod(self.namespace, pod)
+        self._bodies[name] = pod
 
     def _phases(self) -> dict[str, tuple[str, str]]:
         listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"textsql/run={self.run_id}")
@@ -321,9 +338,10 @@ class KubernetesBackend(Backend):
         # textsql-RUN-N, or textsql-RUN-N-rJ when a replacement is lost in turn: the new one is textsql-RUN-N-rK.
         body.metadata.name = f"{re.sub(r'-r[0-9]+$', '', pod)}-r{self._replaced}"
         body.metadata.annotations = {**(body.metadata.annotations or {}), "textsql/replaces": pod}
-        self.api.create_namespaced_pod(self.namespace, body)
+        key_volume = next(volume for volume in body.spec.volumes if volume.name == "token")
+        key_volume.secret.secret_name = secret_name(body.metadata.name)
+        self._create(body)
         self._pods[self._pods.index(pod)] = body.metadata.name
-        self._bodies[body.metadata.name] = body
         logger.info("replaced pod %s with %s in namespace %s", pod, body.metadata.name, self.namespace)
         return WorkerHandle(body.metadata.name, f"replaces {pod}")
 
@@ -345,15 +363,15 @@ class KubernetesBackend(Backend):
 
         for name in self._pods:
             self._delete_pod(name)
-        if self._secret:
+        for name in self._secrets:
             try:
-                self.api.delete_namespaced_secret(self._secret, self.namespace)
+                self.api.delete_namespaced_secret(name, self.namespace)
             except ApiException as error:
                 if error.status != 404:
-                    logger.warning("could not delete secret %s: %s", self._secret, error.reason)
+                    logger.warning("could not delete secret %s: %s", name, error.reason)
         if self._pods:
             logger.info("deleted %d pods in namespace %s", len(self._pods), self.namespace)
-        self._pods, self._bodies, self._secret = [], {}, None
+        self._pods, self._bodies, self._secrets = [], {}, []
 
 
 def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:

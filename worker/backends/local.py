@@ -121,6 +121,9 @@ class LocalBackend(Backend):
                 c.ENV_SSHD: "1" if self.sshd else "0",
             }
         )
+        if self.pod_key is not None:  # launched by start_workers: this pod's key, not the run's token
+            agent_env.pop(c.ENV_TOKEN_FILE, None)
+            agent_env[c.ENV_TOKEN] = self.pod_key(pod)
         self._logs[pod] = workdir / f"{pod}.log"
         self._indexes[pod] = index
         with open(self._logs[pod], "ab", opener=private_opener) as log:
