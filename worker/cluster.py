@@ -24,6 +24,7 @@ from pathlib import Path
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
 from worker.errors import RendezvousError, WorkerError
+from worker.files import private_dir
 from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
 from worker.rendezvous.token import new_token, pod_key
@@ -162,7 +163,7 @@ class Cluster:
 
 
 def _clear_run_files(run_dir: Path) -> RunFiles:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)  # the run's key, token and ssh files are for the user who started it
     files = RunFiles.in_dir(run_dir)
     for stale in (files.hostfile, files.known_hosts, files.ssh_config):
         stale.unlink(missing_ok=True)  # a failed start must not leave an older run's hostfile behind

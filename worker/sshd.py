@@ -29,7 +29,7 @@ from pathlib import Path
 
 from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
 from worker.errors import WorkerError
-from worker.files import last_line, private_opener
+from worker.files import last_line, private_dir, private_opener
 from worker.registration import InvalidRegistration, check_host_key
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class Sshd:
         :raises WorkerError: if sshd is missing, exits (port taken, bad config) or never answers.
         """
         sshd = require_tool(SSHD_PATH)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.workdir)
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         config = self._write_config()

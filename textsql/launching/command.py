@@ -170,7 +170,7 @@ def write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:
     :rtype: Path
     """
     # DeepSpeed's runner splits each line at the first '=' and fails on anything else: no blank lines.
-    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()))
+    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()), mode=0o600)
 
 
 def local_device_count() -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.errors import WorkerError
-from worker.files import last_line, private_opener
+from worker.files import last_line, private_dir, private_opener
 from worker.network import free_port_on_all
 from worker.sshd import require_tool
 
@@ -107,7 +107,7 @@ class LocalBackend(Backend):
     def _workdir(self) -> Path:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="textsql-local-workers-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.workdir)
         return self.workdir
 
     def _start(self, pod: str, index: int) -> None:

@@ -347,7 +347,7 @@ def serve(
     :rtype: list[Registration]
     """
     hostfile = Path(hostfile).resolve()
-    hostfile.parent.mkdir(parents=True, exist_ok=True)
+    hostfile.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     token_file = Path(token_file)
     token = read_token(token_file) if token_file.exists() else new_token(token_file)
     siblings = RunFiles.in_dir(hostfile.parent)
