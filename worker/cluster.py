@@ -149,6 +149,30 @@ class Cluster:
         """
         return ["ssh", *ssh_options(self.ssh_config), host, command]
 
+    def answers(self, host: str, timeout: float = 15.0, attempts: int = c.SSH_PROBE_ATTEMPTS) -> bool:
+        """Whether ``host`` runs ``true`` over the run's ssh, trying ``attempts`` times with a growing pause
+        between them: one failed connection (a moment of load, a flood that sshd is shedding) is not a lost worker.
+
+        :param host: a worker address.
+        :param timeout: seconds for each attempt.
+        :param attempts: how many tries before it counts as not answering.
+        :rtype: bool
+        """
+        pause = c.SSH_PROBE_BACKOFF_S
+        for attempt in range(attempts):
+            try:
+                result = self.ssh(host, "true", timeout=timeout)
+                if result.returncode == 0:
+                    return True
+                reason = f"exit {result.returncode}: {result.stderr.strip()[-200:]}"
+            except subprocess.TimeoutExpired:
+                reason = f"no answer within {timeout:g}s"
+            logger.warning("ssh to %s failed (attempt %d of %d): %s", host, attempt + 1, attempts, reason)
+            if attempt + 1 < attempts:
+                time.sleep(pause)
+                pause *= 2
+        return False
+
     def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run ``command`` on ``host`` over the run's ssh configuration.
 

@@ -78,6 +78,14 @@ BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 SSHD_START_TIMEOUT_S = 15.0
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this
+# Worker sshd: unauthenticated connections one address may hold (the master needs one per pdsh launch or
+# probe), and seconds a connection has to log in (OpenSSH's default is 120).
+SSHD_PER_SOURCE_STARTUPS = 16
+SSHD_LOGIN_GRACE_S = 20
+# The master's ssh probe of a worker: attempts, and the pause before the second (doubling after), before
+# the worker counts as not answering.
+SSH_PROBE_ATTEMPTS = 3
+SSH_PROBE_BACKOFF_S = 2.0
 
 # Run-dir file names written by the worker side.
 HOSTFILE_NAME = "hostfile"

@@ -27,7 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
+from worker.constants import (
+    FORWARDED_ENV,
+    INSTALL_SSH_HINT,
+    SSHD_LOGIN_GRACE_S,
+    SSHD_PATH,
+    SSHD_PER_SOURCE_STARTUPS,
+    SSHD_START_TIMEOUT_S,
+    STOP_GRACE_S,
+)
 from worker.errors import WorkerError
 from worker.files import last_line, private_dir, private_opener
 from worker.registration import InvalidRegistration, check_host_key
@@ -149,6 +157,11 @@ class Sshd:
             "PrintMotd no",
             "PrintLastLog no",
             "MaxStartups 64:30:128",  # pdsh connects to every worker at once
+            # One address (a hostile pod) holds at most this many unauthenticated connections, so a flood
+            # from it cannot take the slots the master's ssh needs; /32 and /128: each address on its own.
+            f"PerSourceMaxStartups {SSHD_PER_SOURCE_STARTUPS}",
+            "PerSourceNetBlockSize 32:128",
+            f"LoginGraceTime {SSHD_LOGIN_GRACE_S}",  # an idle connection gives its slot back after this
             "LogLevel INFO",
         ]
         if forwarded:

@@ -36,7 +36,6 @@ import json
 import logging
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -346,10 +345,7 @@ class Supervisor:
         )
 
     def _answers(self, host: str) -> bool:
-        try:
-            return self.cluster.ssh(host, "true", timeout=SSH_CHECK_S).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
+        return self.cluster.answers(host, timeout=SSH_CHECK_S)
 
     def _hosts(self) -> list[str]:
         if self.arguments.launcher != "pdsh":
