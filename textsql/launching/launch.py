@@ -56,6 +56,8 @@ from textsql.errors import LaunchError
 from textsql.launching.command import (
     SHELL_SAFE,
     check_env_entry,
+    check_master_addr,
+    check_socket_ifname,
     deepspeed_command,
     local_device_count,
     mask_credentials,
@@ -139,8 +141,13 @@ class LaunchArguments:
             raise LaunchError("--ranks is for --launcher local; with pdsh the hostfile's slots say how many ranks run")
         if self.ranks is not None and self.ranks < 1:
             raise LaunchError(f"--ranks {self.ranks!r} must be at least 1")
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise LaunchError(f"--master-port {self.master_port!r} is not a TCP port; pass one from 1 to 65535")
+        for flag, port in (("--master-port", self.master_port), ("--ssh-port", self.ssh_port)):
+            if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+                raise LaunchError(f"{flag} {port!r} is not a TCP port; pass one from 1 to 65535")
+        if self.master_addr is not None:
+            self.master_addr = check_master_addr(self.master_addr)
+        if self.socket_ifname is not None:
+            self.socket_ifname = check_socket_ifname(self.socket_ifname)
         if not re.fullmatch(r"\w+(\.\w+)*", self.module):
             raise LaunchError(f"--module {self.module!r} is not a Python module name; pass one like {TRAIN_MODULE}")
         for key, value in self.env.items():
