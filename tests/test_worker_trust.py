@@ -92,3 +92,37 @@ def test_a_registered_worker_cannot_be_registered_again(two_local_workers):
     assert run_files(cluster) == before
     result = cluster.ssh(live.address, "echo still")
     assert result.returncode == 0 and result.stdout == "still\n", result.stderr
+
+
+def test_kubernetes_workers_get_no_master_secret_through_the_project_volume(tmp_path, monkeypatch):
+    """Weak point 6: with the project on a shared volume (the pods mount it read-write as the master's user),
+    the run's client key, token, ssh_config, known_hosts and hostfile are not on it, and each pod's Secret
+    holds its own key, not the run token. Pods are local agents on an emulated API server."""
+    from fakes.kubernetes_api import KubeletCoreV1
+
+    from worker.backends.kubernetes import KubernetesBackend
+    from worker.cluster import start_workers
+    from worker.rendezvous.token import pod_key
+
+    monkeypatch.setenv("POD_IP", "127.0.0.1")
+    project = tmp_path / "project"
+    project.mkdir()
+    api = KubeletCoreV1(tmp_path / "kubelet")
+    backend = KubernetesBackend(image="img", api=api, poll_s=0.05, project_claim="pvc", project_path=str(project))
+    try:
+        with start_workers(backend, 2, project / "runs" / "r1", timeout=60, ssh_port=0) as cluster:
+            secrets = [cluster.identity_file, cluster.ssh_config, cluster.known_hosts, cluster.hostfile]
+            token = (cluster.hostfile.parent / c.TOKEN_NAME).read_text().strip()
+            shared = [Path(m.mount_path) for m in api.pods[cluster.workers[0].pod].spec.containers[0].volume_mounts]
+            assert project in shared
+            for path in [*secrets, cluster.hostfile.parent / c.TOKEN_NAME]:
+                assert not any(path.is_relative_to(mount) for mount in shared), path
+            assert not [p.name for p in (project / "runs" / "r1").iterdir() if p.is_file()]
+            assert {name: body.string_data["token"] for name, body in api.secrets.items()} == {
+                f"{w.pod}-key": pod_key(token, w.pod) for w in cluster.workers
+            }
+            result = cluster.ssh(cluster.hosts[1], "echo reached")
+            assert result.returncode == 0 and result.stdout == "reached\n", result.stderr
+        assert not cluster.hostfile.parent.exists()  # the master's copy goes with the workers
+    finally:
+        api.close()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import atexit
 import logging
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -194,12 +196,24 @@ def _clear_run_files(run_dir: Path) -> RunFiles:
     return files
 
 
-def _run_secrets(run_dir: Path) -> tuple[Path, str, str]:
-    """The per-run token and ssh client key that launched agents get: (identity file, token, public key)."""
-    token = new_token(run_dir / c.TOKEN_NAME)
-    identity = run_dir / c.IDENTITY_NAME
-    public_key = generate_keypair(identity, f"textsql-run@{run_dir.name}")
+def _run_secrets(directory: Path, run_name: str) -> tuple[Path, str, str]:
+    """The per-run token and ssh client key (pods get only their own key and the public half):
+    (identity file, token, public key)."""
+    token = new_token(directory / c.TOKEN_NAME)
+    identity = directory / c.IDENTITY_NAME
+    public_key = generate_keypair(identity, f"textsql-run@{run_name}")
     return identity, token, public_key
+
+
+def _master_dir(run_dir: Path, backend: Backend, stack: ExitStack) -> Path:
+    """Where the run's token, client key, hostfile, known_hosts and ssh_config go: the run dir, unless the
+    workers share it (a project volume), where a worker could read the key or add a ProxyCommand to
+    ssh_config; then a private directory on the master's own disk, removed when the workers are stopped."""
+    if not backend.shares_run_dir:
+        return run_dir
+    directory = Path(tempfile.mkdtemp(prefix=f"textsql-{run_dir.name}-"))  # 0700
+    stack.callback(shutil.rmtree, directory, ignore_errors=True)
+    return directory
 
 
 def _check_pods(backend: Backend) -> None:
@@ -226,10 +240,12 @@ def start_workers(
 ) -> Iterator[Cluster]:
     """Launch (or attach to) ``count`` workers, wait for all of them, and yield the :class:`Cluster`.
 
-    A launching backend (``attaches`` False) gets, in ``run_dir``, the per-run token
-    (``rendezvous.token``, 0600) and ssh client key (``id_ed25519``/``.pub``) for its agents, and
-    ``hostfile``, ``known_hosts`` and ``ssh_config`` once every worker registered; worker logs go
-    under ``run_dir/workers``. An attaching backend (``static``) writes the same three files from
+    A launching backend (``attaches`` False) gets, in ``run_dir`` (0700), the per-run token
+    (``rendezvous.token``, 0600) and ssh client key (``id_ed25519``/``.pub``), from which each agent gets
+    its own key and the public half, and ``hostfile``, ``known_hosts`` and ``ssh_config`` (0600) once every
+    worker registered; worker logs go under ``run_dir/workers``. Where the workers share ``run_dir``
+    (``Backend.shares_run_dir``: cml, kubernetes) those five files go to a private directory on this
+    machine instead (:attr:`Cluster.hostfile` names it), removed when the workers are stopped. An attaching backend (``static``) writes the same three files from
     :meth:`Backend.attach`. On leaving the block (normally, on error, on timeout or on
     KeyboardInterrupt) workers are released and the backend stops them.
 
@@ -260,13 +276,15 @@ def start_workers(
     with ExitStack() as stack:
         stack.callback(backend.stop)
         files = _clear_run_files(run_dir)
+        if backend.shares_run_dir:
+            files = _clear_run_files(_master_dir(run_dir, backend, stack))
         port = backend.ssh_port(ssh_port, count)
         if backend.attaches:
             identity, rendezvous, server = backend.identity_file, ("", 0), None
             workers = backend.attach(count, port)
             write_run_files(files, workers, identity)
         else:
-            identity, token, public_key = _run_secrets(run_dir)
+            identity, token, public_key = _run_secrets(files.hostfile.parent, run_dir.name)
             server = stack.enter_context(
                 RendezvousServer(
                     expect=count,

@@ -239,6 +239,13 @@ class Supervisor:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise LaunchError(f"--max-restarts {self.max_restarts!r} must be 0 or more")
+        if self.cluster is not None and self.arguments.hostfile is None:
+            # The cluster's files, wherever they live (off the shared volume for cml and kubernetes workers).
+            self.arguments = replace(
+                self.arguments,
+                hostfile=self.cluster.hostfile,
+                ssh_config=self.arguments.ssh_config or self.cluster.ssh_config,
+            )
 
     def run(self) -> int:
         """Launch, and relaunch after each recoverable failure.

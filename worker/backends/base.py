@@ -66,6 +66,9 @@ class Backend(ABC):
     #: Attaching backends: the private key the hosts accept (None: ssh's defaults). Launching ones
     #: leave it None: start_workers makes a key per run and hands its public half to the agents.
     identity_file: Path | None = None
+    #: Launching backends: True where the workers mount the run directory (a shared project volume), so
+    #: start_workers keeps the run's token, client key and ssh files out of it, on the master alone.
+    shares_run_dir: ClassVar[bool] = False
     #: Where workers' logs and files go on the master (``RUN_DIR/workers``); start_workers sets it.
     workdir: Path | None = None
     #: Launching backends: the key of the pod with this name, which only that pod may receive (its own

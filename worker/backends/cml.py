@@ -49,6 +49,7 @@ class CMLBackend(Backend):
     carries its own name (``TEXTSQL_WORKER_POD``) and only its own rendezvous key."""
 
     name = "cml"
+    shares_run_dir = True  # every engine mounts the project
 
     def __init__(self, api: ModuleType | None = None, script: str | None = None, name: str = "textsql-worker") -> None:
         """

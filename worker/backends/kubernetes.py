@@ -80,6 +80,7 @@ class KubernetesBackend(Backend):
     """Worker pods in one namespace."""
 
     name = "kubernetes"
+    shares_run_dir = True  # with project_claim the pods mount the run dir, read-write as the same user
 
     def __init__(
         self,
