@@ -82,6 +82,7 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     pod = ApiClient().sanitize_for_serialization(k8s_backend().pod_spec(1, Resources(cpu=8, memory_gb=64, gpus=4), env))
     assert pod["metadata"] == {
         "name": "textsql-demo-abc123-1",
+        "namespace": "ml",
         "labels": {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"},
     }
     spec = pod["spec"]
@@ -91,7 +92,12 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert container["image"] == "registry.example.com/textsql:1.0"
     assert container["args"] == ["python", "-m", "worker.agent"] and "command" not in container  # tini stays pid 1
     assert container["workingDir"] == "/home/cdsw"
-    assert container["resources"]["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}
+    assert container["resources"]["limits"] == {
+        "cpu": "8",
+        "memory": "64Gi",
+        "ephemeral-storage": "20Gi",
+        "nvidia.com/gpu": "4",
+    }
     values = {e["name"]: e.get("value") for e in container["env"]}
     refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
     assert values[c.ENV_TOKEN_FILE] == "/var/run/textsql/token" and values[c.ENV_SLOTS] == "4"
@@ -101,6 +107,8 @@ def test_kubernetes_pod_spec_through_the_clients_models():
         "token": "/var/run/textsql",
         "project": "/home/cdsw",
         "shm": "/dev/shm",
+        "tmp": "/tmp",
+        "cache": "/home/textsql/.cache",
     }
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-1-key", "defaultMode": 0o440}
@@ -115,16 +123,35 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert container["securityContext"] == {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert spec["activeDeadlineSeconds"] == 24 * 3600
-    assert values[c.ENV_TOKEN_GROUP] == "1000"
+    assert values[c.ENV_TOKEN_GROUP] == "1000" and values[c.ENV_SSHD_KEYS_DIR] == "/tmp/textsql-sshd"
     assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
     assert token not in str(pod)
     key = pod_key(token, "textsql-demo-abc123-1")
     secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec("textsql-demo-abc123-1", key))
     assert secret["stringData"] == {"token": key} and secret["metadata"]["name"] == "textsql-demo-abc123-1-key"
+
+
+def test_kubernetes_network_policy_admits_sshd_from_the_master_alone():
+    from kubernetes.client import ApiClient
+
+    policy = ApiClient().sanitize_for_serialization(k8s_backend().network_policy("10.0.0.4", 2222))
+    run = {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"}
+    assert policy["metadata"] == {"name": "textsql-demo-abc123-workers", "namespace": "ml", "labels": run}
+    assert policy["spec"]["podSelector"] == {"matchLabels": run} and policy["spec"]["policyTypes"] == ["Ingress"]
+    ssh, ranks = policy["spec"]["ingress"]
+    assert ssh == {"from": [{"ipBlock": {"cidr": "10.0.0.4/32"}}], "ports": [{"protocol": "TCP", "port": 2222}]}
+    assert ranks == {
+        "from": [{"podSelector": {"matchLabels": run}}],
+        "ports": [
+            {"protocol": "TCP", "port": 1, "endPort": 2221},
+            {"protocol": "TCP", "port": 2223, "endPort": 65535},
+        ],
+    }
 
 
 def test_kubernetes_cpu_pod_asks_for_no_gpu():
@@ -205,16 +232,19 @@ def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secrets(tmp_path):
     new_token(token_file)
     api = RecordingCoreV1()
     backend = KubernetesBackend(image="img", api=api, poll_s=0.01)
-    handles = backend.launch(2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file)})
+    handles = backend.launch(
+        2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:29400"}
+    )
     # One Secret per pod, holding that pod's key and not the run's token.
     assert [h.pod for h in handles] == sorted(api.pods) and sorted(api.secrets) == [f"{h.pod}-key" for h in handles]
     token = read_token(token_file)
     assert [api.secrets[f"{h.pod}-key"].string_data for h in handles] == [
         {"token": pod_key(token, h.pod)} for h in handles
     ]
+    assert sorted(api.policies) == [f"textsql-{backend.run_id}-workers"]
     backend.wait(timeout=5)
     backend.stop()
-    assert api.pods == {} and api.secrets == {}
+    assert api.pods == {} and api.secrets == {} and api.policies == {}
 
 
 def test_workers_cleanup_deletes_a_dead_runs_pods_and_secrets_by_label(tmp_path, monkeypatch):
@@ -229,14 +259,14 @@ def test_workers_cleanup_deletes_a_dead_runs_pods_and_secrets_by_label(tmp_path,
     api = RecordingCoreV1()
     dead, alive = (KubernetesBackend(image="img", api=api) for _ in range(2))
     for backend in (dead, alive):
-        backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file)})
+        backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:1"})
     monkeypatch.setattr(kubernetes, "connect", lambda: api)
     result = CliRunner().invoke(cli, ["workers", "cleanup", "--namespace", "default", "--run", dead.run_id])
     assert result.exit_code == 0, result.output
     assert "deleted 2 pods and 2 secrets" in result.output
     assert sorted(api.pods) == [p.pod for p in alive.pods] and len(api.secrets) == 2
     result = CliRunner().invoke(cli, ["workers", "cleanup"])
-    assert result.exit_code == 0 and api.pods == {} and api.secrets == {}, result.output
+    assert result.exit_code == 0 and api.pods == {} and api.secrets == {} and api.policies == {}, result.output
 
 
 def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):

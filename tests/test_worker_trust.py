@@ -113,8 +113,11 @@ def test_kubernetes_workers_get_no_master_secret_through_the_project_volume(tmp_
         with start_workers(backend, 2, project / "runs" / "r1", timeout=60, ssh_port=0) as cluster:
             secrets = [cluster.identity_file, cluster.ssh_config, cluster.known_hosts, cluster.hostfile]
             token = (cluster.hostfile.parent / c.TOKEN_NAME).read_text().strip()
-            shared = [Path(m.mount_path) for m in api.pods[cluster.workers[0].pod].spec.containers[0].volume_mounts]
-            assert project in shared
+            # What the pods mount from shared storage (their /tmp and caches are their own emptyDirs).
+            spec = api.pods[cluster.workers[0].pod].spec
+            claims = {v.name for v in spec.volumes if v.persistent_volume_claim is not None}
+            shared = [Path(m.mount_path) for m in spec.containers[0].volume_mounts if m.name in claims]
+            assert shared == [project]
             for path in [*secrets, cluster.hostfile.parent / c.TOKEN_NAME]:
                 assert not any(path.is_relative_to(mount) for mount in shared), path
             assert not [p.name for p in (project / "runs" / "r1").iterdir() if p.is_file()]

@@ -22,6 +22,9 @@ ENV_POD = "TEXTSQL_WORKER_POD"  # the backend's name for this worker, reported b
 ENV_WORKER_DIR = "TEXTSQL_WORKER_DIR"  # where the agent keeps its sshd files
 ENV_DEADLINE = "TEXTSQL_REGISTER_DEADLINE"  # seconds the agent keeps retrying registration
 ENV_SSHD = "TEXTSQL_WORKER_SSHD"  # "0" runs register-only (no sshd), for benchmarks
+# Where sshd's authorized key goes when the home directory is read-only (a pod's readOnlyRootFilesystem):
+# a directory on a volume the kubelet makes world-writable, so sshd runs with StrictModes off there.
+ENV_SSHD_KEYS_DIR = "TEXTSQL_SSHD_KEYS_DIR"
 
 # Platform variables holding the pod's own address, tried in order.
 PLATFORM_ADDRESS_VARS = ("CDSW_IP_ADDRESS", "POD_IP")

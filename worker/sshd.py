@@ -94,7 +94,13 @@ class Sshd:
     """One sshd child process; a context manager that stops it on exit."""
 
     def __init__(
-        self, workdir: Path, address: str, port: int, authorized_key: str, env: dict[str, str] | None = None
+        self,
+        workdir: Path,
+        address: str,
+        port: int,
+        authorized_key: str,
+        env: dict[str, str] | None = None,
+        keys_dir: Path | None = None,
     ) -> None:
         """
         :param workdir: private directory for the config, host key, pid file and log.
@@ -102,6 +108,10 @@ class Sshd:
         :param port: the port to listen on.
         :param authorized_key: the one client public key allowed to log in.
         :param env: environment to forward to sessions (default: this process's ``FORWARDED_ENV``).
+        :param keys_dir: where the authorized key goes instead of the home directory (read-only in a pod with
+            readOnlyRootFilesystem). Every writable directory there is a volume the kubelet makes 0777, which
+            StrictModes refuses, so sshd runs with StrictModes off: the pod has one non-root user and no
+            privilege escalation, and the key's own directory is 0700.
         """
         try:
             check_host_key(authorized_key.strip())
@@ -115,6 +125,7 @@ class Sshd:
         self.authorized_key = authorized_key.strip()
         self.env = dict(os.environ if env is None else env)
         self.host_public_key = ""
+        self.keys_dir = keys_dir
         self.log_path = self.workdir / "sshd.log"
         self._process: subprocess.Popen | None = None
         self._keys_dir: Path | None = None
@@ -125,7 +136,9 @@ class Sshd:
         # StrictModes checks every directory from the key file up to the home directory (or /): a run
         # dir under /tmp or a shared volume fails it, so the one authorized key lives in a private
         # directory in the user's home, removed by stop().
-        self._keys_dir = Path(tempfile.mkdtemp(prefix=".textsql-sshd-", dir=Path.home()))
+        if self.keys_dir is not None:
+            Path(self.keys_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._keys_dir = Path(tempfile.mkdtemp(prefix=".textsql-sshd-", dir=self.keys_dir or Path.home()))
         authorized = self._keys_dir / "authorized_keys"
         authorized.write_text(self.authorized_key + "\n", encoding="utf-8")
         authorized.chmod(0o600)
@@ -147,7 +160,7 @@ class Sshd:
             "PermitRootLogin prohibit-password",
             "PermitEmptyPasswords no",
             "UsePAM no",
-            "StrictModes yes",
+            f"StrictModes {'no' if self.keys_dir is not None else 'yes'}",
             "PermitUserEnvironment no",
             "AllowAgentForwarding no",
             "AllowTcpForwarding no",

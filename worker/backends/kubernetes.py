@@ -41,6 +41,7 @@ TOKEN_MOUNT = "/var/run/textsql"
 APP_LABEL = "app.kubernetes.io/name=textsql-worker"
 _SECRET_KEY = "token"
 _ENDED = {"Failed", "Succeeded"}
+_TMP = "/tmp"  # an emptyDir: the pod's root filesystem is read-only
 
 
 def _dns_name(text: str) -> str:
@@ -95,6 +96,9 @@ class KubernetesBackend(Backend):
         user_id: int = 1000,
         group_id: int = 1000,
         max_runtime_s: int = 24 * 3600,
+        home: str = "/home/textsql",
+        ephemeral_storage_gb: float = 20.0,
+        networking_api=None,
     ) -> None:
         """
         :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
@@ -108,6 +112,9 @@ class KubernetesBackend(Backend):
         :param user_id: the image's non-root user (docker/Dockerfile: 1000).
         :param group_id: the pod's fsGroup: the group of the mounted token and of the pod's processes.
         :param max_runtime_s: ``activeDeadlineSeconds``: the pods end after this even if no one stops them.
+        :param home: the image user's home directory (docker/Dockerfile: /home/textsql); its ``.cache`` is writable.
+        :param ephemeral_storage_gb: each pod's limit on node-local disk (its writable volumes and logs).
+        :param networking_api: a ``NetworkingV1Api`` for the run's NetworkPolicy (default: one on ``api``'s client).
         """
         self.image = image
         self.namespace = namespace
@@ -119,7 +126,11 @@ class KubernetesBackend(Backend):
         self.user_id = user_id
         self.group_id = group_id
         self.max_runtime_s = max_runtime_s
+        self.home = home
+        self.ephemeral_storage_gb = ephemeral_storage_gb
         self._api = api
+        self._networking = networking_api
+        self._policy: str | None = None
         self.run_id = ""
         self._pods: list[str] = []
         # The Pod objects created, by name: a replacement is a copy of the lost one under a new name.
@@ -137,6 +148,20 @@ class KubernetesBackend(Backend):
         if self._api is None:
             self._api = connect()
         return self._api
+
+    @property
+    def networking(self):
+        """The NetworkingV1Api, on the same client as :attr:`api` unless given.
+
+        :rtype: kubernetes.client.NetworkingV1Api
+        """
+        if self._networking is None:
+            # The stand-ins in the tests serve both APIs; a real CoreV1Api's client serves NetworkingV1Api too.
+            api = self.api
+            self._networking = (
+                api if hasattr(api, "create_namespaced_network_policy") else _client().NetworkingV1Api(api.api_client)
+            )
+        return self._networking
 
     def advertised_address(self) -> str:
         return os.environ.get("POD_IP") or route_address(os.environ.get("KUBERNETES_SERVICE_HOST", "10.0.0.1"))
@@ -179,6 +204,7 @@ class KubernetesBackend(Backend):
             c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}",
             c.ENV_TOKEN_GROUP: str(self.group_id),
             c.ENV_SLOTS: str(max(1, resources.gpus)),
+            c.ENV_SSHD_KEYS_DIR: f"{_TMP}/textsql-sshd",  # the home directory is read-only
         }
         plain.pop(c.ENV_TOKEN, None)
         variables = [client.V1EnvVar(name=key, value=value) for key, value in sorted(plain.items())]
@@ -192,12 +218,20 @@ class KubernetesBackend(Backend):
                 value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path="metadata.name")),
             ),
         ]
-        limits = {"cpu": str(resources.cpu), "memory": f"{resources.memory_gb:g}Gi"}
+        limits = {
+            "cpu": str(resources.cpu),
+            "memory": f"{resources.memory_gb:g}Gi",
+            "ephemeral-storage": f"{self.ephemeral_storage_gb:g}Gi",
+        }
         if resources.gpus:
             limits["nvidia.com/gpu"] = str(resources.gpus)
         mounts = [
             client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True),
             client.V1VolumeMount(name="shm", mount_path="/dev/shm"),
+            # The root filesystem is read-only: the agent's and sshd's files go to /tmp, the ranks' caches
+            # (torch extensions, Hugging Face) to ~/.cache.
+            client.V1VolumeMount(name="tmp", mount_path=_TMP),
+            client.V1VolumeMount(name="cache", mount_path=f"{self.home}/.cache"),
         ]
         # 0440: with an fsGroup the kubelet makes the files group-readable anyway; say so, and check it.
         volumes = [
@@ -211,6 +245,11 @@ class KubernetesBackend(Backend):
                 empty_dir=client.V1EmptyDirVolumeSource(
                     medium="Memory", size_limit=f"{max(1.0, resources.memory_gb / 2):g}Gi"
                 ),
+            ),
+            client.V1Volume(name="tmp", empty_dir=client.V1EmptyDirVolumeSource(size_limit="1Gi")),
+            client.V1Volume(
+                name="cache",
+                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{max(1.0, self.ephemeral_storage_gb / 2):g}Gi"),
             ),
         ]
         if self.project_claim:
@@ -234,6 +273,7 @@ class KubernetesBackend(Backend):
             security_context=client.V1SecurityContext(
                 run_as_non_root=True,
                 allow_privilege_escalation=False,
+                read_only_root_filesystem=True,
                 capabilities=client.V1Capabilities(drop=["ALL"]),
                 seccomp_profile=seccomp,
             ),
@@ -241,7 +281,7 @@ class KubernetesBackend(Backend):
         return client.V1Pod(
             api_version="v1",
             kind="Pod",
-            metadata=client.V1ObjectMeta(name=name, labels=self._labels()),
+            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace, labels=self._labels()),
             spec=client.V1PodSpec(
                 containers=[container],
                 volumes=volumes,
@@ -260,11 +300,55 @@ class KubernetesBackend(Backend):
             ),
         )
 
+    def network_policy(self, master_address: str, ssh_port: int):
+        """The run's NetworkPolicy: its pods admit sshd's port from the master alone, and every other port
+        (the ranks' torch.distributed store, gloo and NCCL) from the run's own pods; nothing else comes in.
+
+        :param master_address: the master's pod IP (where pdsh and the probes come from).
+        :param ssh_port: the workers' sshd port.
+        :rtype: kubernetes.client.V1NetworkPolicy
+        """
+        client = _client()
+        prefix = 128 if ":" in master_address else 32
+        ranges = [(first, last) for first, last in ((1, ssh_port - 1), (ssh_port + 1, 65535)) if first <= last]
+        run_pods = client.V1NetworkPolicyPeer(pod_selector=client.V1LabelSelector(match_labels=self._labels()))
+        return client.V1NetworkPolicy(
+            api_version="networking.k8s.io/v1",
+            kind="NetworkPolicy",
+            metadata=client.V1ObjectMeta(
+                name=f"textsql-{self.run_id}-workers", namespace=self.namespace, labels=self._labels()
+            ),
+            spec=client.V1NetworkPolicySpec(
+                pod_selector=client.V1LabelSelector(match_labels=self._labels()),
+                policy_types=["Ingress"],
+                ingress=[
+                    client.V1NetworkPolicyIngressRule(
+                        _from=[
+                            client.V1NetworkPolicyPeer(ip_block=client.V1IPBlock(cidr=f"{master_address}/{prefix}"))
+                        ],
+                        ports=[client.V1NetworkPolicyPort(protocol="TCP", port=ssh_port)],
+                    ),
+                    client.V1NetworkPolicyIngressRule(
+                        _from=[run_pods],
+                        ports=[
+                            client.V1NetworkPolicyPort(protocol="TCP", port=first, end_port=last)
+                            for first, last in ranges
+                        ],
+                    ),
+                ],
+            ),
+        )
+
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         run_name = self.workdir.parent.name if self.workdir else "run"
         self.run_id = self.run_id or f"{_dns_name(run_name)}-{secrets.token_hex(3)}"
         if self.pod_key is None:  # called with the run's token rather than by start_workers
             self.pod_key = partial(pod_key, env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE])))
+        if self._policy is None and env.get(c.ENV_RENDEZVOUS):
+            master = env[c.ENV_RENDEZVOUS].rpartition(":")[0].strip("[]")
+            policy = self.network_policy(master, int(env.get(c.ENV_SSH_PORT, c.DEFAULT_SSH_PORT)))
+            self.networking.create_namespaced_network_policy(self.namespace, policy)
+            self._policy = policy.metadata.name
         start = len(self._pods)
         for index in range(start, start + count):
             pod = self.pod_spec(index, resources, env)
@@ -370,13 +454,19 @@ class KubernetesBackend(Backend):
             except ApiException as error:
                 if error.status != 404:
                     logger.warning("could not delete secret %s: %s", name, error.reason)
+        if self._policy:
+            try:
+                self.networking.delete_namespaced_network_policy(self._policy, self.namespace)
+            except ApiException as error:
+                if error.status != 404:
+                    logger.warning("could not delete network policy %s: %s", self._policy, error.reason)
         if self._pods:
             logger.info("deleted %d pods in namespace %s", len(self._pods), self.namespace)
-        self._pods, self._bodies, self._secrets = [], {}, []
+        self._pods, self._bodies, self._secrets, self._policy = [], {}, [], None
 
 
 def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
-    """Delete the worker Pods and token Secrets of one run (or of every run) by their labels.
+    """Delete the worker Pods, key Secrets and NetworkPolicy of one run (or of every run) by their labels.
 
     For runs whose kernel died before ``stop``: the labels are all that is left to find them by.
 
@@ -395,10 +485,18 @@ def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], 
         api.delete_namespaced_pod(name, namespace, grace_period_seconds=int(c.STOP_GRACE_S))
     for name in secret_names:
         api.delete_namespaced_secret(name, namespace)
+    # The stand-ins in the tests serve both APIs; a real CoreV1Api's client serves NetworkingV1Api too.
+    networking = api if hasattr(api, "list_namespaced_network_policy") else _client().NetworkingV1Api(api.api_client)
+    policies = [
+        p.metadata.name for p in networking.list_namespaced_network_policy(namespace, label_selector=selector).items
+    ]
+    for name in policies:
+        networking.delete_namespaced_network_policy(name, namespace)
     logger.info(
-        "deleted %d pods and %d secrets labelled %s in namespace %s",
+        "deleted %d pods, %d secrets and %d network policies labelled %s in namespace %s",
         len(pod_names),
         len(secret_names),
+        len(policies),
         selector,
         namespace,
     )
