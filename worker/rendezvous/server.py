@@ -327,7 +327,7 @@ def serve(
     token_file: Path,
     hostfile: Path,
     timeout: float,
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     port: int | None = None,
     identity_file: Path | None = None,
     hold: bool = False,
@@ -340,7 +340,7 @@ def serve(
     :param token_file: the per-run token file.
     :param hostfile: where the DeepSpeed hostfile goes.
     :param timeout: seconds to wait for all workers.
-    :param host: address to listen on.
+    :param host: address to listen on: the interface the workers reach (default: this machine only).
     :param port: port to listen on (0: any; None: ``DEFAULT_RENDEZVOUS_PORT``).
     :param identity_file: the private key ssh_config names (default: id_ed25519 beside the hostfile).
     :param hold: keep holding the workers' connections after writing the files, until interrupted.
