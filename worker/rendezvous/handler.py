@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import secrets
 import selectors
 import socketserver
 from typing import TYPE_CHECKING
@@ -47,8 +48,9 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         peer = self.client_address[0]
-        # What replies are signed with: the run token until the peer proves a pod's key, then that key.
-        self.key = self.server.token
+        # What replies are signed with: the claimed pod's key once the message names a pod; before that a
+        # throwaway key. Nothing is ever signed with the run token itself, so no reply is an oracle for it.
+        self.key = secrets.token_bytes(32)
         server_nonce = new_nonce()
         try:
             send_frame(self.connection, {"type": "hello", "version": PROTOCOL_VERSION, "nonce": server_nonce})
@@ -65,7 +67,6 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
         self.key = pod_key(self.server.token, claimed_pod(worker)).encode("utf-8")
         if not verify(self.key, message.get("mac"), "register", server_nonce, client_nonce, worker):
             self.server.refusals.log(logging.WARNING, "registration from %s refused: authentication failed", peer)
-            self.key = self.server.token  # an unauthenticated peer learns nothing signed with a pod's key
             self._reply(
                 server_nonce,
                 client_nonce,
