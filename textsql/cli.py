@@ -303,7 +303,12 @@ def rendezvous() -> None:
     help="DeepSpeed hostfile to write; known_hosts and ssh_config go beside it.",
 )
 @click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (0: any free port) [default: 29400].")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on: the interface the workers reach (0.0.0.0: every interface).",
+)
 @click.option(
     "--timeout", type=click.FloatRange(min=0), default=300, show_default=True, help="Seconds to wait for every worker."
 )

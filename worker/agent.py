@@ -69,6 +69,7 @@ class AgentConfig:
     workdir: Path | None  # None: a private temp dir, removed on exit with the sshd host key in it
     deadline_s: float
     sshd: bool
+    sshd_keys_dir: Path | None = None  # None: the home directory (see worker.sshd.Sshd)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
@@ -109,6 +110,7 @@ class AgentConfig:
             workdir=Path(env[c.ENV_WORKER_DIR]) if env.get(c.ENV_WORKER_DIR) else None,
             deadline_s=deadline,
             sshd=sshd,
+            sshd_keys_dir=Path(env[c.ENV_SSHD_KEYS_DIR]) if env.get(c.ENV_SSHD_KEYS_DIR) else None,
         )
 
 
@@ -118,7 +120,9 @@ def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
     for _ in range(3 if config.ssh_port == 0 else 1):
         port = config.ssh_port or free_port(config.address)
         try:
-            return Sshd(workdir / "sshd", config.address, port, config.client_public_key).start()
+            return Sshd(
+                workdir / "sshd", config.address, port, config.client_public_key, keys_dir=config.sshd_keys_dir
+            ).start()
         except WorkerError as error:
             failure = error
     raise failure

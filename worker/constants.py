@@ -22,6 +22,9 @@ ENV_POD = "TEXTSQL_WORKER_POD"  # the backend's name for this worker, reported b
 ENV_WORKER_DIR = "TEXTSQL_WORKER_DIR"  # where the agent keeps its sshd files
 ENV_DEADLINE = "TEXTSQL_REGISTER_DEADLINE"  # seconds the agent keeps retrying registration
 ENV_SSHD = "TEXTSQL_WORKER_SSHD"  # "0" runs register-only (no sshd), for benchmarks
+# Where sshd's authorized key goes when the home directory is read-only (a pod's readOnlyRootFilesystem):
+# a directory on a volume the kubelet makes world-writable, so sshd runs with StrictModes off there.
+ENV_SSHD_KEYS_DIR = "TEXTSQL_SSHD_KEYS_DIR"
 
 # Platform variables holding the pod's own address, tried in order.
 PLATFORM_ADDRESS_VARS = ("CDSW_IP_ADDRESS", "POD_IP")
@@ -78,6 +81,14 @@ BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 SSHD_START_TIMEOUT_S = 15.0
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this
+# Worker sshd: unauthenticated connections one address may hold (the master needs one per pdsh launch or
+# probe), and seconds a connection has to log in (OpenSSH's default is 120).
+SSHD_PER_SOURCE_STARTUPS = 16
+SSHD_LOGIN_GRACE_S = 20
+# The master's ssh probe of a worker: attempts, and the pause before the second (doubling after), before
+# the worker counts as not answering.
+SSH_PROBE_ATTEMPTS = 3
+SSH_PROBE_BACKOFF_S = 2.0
 
 # Run-dir file names written by the worker side.
 HOSTFILE_NAME = "hostfile"

@@ -52,6 +52,17 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|A
 # the variable is called. Group 1 is what stays visible when it is masked.
 URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@", re.IGNORECASE)
 MASK = "***"
+# DeepSpeed's runner puts each .deepspeed_env value in double quotes on the remote shell's command line,
+# where only `$`, backquotes, backslashes and double quotes act: a value holds none of the last three,
+# and a `$` only as a plain variable reference ($NAME or ${NAME}), never $(...), $((...)) or ${NAME:-...}.
+_EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
+# A network interface name as NCCL and gloo read it: optional ^ (exclude) and = (exact), then names
+# (Linux allows 15 characters) separated by commas.
+_IFNAMES = re.compile(r"\^?=?[A-Za-z0-9_.:-]{1,15}(,[A-Za-z0-9_.:-]{1,15})*")
+# A DNS hostname, for a --master_addr that is not an IP address.
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 # Characters that reach a rank unchanged through pdsh (which fills in %h, %n, %u) and the hosts' shell
 # (DeepSpeed double-quotes an argument with spaces).
 SHELL_SAFE = re.compile(r"[\w@+=:,./ -]+")
@@ -118,8 +129,13 @@ class LaunchArguments:
             raise LaunchError("--ranks is for --launcher local; with pdsh the hostfile's slots say how many ranks run")
         if self.ranks is not None and self.ranks < 1:
             raise LaunchError(f"--ranks {self.ranks!r} must be at least 1")
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise LaunchError(f"--master-port {self.master_port!r} is not a TCP port; pass one from 1 to 65535")
+        for flag, port in (("--master-port", self.master_port), ("--ssh-port", self.ssh_port)):
+            if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+                raise LaunchError(f"{flag} {port!r} is not a TCP port; pass one from 1 to 65535")
+        if self.master_addr is not None:
+            self.master_addr = check_master_addr(self.master_addr)
+        if self.socket_ifname is not None:
+            self.socket_ifname = check_socket_ifname(self.socket_ifname)
         if not re.fullmatch(r"\w+(\.\w+)*", self.module):
             raise LaunchError(f"--module {self.module!r} is not a Python module name; pass one like {TRAIN_MODULE}")
         for key, value in self.env.items():
@@ -197,8 +213,43 @@ def check_env_entry(key: str, value: str) -> None:
             f"the value of {key} holds a password in a URL, and .deepspeed_env ends up on pdsh's command line "
             "and in launch.log; give ranks credentials through the hosts' own environment or files"
         )
-    if re.search(r'["`\\\n]', value):
+    if re.search(r'["`\\\n\r\0]', value):
         raise LaunchError(f"value of {key} ({value!r}) has a quote, backslash or newline; pass a plain value")
+    if "$" in _EXPANSION.sub("", value):
+        raise LaunchError(
+            f"value of {key} ({value!r}) has a $ that is not a plain $NAME: the hosts' shell would run it; "
+            "pass a plain value"
+        )
+
+
+def check_socket_ifname(value: str) -> str:
+    """An interface name (or NCCL's ``^``/``=``, comma-separated list) that reaches the ranks as written.
+
+    :param value: ``--socket-ifname``.
+    :rtype: str
+    :raises LaunchError: naming the flag.
+    """
+    if not _IFNAMES.fullmatch(value):
+        raise LaunchError(
+            f"--socket-ifname {value!r} is not a network interface name (letters, digits, '_.:-', up to 15); "
+            "pass one that `ip link` lists, such as eth0"
+        )
+    return value
+
+
+def check_master_addr(value: str) -> str:
+    """An IP address or DNS hostname for rank 0, which reaches every host's shell unquoted.
+
+    :param value: ``--master-addr``.
+    :rtype: str
+    :raises LaunchError: naming the flag.
+    """
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        if _HOSTNAME.fullmatch(value):
+            return value
+    raise LaunchError(f"--master-addr {value!r} is not an IP address or hostname; pass the first host's address")
 
 
 def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
@@ -243,7 +294,7 @@ def write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:
     :rtype: Path
     """
     # DeepSpeed's runner splits each line at the first '=' and fails on anything else: no blank lines.
-    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()))
+    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()), mode=0o600)
 
 
 def local_device_count() -> int:

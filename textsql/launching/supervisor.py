@@ -36,7 +36,6 @@ import json
 import logging
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -240,6 +239,13 @@ class Supervisor:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise LaunchError(f"--max-restarts {self.max_restarts!r} must be 0 or more")
+        if self.cluster is not None and self.arguments.hostfile is None:
+            # The cluster's files, wherever they live (off the shared volume for cml and kubernetes workers).
+            self.arguments = replace(
+                self.arguments,
+                hostfile=self.cluster.hostfile,
+                ssh_config=self.arguments.ssh_config or self.cluster.ssh_config,
+            )
 
     def run(self) -> int:
         """Launch, and relaunch after each recoverable failure.
@@ -346,10 +352,7 @@ class Supervisor:
         )
 
     def _answers(self, host: str) -> bool:
-        try:
-            return self.cluster.ssh(host, "true", timeout=SSH_CHECK_S).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
+        return self.cluster.answers(host, timeout=SSH_CHECK_S)
 
     def _hosts(self) -> list[str]:
         if self.arguments.launcher != "pdsh":
