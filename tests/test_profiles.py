@@ -174,3 +174,15 @@ def test_a_precision_the_profile_fixes_otherwise_is_refused(tmp_path):
         ProfileError, match=r'fixes bf16.enabled to true but the run uses fp32.*"auto".*--precision bf16'
     ):
         profile.check_precision("fp32")
+
+
+@pytest.mark.parametrize("name", [name for name in PROFILES if get_profile(name).stage > 0])
+def test_bucket_sizes_are_explicit_not_the_trainers_d_model_squared(name, trainer_arguments):
+    """transformers fills "auto" with d_model^2 (262,144 elements for t5-small: ~230 reduce calls a step)."""
+    hf_config = HfTrainerDeepSpeedConfig(load_profile(name))
+    hf_config.trainer_config_process(trainer_arguments)
+    hf_config.trainer_config_finalize(trainer_arguments, load_model(), num_training_steps=100)
+    zero = hf_config.config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 50_000_000
+    if get_profile(name).stage < 3:  # ZeRO-3 gathers parameters by its prefetch bucket instead
+        assert zero["allgather_bucket_size"] == 50_000_000
