@@ -99,6 +99,8 @@ class Sizes:
     timed_steps: int = 200
     questions: int = WIKISQL_TRAIN_QUESTIONS
     tiny_model: bool = False  # the embedded small T5 instead of t5-small's shape
+    old_batch: int = OLD_BATCH  # the old recipe's batch (smaller only in the smoke run)
+    eval_questions: int = 100  # validation questions each evaluation of the time-to-loss runs scores
     token_budget: int | None = None  # None: the defaults' budget for the device (fast_defaults)
     profiles: tuple[str, ...] = ()  # empty: every profile in dsconfig/
     target_eval_loss: float = 1.0
@@ -140,9 +142,20 @@ def pad_to_old_length(batch: dict, pad_id: int) -> dict:
     }
 
 
-def old_recipe(model: Path, data: Path, output: Path, clock: StepClock, max_steps: int, device: str, **values) -> dict:
+def old_recipe(
+    model: Path,
+    data: Path,
+    output: Path,
+    clock: StepClock,
+    max_steps: int,
+    device: str,
+    batch: int = OLD_BATCH,
+    eval_questions: int | None = None,
+    **values,
+) -> dict:
     """Train the old notebook's way (pad 96, fp32, batch 32, plain AdamW, plain trainer) in this process.
 
+    :param eval_questions: evaluate on the first N validation questions (all when ``None``).
     :param values: more ``Seq2SeqTrainingArguments`` (evaluation settings).
     :returns: the clock's record.
     :rtype: dict
@@ -150,14 +163,16 @@ def old_recipe(model: Path, data: Path, output: Path, clock: StepClock, max_step
     prepared = datasets.load_from_disk(str(data))
     # The resampled examples are already in random order: the first max_steps batches' worth of them is
     # a fair draw, and padding only those keeps a short run from padding all 56,355.
-    prepared["train"] = prepared["train"].select(range(min(len(prepared["train"]), max_steps * OLD_BATCH)))
+    prepared["train"] = prepared["train"].select(range(min(len(prepared["train"]), max_steps * batch)))
+    if "validation" in prepared and eval_questions is not None:
+        prepared["validation"] = prepared["validation"].select(range(min(len(prepared["validation"]), eval_questions)))
     trained = load_model(str(model))
     padded = prepared.map(
         pad_to_old_length, batched=True, fn_kwargs={"pad_id": trained.config.pad_token_id}, desc="pad to 96"
     )
     args = Seq2SeqTrainingArguments(
         output_dir=str(output),
-        per_device_train_batch_size=OLD_BATCH,
+        per_device_train_batch_size=batch,
         per_device_eval_batch_size=EVAL_BATCH,
         max_steps=max_steps,
         optim="adamw_torch",
@@ -308,9 +323,11 @@ def run(
     }
 
     with tempfile.TemporaryDirectory(prefix="bench-gpu-old-") as output:
-        old = old_recipe(model, data, Path(output), StepClock(profile_step=sizes.steps), sizes.steps, device)
+        old = old_recipe(
+            model, data, Path(output), StepClock(profile_step=sizes.steps), sizes.steps, device, sizes.old_batch
+        )
     old_steps, old_seconds = timed_window(old, sizes.warmup_steps)
-    old_rate = old_steps * OLD_BATCH / old_seconds
+    old_rate = old_steps * sizes.old_batch / old_seconds
     section |= {
         "old_recipe_samples_per_s": round(old_rate, 2),
         "old_recipe_mfu_real_tokens": _rounded(mfu(old_rate * mean_flops, 1.0, peak)),
@@ -352,6 +369,8 @@ def run(
             StepClock(stop_below=target),
             sizes.loss_steps,
             device,
+            sizes.old_batch,
+            sizes.eval_questions,
             **evaluate,
         )
     ours_dir = launch_ours(
@@ -362,6 +381,7 @@ def run(
         max_steps=sizes.loss_steps,
         max_tokens_per_batch=budget,
         predict_with_generate=False,
+        max_eval_samples=sizes.eval_questions,
         per_device_eval_batch_size=EVAL_BATCH,
         probe_env={STOP_BELOW_VAR: str(target)},
         **evaluate,
@@ -395,7 +415,7 @@ def run(
         "goal": ">= 10.0",
         "method": (
             f"one {name}; model {'the embedded small T5' if sizes.tiny_model else f'of t5-small shape ({shape.d_model} wide, random weights, seed 42)'}; "
-            f"{section['data']}; old recipe: plain Seq2SeqTrainer in-process, pad {OLD_MAX_LENGTH}, fp32, batch {OLD_BATCH}, "
+            f"{section['data']}; old recipe: plain Seq2SeqTrainer in-process, pad {OLD_MAX_LENGTH}, fp32, batch {sizes.old_batch}, "
             f"adamw_torch; ours: textsql launch --ranks 1 (bench.rank_probe), defaults, token budget {budget}; both arms "
             f"{sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
             f"{sizes.warmup_steps + sizes.timed_steps} (StepClock in the training process), the last step profiled "
@@ -456,6 +476,7 @@ def run_step_ops(data_dir: str, work: Path, sizes: OpsSizes = OpsSizes()) -> dic
         max_steps=sizes.steps,
         eval_strategy="no",
         max_tokens_per_batch=sizes.token_budget,
+        use_cpu=True,  # transformers refuses bf16 without a GPU unless told the run is on the CPU
         **values,
     )
     tensors = len(list(load_model(str(model)).parameters()))
