@@ -9,9 +9,11 @@ Op counts (:func:`count_ops`) read the profiler's event tree:
 
 - *ops*: top-level ATen operators (an ``aten::`` event with no ``aten::`` ancestor), i.e. what the Python
   code dispatched, each a kernel launch or more on a GPU;
-- *host syncs*: ``aten::_local_scalar_dense``, what ``.item()``, ``float()``, ``bool()`` and ``if tensor:``
-  dispatch to read a value on the host (on CUDA each waits for the GPU), plus calls of the accelerator's
-  ``synchronize`` (counted by :func:`phase_markers`); a ``.cpu()`` copy is invisible on a CPU run;
+- *host syncs*: ``aten::_local_scalar_dense`` called from Python, what ``.item()``, ``float()``, ``bool()``
+  and ``if tensor:`` dispatch to read a value on the host (on CUDA each waits for the GPU), plus calls of the
+  accelerator's ``synchronize`` (counted by :func:`phase_markers`). Reads inside another operator's CPU
+  kernel are not counted (torch's fused AdamW reads each step count on the CPU; its CUDA kernel does
+  not); a ``.cpu()`` copy is invisible on a CPU run;
 - *reduce calls*: top-level ``c10d::`` collectives that reduce (all-reduce, reduce-scatter);
 - the *optimizer phase*: the events under the markers :func:`phase_markers` puts around DeepSpeed's
   ``engine.step`` (clipping, optimizer, ZeRO's flat copies) and the trainer's own clipping, optimizer,
@@ -34,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 OPTIMIZER_PHASE = "bench::optimizer_phase"
 HOST_SYNC_OPS = ("aten::_local_scalar_dense",)
+# The operators through which Python reads a scalar (tensor.item(), bool(tensor)); a read under any other
+# operator is that operator's CPU kernel at work.
+HOST_READS = ("aten::item", "aten::is_nonzero")
 SYNC_CALLS = "bench::synchronize"
 
 
@@ -141,7 +146,8 @@ def count_ops(events) -> dict:
     for event in events:
         names = [parent.name for parent in ancestors(event)]
         in_optimizer = OPTIMIZER_PHASE in names
-        if event.name == SYNC_CALLS or event.name in HOST_SYNC_OPS:
+        from_python = all(name in HOST_READS for name in names if name.startswith("aten::"))
+        if event.name == SYNC_CALLS or (event.name in HOST_SYNC_OPS and from_python):
             counts["host_syncs"] += 1
             counts["optimizer_host_syncs"] += in_optimizer
         if event.name.startswith("aten::") and not any(name.startswith("aten::") for name in names):

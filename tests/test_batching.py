@@ -121,3 +121,21 @@ def test_bucket_padding_pads_to_the_bucket_bounds(tmp_path):
     assert (batch["labels"][:, 10:] == LABEL_PAD_TOKEN_ID).all()
     assert (batch["input_ids"][0, 17:] == tokenizer.pad_token_id).all()
     assert isinstance(batch["input_ids"], torch.Tensor)
+
+
+@pytest.mark.parametrize("max_norm", [0.01, 0.0])
+def test_the_optimizer_clips_before_its_step_when_asked(tmp_path, max_norm):
+    from transformers import Seq2SeqTrainingArguments
+
+    from textsql.model import load_model
+    from textsql.training.batching import TokenBudgetTrainer
+
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), max_grad_norm=0.0, learning_rate=0.0, report_to=[])
+    model = load_model()
+    trainer = TokenBudgetTrainer(model=model, args=args, optimizer_max_grad_norm=max_norm)
+    optimizer = trainer.create_optimizer()
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
+    assert (norm.item() <= 0.0101) is (max_norm > 0)

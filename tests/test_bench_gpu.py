@@ -68,6 +68,9 @@ def test_op_counts_read_a_real_profile():
             for w in weights:  # a per-tensor loop with a host read each: what the default step must not do
                 w.data.add_(w.grad, alpha=-0.1)
                 float(w.grad.norm())
+        fused = torch.optim.AdamW(weights, lr=0.1, fused=True)
+        with torch.profiler.record_function(OPTIMIZER_PHASE):
+            fused.step()  # its CPU kernel reads each step count with .item(); a GPU's does not
     counts = count_ops(profile.events())
     assert counts["optimizer_ops"] >= 6 and counts["optimizer_host_syncs"] == 3
     assert counts["host_syncs"] == 3 and counts["ops"] > counts["optimizer_ops"] and counts["reduce_calls"] == 0
