@@ -340,6 +340,10 @@ def run(
     rows = section["profiles"] = {}
     common = {"max_steps": sizes.steps, "eval_strategy": "no", "max_tokens_per_batch": budget}
     for profile in ("default", *(sizes.profiles or available_profiles())):
+        # What auto chose was measured as the default: not twice.
+        if profile != "default" and profile == rows["default"]["profile"]:
+            rows[profile] = rows["default"]
+            continue
         chosen = {} if profile == "default" else {"profile": profile}
         run_dir = launch_ours(work, profile, model, data, profile_step=sizes.steps, **common, **chosen)
         record = read_json(run_dir / "probe" / "rank0.json")
@@ -391,6 +395,7 @@ def run(
         "target": target,
         "old_recipe": _rounded(training_seconds_to(old_loss, target), 1),
         "defaults": _rounded(training_seconds_to(ours_loss, target), 1),
+        "defaults_evaluation_share": read_json(ours_dir / "out" / "run.json")["evaluation_share"],
         "how": "training time from the first step to the end of the step whose loss-only evaluation reached the "
         f"target, evaluations subtracted; every {sizes.eval_steps} steps, at most {sizes.loss_steps} steps",
     }

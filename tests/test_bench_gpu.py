@@ -146,7 +146,7 @@ def test_the_gpu_section_runs_on_the_cpu_at_smoke_size_and_writes_every_key(tmp_
     )
     figure = json.loads((tmp_path / "results.json").read_text())["gpu"]
     assert set(SECTION_KEYS) <= set(figure), set(SECTION_KEYS) - set(figure)
-    assert set(figure["profiles"]) == {"default", "zero0"}
+    assert set(figure["profiles"]) == {"default", "zero1"} and figure["profiles"]["default"]["profile"] == "zero1"
     for row in figure["profiles"].values():
         assert set(ROW_KEYS) <= set(row) and row["samples_per_s"] > 0 and row["mfu_real_tokens"] > 0
         assert set(OPS_KEYS) <= set(row["ops_per_step"])

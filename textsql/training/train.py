@@ -390,9 +390,24 @@ def _write_summary(
         "model": model_args.model,
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
+        "evaluation_share": evaluation_share(trainer.state.log_history),
         "log_history": trainer.state.log_history,
     }
     write_json(Path(trainer.args.output_dir) / RUN_SUMMARY_NAME, summary)
+
+
+def evaluation_share(log_history: list[dict]) -> float | None:
+    """Share of the training loop's wall time its evaluations took (the final one, after training, not counted).
+
+    :param log_history: the trainer's; the entry with ``train_runtime`` closes the training loop.
+    :returns: a fraction, ``None`` before training ended.
+    :rtype: float | None
+    """
+    for index, entry in enumerate(log_history):
+        if entry.get("train_runtime"):
+            evaluating = sum(earlier.get("eval_runtime", 0.0) for earlier in log_history[:index])
+            return round(evaluating / entry["train_runtime"], 4)
+    return None
 
 
 def _field_values(cls, values: dict[str, Any]) -> dict[str, Any]:
