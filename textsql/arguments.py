@@ -202,6 +202,9 @@ class RunArguments:
     )
     # Set once --profile auto is resolved (textsql.training.train), for run.json and the stage line.
     auto_profile: bool = field(default=False, init=False)
+    # Set with the DeepSpeed config (textsql.training.profiles.autocast_bf16): the norm the optimizer clips
+    # to itself, DeepSpeed then clipping nothing (0: DeepSpeed clips, as --max_grad_norm says).
+    optimizer_max_grad_norm: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if self.resume and self.overwrite_output_dir:

@@ -207,13 +207,39 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training batches are filled to ``max_tokens_per_batch`` from length buckets.
 
     With ``max_tokens_per_batch`` unset it is the plain trainer (``per_device_train_batch_size`` examples a batch).
+    With ``optimizer_max_grad_norm`` the optimizer clips the gradients to that norm itself, right before each step, with torch's foreach norm (a few ops for all tensors, no host read): for DeepSpeed configs
+    that leave clipping out (:func:`textsql.training.profiles.autocast_bf16`), where the engine steps the
+    optimizer inside the backward call and the trainer's own clipping would come too late.
     """
 
     def __init__(
-        self, *args, max_tokens_per_batch: int | None = None, buckets: int = DEFAULT_BUCKETS, **kwargs
+        self,
+        *args,
+        max_tokens_per_batch: int | None = None,
+        buckets: int = DEFAULT_BUCKETS,
+        optimizer_max_grad_norm: float = 0.0,
+        **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
+        self.optimizer_max_grad_norm = optimizer_max_grad_norm
+
+    def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
+        """The trainer's optimizer, clipping before each step when ``optimizer_max_grad_norm`` is set.
+
+        :rtype: torch.optim.Optimizer
+        """
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if created and self.optimizer_max_grad_norm > 0:
+            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+            max_norm = self.optimizer_max_grad_norm
+
+            def clip(*_) -> None:
+                torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
+
+            optimizer.register_step_pre_hook(clip)
+        return optimizer
 
     def get_train_dataloader(self) -> DataLoader:
         """The token-budget loader, or the trainer's own without a budget.
