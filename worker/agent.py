@@ -30,6 +30,7 @@ from pathlib import Path
 from worker import constants as c
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import RendezvousError, TextSQLError, WorkerError
+from worker.inventory import Inventory, collect, overrides_for
 from worker.network import free_port
 from worker.registration import Registration, check_address, check_port, check_slots
 from worker.rendezvous.client import parse_endpoint, register_until
@@ -81,6 +82,7 @@ class AgentConfig:
     workdir: Path | None  # None: a private temp dir, removed on exit with the sshd host key in it
     deadline_s: float
     sshd: bool
+    inventory: Inventory
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
@@ -110,17 +112,21 @@ class AgentConfig:
             deadline = float(env.get(c.ENV_DEADLINE, c.REGISTER_DEADLINE_S))
         except ValueError as error:
             raise WorkerError(f"bad number in the agent's environment: {error}") from None
+        address = check_address(address or route_address(master[0]))
+        pod = env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname())
         return cls(
             master=master,
             token=token,
-            address=check_address(address or route_address(master[0])),
+            address=address,
             slots=check_slots(slots),
-            pod=env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname()),
+            pod=pod,
             ssh_port=port if port == 0 else check_port(port),
             client_public_key=env.get(c.ENV_CLIENT_PUBKEY),
             workdir=Path(env[c.ENV_WORKER_DIR]) if env.get(c.ENV_WORKER_DIR) else None,
             deadline_s=deadline,
             sshd=sshd,
+            # Free disk where the ranks run (pdsh starts them in the project directory, as the agent is).
+            inventory=collect(address, Path.cwd(), overrides_for(pod, env.get(c.ENV_INVENTORY_OVERRIDES))),
         )
 
 
@@ -167,6 +173,7 @@ def run(config: AgentConfig) -> bool:
             ssh_port=sshd.port if sshd else None,
             host_key=sshd.host_public_key if sshd else None,
             user=getpass.getuser(),
+            inventory=config.inventory,
         )
         session = stack.enter_context(
             register_until(

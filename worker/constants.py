@@ -22,6 +22,8 @@ ENV_POD = "TEXTSQL_WORKER_POD"  # the backend's name for this worker, reported b
 ENV_WORKER_DIR = "TEXTSQL_WORKER_DIR"  # where the agent keeps its sshd files
 ENV_DEADLINE = "TEXTSQL_REGISTER_DEADLINE"  # seconds the agent keeps retrying registration
 ENV_SSHD = "TEXTSQL_WORKER_SSHD"  # "0" runs register-only (no sshd), for benchmarks
+# For tests: JSON {"POD" or "*": {inventory field: value}} a worker reports instead of what it found.
+ENV_INVENTORY_OVERRIDES = "TEXTSQL_WORKER_INVENTORY_OVERRIDES"
 
 # Platform variables holding the pod's own address, tried in order.
 PLATFORM_ADDRESS_VARS = ("CDSW_IP_ADDRESS", "POD_IP")
