@@ -3,6 +3,7 @@ cluster that cannot train before pdsh starts (textsql/launching/cluster_check.py
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -133,3 +134,43 @@ def test_two_local_pods_with_another_torch_and_wrong_slots_are_refused_before_pd
     assert lines[1].startswith(f"pod local-1 (127.0.0.3) has torch 2.0.0, the master has {master_torch}: install")
     assert lines[2].startswith("pod local-0 (127.0.0.2) registered 1 slot(s) but has 2 NVIDIA A10G(s)")
     assert not (run_dir / "launch.log").exists(), "pdsh never started"
+
+
+# A rank program that only says which interface NCCL and gloo would use on its host.
+IFNAME_PROBE = """
+import os
+print(f"ifname probe rank {os.environ['RANK']}: NCCL {os.environ.get('NCCL_SOCKET_IFNAME')} GLOO {os.environ.get('GLOO_SOCKET_IFNAME')}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_each_rank_sees_the_interface_its_host_reported_unless_socket_ifname_overrides(tmp_path):
+    run_dir, modules = tmp_path / "run", tmp_path / "modules"
+    modules.mkdir()
+    (modules / "ifname_probe.py").write_text(IFNAME_PROBE)
+    # ifb1 stands for a pod's second network: the probe never opens a socket on it.
+    overrides = {"local-1": {"interface": "ifb1"}}
+    env = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", c.ENV_INVENTORY_OVERRIDES: json.dumps(overrides)}
+    rank_env = {"PYTHONPATH": f"{modules}{os.pathsep}{Path(__file__).resolve().parent.parent}"}
+    with start_workers("local", 2, run_dir, timeout=60, env=env) as cluster:
+        seen = {}
+        for socket_ifname in (None, "lo"):
+            stream = io.StringIO()
+            arguments = LaunchArguments(
+                run_dir=run_dir, module="ifname_probe", env=rank_env, socket_ifname=socket_ifname
+            )
+            assert supervise(arguments, cluster, max_restarts=0, stream=stream) == 0, stream.getvalue()[-3000:]
+            seen[socket_ifname] = sorted(line for line in stream.getvalue().splitlines() if "ifname probe" in line)
+            recorded = json.loads((run_dir / "cluster.json").read_text())
+            assert [host["socket_ifname"] for host in recorded["hosts"]] == [
+                socket_ifname or "lo",
+                socket_ifname or "ifb1",
+            ]
+    assert seen[None] == [
+        "127.0.0.2: ifname probe rank 0: NCCL lo GLOO lo",
+        "127.0.0.3: ifname probe rank 1: NCCL ifb1 GLOO ifb1",
+    ]
+    assert seen["lo"] == [
+        "127.0.0.2: ifname probe rank 0: NCCL lo GLOO lo",
+        "127.0.0.3: ifname probe rank 1: NCCL lo GLOO lo",
+    ]

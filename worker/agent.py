@@ -136,10 +136,18 @@ def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
     for _ in range(3 if config.ssh_port == 0 else 1):
         port = config.ssh_port or free_port(config.address)
         try:
-            return Sshd(workdir / "sshd", config.address, port, config.client_public_key).start()
+            return Sshd(
+                workdir / "sshd", config.address, port, config.client_public_key, env=_session_env(config)
+            ).start()
         except WorkerError as error:
             failure = error
     raise failure
+
+
+def _session_env(config: AgentConfig) -> dict[str, str]:
+    """The agent's environment for ssh sessions, with NCCL and gloo on the interface carrying this pod's address."""
+    interface = {name: config.inventory.interface for name in c.SOCKET_IFNAME_VARS if config.inventory.interface}
+    return interface | dict(os.environ)
 
 
 def _loopback_source(address: str, master_host: str) -> str | None:

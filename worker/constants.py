@@ -30,6 +30,8 @@ PLATFORM_ADDRESS_VARS = ("CDSW_IP_ADDRESS", "POD_IP")
 # Platform variables holding the pod's own name or id.
 PLATFORM_POD_VARS = ("CDSW_ENGINE_ID", "HOSTNAME")
 
+# The variables naming the network interface NCCL and gloo use.
+SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # Environment of the agent that remote ssh sessions (pdsh, DeepSpeed's launcher) inherit through
 # sshd's SetEnv, so a rank process sees the pod's interpreter, libraries and caches.
 FORWARDED_ENV = (
@@ -44,6 +46,9 @@ FORWARDED_ENV = (
     "TORCH_EXTENSIONS_DIR",
     "LANG",
     "LC_ALL",
+    # The interface carrying this pod's address (worker.inventory), unless the pod's own environment names one:
+    # per host, which DeepSpeed's .deepspeed_env (one file for every host) cannot say.
+    *SOCKET_IFNAME_VARS,
 )
 
 # Rendezvous protocol limits.

@@ -5,10 +5,11 @@ others': versions that differ (Python, torch and its CUDA, DeepSpeed, transforme
 that differ from a GPU host's GPU count, and a checkpoint volume with room for fewer than two checkpoints.
 Every problem is one line naming the pod, its address and the fix; all of them are raised together, so
 one look fixes the cluster. Workers that reported no inventory (attached ``static`` hosts) are not judged.
+``RUN_DIR/cluster.json`` records every host's inventory and the network interface its ranks use.
 
 Usage::
 
-    >>> check_cluster(cluster.workers, collect(None, run_dir), checkpoint_bytes=checkpoint_size("default"))
+    >>> check_cluster(cluster.workers, cluster.run_dir, model="default")
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from textsql.errors import LaunchError
+from textsql.files import write_json
 from textsql.training.profiles import OPTIMIZER_BYTES
 from worker.inventory import VERSION_FIELDS, Inventory, collect
 from worker.registration import Registration
@@ -29,6 +31,7 @@ GIB = 1024**3
 # weights (fp32 on CPUs, the widest case) and the fp32 master weights with Adam's two moments: the same
 # total at every ZeRO stage, only split into more files as the stage shards the optimizer.
 CHECKPOINT_BYTES_PER_PARAMETER = 4 + 4 + OPTIMIZER_BYTES
+CLUSTER_FILE = "cluster.json"
 # save_total_limit keeps two: the newest and the one before, while the next one is written.
 CHECKPOINTS_KEPT = 2
 
@@ -96,23 +99,49 @@ def cluster_problems(
     return problems
 
 
-def check_cluster(workers: Sequence[Registration], run_dir: Path, model: str | None) -> None:
-    """Refuse the cluster when :func:`cluster_problems` finds any, before anything is launched on it.
+def check_cluster(
+    workers: Sequence[Registration], run_dir: Path, model: str | None, socket_ifname: str | None = None
+) -> None:
+    """Record the cluster in ``RUN_DIR/cluster.json``, then refuse it when :func:`cluster_problems` finds any,
+    before anything is launched on it.
 
     :param workers: the registrations, in node-rank order.
     :param run_dir: the run directory (the master's free disk is not judged: the workers' is where ranks write).
     :param model: the model trained (for the checkpoint's size).
+    :param socket_ifname: the launch's ``--socket-ifname`` (None: each host uses the interface it reported).
     :raises ClusterError: one line per problem.
     """
+    master = collect(None, run_dir)
+    write_json(Path(run_dir) / CLUSTER_FILE, cluster_record(workers, master, socket_ifname))
     if not any(worker.inventory is not None for worker in workers):
         logger.info("no worker reported an inventory (attached hosts); the cluster check is skipped")
         return
-    problems = cluster_problems(workers, collect(None, run_dir), checkpoint_size(model))
+    problems = cluster_problems(workers, master, checkpoint_size(model))
     if problems:
         raise ClusterError(
             f"this cluster cannot train ({len(problems)} problem(s)), nothing was launched:\n" + "\n".join(problems)
         )
     logger.info("cluster check passed for %d worker(s)", len(workers))
+
+
+def cluster_record(workers: Sequence[Registration], master: Inventory, socket_ifname: str | None) -> dict:
+    """What ``cluster.json`` holds: the master's inventory, and each host's with the interface its ranks use.
+
+    :rtype: dict
+    """
+    hosts = []
+    for worker in workers:
+        reported = worker.inventory.interface if worker.inventory else None
+        hosts.append(
+            {
+                "pod": worker.pod,
+                "address": worker.address,
+                "slots": worker.slots,
+                "socket_ifname": socket_ifname or reported,
+                "inventory": worker.inventory.to_dict() if worker.inventory else None,
+            }
+        )
+    return {"master": master.to_dict(), "hosts": hosts}
 
 
 def _release(name: str, version: str | None) -> str | None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
 from textsql.errors import LaunchError
 from textsql.launching.ranks import LAUNCH_ID_VAR
+from worker.constants import SOCKET_IFNAME_VARS
 from worker.files import atomic_write
 from worker.network import free_port
 
@@ -99,9 +100,12 @@ def rank_environment(arguments: LaunchArguments, hosts: list[str], launch_id: st
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}$PATH",
     }
     env |= {name: os.environ[name] for name in CARRIED_VARS if os.environ.get(name)}
-    ifname = arguments.socket_ifname or ("lo" if all(_is_loopback(host) for host in hosts) else None)
-    if ifname:
-        env |= {"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname}
+    # Each worker's sshd sets the interface its agent reported (worker/agent.py); --socket-ifname overrides
+    # them all, and loopback hosts without an agent (ssh sessions without the variables) fall back to lo.
+    if arguments.socket_ifname:
+        env |= dict.fromkeys(SOCKET_IFNAME_VARS, arguments.socket_ifname)
+    elif all(_is_loopback(host) for host in hosts):
+        env |= {name: "lo" if arguments.launcher == "local" else f"${{{name}:-lo}}" for name in SOCKET_IFNAME_VARS}
     return env | arguments.env
 
 

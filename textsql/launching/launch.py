@@ -123,7 +123,9 @@ class LaunchArguments:
     )
     socket_ifname: str | None = field(
         default=None,
-        metadata={"help": "Network interface for NCCL and gloo (default: lo when every host is a loopback address)."},
+        metadata={
+            "help": "Network interface for NCCL and gloo on every host (default: the one each worker reported; lo for loopback hosts)."
+        },
     )
     env: dict[str, str] = field(default_factory=dict, metadata={"help": "Extra KEY=VAL for every rank (no secrets)."})
     module: str = field(default=TRAIN_MODULE, metadata={"help": "Python module each rank runs."})

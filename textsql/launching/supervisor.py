@@ -391,7 +391,8 @@ def supervise(
     :raises ClusterError: before anything is launched, when the workers cannot train together.
     """
     if cluster is not None:
-        check_cluster(cluster.workers, arguments.run_dir, option_value(arguments.train_args, "--model"))
+        model = option_value(arguments.train_args, "--model")
+        check_cluster(cluster.workers, arguments.run_dir, model, arguments.socket_ifname)
     return Supervisor(arguments, cluster, max_restarts, stream=stream or ShownLines(sys.stdout)).run()
 
 
