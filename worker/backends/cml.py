@@ -45,15 +45,36 @@ class CMLBackend(Backend):
 
     name = "cml"
 
-    def __init__(self, api: ModuleType | None = None, script: str | None = None, name: str = "textsql-worker") -> None:
+    def __init__(
+        self,
+        api: ModuleType | None = None,
+        script: str | None = None,
+        name: str = "textsql-worker",
+        accelerator_label_id: int | None = None,
+        resource_profile_id: int | None = None,
+        resource_group_id: int | None = None,
+    ) -> None:
         """
         :param api: the workers module (default: :func:`import_workers_api`).
         :param script: a project script for engines to run instead of the agent code.
         :param name: engine name, where the CML release accepts ``name=``.
+        :param accelerator_label_id: the GPU type (from the workspace's accelerator labels), where a project has
+            several; passed on only when given.
+        :param resource_profile_id: a resource profile of the workspace instead of cpu/memory; only when given.
+        :param resource_group_id: the resource group (node pool) to run in; only when given.
         """
         self.api = api or import_workers_api()
         self.script = script
         self.engine_name = name
+        self.placement = {
+            key: value
+            for key, value in (
+                ("accelerator_label_id", accelerator_label_id),
+                ("resource_profile_id", resource_profile_id),
+                ("resource_group_id", resource_group_id),
+            )
+            if value is not None
+        }
         self._ids: list[str] = []
         # launch_workers' options from launch(), so a replacement engine starts as the others did.
         self._options: dict = {}
@@ -70,7 +91,15 @@ class CMLBackend(Backend):
         return [WorkerHandle(engine_id) for engine_id in self._ids]
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
-        self._options = dict(cpu=resources.cpu, memory=resources.memory_gb, nvidia_gpu=resources.gpus, env=env)
+        accepted = inspect.signature(self.api.launch_workers).parameters
+        unknown = sorted(set(self.placement) - set(accepted))
+        if unknown:
+            raise WorkerError(
+                f"this CML release's launch_workers takes no {', '.join(unknown)}; leave it out of backend_options"
+            )
+        self._options = dict(
+            cpu=resources.cpu, memory=resources.memory_gb, nvidia_gpu=resources.gpus, env=env, **self.placement
+        )
         if self.script:
             self._options["script"] = self.script
         else:
