@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from textsql.constants import COLLECTIVE_FILE_NAME
 from textsql.errors import LaunchError
 from textsql.launching.launch import LaunchArguments
 from textsql.launching.supervisor import supervise
-from textsql.training.collective import COLLECTIVE_FILE, HOLD_VAR, SIZES, TIMEOUT_VAR
+from textsql.training.collective import HOLD_VAR, SIZES, TIMEOUT_VAR
 
 pytestmark = pytest.mark.slow
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -55,7 +56,7 @@ def test_every_rank_all_reduces_and_rank_0_records_bus_bandwidth_per_size(two_lo
     result, output = run_check(two_local_workers, tmp_path)
     assert result == 0, output[-3000:]
     assert "127.0.0.3: collective ok on rank 1: hosts ['127.0.0.2', '127.0.0.3']" in output
-    recorded = json.loads((two_local_workers.run_dir / COLLECTIVE_FILE).read_text())
+    recorded = json.loads((two_local_workers.run_dir / COLLECTIVE_FILE_NAME).read_text())
     assert recorded["world_size"] == 2 and recorded["backend"] == "gloo"
     assert recorded["hosts"] == ["127.0.0.2", "127.0.0.3"]
     assert [size["bytes"] for size in recorded["sizes"]] == [4 * elements for elements in SIZES]
@@ -70,4 +71,4 @@ def test_a_host_whose_all_reduce_cannot_complete_stops_the_run_before_training_n
         in output
     ), output[-3000:]
     assert "collective ok" not in output
-    assert not (two_local_workers.run_dir / COLLECTIVE_FILE).exists()
+    assert not (two_local_workers.run_dir / COLLECTIVE_FILE_NAME).exists()

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from textsql.constants import CLUSTER_FILE_NAME
 from textsql.errors import LaunchError
 from textsql.files import write_json
 from textsql.training.profiles import OPTIMIZER_BYTES
@@ -31,7 +32,6 @@ GIB = 1024**3
 # weights (fp32 on CPUs, the widest case) and the fp32 master weights with Adam's two moments: the same
 # total at every ZeRO stage, only split into more files as the stage shards the optimizer.
 CHECKPOINT_BYTES_PER_PARAMETER = 4 + 4 + OPTIMIZER_BYTES
-CLUSTER_FILE = "cluster.json"
 # save_total_limit keeps two: the newest and the one before, while the next one is written.
 CHECKPOINTS_KEPT = 2
 
@@ -112,7 +112,7 @@ def check_cluster(
     :raises ClusterError: one line per problem.
     """
     master = collect(None, run_dir)
-    write_json(Path(run_dir) / CLUSTER_FILE, cluster_record(workers, master, socket_ifname))
+    write_json(Path(run_dir) / CLUSTER_FILE_NAME, cluster_record(workers, master, socket_ifname))
     if not any(worker.inventory is not None for worker in workers):
         logger.info("no worker reported an inventory (attached hosts); the cluster check is skipped")
         return

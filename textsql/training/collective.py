@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from textsql.constants import COLLECTIVE_FILE_NAME
 from textsql.files import write_json
 
 logger = logging.getLogger(__name__)
 
-COLLECTIVE_FILE = "collective.json"
 # Elements (float32) of each all-reduce: latency-bound, then two sizes where bandwidth shows.
 SIZES = (1024, 256 * 1024, 2 * 1024 * 1024)
 # Seconds each all-reduce may take; a healthy CPU pair needs well under one for the largest size.
@@ -110,7 +110,7 @@ def check_collective(output_dir: str | Path, timeout_s: float | None = None) -> 
     dist.barrier()
     result = {"world_size": world, "backend": dist.get_backend(), "hosts": hosts, "sizes": sizes}
     if rank == 0:
-        write_json(Path(output_dir) / COLLECTIVE_FILE, result)
+        write_json(Path(output_dir) / COLLECTIVE_FILE_NAME, result)
     logger.info("collective check: %s", ", ".join(f"{s['bytes']} B {s['bus_gbps']} GB/s" for s in sizes))
     return result
 
