@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from fakes.kubernetes_api import RecordingCoreV1
 
 from worker import constants as c
 from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_backend
+from worker.backends.cml import CMLBackend
 from worker.backends.kubernetes import KubernetesBackend
 from worker.cluster import start_workers
 from worker.errors import WorkerError
@@ -40,6 +42,29 @@ def test_cml_backend_runs_agents_as_engines_and_stops_them(cml_emulator, tmp_pat
         assert result.returncode == 0 and result.stdout.startswith("hello from"), result.stderr
     states = {w["id"]: w["status"] for w in cml_emulator.list_workers()}
     assert all(states[i] in ("stopped", "succeeded") for i in ids)
+
+
+def test_cml_backend_passes_the_gpu_type_and_placement_only_when_given(cml_emulator, tmp_path):
+    script = tmp_path / "engine.py"
+    script.write_text("pass\n")
+    chosen = CMLBackend(script=str(script), accelerator_label_id=3, resource_group_id=7)
+    plain = CMLBackend(script=str(script))
+    try:
+        chosen.launch(1, Resources(cpu=1, memory_gb=2, gpus=1), {})
+        plain.launch(1, Resources(cpu=1, memory_gb=2), {})
+    finally:
+        chosen.stop()
+        plain.stop()
+    assert cml_emulator.launches[-2:] == [
+        {"n": 1, "accelerator_label_id": 3, "resource_profile_id": None, "resource_group_id": 7},
+        {"n": 1, "accelerator_label_id": None, "resource_profile_id": None, "resource_group_id": None},
+    ]
+
+
+def test_cml_backend_refuses_a_placement_its_release_lacks(tmp_path):
+    older = types.SimpleNamespace(launch_workers=lambda n, cpu, memory, nvidia_gpu=0, code="", env={}: [])
+    with pytest.raises(WorkerError, match="takes no accelerator_label_id; leave it out of backend_options"):
+        CMLBackend(api=older, accelerator_label_id=3).launch(1, Resources(cpu=1, memory_gb=2), {})
 
 
 def test_cml_backend_outside_cml_says_what_to_use(monkeypatch):

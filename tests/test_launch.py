@@ -115,7 +115,9 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
     from deepspeed.launcher.runner import PDSHRunner, parse_args
 
     env = rank_environment(LaunchArguments(run_dir=tmp_path, env={"EXTRA": "a b"}), list(HOSTS), "0123")
-    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    # Loopback hosts: what each host's sshd set (the interface its agent reported), else lo.
+    assert env["GLOO_SOCKET_IFNAME"] == "${GLOO_SOCKET_IFNAME:-lo}"
+    assert env["NCCL_SOCKET_IFNAME"] == "${NCCL_SOCKET_IFNAME:-lo}"
     assert env["TEXTSQL_LAUNCH_ID"] == "0123" and env["PYTHONPATH"] == str(PROJECT_DIR)
     assert not any("TOKEN" in key for key in env)
     runner = PDSHRunner(parse_args(["--module", "textsql.training.train"]), "e30=")
@@ -124,7 +126,7 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
     cmd, _, _ = runner.get_cmd({}, {host: [0] for host in HOSTS})
     remote = " ".join(cmd)
     assert f'export PATH="{BIN}:$PATH";' in remote and 'export EXTRA="a b";' in remote
-    assert "export GLOO_SOCKET_IFNAME=lo;" in remote
+    assert 'export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-lo}";' in remote
 
     remote_env = rank_environment(LaunchArguments(run_dir=tmp_path), ["10.0.0.5", "10.0.0.6"], "0123")
     assert "GLOO_SOCKET_IFNAME" not in remote_env

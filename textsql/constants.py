@@ -33,6 +33,9 @@ RUN_SUMMARY_NAME = "run.json"
 # What inference writes (textsql.inference.predict): one line per question, and the scores beside it.
 PREDICTIONS_NAME = "predictions.jsonl"
 METRICS_NAME = "metrics.json"
+# The workers' inventories as the master judged them, and the ranks' collective check (bus bandwidth).
+CLUSTER_FILE_NAME = "cluster.json"
+COLLECTIVE_FILE_NAME = "collective.json"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
 
 # WikiSQL as text for T5 (textsql.data.sql, textsql.data.wikisql, textsql.data.prepare).

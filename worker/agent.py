@@ -30,6 +30,7 @@ from pathlib import Path
 from worker import constants as c
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import RendezvousError, TextSQLError, WorkerError
+from worker.inventory import Inventory, collect, overrides_for
 from worker.network import free_port, route_address
 from worker.registration import Registration, check_address, check_port, check_slots
 from worker.rendezvous.client import parse_endpoint, register_until
@@ -69,6 +70,7 @@ class AgentConfig:
     workdir: Path | None  # None: a private temp dir, removed on exit with the sshd host key in it
     deadline_s: float
     sshd: bool
+    inventory: Inventory
     sshd_keys_dir: Path | None = None  # None: the home directory (see worker.sshd.Sshd)
 
     @classmethod
@@ -99,17 +101,21 @@ class AgentConfig:
             deadline = float(env.get(c.ENV_DEADLINE, c.REGISTER_DEADLINE_S))
         except ValueError as error:
             raise WorkerError(f"bad number in the agent's environment: {error}") from None
+        address = check_address(address or route_address(master[0]))
+        pod = env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname())
         return cls(
             master=master,
             token=token,
-            address=check_address(address or route_address(master[0])),
+            address=address,
             slots=check_slots(slots),
-            pod=env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname()),
+            pod=pod,
             ssh_port=port if port == 0 else check_port(port),
             client_public_key=env.get(c.ENV_CLIENT_PUBKEY),
             workdir=Path(env[c.ENV_WORKER_DIR]) if env.get(c.ENV_WORKER_DIR) else None,
             deadline_s=deadline,
             sshd=sshd,
+            # Free disk where the ranks run (pdsh starts them in the project directory, as the agent is).
+            inventory=collect(address, Path.cwd(), overrides_for(pod, env.get(c.ENV_INVENTORY_OVERRIDES))),
             sshd_keys_dir=Path(env[c.ENV_SSHD_KEYS_DIR]) if env.get(c.ENV_SSHD_KEYS_DIR) else None,
         )
 
@@ -121,11 +127,22 @@ def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
         port = config.ssh_port or free_port(config.address)
         try:
             return Sshd(
-                workdir / "sshd", config.address, port, config.client_public_key, keys_dir=config.sshd_keys_dir
+                workdir / "sshd",
+                config.address,
+                port,
+                config.client_public_key,
+                env=_session_env(config),
+                keys_dir=config.sshd_keys_dir,
             ).start()
         except WorkerError as error:
             failure = error
     raise failure
+
+
+def _session_env(config: AgentConfig) -> dict[str, str]:
+    """The agent's environment for ssh sessions, with NCCL and gloo on the interface carrying this pod's address."""
+    interface = {name: config.inventory.interface for name in c.SOCKET_IFNAME_VARS if config.inventory.interface}
+    return interface | dict(os.environ)
 
 
 def _loopback_source(address: str, master_host: str) -> str | None:
@@ -159,6 +176,7 @@ def run(config: AgentConfig) -> bool:
             ssh_port=sshd.port if sshd else None,
             host_key=sshd.host_public_key if sshd else None,
             user=getpass.getuser(),
+            inventory=config.inventory,
         )
         session = stack.enter_context(
             register_until(

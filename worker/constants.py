@@ -25,12 +25,16 @@ ENV_SSHD = "TEXTSQL_WORKER_SSHD"  # "0" runs register-only (no sshd), for benchm
 # Where sshd's authorized key goes when the home directory is read-only (a pod's readOnlyRootFilesystem):
 # a directory on a volume the kubelet makes world-writable, so sshd runs with StrictModes off there.
 ENV_SSHD_KEYS_DIR = "TEXTSQL_SSHD_KEYS_DIR"
+# For tests: JSON {"POD" or "*": {inventory field: value}} a worker reports instead of what it found.
+ENV_INVENTORY_OVERRIDES = "TEXTSQL_WORKER_INVENTORY_OVERRIDES"
 
 # Platform variables holding the pod's own address, tried in order.
 PLATFORM_ADDRESS_VARS = ("CDSW_IP_ADDRESS", "POD_IP")
 # Platform variables holding the pod's own name or id.
 PLATFORM_POD_VARS = ("CDSW_ENGINE_ID", "HOSTNAME")
 
+# The variables naming the network interface NCCL and gloo use.
+SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # Environment of the agent that remote ssh sessions (pdsh, DeepSpeed's launcher) inherit through
 # sshd's SetEnv, so a rank process sees the pod's interpreter, libraries and caches.
 FORWARDED_ENV = (
@@ -45,6 +49,9 @@ FORWARDED_ENV = (
     "TORCH_EXTENSIONS_DIR",
     "LANG",
     "LC_ALL",
+    # The interface carrying this pod's address (worker.inventory), unless the pod's own environment names one:
+    # per host, which DeepSpeed's .deepspeed_env (one file for every host) cannot say.
+    *SOCKET_IFNAME_VARS,
 )
 
 # Rendezvous protocol limits.

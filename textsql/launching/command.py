@@ -27,6 +27,7 @@ from pathlib import Path
 from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
 from textsql.errors import LaunchError
 from textsql.launching.ranks import LAUNCH_ID_VAR
+from worker.constants import SOCKET_IFNAME_VARS
 from worker.files import atomic_write
 from worker.network import free_port
 
@@ -113,7 +114,9 @@ class LaunchArguments:
     )
     socket_ifname: str | None = field(
         default=None,
-        metadata={"help": "Network interface for NCCL and gloo (default: lo when every host is a loopback address)."},
+        metadata={
+            "help": "Network interface for NCCL and gloo on every host (default: the one each worker reported; lo for loopback hosts)."
+        },
     )
     env: dict[str, str] = field(default_factory=dict, metadata={"help": "Extra KEY=VAL for every rank (no secrets)."})
     module: str = field(default=TRAIN_MODULE, metadata={"help": "Python module each rank runs."})
@@ -188,9 +191,12 @@ def rank_environment(arguments: LaunchArguments, hosts: list[str], launch_id: st
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}$PATH",
     }
     env |= {name: os.environ[name] for name in CARRIED_VARS if os.environ.get(name)}
-    ifname = arguments.socket_ifname or ("lo" if all(_is_loopback(host) for host in hosts) else None)
-    if ifname:
-        env |= {"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname}
+    # Each worker's sshd sets the interface its agent reported (worker/agent.py); --socket-ifname overrides
+    # them all, and loopback hosts without an agent (ssh sessions without the variables) fall back to lo.
+    if arguments.socket_ifname:
+        env |= dict.fromkeys(SOCKET_IFNAME_VARS, arguments.socket_ifname)
+    elif all(_is_loopback(host) for host in hosts):
+        env |= {name: "lo" if arguments.launcher == "local" else f"${{{name}:-lo}}" for name in SOCKET_IFNAME_VARS}
     return env | arguments.env
 
 

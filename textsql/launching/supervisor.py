@@ -47,6 +47,7 @@ from textsql.console import STEP_LINE, ShownLines
 from textsql.constants import DEFAULT_MAX_RESTARTS, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
+from textsql.launching.cluster_check import check_cluster
 from textsql.launching.launch import PDSH_HOST_FAILED, LaunchArguments, launch
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from worker.cluster import Cluster
@@ -390,7 +391,11 @@ def supervise(
     :param max_restarts: relaunches allowed after the first launch (0: none).
     :param stream: where the ranks' output and the supervisor's lines go (default: sys.stdout).
     :rtype: int
+    :raises ClusterError: before anything is launched, when the workers cannot train together.
     """
+    if cluster is not None:
+        model = option_value(arguments.train_args, "--model")
+        check_cluster(cluster.workers, arguments.run_dir, model, arguments.socket_ifname)
     return Supervisor(arguments, cluster, max_restarts, stream=stream or ShownLines(sys.stdout)).run()
 
 

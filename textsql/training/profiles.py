@@ -27,6 +27,9 @@ from textsql.errors import ProfileError
 logger = logging.getLogger(__name__)
 
 OVERLAY_SUBDIR = "overlays"
+# The profile value that means "the estimate's recommendation" (the default of every run), here rather than
+# in the estimate so that checking a profile name imports no torch.
+AUTO_PROFILE = "auto"
 ZERO_STAGES = (0, 1, 2, 3)
 # Offload targets that move the states off the GPU ("none" keeps them there).
 OFFLOAD_DEVICES = ("cpu", "nvme")

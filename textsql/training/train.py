@@ -42,6 +42,7 @@ from textsql.training.checkpoints import (
     newest_complete_checkpoint,
     set_aside_incomplete,
 )
+from textsql.training.collective import exit_on_failure
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.events import close_run_events, events_dir, use_run_events
 from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             training_args.world_size,
             model_args.precision,
         )
+    # Before anything slow: ranks that cannot all-reduce end here, naming the host, in seconds.
+    exit_on_failure(training_args.output_dir)
     checkpoint = prepare_output_dir(training_args, run_args)
     set_seed(training_args.seed)
 

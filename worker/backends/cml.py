@@ -51,17 +51,38 @@ class CMLBackend(Backend):
     name = "cml"
     shares_run_dir = True  # every engine mounts the project
 
-    def __init__(self, api: ModuleType | None = None, script: str | None = None, name: str = "textsql-worker") -> None:
+    def __init__(
+        self,
+        api: ModuleType | None = None,
+        script: str | None = None,
+        name: str = "textsql-worker",
+        accelerator_label_id: int | None = None,
+        resource_profile_id: int | None = None,
+        resource_group_id: int | None = None,
+    ) -> None:
         """
         :param api: the workers module (default: :func:`import_workers_api`).
         :param script: a project script for engines to run instead of the agent code.
         :param name: prefix of the workers' names (``NAME-0``, ``NAME-1``, a replacement ``NAME-1-r1``).
+        :param accelerator_label_id: the GPU type (from the workspace's accelerator labels), where a project has
+            several; passed on only when given.
+        :param resource_profile_id: a resource profile of the workspace instead of cpu/memory; only when given.
+        :param resource_group_id: the resource group (node pool) to run in; only when given.
         """
         self.api = api or import_workers_api()
         self.script = script
         self.engine_name = name
         # Worker name -> CML engine id, in launch order.
         self._engines: dict[str, str] = {}
+        self.placement = {
+            key: value
+            for key, value in (
+                ("accelerator_label_id", accelerator_label_id),
+                ("resource_profile_id", resource_profile_id),
+                ("resource_group_id", resource_group_id),
+            )
+            if value is not None
+        }
         # launch_workers' options from launch(), so a replacement engine starts as the others did.
         self._options: dict = {}
         self._launched = 0
@@ -81,12 +102,15 @@ class CMLBackend(Backend):
         if self.pod_key is None:  # called with the run's token rather than by start_workers
             self.pod_key = partial(pod_key, env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE])))
         shared = {key: value for key, value in env.items() if key not in (c.ENV_TOKEN, c.ENV_TOKEN_FILE)}
-        self._options = {
-            "cpu": resources.cpu,
-            "memory": resources.memory_gb,
-            "nvidia_gpu": resources.gpus,
-            "env": shared,
-        }
+        accepted = inspect.signature(self.api.launch_workers).parameters
+        unknown = sorted(set(self.placement) - set(accepted))
+        if unknown:
+            raise WorkerError(
+                f"this CML release's launch_workers takes no {', '.join(unknown)}; leave it out of backend_options"
+            )
+        self._options = dict(
+            cpu=resources.cpu, memory=resources.memory_gb, nvidia_gpu=resources.gpus, env=shared, **self.placement
+        )
         if self.script:
             self._options["script"] = self.script
         else:
