@@ -35,7 +35,7 @@ from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launching.launch import LaunchArguments
-from textsql.launching.supervisor import SUPERVISOR_FILE, WORKER_LOST, supervise
+from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
 from textsql.training.checkpoints import COMPLETE_MARKER
 
 logger = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def figures(events: list[dict], killed_at: float) -> dict:
     :raises RuntimeError: when the events do not show one lost worker and a resumed run.
     :rtype: dict
     """
-    lost = next((event for event in events if event["event"] == WORKER_LOST), None)
+    lost = next((event for event in events if event["event"] == FailureKind.WORKER_LOST), None)
     resumed = next((event for event in events if event["event"] == "resumed"), None)
     if lost is None or resumed is None or not resumed.get("checkpoint"):
         raise RuntimeError(

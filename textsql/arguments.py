@@ -167,6 +167,13 @@ class DataArguments:
             "help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."
         },
     )
+    length_group_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "With group_by_length sampling: examples per length group (default: per-rank batch x gradient "
+            "accumulation, as transformers does); a run that goes on with fewer workers keeps its first launch's, so its data order continues."
+        },
+    )
 
     def __post_init__(self) -> None:
         if not self.data_dir:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
@@ -210,10 +211,30 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     """
 
     def __init__(
-        self, *args, max_tokens_per_batch: int | None = None, buckets: int = DEFAULT_BUCKETS, **kwargs
+        self,
+        *args,
+        max_tokens_per_batch: int | None = None,
+        buckets: int = DEFAULT_BUCKETS,
+        length_group_size: int | None = None,
+        **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
+        self.max_tokens_per_batch, self.buckets, self.length_group_size = (
+            max_tokens_per_batch,
+            buckets,
+            length_group_size,
+        )
+
+    def _get_train_sampler(self, train_dataset=None) -> Sampler | None:
+        # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a
+        # given group size keeps the order of the examples whatever the number of ranks.
+        if self.length_group_size and self.args.train_sampling_strategy == "group_by_length":
+            return LengthGroupedSampler(
+                self.length_group_size,
+                dataset=train_dataset if train_dataset is not None else self.train_dataset,
+                model_input_name=self.processing_class.model_input_names[0] if self.processing_class else None,
+            )
+        return super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self) -> DataLoader:
         """The token-budget loader, or the trainer's own without a budget.
