@@ -16,6 +16,7 @@ tests/test_recovery.py uses too.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import shutil
@@ -23,6 +24,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +141,24 @@ def sigkill_rank(tag: str, rank: int = KILLED_RANK) -> float:
     return killed_at
 
 
+def kill_pod(tag: str, rank: int = KILLED_RANK) -> float:
+    """SIGKILL the whole `local` pod that runs ``rank``, as a deleted pod or a lost VM goes: its agent
+    and everything under it (sshd, DeepSpeed's launch.py, the ranks) at once; the time of the kill.
+
+    :raises LookupError: when the rank runs under no agent.
+    :rtype: float
+    """
+    agent = next((p for p in rank_process(tag, rank).parents() if "worker.agent" in p.cmdline()), None)
+    if agent is None:
+        raise LookupError(f"rank {rank} of {tag} runs under no worker agent")
+    processes = [agent, *agent.children(recursive=True)]
+    killed_at = time.time()
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return killed_at
+
+
 def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **values) -> LaunchArguments:
     """The launch of a short real training run tagged ``tag``, every step logged, no evaluation.
 
@@ -159,9 +179,11 @@ def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **va
     return LaunchArguments(run_dir=run_dir, train_args=args, env={TAG_VAR: tag})
 
 
-def kill_after(stream: StepStream, step: int, checkpoint: Path, tag: str, killed: dict) -> threading.Thread:
-    """A started thread that SIGKILLs rank 1 once ``step`` is logged, after checking ``checkpoint`` is complete;
-    ``killed`` gets ``at`` (the kill's time) or ``error``.
+def kill_after(
+    stream: StepStream, step: int, checkpoint: Path, tag: str, killed: dict, kill: Callable[[str], float] = sigkill_rank
+) -> threading.Thread:
+    """A started thread that kills rank 1 (``kill``: its process, or :func:`kill_pod`) once ``step`` is
+    logged, after checking ``checkpoint`` is complete; ``killed`` gets ``at`` (the kill's time) or ``error``.
 
     :rtype: threading.Thread
     """
@@ -171,7 +193,7 @@ def kill_after(stream: StepStream, step: int, checkpoint: Path, tag: str, killed
             stream.wait_for_step(step)
             if not (checkpoint / COMPLETE_MARKER).is_file():
                 raise RuntimeError(f"step {step} logged but {checkpoint.name} is not complete")
-            killed["at"] = sigkill_rank(tag)
+            killed["at"] = kill(tag)
         except Exception as error:  # reported by the caller, which is in another thread
             killed["error"] = repr(error)
 

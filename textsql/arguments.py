@@ -20,7 +20,13 @@ import logging
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
-from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
+from textsql.constants import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_MAX_SOURCE_LENGTH,
+    DEFAULT_MAX_TARGET_LENGTH,
+    DEFAULT_REPLACE_TIMEOUT_S,
+    INPUT_FORMATS,
+)
 from textsql.data.wikisql import SAMPLE_SOURCE
 from textsql.errors import DataError, LaunchError, ModelError
 
@@ -233,6 +239,9 @@ def notebook_defaults() -> dict[str, Any]:
         "eval_steps": TRAINING_DEFAULTS["eval_steps"],
         "overwrite": argument_field(RunArguments, "overwrite_output_dir").default,
         "max_restarts": DEFAULT_MAX_RESTARTS,
+        # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.supervisor).
+        "min_workers": None,
+        "replace_timeout": DEFAULT_REPLACE_TIMEOUT_S,
     }
 
 
