@@ -22,7 +22,18 @@ from textsql.files import read_json
 logger = logging.getLogger("bench")
 
 BENCH_DIR = Path(__file__).resolve().parent
-FIGURE_NAMES = ("prepare", "rendezvous", "train", "infer", "constrained", "profiles", "startup", "recovery", "gpu")
+FIGURE_NAMES = (
+    "prepare",
+    "rendezvous",
+    "train",
+    "infer",
+    "constrained",
+    "profiles",
+    "startup",
+    "recovery",
+    "shrink",
+    "gpu",
+)
 SMOKE = {
     "prepare": tokenization.Sizes(repetitions=1, warmup=0, dev_questions=200),
     "rendezvous": rendezvous.Sizes(counts=(4,), repetitions=1, warmup=0, agents=None),
@@ -32,6 +43,7 @@ SMOKE = {
     "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1, warmup=0),
     "startup": startup.Sizes(repetitions=1, warmup=0),
     "recovery": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
+    "shrink": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(
         epochs=1,
         skip_steps=1,
@@ -51,6 +63,7 @@ FULL = {
     "profiles": profiles.Sizes(),
     "startup": startup.Sizes(),
     "recovery": recovery.Sizes(),
+    "shrink": recovery.Sizes(steps=6, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(),
 }
 
@@ -74,6 +87,8 @@ def measure(name: str, sizes, data_dir: str, work: Path) -> dict[str, dict]:
         return {PROFILES_KEY: profiles.run(data_dir, work, sizes)}
     if name == "recovery":
         return {"recovery_local_downtime_s": recovery.run(data_dir, work, sizes)}
+    if name == "shrink":
+        return {"recovery_shrink_downtime_s": recovery.run_shrink(data_dir, work, sizes)}
     if name == "gpu":
         if not gpu.available():
             logger.info("gpu: no CUDA device here, section skipped (results.json keeps any earlier one)")

@@ -202,8 +202,16 @@ def kill_after(
     return thread
 
 
-def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
-    """One supervised run with one kill; its detection time, downtime and repeated steps.
+def once(
+    cluster,
+    data: Path,
+    work: Path,
+    sizes: Sizes,
+    kill: Callable[[str], float] = sigkill_rank,
+    min_workers: int | None = None,
+) -> dict:
+    """One supervised run with one kill (``kill``: rank 1's process, or its whole pod); its detection time,
+    downtime, repeated steps and, when the run went on with fewer workers, the checkpoint's conversion time.
 
     :rtype: dict
     """
@@ -212,7 +220,7 @@ def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
     work.mkdir(parents=True)
     stream = StepStream(work / "bench.log")
     checkpoint = output / f"checkpoint-{sizes.kill_after_step // sizes.save_steps * sizes.save_steps}"
-    killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed)
+    killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed, kill=kill)
     arguments = supervised_arguments(
         cluster.run_dir,
         data,
@@ -223,7 +231,7 @@ def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
         per_device_train_batch_size=sizes.batch_size,
     )
     try:
-        code = supervise(arguments, cluster, max_restarts=1, stream=stream)
+        code = supervise(arguments, cluster, max_restarts=1, stream=stream, min_workers=min_workers)
     finally:
         stream.close()
     killer.join(timeout=1)
@@ -245,10 +253,12 @@ def figures(events: list[dict], killed_at: float) -> dict:
             f"the supervisor recorded no lost worker and resume from a checkpoint: {[e['event'] for e in events]}"
         )
     resumed_step = int(Path(resumed["checkpoint"]).name.rsplit("-", 1)[1])
+    shrunk = next((event for event in events if event["event"] == "shrunk"), {})
     return {
         "detection_s": lost["aware_at"] - killed_at,
         "downtime_s": resumed["first_step_at"] - killed_at,
         "repeated_steps": lost["step"] - resumed_step,
+        "conversion_s": shrunk.get("converted_s"),
     }
 
 
@@ -278,5 +288,39 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
             f"{sizes.steps} steps, checkpoint every {sizes.save_steps}; rank 1 SIGKILLed once step {sizes.kill_after_step} "
             "was logged; value: downtime, kill to the relaunched run's first logged step; detection: kill to the "
             f"supervisor's first sign of the failure; DeepSpeed ops already cached; {sizes.repetitions} run(s), median"
+        ),
+    }
+
+
+def run_shrink(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
+    """``repetitions`` supervised runs, each on three fresh `local` pods with no capacity for a replacement and
+    ``min_workers`` 2: the whole pod of rank 1 is killed, the run goes on with two; medians of the figures.
+
+    :rtype: dict
+    """
+    from worker.cluster import start_workers
+
+    data = train_only(data_dir, work)
+    runs = []
+    for index in range(sizes.repetitions):
+        with start_workers("local", 3, work / f"shrink-run-{index}", timeout=120, replacements=False) as cluster:
+            runs.append(once(cluster, data, work / f"shrink-{index}", sizes, kill=kill_pod, min_workers=2))
+        logger.info("shrink %d: %s", index, runs[-1])
+    downtime, conversion = [r["downtime_s"] for r in runs], [r["conversion_s"] for r in runs]
+    return {
+        "value": round(statistics.median(downtime), 1),
+        "unit": "s",
+        "goal": None,
+        "downtime_s": summary(downtime, 1),
+        "conversion_s": summary(conversion, 1),
+        "detection_s": summary([r["detection_s"] for r in runs], 2),
+        "repeated_steps": [r["repeated_steps"] for r in runs],
+        "method": (
+            f"three `local` worker pods, replacements impossible, min_workers 2; embedded small T5, profile {PROFILE}, "
+            f"batch {sizes.batch_size} per rank, {sizes.steps} steps, checkpoint every {sizes.save_steps}; the whole pod "
+            f"of rank 1 SIGKILLed once step {sizes.kill_after_step} was logged; value: downtime, kill to the first step "
+            "logged on the two workers left (the replacement's refusal, the checkpoint's conversion for two ranks and "
+            "the relaunch); conversion: ds_to_universal in its own process, imports included; DeepSpeed ops already "
+            f"cached; {sizes.repetitions} run(s), median"
         ),
     }

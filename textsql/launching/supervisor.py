@@ -50,7 +50,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -95,7 +95,7 @@ PEER_FAILURE = re.compile(
 )
 
 
-class FailureKind(StrEnum):
+class FailureKind(str, Enum):
     """What made a launch fail (see the module docstring); the value is the event's name in the records."""
 
     WORKER_LOST = "worker lost"
@@ -372,7 +372,7 @@ class Supervisor:
             aware_at = watch.first_failure_at or time.time()
             detected = max(0.0, aware_at - (watch.step_at or watch.started_at))
             self._event(
-                failure.kind,
+                failure.kind.value,
                 attempt,
                 failure.line(watch.step, detected),
                 host=failure.host,
@@ -538,7 +538,7 @@ class Supervisor:
     def _event(self, event: str, attempt: int, line: str, **record) -> None:
         self.stream.write(f"[supervisor] {line}\n")
         self.stream.flush()
-        self.events.append({"event": str(event), "attempt": attempt, "time": time.time(), "line": line, **record})
+        self.events.append({"event": event, "attempt": attempt, "time": time.time(), "line": line, **record})
         record = {"max_restarts": self.max_restarts, "events": self.events}
         atomic_write(self.arguments.run_dir / SUPERVISOR_FILE, json.dumps(record, indent=2) + "\n", mode=0o600)
 
