@@ -162,19 +162,18 @@ def kill_pod(tag: str, rank: int = KILLED_RANK) -> float:
 def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **values) -> LaunchArguments:
     """The launch of a short real training run tagged ``tag``, every step logged, no evaluation.
 
-    :param values: training arguments on top (``max_steps``, ``save_steps`` ...).
+    :param values: training arguments on top (``max_steps``, ``save_steps``, ``profile`` ...).
     :rtype: LaunchArguments
     """
     args = train_argv(
         model=DEFAULT_MODEL_DIR,
         data_dir=data,
         output_dir=output,
-        profile=PROFILE,
         logging_steps=1,
         eval_strategy="no",
         disable_tqdm=True,
         log_level="info",
-        **values,
+        **{"profile": PROFILE} | values,
     )
     return LaunchArguments(run_dir=run_dir, train_args=args, env={TAG_VAR: tag})
 
@@ -188,7 +187,7 @@ def kill_after(
     :rtype: threading.Thread
     """
 
-    def kill() -> None:
+    def kill_at_step() -> None:
         try:
             stream.wait_for_step(step)
             if not (checkpoint / COMPLETE_MARKER).is_file():
@@ -197,7 +196,7 @@ def kill_after(
         except Exception as error:  # reported by the caller, which is in another thread
             killed["error"] = repr(error)
 
-    thread = threading.Thread(target=kill, name="kill-rank", daemon=True)
+    thread = threading.Thread(target=kill_at_step, name="kill-rank", daemon=True)
     thread.start()
     return thread
 

@@ -93,9 +93,10 @@ def test_a_lost_pod_without_replacement_leaves_two_workers_that_finish_the_run(
         stream.close()
         print(stream.text[-8000:])
     killer.join(timeout=5)
+    assert "at" in killed, killed
     record = json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text())
     print(json.dumps(record, indent=1))
-    assert code == 0 and "at" in killed, killed
+    assert code == 0
     assert tagged_processes(tag) == [], "ranks left behind"
 
     events = record["events"]
@@ -112,7 +113,6 @@ def test_a_lost_pod_without_replacement_leaves_two_workers_that_finish_the_run(
     assert f"; continuing on 2 workers from checkpoint-{SAVE_STEPS} (converted in " in shrunk["line"]
     assert shrunk["line"] in stream.text, "the user did not see the shrink's line"
     assert resumed["world_size"] == 2 and resumed["step"] == SAVE_STEPS + 1
-    assert cluster.hosts == ["127.0.0.2", "127.0.0.4"]
     assert (cluster.run_dir / "hostfile").read_text() == "127.0.0.2 slots=1\n127.0.0.4 slots=1\n"
 
     summary = json.loads((output / RUN_SUMMARY_NAME).read_text())

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 # Written by ds_to_universal beside the converted state: its tag, as "latest" names the original's.
 UNIVERSAL_LATEST_FILE = "latest_universal"
 UNIVERSAL_SUFFIX = "_universal"
+UNIVERSAL_STATE_DIR = "zero"
 # Where a conversion is written before it is moved into place.
 STAGING_DIR = "universal.partial"
 # One optimizer shard per data-parallel rank (ZeRO-1/2/3; bf16_ in front with DeepSpeed's bf16 optimizer).
@@ -76,7 +77,8 @@ def converted(checkpoint: Path) -> Path | None:
         tag = (checkpoint / UNIVERSAL_LATEST_FILE).read_text(encoding="utf-8").strip()
     except (FileNotFoundError, UnicodeDecodeError):
         return None
-    if not tag or Path(tag).name != tag or not (checkpoint / tag).is_dir():
+    # ds_to_universal writes each parameter's state under zero/; the original's own state has none.
+    if not tag or Path(tag).name != tag or not (checkpoint / tag / UNIVERSAL_STATE_DIR).is_dir():
         return None
     return checkpoint / tag
 
