@@ -49,7 +49,8 @@ MAX_STEPS, SAVE_STEPS, BATCH, SEED = 6, 2, 4, 7
 # 72 questions: six steps of 12 a epoch, so the run stays in its first epoch, whose order is the seed's.
 QUESTIONS = 72
 # Relative: the same 12 questions split 3 x 4 or 2 x 2 x 3, and other dropout masks (module docstring).
-LOSS_TOLERANCE = 0.05
+# Measured 0.0019 with ZeRO-1 and ZeRO-3 (9.4830 against 9.4649); five times that.
+LOSS_TOLERANCE = 0.01
 
 
 @pytest.fixture(scope="module")
