@@ -32,6 +32,7 @@ FIGURE_NAMES = (
     "startup",
     "recovery",
     "ops",
+    "shrink",
     "gpu",
 )
 SMOKE = {
@@ -45,6 +46,7 @@ SMOKE = {
     "recovery": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "ops": gpu.OpsSizes(steps=2, tiny_model=True),
     # Full-scale data, the tiny T5 and a few steps: every part runs, on the CPU in a few minutes.
+    "shrink": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(
         warmup_steps=1,
         timed_steps=2,
@@ -71,6 +73,7 @@ FULL = {
     "startup": startup.Sizes(),
     "recovery": recovery.Sizes(),
     "ops": gpu.OpsSizes(),
+    "shrink": recovery.Sizes(steps=6, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(),
 }
 
@@ -96,6 +99,8 @@ def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, sav
         return {"recovery_local_downtime_s": recovery.run(data_dir, work, sizes)}
     if name == "ops":
         return {"step_ops": gpu.run_step_ops(prepare_data(work, "schema"), work, sizes)}
+    if name == "shrink":
+        return {"recovery_shrink_downtime_s": recovery.run_shrink(data_dir, work, sizes)}
     if name == "gpu":
         device = device or ("cuda" if gpu.available() else None)
         if device is None:

@@ -16,6 +16,7 @@ tests/test_recovery.py uses too.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import shutil
@@ -23,6 +24,7 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launching.launch import LaunchArguments
-from textsql.launching.supervisor import SUPERVISOR_FILE, WORKER_LOST, supervise
+from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
 from textsql.training.checkpoints import COMPLETE_MARKER
 
 logger = logging.getLogger(__name__)
@@ -139,49 +141,76 @@ def sigkill_rank(tag: str, rank: int = KILLED_RANK) -> float:
     return killed_at
 
 
+def kill_pod(tag: str, rank: int = KILLED_RANK) -> float:
+    """SIGKILL the whole `local` pod that runs ``rank``, as a deleted pod or a lost VM goes: its agent
+    and everything under it (sshd, DeepSpeed's launch.py, the ranks) at once; the time of the kill.
+
+    :raises LookupError: when the rank runs under no agent.
+    :rtype: float
+    """
+    agent = next((p for p in rank_process(tag, rank).parents() if "worker.agent" in p.cmdline()), None)
+    if agent is None:
+        raise LookupError(f"rank {rank} of {tag} runs under no worker agent")
+    processes = [agent, *agent.children(recursive=True)]
+    killed_at = time.time()
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return killed_at
+
+
 def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **values) -> LaunchArguments:
     """The launch of a short real training run tagged ``tag``, every step logged, no evaluation.
 
-    :param values: training arguments on top (``max_steps``, ``save_steps`` ...).
+    :param values: training arguments on top (``max_steps``, ``save_steps``, ``profile`` ...).
     :rtype: LaunchArguments
     """
     args = train_argv(
         model=DEFAULT_MODEL_DIR,
         data_dir=data,
         output_dir=output,
-        profile=PROFILE,
         logging_steps=1,
         eval_strategy="no",
         disable_tqdm=True,
         log_level="info",
-        **values,
+        **{"profile": PROFILE} | values,
     )
     return LaunchArguments(run_dir=run_dir, train_args=args, env={TAG_VAR: tag})
 
 
-def kill_after(stream: StepStream, step: int, checkpoint: Path, tag: str, killed: dict) -> threading.Thread:
-    """A started thread that SIGKILLs rank 1 once ``step`` is logged, after checking ``checkpoint`` is complete;
-    ``killed`` gets ``at`` (the kill's time) or ``error``.
+def kill_after(
+    stream: StepStream, step: int, checkpoint: Path, tag: str, killed: dict, kill: Callable[[str], float] = sigkill_rank
+) -> threading.Thread:
+    """A started thread that kills rank 1 (``kill``: its process, or :func:`kill_pod`) once ``step`` is
+    logged, after checking ``checkpoint`` is complete; ``killed`` gets ``at`` (the kill's time) or ``error``.
 
     :rtype: threading.Thread
     """
 
-    def kill() -> None:
+    def kill_at_step() -> None:
         try:
             stream.wait_for_step(step)
             if not (checkpoint / COMPLETE_MARKER).is_file():
                 raise RuntimeError(f"step {step} logged but {checkpoint.name} is not complete")
-            killed["at"] = sigkill_rank(tag)
+            killed["at"] = kill(tag)
         except Exception as error:  # noqa: BLE001 - reported by the caller, which is in another thread
             killed["error"] = repr(error)
 
-    thread = threading.Thread(target=kill, name="kill-rank", daemon=True)
+    thread = threading.Thread(target=kill_at_step, name="kill-rank", daemon=True)
     thread.start()
     return thread
 
 
-def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
-    """One supervised run with one kill; its detection time, downtime and repeated steps.
+def once(
+    cluster,
+    data: Path,
+    work: Path,
+    sizes: Sizes,
+    kill: Callable[[str], float] = sigkill_rank,
+    min_workers: int | None = None,
+) -> dict:
+    """One supervised run with one kill (``kill``: rank 1's process, or its whole pod); its detection time,
+    downtime, repeated steps and, when the run went on with fewer workers, the checkpoint's conversion time.
 
     :rtype: dict
     """
@@ -190,7 +219,7 @@ def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
     work.mkdir(parents=True)
     stream = StepStream(work / "bench.log")
     checkpoint = output / f"checkpoint-{sizes.kill_after_step // sizes.save_steps * sizes.save_steps}"
-    killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed)
+    killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed, kill=kill)
     arguments = supervised_arguments(
         cluster.run_dir,
         data,
@@ -201,7 +230,7 @@ def once(cluster, data: Path, work: Path, sizes: Sizes) -> dict:
         per_device_train_batch_size=sizes.batch_size,
     )
     try:
-        code = supervise(arguments, cluster, max_restarts=1, stream=stream)
+        code = supervise(arguments, cluster, max_restarts=1, stream=stream, min_workers=min_workers)
     finally:
         stream.close()
     killer.join(timeout=1)
@@ -216,17 +245,19 @@ def figures(events: list[dict], killed_at: float) -> dict:
     :raises RuntimeError: when the events do not show one lost worker and a resumed run.
     :rtype: dict
     """
-    lost = next((event for event in events if event["event"] == WORKER_LOST), None)
+    lost = next((event for event in events if event["event"] == FailureKind.WORKER_LOST), None)
     resumed = next((event for event in events if event["event"] == "resumed"), None)
     if lost is None or resumed is None or not resumed.get("checkpoint"):
         raise RuntimeError(
             f"the supervisor recorded no lost worker and resume from a checkpoint: {[e['event'] for e in events]}"
         )
     resumed_step = int(Path(resumed["checkpoint"]).name.rsplit("-", 1)[1])
+    shrunk = next((event for event in events if event["event"] == "shrunk"), {})
     return {
         "detection_s": lost["aware_at"] - killed_at,
         "downtime_s": resumed["first_step_at"] - killed_at,
         "repeated_steps": lost["step"] - resumed_step,
+        "conversion_s": shrunk.get("converted_s"),
     }
 
 
@@ -256,5 +287,39 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
             f"{sizes.steps} steps, checkpoint every {sizes.save_steps}; rank 1 SIGKILLed once step {sizes.kill_after_step} "
             "was logged; value: downtime, kill to the relaunched run's first logged step; detection: kill to the "
             f"supervisor's first sign of the failure; DeepSpeed ops already cached; {sizes.repetitions} run(s), median"
+        ),
+    }
+
+
+def run_shrink(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
+    """``repetitions`` supervised runs, each on three fresh `local` pods with no capacity for a replacement and
+    ``min_workers`` 2: the whole pod of rank 1 is killed, the run goes on with two; medians of the figures.
+
+    :rtype: dict
+    """
+    from worker.cluster import start_workers
+
+    data = train_only(data_dir, work)
+    runs = []
+    for index in range(sizes.repetitions):
+        with start_workers("local", 3, work / f"shrink-run-{index}", timeout=120, replacements=False) as cluster:
+            runs.append(once(cluster, data, work / f"shrink-{index}", sizes, kill=kill_pod, min_workers=2))
+        logger.info("shrink %d: %s", index, runs[-1])
+    downtime, conversion = [r["downtime_s"] for r in runs], [r["conversion_s"] for r in runs]
+    return {
+        "value": round(statistics.median(downtime), 1),
+        "unit": "s",
+        "goal": None,
+        "downtime_s": summary(downtime, 1),
+        "conversion_s": summary(conversion, 1),
+        "detection_s": summary([r["detection_s"] for r in runs], 2),
+        "repeated_steps": [r["repeated_steps"] for r in runs],
+        "method": (
+            f"three `local` worker pods, replacements impossible, min_workers 2; embedded small T5, profile {PROFILE}, "
+            f"batch {sizes.batch_size} per rank, {sizes.steps} steps, checkpoint every {sizes.save_steps}; the whole pod "
+            f"of rank 1 SIGKILLed once step {sizes.kill_after_step} was logged; value: downtime, kill to the first step "
+            "logged on the two workers left (the replacement's refusal, the checkpoint's conversion for two ranks and "
+            "the relaunch); conversion: ds_to_universal in its own process, imports included; DeepSpeed ops already "
+            f"cached; {sizes.repetitions} run(s), median"
         ),
     }

@@ -21,6 +21,7 @@ FIGURES = {
     "prepare_examples_per_s": "Tokenizing the sample with batched datasets.map (examples/s)",
     "startup_to_first_step_s": "Start-up, `textsql launch` to the first training step done",
     "recovery_local_downtime_s": "A rank SIGKILLed on one of two `local` pods: downtime, kill to the resumed run's first step",
+    "recovery_shrink_downtime_s": "A pod of three killed, no replacement: downtime, kill to the first step on the two left",
     "gpu": "One CUDA GPU: training samples/s of the defaults over the old notebook's recipe (details in results.json)",
 }
 PROFILES_KEY = "deepspeed_profiles"

@@ -183,3 +183,36 @@ def test_torch_compile_compiles_once_per_bucket_shape_over_an_epoch(bucketed):
     assert len(compiled_graphs) == graphs_per_shape * len(shapes)
     within = len(compiled_graphs) <= graphs_per_shape * len(sampler.shapes())
     assert within is bucketed, (len(shapes), len(sampler.shapes()))
+
+
+def step_examples(group_size: int, ranks: int, batch: int, accumulation: int, lengths: list[int]) -> list[set[int]]:
+    """The examples of each optimizer step when ``ranks`` ranks draw from one length-grouped order as the
+    trainer's loader does (accelerate gives rank r every ranks-th batch; a step is ``accumulation`` of them)."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    per_rank = []
+    for rank in range(ranks):
+        torch.manual_seed(7)  # set_seed before the epoch's order is drawn, on every rank
+        sampler = BatchSampler(LengthGroupedSampler(group_size, lengths=lengths), batch, drop_last=False)
+        per_rank.append(list(BatchSamplerShard(sampler, num_processes=ranks, process_index=rank)))
+    steps = len(per_rank[0]) // accumulation
+    return [
+        {
+            index
+            for shard in per_rank
+            for micro in shard[step * accumulation : (step + 1) * accumulation]
+            for index in micro
+        }
+        for step in range(steps)
+    ]
+
+
+def test_fewer_ranks_see_the_same_examples_in_each_step_when_the_length_groups_keep_their_size():
+    """What --length_group_size is for: 3 ranks x 4 and 2 ranks x 3 x 2 accumulation take the same 12
+    questions a step only if the length groups do not follow the per-rank batch (transformers' default)."""
+    lengths = [random.Random(index).randint(5, 90) for index in range(72)]
+    three = step_examples(4, ranks=3, batch=4, accumulation=1, lengths=lengths)
+    assert step_examples(4, ranks=2, batch=3, accumulation=2, lengths=lengths) == three
+    assert step_examples(3 * 2, ranks=2, batch=3, accumulation=2, lengths=lengths) != three

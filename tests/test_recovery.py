@@ -28,7 +28,7 @@ from bench.events import scalars_per_file
 from bench.profiles import train_only
 from bench.recovery import KILLED_RANK, StepStream, kill_after, rank_process, supervised_arguments
 from textsql.constants import RUN_SUMMARY_NAME
-from textsql.launching.supervisor import SUPERVISOR_FILE, WORKER_LOST, supervise
+from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
 from textsql.training.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
 from textsql.training.events import TENSORBOARD_SUBDIR
 
@@ -75,7 +75,7 @@ def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStre
 def assert_resumed_to_the_end(output: Path, record: dict, checkpoint: str) -> dict:
     """One worker lost, relaunched and resumed from ``checkpoint`` to an uninterrupted run's last step."""
     events = record["events"]
-    assert [event["event"] for event in events] == [WORKER_LOST, "relaunch", "resumed", "finished"]
+    assert [event["event"] for event in events] == [FailureKind.WORKER_LOST, "relaunch", "resumed", "finished"]
     lost, relaunch, resumed = events[0], events[1], events[2]
     assert lost["host"] == "127.0.0.3" and "SIGKILL" in lost["message"]
     assert lost["line"].startswith(f"worker lost at step {lost['step']} (") and ", detected after " in lost["line"]

@@ -16,18 +16,20 @@ from pathlib import Path
 import pytest
 from test_launch import HOSTS, PROJECT_DIR, tagged_processes
 
+from textsql.arguments import train_argv
 from textsql.errors import LaunchError
 from textsql.launching.launch import LaunchArguments
 from textsql.launching.supervisor import (
-    APPLICATION_ERROR,
     SUPERVISOR_FILE,
-    WORKER_LOST,
+    FailureKind,
     LaunchWatch,
+    Supervisor,
+    TrainingPlan,
     classify,
     killing_signal,
-    resumed,
     supervise,
 )
+from textsql.training.train import parse_command_line
 
 # A rank program: forms the gloo group; rank 1 of the first launch (no --resume yet) fails as asked.
 RANK_MODULE = """
@@ -92,7 +94,7 @@ def test_a_rank_killed_by_sigkill_is_a_lost_worker_even_if_its_peer_raised() -> 
         "pdsh@m: 127.0.0.3: ssh exited with exit code 247",
     )
     failure = classify(1, watch, {})
-    assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3") and "SIGKILL" in failure.message
+    assert (failure.kind, failure.host) == (FailureKind.WORKER_LOST, "127.0.0.3") and "SIGKILL" in failure.message
 
 
 def test_a_raising_rank_is_an_application_error_with_its_exception_line() -> None:
@@ -107,9 +109,9 @@ def test_a_raising_rank_is_an_application_error_with_its_exception_line() -> Non
     assert (
         classify(1, watch, {}) == classify(1, watch, {}) and classify(1, watch, {}).message == "ValueError: bad batch"
     )
-    assert classify(1, watch, {}).kind == APPLICATION_ERROR
-    assert classify(1, watched("pdsh@m: 127.0.0.3: ssh exited with exit code 255"), {}).kind == WORKER_LOST
-    assert classify(1, watch, {"127.0.0.3": "pod local-1 exited"}).kind == WORKER_LOST
+    assert classify(1, watch, {}).kind == FailureKind.APPLICATION_ERROR
+    assert classify(1, watched("pdsh@m: 127.0.0.3: ssh exited with exit code 255"), {}).kind == FailureKind.WORKER_LOST
+    assert classify(1, watch, {"127.0.0.3": "pod local-1 exited"}).kind == FailureKind.WORKER_LOST
 
 
 def test_the_cause_is_the_raising_rank_not_the_peer_that_lost_it_first() -> None:
@@ -122,10 +124,14 @@ def test_the_cause_is_the_raising_rank_not_the_peer_that_lost_it_first() -> None
         "pdsh@m: 127.0.0.3: ssh exited with exit code 1",
     )
     failure = classify(1, watch, {})
-    assert (failure.kind, failure.host, failure.message) == (APPLICATION_ERROR, "127.0.0.3", "ValueError: bad batch")
+    assert (failure.kind, failure.host, failure.message) == (
+        FailureKind.APPLICATION_ERROR,
+        "127.0.0.3",
+        "ValueError: bad batch",
+    )
     # Ranks we end after that failure may need SIGKILL on a loaded machine: still the same error.
     watch.write("pdsh@m: 127.0.0.2: ssh exited with exit code 247\n")
-    assert classify(1, watch, {}).kind == APPLICATION_ERROR
+    assert classify(1, watch, {}).kind == FailureKind.APPLICATION_ERROR
 
 
 def test_a_255_from_a_host_whose_ranks_we_ended_later_is_not_the_lost_worker() -> None:
@@ -137,14 +143,14 @@ def test_a_255_from_a_host_whose_ranks_we_ended_later_is_not_the_lost_worker() -
         "pdsh@m: 127.0.0.2: ssh exited with exit code 255",
     )
     failure = classify(1, watch, {})
-    assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3") and "SIGKILL" in failure.message
+    assert (failure.kind, failure.host) == (FailureKind.WORKER_LOST, "127.0.0.3") and "SIGKILL" in failure.message
     # A 255 that only follows a peer's lost connection is still the unreachable host.
     watch = watched(
         "127.0.0.2: [rank0]: RuntimeError: Connection closed by peer",
         "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
         "pdsh@m: 127.0.0.3: ssh exited with exit code 255",
     )
-    assert (classify(1, watch, {}).kind, classify(1, watch, {}).host) == (WORKER_LOST, "127.0.0.3")
+    assert (classify(1, watch, {}).kind, classify(1, watch, {}).host) == (FailureKind.WORKER_LOST, "127.0.0.3")
 
 
 def test_the_launcher_leaving_on_our_sigterm_is_not_an_application_error() -> None:
@@ -161,7 +167,7 @@ def test_the_launcher_leaving_on_our_sigterm_is_not_an_application_error() -> No
         "pdsh@m: 127.0.0.2: ssh exited with exit code 1",
     )
     failure = classify(1, watch, {})
-    assert (failure.kind, failure.host) == (WORKER_LOST, "127.0.0.3"), failure
+    assert (failure.kind, failure.host) == (FailureKind.WORKER_LOST, "127.0.0.3"), failure
 
 
 def test_the_failure_line_names_the_step_and_the_detection_time() -> None:
@@ -176,12 +182,53 @@ def test_the_failure_line_names_the_step_and_the_detection_time() -> None:
     )
 
 
-def test_resumed_replaces_any_resume_with_auto(tmp_path: Path) -> None:
-    arguments = LaunchArguments(
-        run_dir=tmp_path, train_args=["--output_dir", "out", "--resume", "out/checkpoint-2", "--seed=3"]
+def test_a_relaunchs_resume_auto_wins_over_the_users_resume_and_overwrite(tmp_path: Path) -> None:
+    """The supervisor adds its training arguments after the user's; the ranks' parser takes the last of a flag."""
+    user = train_argv(data_dir=tmp_path, output_dir=tmp_path / "out", profile="zero1", overwrite_output_dir=True)
+    _, _, run_args, _ = parse_command_line([*user, *train_argv(resume="auto", overwrite_output_dir=False)])
+    assert (run_args.resume, run_args.overwrite_output_dir) == ("auto", False)
+    _, _, run_args, _ = parse_command_line(
+        [*train_argv(data_dir=tmp_path, output_dir=tmp_path, resume="x"), "--resume", "auto"]
     )
-    assert resumed(arguments).train_args == ["--output_dir", "out", "--seed=3", "--resume", "auto"]
-    assert resumed(resumed(arguments)).train_args == resumed(arguments).train_args
+    assert run_args.resume == "auto"
+
+
+@pytest.mark.parametrize(
+    "batch, accumulation, first, now, expected",
+    [
+        (4, 1, 3, 2, {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "length_group_size": 4}),
+        (4, 1, 3, 1, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 3, "length_group_size": 4}),
+        (8, 2, 4, 2, {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "length_group_size": 16}),
+        (4, 1, 3, 3, {}),
+    ],
+)
+def test_fewer_ranks_keep_the_global_batch_and_no_rank_holds_more(batch, accumulation, first, now, expected) -> None:
+    plan = TrainingPlan(Path("out"), batch, accumulation)
+    overrides = plan.batch_for(first, now)
+    assert overrides == expected
+    if overrides:
+        kept = overrides["per_device_train_batch_size"] * overrides["gradient_accumulation_steps"] * now
+        assert kept == batch * accumulation * first and overrides["per_device_train_batch_size"] <= batch
+
+
+def test_a_token_budget_keeps_at_most_the_tokens_of_a_step() -> None:
+    overrides = TrainingPlan(Path("out"), 16, 1, max_tokens_per_batch=1000).batch_for(3, 2)
+    assert overrides == {"max_tokens_per_batch": 750, "gradient_accumulation_steps": 2}
+    assert TrainingPlan(Path("out"), 16, 1, max_tokens_per_batch=1000).batch_for(3, 3) == {}
+
+
+def test_a_global_batch_that_does_not_divide_among_the_ranks_left_is_refused_in_one_line() -> None:
+    with pytest.raises(LaunchError, match=r"global batch of 9 questions does not divide among 2 ranks; .*min_workers"):
+        TrainingPlan(Path("out"), 3, 1).batch_for(3, 2)
+
+
+def test_min_workers_must_be_from_one_to_the_workers(tmp_path: Path) -> None:
+    (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+    arguments = LaunchArguments(run_dir=tmp_path, module="standin_rank")
+    for bad in (0, 3):
+        with pytest.raises(LaunchError, match=rf"--min-workers {bad} must be from 1 to the number of workers \(2\)"):
+            Supervisor(arguments, min_workers=bad)
+    assert Supervisor(arguments).min_workers == 2, "the default must keep today's behaviour: never go on with fewer"
 
 
 # ---- real launches ----------------------------------------------------------------------------
@@ -193,7 +240,7 @@ def test_rank_killed_by_sigkill_is_relaunched_on_the_same_workers(two_local_work
     assert result == 0
     assert "stand-in rank 1 done resumed=True" in output
     events = [event["event"] for event in record["events"]]
-    assert events == [WORKER_LOST, "relaunch", "finished"]
+    assert events == [FailureKind.WORKER_LOST, "relaunch", "finished"]
     lost = record["events"][0]
     assert lost["host"] == "127.0.0.3" and "SIGKILL" in lost["message"]
     print(f"rank SIGKILL: detected {lost['detected_s']:.1f} s after the first failure line")
@@ -204,7 +251,7 @@ def test_the_same_error_twice_ends_the_run_with_it_after_one_retry(two_local_wor
     result, _, record = supervised(two_local_workers, tmp_path, "raise")
     assert isinstance(result, LaunchError) and str(result) == "ValueError: stand-in rank 1 cannot parse its batch"
     events = [event["event"] for event in record["events"]]
-    assert events == [APPLICATION_ERROR, "relaunch", APPLICATION_ERROR, "gave up"]
+    assert events == [FailureKind.APPLICATION_ERROR, "relaunch", FailureKind.APPLICATION_ERROR, "gave up"]
 
 
 @pytest.mark.slow
@@ -213,7 +260,7 @@ def test_a_deleted_pod_is_replaced_and_the_run_finishes(two_local_workers, tmp_p
     result, output, record = supervised(two_local_workers, tmp_path, "killpod")
     assert result == 0, output[-3000:]
     events = [event["event"] for event in record["events"]]
-    assert events == [WORKER_LOST, "replaced", "relaunch", "finished"]
+    assert events == [FailureKind.WORKER_LOST, "replaced", "relaunch", "finished"]
     assert record["events"][0]["host"] == "127.0.0.3"
     new_key = (two_local_workers.run_dir / "known_hosts").read_text()
     assert new_key != old_key, "the replacement's new host key was not pinned"

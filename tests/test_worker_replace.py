@@ -175,3 +175,23 @@ def test_a_cml_replacement_that_fails_is_reported_with_its_status(cml_cluster):
         r"worker \S+ ended with status 'failed' before registering",
     ):
         cluster.replace_worker(LOST, timeout=60)
+
+
+def test_without_a_replacement_the_run_goes_on_with_the_workers_left(kubernetes_cluster):
+    """What the supervisor does when min_workers allows: the lost worker is dropped and the run's files follow."""
+    cluster, api = kubernetes_cluster
+    lost = cluster.workers[1].pod
+    keys_before = pinned_keys(cluster)
+    api.image_pull_fails = True
+    api.delete_namespaced_pod(lost, "default", grace_period_seconds=10)
+    with pytest.raises(WorkerError, match="no replacement for lost worker"):
+        cluster.replace_worker(LOST, timeout=1)
+    smaller = cluster.without_worker(LOST)
+    assert smaller.hosts == ["127.0.0.2"] and smaller.master_addr == "127.0.0.2"
+    assert smaller.hostfile.read_text() == "127.0.0.2 slots=1\n"
+    assert pinned_keys(smaller) == {"127.0.0.2": keys_before["127.0.0.2"]}
+    assert smaller.lost() == {}, "the dropped worker would read as lost again at the next failure"
+    result = smaller.ssh("127.0.0.2", "echo kept")
+    assert result.returncode == 0 and result.stdout == "kept\n", result.stderr
+    with pytest.raises(WorkerError, match=r"127.0.0.2 is the run's last worker; there is nothing to go on with"):
+        smaller.without_worker("127.0.0.2")

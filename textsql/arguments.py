@@ -20,7 +20,13 @@ import logging
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
-from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS
+from textsql.constants import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_MAX_SOURCE_LENGTH,
+    DEFAULT_MAX_TARGET_LENGTH,
+    DEFAULT_REPLACE_TIMEOUT_S,
+    INPUT_FORMATS,
+)
 from textsql.data.wikisql import SAMPLE_SOURCE
 from textsql.errors import DataError, LaunchError, ModelError
 
@@ -170,6 +176,13 @@ class DataArguments:
             "help": "Fill training batches from length buckets to N padded tokens instead of a count of examples (default on a GPU: sized from its memory)."
         },
     )
+    length_group_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "With group_by_length sampling: examples per length group (default: per-rank batch x gradient "
+            "accumulation, as transformers does); a run that goes on with fewer workers keeps its first launch's, so its data order continues."
+        },
+    )
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -265,6 +278,9 @@ def notebook_defaults() -> dict[str, Any]:
         "eval_steps": TRAINING_DEFAULTS["eval_steps"],
         "overwrite": argument_field(RunArguments, "overwrite_output_dir").default,
         "max_restarts": DEFAULT_MAX_RESTARTS,
+        # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.supervisor).
+        "min_workers": None,
+        "replace_timeout": DEFAULT_REPLACE_TIMEOUT_S,
     }
 
 

@@ -57,3 +57,5 @@ TABLES_DIR_NAME = "tables"
 LABEL_PAD_TOKEN_ID = -100
 # Relaunches the supervisor allows after a failed launch (textsql.launching.supervisor).
 DEFAULT_MAX_RESTARTS = 3
+# Seconds a lost worker's replacement has to register (or a static host to answer again).
+DEFAULT_REPLACE_TIMEOUT_S = 300.0

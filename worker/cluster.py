@@ -118,6 +118,26 @@ class Cluster:
         logger.info("worker %s (pod %s) replaced by %s (pod %s)", address, lost.pod, new, handle.pod)
         return replace(self, workers=tuple(workers), master_addr=workers[0].address)
 
+    def without_worker(self, address: str) -> Cluster:
+        """The cluster without the lost worker at ``address``, for a run that goes on with fewer workers:
+        the run's hostfile, known_hosts and ssh_config are written again for the others, and the rendezvous
+        counts the run as full with them (a replacement that registers late is refused).
+
+        :param address: the lost worker's address.
+        :rtype: Cluster
+        :raises WorkerError: if ``address`` is not a worker of this run, or the last one.
+        """
+        remaining = tuple(worker for worker in self.workers if worker.address != address)
+        if len(remaining) == len(self.workers):
+            raise WorkerError(f"{address} is not a worker of this run; workers: {' '.join(self.hosts)}")
+        if not remaining:
+            raise WorkerError(f"{address} is the run's last worker; there is nothing to go on with")
+        if self._server is not None:
+            self._server.drop(address)
+        write_run_files(RunFiles(self.hostfile, self.known_hosts, self.ssh_config), remaining, self.identity_file)
+        logger.info("going on without worker %s: %d left", address, len(remaining))
+        return replace(self, workers=remaining, master_addr=remaining[0].address)
+
     @property
     def hosts(self) -> list[str]:
         """Worker addresses in node-rank order (the hostfile's order).

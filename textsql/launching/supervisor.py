@@ -10,11 +10,19 @@ failure is classified:
   killed by a signal other than the SIGTERM/SIGINT this side sends (SIGKILL: the OOM killer, an
   eviction). A worker that is gone or does not answer over ssh is replaced through the backend
   (:meth:`worker.cluster.Cluster.replace_worker`); one whose rank alone was killed is reused. Then
-  the run is launched again with ``--resume auto``: same world size, since a ZeRO checkpoint loads
-  only at the data-parallel size that wrote it.
+  the run is launched again with ``--resume auto``. When no replacement registers within
+  ``replace_timeout`` and at least ``min_workers`` remain, the run goes on without it (see *Shrinking*).
 - **application error**: a rank raised (its traceback's last line) or exited non-zero by itself. It
   is retried once, in case it was a consequence of something passing; the same error twice ends the
   run with that error.
+
+**Shrinking.** ``min_workers`` below the number of workers lets a run continue on fewer: the lost
+worker is dropped (:meth:`worker.cluster.Cluster.without_worker`), the newest complete checkpoint is
+converted for the new data-parallel size where its ZeRO stage needs it (:mod:`textsql.training.universal`),
+and the relaunch keeps the global batch (per-rank batch x gradient accumulation x ranks, or the tokens
+of a step with a token budget) and the order of the examples. A replacement that arrives later is not
+waited for. With ``min_workers`` equal to the number of workers (the default) a lost worker that is
+not replaced ends the run, as before.
 
 Each event is one line on the launch's stream and a record in ``RUN_DIR/supervisor.json``, as it
 happens: ``worker lost at step N (how), detected after T s`` (T: from the last step logged, or the
@@ -34,35 +42,37 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from textsql.arguments import train_argv
 from textsql.console import STEP_LINE, ShownLines
-from textsql.constants import DEFAULT_MAX_RESTARTS, RUN_SUMMARY_NAME
+from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
 from textsql.launching.cluster_check import check_cluster
-from textsql.launching.launch import PDSH_HOST_FAILED, LaunchArguments, launch
+from textsql.launching.launch import PDSH_HOST_FAILED, TRAIN_MODULE, LaunchArguments, launch
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
+from textsql.training.universal import convert, needs_conversion
 from worker.cluster import Cluster
 from worker.constants import HOSTFILE_NAME
+from worker.errors import WorkerError
 from worker.files import atomic_write
 from worker.hostfile import read_hostfile
 
 logger = logging.getLogger(__name__)
 
 SUPERVISOR_FILE = "supervisor.json"
-# Seconds a replacement worker has to register (or a static host to answer again).
-REPLACE_TIMEOUT_S = 300.0
 # Seconds an ssh check of a suspect worker may take.
 SSH_CHECK_S = 15.0
-WORKER_LOST, APPLICATION_ERROR = "worker lost", "application error"
 # pdsh's exit code when ssh itself failed: the host is unreachable or its sshd is gone.
 SSH_FAILED = 255
 # Signals this side sends when it ends a launch's ranks (textsql.launching.ranks, an interrupt): not a loss.
@@ -85,13 +95,19 @@ PEER_FAILURE = re.compile(
 )
 
 
+class FailureKind(str, Enum):
+    """What made a launch fail (see the module docstring); the value is the event's name in the records."""
+
+    WORKER_LOST = "worker lost"
+    APPLICATION_ERROR = "application error"
+
+
 @dataclass(frozen=True)
 class Failure:
-    """Why a launch failed: ``kind`` is :data:`WORKER_LOST` or :data:`APPLICATION_ERROR`; ``message``
-    says what happened (for an application error, the rank's exception line: the same message twice
-    is the same error)."""
+    """Why a launch failed; ``message`` says what happened (for an application error, the rank's
+    exception line: the same message twice is the same error)."""
 
-    kind: str
+    kind: FailureKind
     host: str | None
     code: int
     message: str
@@ -99,7 +115,7 @@ class Failure:
     def line(self, step: int | None, detected: float) -> str:
         """The event's line for a person: what, at which step, how soon it was seen."""
         at = f"at step {step}" if step is not None else "before the first step"
-        if self.kind == WORKER_LOST:
+        if self.kind is FailureKind.WORKER_LOST:
             return f"worker lost {at} ({self.message}), detected after {detected:.1f} s"
         return f"application error {at} on {self.host or 'this machine'}: {self.message} (exit code {self.code})"
 
@@ -199,7 +215,7 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     """
     if lost:
         host, reason = next(iter(sorted(lost.items())))
-        return Failure(WORKER_LOST, host, code, reason)
+        return Failure(FailureKind.WORKER_LOST, host, code, reason)
     # ssh also exits 255 when the launch's processes on a host were ended by signal, as this side ends
     # every host's after the first failure: a later 255 is no loss unless nothing else explains the failure.
     if watch.exits and watch.exits[0][1] == SSH_FAILED:
@@ -208,12 +224,15 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     # a loaded machine some only go with SIGKILL, which must not read as a lost worker.
     causes = [(failed, error) for failed, error in watch.errors.items() if not PEER_FAILURE.search(error)]
     if causes:
-        return Failure(APPLICATION_ERROR, causes[0][0], code, causes[0][1])
+        return Failure(FailureKind.APPLICATION_ERROR, causes[0][0], code, causes[0][1])
     for host, exit_code in watch.exits:
         signum = killing_signal(exit_code)
         if signum is not None and signum not in OWN_SIGNALS:
             return Failure(
-                WORKER_LOST, host, exit_code, f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}"
+                FailureKind.WORKER_LOST,
+                host,
+                exit_code,
+                f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}",
             )
     unreachable = next((host for host, exit_code in watch.exits if exit_code == SSH_FAILED), None)
     if unreachable is not None and all(PEER_FAILURE.search(error) for error in watch.errors.values()):
@@ -222,18 +241,93 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     message = (
         watch.errors.get(host) or next(iter(watch.errors.values()), None) or watch.last.get(host) or f"exit code {code}"
     )
-    return Failure(APPLICATION_ERROR, host, code, message)
+    return Failure(FailureKind.APPLICATION_ERROR, host, code, message)
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What the supervisor reads of the ranks' training arguments, parsed by the ranks' own parser
+    (:func:`textsql.training.train.parse_command_line`); None fields for another module."""
+
+    output_dir: Path | None = None
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    max_tokens_per_batch: int | None = None
+    length_group_size: int | None = None
+    model: str | None = None
+
+    @classmethod
+    def read(cls, arguments: LaunchArguments) -> TrainingPlan:
+        """The plan of a launch of the training module (an empty one for any other module).
+
+        :rtype: TrainingPlan
+        """
+        if arguments.module != TRAIN_MODULE:
+            return cls()
+        from textsql.training.train import parse_command_line
+
+        model_args, data_args, _, training = parse_command_line(arguments.train_args)
+        return cls(
+            Path(training["output_dir"]),
+            training["per_device_train_batch_size"],
+            training["gradient_accumulation_steps"],
+            data_args.max_tokens_per_batch,
+            data_args.length_group_size,
+            model_args.model,
+        )
+
+    def batch_for(self, first_world: int, world: int) -> dict[str, Any]:
+        """Training arguments that keep the first launch's global batch and data order on ``world`` ranks.
+
+        Examples per step: the per-rank batch shrinks to the largest divisor of the new per-rank share
+        not above the old batch (no rank holds more at once than before), gradient accumulation makes up
+        the rest, and the length groups keep their first size. With a token budget, accumulation grows to
+        cover the lost ranks and the budget is cut so a step holds at most the tokens it held.
+
+        :param first_world: ranks of the first launch.
+        :param world: ranks now.
+        :rtype: dict[str, typing.Any]
+        :raises LaunchError: when the global batch does not divide among ``world`` ranks.
+        """
+        if world == first_world:
+            return {}
+        if self.max_tokens_per_batch:
+            steps = math.ceil(self.gradient_accumulation_steps * first_world / world)
+            budget = self.max_tokens_per_batch * self.gradient_accumulation_steps * first_world // (world * steps)
+            return {"max_tokens_per_batch": budget, "gradient_accumulation_steps": steps}
+        per_rank, rest = divmod(
+            self.per_device_train_batch_size * self.gradient_accumulation_steps * first_world, world
+        )
+        if rest:
+            raise LaunchError(
+                f"the global batch of {per_rank * world + rest} questions does not divide among {world} ranks; "
+                "pick a per-rank batch x workers that the smaller world divides, or min_workers = workers"
+            )
+        batch = max(size for size in range(1, self.per_device_train_batch_size + 1) if per_rank % size == 0)
+        return {
+            "per_device_train_batch_size": batch,
+            "gradient_accumulation_steps": per_rank // batch,
+            "length_group_size": self.length_group_size
+            or self.per_device_train_batch_size * self.gradient_accumulation_steps,
+        }
 
 
 @dataclass
 class Supervisor:
     """Runs :func:`textsql.launching.launch.launch` until it succeeds, replacing lost workers, at most
-    ``max_restarts`` times after the first launch (0: the first failure ends the run, as without it)."""
+    ``max_restarts`` times after the first launch (0: the first failure ends the run, as without it).
+
+    ``min_workers`` (default: all the workers) is the fewest the run may go on with when a lost worker's
+    replacement does not register within ``replace_timeout`` seconds.
+
+    Methods that may be overridden: :meth:`recover` (what to do about a failure before the relaunch).
+    """
 
     arguments: LaunchArguments
     cluster: Cluster | None = None
     max_restarts: int = DEFAULT_MAX_RESTARTS
-    replace_timeout: float = REPLACE_TIMEOUT_S
+    replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S
+    min_workers: int | None = None
     stream: TextIO = field(default_factory=lambda: ShownLines(sys.stdout))
     events: list[dict] = field(default_factory=list)
 
@@ -247,24 +341,37 @@ class Supervisor:
                 hostfile=self.cluster.hostfile,
                 ssh_config=self.arguments.ssh_config or self.cluster.ssh_config,
             )
+        workers = len(self.cluster.hosts) if self.cluster is not None else len(self._hosts()) or 1
+        if self.min_workers is None:
+            self.min_workers = workers
+        if not 1 <= self.min_workers <= workers:
+            raise LaunchError(f"--min-workers {self.min_workers!r} must be from 1 to the number of workers ({workers})")
+        if self.replace_timeout < 0:
+            raise LaunchError(f"--replace-timeout {self.replace_timeout!r} must be 0 or more seconds")
+        self.plan = TrainingPlan.read(self.arguments)
+        self.first_world = self._world()
+        # Training arguments on top of the user's for the next launch (the last of a flag wins).
+        self.overrides: dict[str, Any] = {}
 
     def run(self) -> int:
         """Launch, and relaunch after each recoverable failure.
 
         :rtype: int
         :returns: 0, or the last launch's exit code once the restarts are used up.
-        :raises LaunchError: when a rank fails with the same error twice in a row (its message).
-        :raises WorkerError: when a lost worker's replacement was not running and registered in time.
+        :raises LaunchError: when a rank fails with the same error twice in a row (its message), or a
+            checkpoint cannot be converted for fewer workers.
+        :raises WorkerError: when a lost worker's replacement was not running and registered in time
+            and the run may not go on with fewer workers.
         """
-        arguments, previous, aware_at = self.arguments, None, None
+        previous, aware_at = None, None
         for attempt in range(self.max_restarts + 1):
-            resumed_from = self._checkpoint(arguments) if attempt else None
+            resumed_from = self._checkpoint() if attempt else None
             watch = LaunchWatch(
                 self.stream,
                 self._hosts(),
                 on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None,
             )
-            code = launch(arguments, stream=watch)
+            code = launch(self._launch_arguments(), stream=watch)
             if code == 0:
                 if attempt:
                     self._event("finished", attempt, f"run finished after {attempt} restart(s)")
@@ -274,7 +381,7 @@ class Supervisor:
             aware_at = watch.first_failure_at or time.time()
             detected = max(0.0, aware_at - (watch.step_at or watch.started_at))
             self._event(
-                failure.kind,
+                failure.kind.value,
                 attempt,
                 failure.line(watch.step, detected),
                 host=failure.host,
@@ -284,31 +391,102 @@ class Supervisor:
                 aware_at=aware_at,
                 detected_s=round(detected, 2),
             )
-            if failure.kind == APPLICATION_ERROR and previous == (failure.kind, failure.message):
+            if failure.kind is FailureKind.APPLICATION_ERROR and previous == (failure.kind, failure.message):
                 self._event("gave up", attempt, f"the same error twice, not retried again: {failure.message}")
                 raise LaunchError(failure.message)
             if attempt == self.max_restarts:
                 break
-            if failure.kind == WORKER_LOST:
-                self._recover(failure, attempt)
+            self.recover(failure, attempt)
             previous = failure.kind, failure.message
-            arguments = resumed(arguments)
-            checkpoint, incomplete = self._checkpoint(arguments), self._incomplete(arguments)
-            skipped = "".join(
-                f"; {path.name} is incomplete ({reason}): set aside as {SET_ASIDE_PREFIX}{path.name}"
-                for path, reason in incomplete
-            )
-            self._event(
-                "relaunch",
-                attempt + 1,
-                f"relaunching (restart {attempt + 1} of {self.max_restarts}) "
-                f"from {Path(checkpoint).name if checkpoint else 'the start: no complete checkpoint yet'}{skipped}",
-                checkpoint=checkpoint,
-                incomplete=[str(path) for path, _ in incomplete],
-            )
+            self.overrides |= {"resume": "auto", "overwrite_output_dir": False}
+            self._relaunch_event(attempt)
         if self.max_restarts:
             self._event("gave up", self.max_restarts, f"{self.max_restarts} restart(s) used up; exit code {code}")
         return code
+
+    def recover(self, failure: Failure, attempt: int) -> None:
+        """Replace the failed worker when it is gone or does not answer (a worker whose rank alone was
+        killed is reused); without a replacement in time, go on without it when ``min_workers`` allows."""
+        if (
+            failure.kind is not FailureKind.WORKER_LOST
+            or self.cluster is None
+            or failure.host not in self.cluster.hosts
+        ):
+            return
+        gone = failure.host in self.cluster.lost() or not self._answers(failure.host)
+        if not gone:
+            return
+        started = time.monotonic()
+        try:
+            self.cluster = self.cluster.replace_worker(failure.host, self.replace_timeout)
+        except WorkerError as error:
+            if len(self.cluster.hosts) - 1 < self.min_workers:
+                raise
+            self._shrink(failure.host, time.monotonic() - started, str(error), attempt)
+            return
+        self._event(
+            "replaced",
+            attempt,
+            f"replacement for {failure.host} registered after {time.monotonic() - started:.1f} s",
+            host=failure.host,
+        )
+
+    def _shrink(self, host: str, waited: float, why: str, attempt: int) -> None:
+        """Go on without ``host``: keep the global batch on the ranks left, and convert the checkpoint for them."""
+        before = self._world()
+        after = before - self._hostfile().get(host, 0)
+        # Checked before the worker is dropped: a batch that cannot be kept ends the run as before.
+        batch = self.plan.batch_for(self.first_world, after)
+        self.cluster = self.cluster.without_worker(host)
+        self.overrides |= batch
+        checkpoint = self._checkpoint()
+        converted_s = None
+        if checkpoint is not None and needs_conversion(Path(checkpoint), after):
+            try:
+                converted_s = convert(Path(checkpoint))
+            except LaunchError as error:
+                self._event("gave up", attempt, str(error), checkpoint=checkpoint)
+                raise
+        origin = (
+            f"from {Path(checkpoint).name}"
+            + (f" (converted in {converted_s:.1f} s)" if converted_s is not None else "")
+            if checkpoint
+            else "from the start"
+        )
+        self._event(
+            "shrunk",
+            attempt,
+            f"worker {host} lost, no replacement after {waited:.1f} s; "
+            f"continuing on {len(self.cluster.hosts)} workers {origin}",
+            host=host,
+            reason=why,
+            world_size_before=before,
+            world_size_after=after,
+            checkpoint=checkpoint,
+            converted_s=round(converted_s, 2) if converted_s is not None else None,
+            overrides=dict(self.overrides),
+        )
+
+    def _relaunch_event(self, attempt: int) -> None:
+        checkpoint, incomplete = self._checkpoint(), self._incomplete()
+        skipped = "".join(
+            f"; {path.name} is incomplete ({reason}): set aside as {SET_ASIDE_PREFIX}{path.name}"
+            for path, reason in incomplete
+        )
+        self._event(
+            "relaunch",
+            attempt + 1,
+            f"relaunching (restart {attempt + 1} of {self.max_restarts}) "
+            f"from {Path(checkpoint).name if checkpoint else 'the start: no complete checkpoint yet'}{skipped}",
+            checkpoint=checkpoint,
+            incomplete=[str(path) for path, _ in incomplete],
+        )
+
+    def _launch_arguments(self) -> LaunchArguments:
+        """The user's launch with the supervisor's overrides after the user's training arguments."""
+        if not self.overrides:
+            return self.arguments
+        return replace(self.arguments, train_args=[*self.arguments.train_args, *train_argv(**self.overrides)])
 
     def _on_resumed(self, attempt: int, checkpoint: str | None, aware_at: float | None) -> Callable[[int], None]:
         """The relaunch's first step: the run is going again (its time, less the failure's, is the downtime seen here)."""
@@ -322,6 +500,7 @@ class Supervisor:
                 f"resumed {origin}: step {step} done {since:.1f} s after the failure was detected",
                 checkpoint=checkpoint,
                 step=step,
+                world_size=self._world(),
                 first_step_at=time.time(),
             )
 
@@ -329,46 +508,38 @@ class Supervisor:
 
     def _record_in_summary(self, restarts: int) -> None:
         """Copy the events into the finished run's ``run.json`` (which the ranks wrote without them)."""
-        output = option_value(self.arguments.train_args, "--output_dir")
-        summary = Path(output) / RUN_SUMMARY_NAME if output else None
+        summary = self.plan.output_dir / RUN_SUMMARY_NAME if self.plan.output_dir else None
         if summary is not None and summary.is_file():
             record = read_json(summary)
-            record["recovery"] = {"max_restarts": self.max_restarts, "restarts": restarts, "events": self.events}
+            record["recovery"] = {
+                "max_restarts": self.max_restarts,
+                "restarts": restarts,
+                "min_workers": self.min_workers,
+                "world_size_first": self.first_world,
+                "events": self.events,
+            }
             write_json(summary, record)
-
-    def _recover(self, failure: Failure, attempt: int) -> None:
-        """Replace the failed worker when it is gone or does not answer; a worker whose rank alone was killed is reused."""
-        if self.cluster is None or failure.host not in self.cluster.hosts:
-            return
-        gone = failure.host in self.cluster.lost() or not self._answers(failure.host)
-        if not gone:
-            return
-        started = time.monotonic()
-        self.cluster = self.cluster.replace_worker(failure.host, self.replace_timeout)
-        self._event(
-            "replaced",
-            attempt,
-            f"replacement for {failure.host} registered after {time.monotonic() - started:.1f} s",
-            host=failure.host,
-        )
 
     def _answers(self, host: str) -> bool:
         return self.cluster.answers(host, timeout=SSH_CHECK_S)
 
-    def _hosts(self) -> list[str]:
+    def _hostfile(self) -> dict[str, int]:
         if self.arguments.launcher != "pdsh":
-            return []
-        return list(read_hostfile((self.arguments.hostfile or self.arguments.run_dir / HOSTFILE_NAME).resolve()))
+            return {}
+        return read_hostfile((self.arguments.hostfile or self.arguments.run_dir / HOSTFILE_NAME).resolve())
 
-    @staticmethod
-    def _checkpoint(arguments: LaunchArguments) -> str | None:
-        output = option_value(arguments.train_args, "--output_dir")
-        return newest_complete_checkpoint(Path(output)) if output else None
+    def _hosts(self) -> list[str]:
+        return list(self._hostfile())
 
-    @staticmethod
-    def _incomplete(arguments: LaunchArguments) -> list[tuple[Path, str]]:
-        output = option_value(arguments.train_args, "--output_dir")
-        return incomplete_newer(Path(output)) if output else []
+    def _world(self) -> int:
+        """Ranks of the next launch: the hostfile's slots (for the local launcher: its rank count, or 1)."""
+        return sum(self._hostfile().values()) or self.arguments.ranks or 1
+
+    def _checkpoint(self) -> str | None:
+        return newest_complete_checkpoint(self.plan.output_dir) if self.plan.output_dir else None
+
+    def _incomplete(self) -> list[tuple[Path, str]]:
+        return incomplete_newer(self.plan.output_dir) if self.plan.output_dir else []
 
     def _event(self, event: str, attempt: int, line: str, **record) -> None:
         self.stream.write(f"[supervisor] {line}\n")
@@ -383,6 +554,8 @@ def supervise(
     cluster: Cluster | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     stream: TextIO | None = None,
+    min_workers: int | None = None,
+    replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S,
 ) -> int:
     """Run the launch under a :class:`Supervisor` (see the module docstring).
 
@@ -390,47 +563,25 @@ def supervise(
     :param cluster: the run's workers, so lost ones can be replaced (None: relaunch on the same hosts).
     :param max_restarts: relaunches allowed after the first launch (0: none).
     :param stream: where the ranks' output and the supervisor's lines go (default: sys.stdout).
+    :param min_workers: the fewest workers to go on with when a lost one is not replaced in time (None: all).
+    :param replace_timeout: seconds a replacement has to register.
     :rtype: int
     :raises ClusterError: before anything is launched, when the workers cannot train together.
     """
     if cluster is not None:
-        model = option_value(arguments.train_args, "--model")
-        check_cluster(cluster.workers, arguments.run_dir, model, arguments.socket_ifname)
-    return Supervisor(arguments, cluster, max_restarts, stream=stream or ShownLines(sys.stdout)).run()
-
-
-def resumed(arguments: LaunchArguments) -> LaunchArguments:
-    """The launch again with ``--resume auto`` (any other ``--resume`` replaced): the newest complete checkpoint.
-
-    :rtype: LaunchArguments
-    """
-    kept, skip = [], False
-    for arg in arguments.train_args:
-        if skip:
-            skip = False
-        elif arg == "--resume":
-            skip = True
-        elif not arg.startswith("--resume="):
-            kept.append(arg)
-    return replace(arguments, train_args=[*kept, "--resume", "auto"])
-
-
-def option_value(args: list[str], name: str) -> str | None:
-    """The value of ``name VALUE`` or ``name=VALUE`` in an argument list (the last one given), or None.
-
-    :rtype: str | None
-    """
-    value = None
-    for index, arg in enumerate(args):
-        if arg == name and index + 1 < len(args):
-            value = args[index + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
+        check_cluster(cluster.workers, arguments.run_dir, TrainingPlan.read(arguments).model, arguments.socket_ifname)
+    return Supervisor(
+        arguments,
+        cluster,
+        max_restarts,
+        replace_timeout=replace_timeout,
+        min_workers=min_workers,
+        stream=stream or ShownLines(sys.stdout),
+    ).run()
 
 
 def _ssh_failed(host: str | None) -> Failure:
-    return Failure(WORKER_LOST, host, SSH_FAILED, f"ssh to {host} failed (exit code {SSH_FAILED})")
+    return Failure(FailureKind.WORKER_LOST, host, SSH_FAILED, f"ssh to {host} failed (exit code {SSH_FAILED})")
 
 
 def _signal_name(signum: int) -> str:

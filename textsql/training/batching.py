@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
@@ -218,11 +219,13 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         max_tokens_per_batch: int | None = None,
         buckets: int = DEFAULT_BUCKETS,
         optimizer_max_grad_norm: float = 0.0,
+        length_group_size: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
         self.optimizer_max_grad_norm = optimizer_max_grad_norm
+        self.length_group_size = length_group_size
 
     def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
         """The trainer's optimizer, clipping before each step when ``optimizer_max_grad_norm`` is set.
@@ -240,6 +243,17 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
 
             optimizer.register_step_pre_hook(clip)
         return optimizer
+
+    def _get_train_sampler(self, train_dataset=None) -> Sampler | None:
+        # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a
+        # given group size keeps the order of the examples whatever the number of ranks.
+        if self.length_group_size and self.args.train_sampling_strategy == "group_by_length":
+            return LengthGroupedSampler(
+                self.length_group_size,
+                dataset=train_dataset if train_dataset is not None else self.train_dataset,
+                model_input_name=self.processing_class.model_input_names[0] if self.processing_class else None,
+            )
+        return super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self) -> DataLoader:
         """The token-budget loader, or the trainer's own without a budget.

@@ -50,6 +50,7 @@ from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
 from textsql.training.trainer import GrammarSeq2SeqTrainer
+from textsql.training.universal import load_universal
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = trainer_class(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         optimizer_max_grad_norm=run_args.optimizer_max_grad_norm,
+        length_group_size=data_args.length_group_size,
         model=model,
         args=training_args,
         train_dataset=splits["train"],
@@ -177,6 +179,12 @@ def parse_arguments(argv: list[str] | None = None):
     """
     model_args, data_args, run_args, training_values = parse_command_line(argv)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(events_dir(training_values["output_dir"])))
+    # The engine reads load_universal from its config, so the checkpoint is looked at before the config is used.
+    checkpoint = resume_checkpoint(Path(training_values["output_dir"]), run_args.resume)
+    if checkpoint is not None and load_universal(Path(checkpoint), int(os.environ.get("WORLD_SIZE", "1"))):
+        config = training_values["deepspeed"]
+        training_values["deepspeed"] = config | {"checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
+        logger.warning("%s was written by another number of ranks: loading its universal conversion", checkpoint)
     init_distributed(timedelta(seconds=training_values["ddp_timeout"]))
     return model_args, data_args, run_args, Seq2SeqTrainingArguments(**training_values)
 
@@ -297,21 +305,31 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
     if args.should_save:
         _prepare_on_saving_rank(output, run_args)
     PartialState().wait_for_everyone()
-    if not run_args.resume:
-        return None
-    if run_args.resume != "auto":
-        reason = incomplete_reason(Path(run_args.resume))
-        if reason is not None:
-            raise LaunchError(
-                f"{run_args.resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory"
-            )
-        return run_args.resume
-    checkpoint = newest_complete_checkpoint(output)
-    if checkpoint is None:
-        logger.warning("--resume auto: no complete checkpoint in %s, starting fresh", output)
-    else:
-        logger.warning("--resume auto: continuing from %s", checkpoint)
+    checkpoint = resume_checkpoint(output, run_args.resume)
+    if run_args.resume == "auto":
+        if checkpoint is None:
+            logger.warning("--resume auto: no complete checkpoint in %s, starting fresh", output)
+        else:
+            logger.warning("--resume auto: continuing from %s", checkpoint)
     return checkpoint
+
+
+def resume_checkpoint(output: Path, resume: str | None) -> str | None:
+    """The checkpoint ``--resume`` names: the newest complete one in ``output`` for ``auto``, else the path given.
+
+    :rtype: str | None
+    :raises LaunchError: when a path given is not a complete checkpoint.
+    """
+    if not resume:
+        return None
+    if resume == "auto":
+        return newest_complete_checkpoint(output)
+    reason = incomplete_reason(Path(resume))
+    if reason is not None:
+        raise LaunchError(
+            f"{resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory"
+        )
+    return resume
 
 
 def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:

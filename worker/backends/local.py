@@ -40,17 +40,20 @@ def loopback_address(index: int) -> str:
 
 
 class LocalBackend(Backend):
-    """Agents as child processes; ``sshd=False`` runs them register-only (benchmarks)."""
+    """Agents as child processes; ``sshd=False`` runs them register-only (benchmarks);
+    ``replacements=False`` is a platform with no capacity left (tests of a run that goes on with fewer)."""
 
     name = "local"
 
-    def __init__(self, sshd: bool = True, python: str = sys.executable) -> None:
+    def __init__(self, sshd: bool = True, python: str = sys.executable, replacements: bool = True) -> None:
         """
         :param sshd: start an sshd per worker (False: register-only agents).
         :param python: interpreter that runs ``-m worker.agent``.
+        :param replacements: False: :meth:`replace` starts nothing and says so.
         """
         self.sshd = sshd
         self.python = python
+        self.replacements = replacements
         self._processes: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, Path] = {}
         # What launch() was given, so a replacement starts as the original did: pod -> address index.
@@ -97,6 +100,8 @@ class LocalBackend(Backend):
         if old is not None and old.poll() is None:
             old.kill()  # lost already: no grace to give
             old.wait()
+        if not self.replacements:
+            raise WorkerError(f"no capacity for a replacement of {pod} (local backend with replacements=False)")
         self._replaced += 1
         index = self._indexes.pop(pod)
         replacement = f"local-{index}-r{self._replaced}"

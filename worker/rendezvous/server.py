@@ -253,6 +253,19 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self._failure = None
         self.registry.reopen(address)
 
+    def drop(self, address: str) -> None:
+        """Go on without the worker at ``address`` (lost, not replaced): the run is full again with the
+        workers registered, so a replacement that registers late is refused. The caller writes the files.
+
+        :param address: the lost worker's address.
+        """
+        with self._lock:
+            self._by_address.pop(address, None)
+            self._lost.pop(address, None)
+            self.expect = len(self._by_address)
+            self._failure = None
+            self._complete.set()
+
     def wait(
         self,
         timeout: float,

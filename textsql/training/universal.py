@@ -1,0 +1,179 @@
+"""A ZeRO checkpoint made loadable at another data-parallel size: DeepSpeed's universal checkpoint.
+
+A ZeRO-1/2/3 checkpoint holds one optimizer shard per data-parallel rank, and DeepSpeed loads it only
+at the size that wrote it. When a run goes on with fewer workers, :func:`convert` runs DeepSpeed's own
+``ds_to_universal`` once on the checkpoint, in a child process, into ``checkpoint-N/global_stepN_universal``
+beside the original, and the ranks load it with ``"checkpoint": {"load_universal": true}``
+(:func:`load_universal`). A ZeRO-0 checkpoint has no shards: every rank's state is whole, so it loads at
+any size as it is.
+
+The conversion is complete or absent, as saves are: it is written under ``universal.partial/``, moved
+into place, and only then does ``latest_universal`` name it. A conversion killed half-way leaves the
+original checkpoint untouched and usable at its own size; the next conversion starts over.
+
+Usage::
+
+    >>> seconds = convert(Path("runs/r1/checkpoint-200"))   # once, on the launching machine
+    >>> load_universal(Path("runs/r1/checkpoint-200"), world_size=2)
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from textsql.errors import LaunchError
+from textsql.training.checkpoints import DEEPSPEED_LATEST_FILE
+from worker.files import atomic_write
+
+logger = logging.getLogger(__name__)
+
+# Written by ds_to_universal beside the converted state: its tag, as "latest" names the original's.
+UNIVERSAL_LATEST_FILE = "latest_universal"
+UNIVERSAL_SUFFIX = "_universal"
+UNIVERSAL_STATE_DIR = "zero"
+# Where a conversion is written before it is moved into place.
+STAGING_DIR = "universal.partial"
+# One optimizer shard per data-parallel rank (ZeRO-1/2/3; bf16_ in front with DeepSpeed's bf16 optimizer).
+ZERO_SHARD_GLOB = "*zero_pp_rank_*_optim_states.pt"
+
+
+def state_dir(checkpoint: Path) -> Path | None:
+    """The DeepSpeed state directory that ``latest`` names in a ``checkpoint-N`` (None when it names none).
+
+    :rtype: pathlib.Path | None
+    """
+    try:
+        tag = (checkpoint / DEEPSPEED_LATEST_FILE).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return checkpoint / tag if tag and (checkpoint / tag).is_dir() else None
+
+
+def written_by(checkpoint: Path) -> int | None:
+    """How many data-parallel ranks wrote the checkpoint's ZeRO optimizer state; None for ZeRO-0, whose
+    state is whole on every rank and loads at any size.
+
+    :rtype: int | None
+    """
+    state = state_dir(checkpoint)
+    shards = len(list(state.glob(ZERO_SHARD_GLOB))) if state is not None else 0
+    return shards or None
+
+
+def converted(checkpoint: Path) -> Path | None:
+    """The checkpoint's complete universal conversion, or None (never converted, or cut off while converting).
+
+    :rtype: pathlib.Path | None
+    """
+    try:
+        tag = (checkpoint / UNIVERSAL_LATEST_FILE).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    # ds_to_universal writes each parameter's state under zero/; the original's own state has none.
+    if not tag or Path(tag).name != tag or not (checkpoint / tag / UNIVERSAL_STATE_DIR).is_dir():
+        return None
+    return checkpoint / tag
+
+
+def needs_conversion(checkpoint: Path, world_size: int) -> bool:
+    """Whether ranks of a world of ``world_size`` need a conversion of ``checkpoint`` that it does not have yet.
+
+    :rtype: bool
+    """
+    writers = written_by(checkpoint)
+    return writers is not None and writers != world_size and converted(checkpoint) is None
+
+
+def load_universal(checkpoint: Path, world_size: int) -> bool:
+    """Whether ranks of a world of ``world_size`` load ``checkpoint`` from its universal conversion.
+
+    :rtype: bool
+    :raises LaunchError: when it was written by another number of ranks and has no conversion (the
+        message says how to get one).
+    """
+    writers = written_by(checkpoint)
+    if writers is None or writers == world_size:
+        return False
+    if converted(checkpoint) is None:
+        raise LaunchError(
+            f"{checkpoint.name} was written by {writers} data-parallel ranks and this run has {world_size}; "
+            f"resume with {writers} ranks, or convert it first: python -m {__name__} {checkpoint}"
+        )
+    return True
+
+
+def convert(checkpoint: Path) -> float:
+    """Convert ``checkpoint`` for any data-parallel size with DeepSpeed's ``ds_to_universal``, in a child
+    process (complete or absent: see the module docstring); its time in seconds.
+
+    :param checkpoint: a complete ``checkpoint-N`` of ZeRO-1/2/3.
+    :rtype: float
+    :raises LaunchError: when the conversion fails (its last line and the fix), the original left as it was.
+    """
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", __name__, str(checkpoint)],
+        check=False,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+    )
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise LaunchError(
+            f"converting {checkpoint.name} for another number of ranks failed (exit code {result.returncode}: "
+            f"{lines[-1] if lines else 'no output'}); {checkpoint.name} is unchanged: resume with the ranks that wrote it"
+        )
+    return time.monotonic() - started
+
+
+def convert_here(checkpoint: Path) -> Path:
+    """The conversion itself (what :func:`convert` runs in a child process): staged, moved, then named.
+
+    :rtype: pathlib.Path
+    :returns: the converted state directory.
+    """
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    state = state_dir(checkpoint)
+    if state is None:
+        raise LaunchError(f"{checkpoint} has no DeepSpeed state ('{DEEPSPEED_LATEST_FILE}' names none)")
+    target = checkpoint / f"{state.name}{UNIVERSAL_SUFFIX}"
+    staging = checkpoint / STAGING_DIR
+    (checkpoint / UNIVERSAL_LATEST_FILE).unlink(missing_ok=True)
+    for stale in (staging, target):
+        shutil.rmtree(stale, ignore_errors=True)
+    workers = max(1, min(4, len(os.sched_getaffinity(0))))
+    ds_to_universal(
+        argparse.Namespace(
+            input_folder=str(state),
+            output_folder=str(staging / target.name),
+            num_extract_workers=workers,
+            num_merge_workers=max(1, workers // 2),
+            keep_temp_folder=False,
+            strict=True,
+            # The trainer's engine records no universal-checkpoint info for a plain (not tensor-parallel) model.
+            inject_missing_state=True,
+        )
+    )
+    (staging / target.name).rename(target)
+    shutil.rmtree(staging)
+    atomic_write(checkpoint / UNIVERSAL_LATEST_FILE, target.name)
+    return target
+
+
+if __name__ == "__main__":
+    try:
+        convert_here(Path(sys.argv[1]))
+    except (LaunchError, IndexError) as error:
+        print(f"Error: {error or 'pass a checkpoint-N directory'}", file=sys.stderr)
+        sys.exit(1)
