@@ -23,7 +23,8 @@ from bench.rank_probe import PROBE_DIR_VAR
 from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
 from textsql.files import read_json
-from textsql.launching.launch import LaunchArguments, launch
+from textsql.launching.command import LaunchArguments
+from textsql.launching.launch import launch
 from textsql.training.estimate import estimate
 from textsql.training.events import TENSORBOARD_SUBDIR
 from textsql.training.profiles import available_profiles

@@ -36,7 +36,7 @@ from textsql.arguments import train_argv
 from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
-from textsql.launching.launch import LaunchArguments
+from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
 from textsql.training.checkpoints import COMPLETE_MARKER
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from textsql.launching.cluster_check import CHECKPOINTS_KEPT, ClusterError, checkpoint_size, cluster_problems
-from textsql.launching.launch import LaunchArguments
+from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import supervise
 from worker import constants as c
 from worker.cluster import start_workers

@@ -13,7 +13,7 @@ import pytest
 
 from textsql.constants import COLLECTIVE_FILE_NAME
 from textsql.errors import LaunchError
-from textsql.launching.launch import LaunchArguments
+from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import supervise
 from textsql.training.collective import HOLD_VAR, SIZES, TIMEOUT_VAR
 

@@ -20,8 +20,14 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.errors import LaunchError
-from textsql.launching.command import deepspeed_command, mask_credentials, rank_environment, without_secrets
-from textsql.launching.launch import LaunchArguments, launch
+from textsql.launching.command import (
+    LaunchArguments,
+    deepspeed_command,
+    mask_credentials,
+    rank_environment,
+    without_secrets,
+)
+from textsql.launching.launch import launch
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

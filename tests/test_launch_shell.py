@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from textsql.errors import LaunchError
-from textsql.launching.launch import LaunchArguments, launch
+from textsql.launching.command import LaunchArguments
+from textsql.launching.launch import launch
 
 pytestmark = pytest.mark.slow
 

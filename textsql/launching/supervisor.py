@@ -59,7 +59,8 @@ from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, R
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
 from textsql.launching.cluster_check import check_cluster
-from textsql.launching.launch import PDSH_HOST_FAILED, TRAIN_MODULE, LaunchArguments, launch
+from textsql.launching.command import TRAIN_MODULE, LaunchArguments
+from textsql.launching.launch import PDSH_HOST_FAILED, launch
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.training.universal import convert, needs_conversion
 from worker.cluster import Cluster
