@@ -49,9 +49,10 @@ def test_cml_backend_passes_the_gpu_type_and_placement_only_when_given(cml_emula
     script.write_text("pass\n")
     chosen = CMLBackend(script=str(script), accelerator_label_id=3, resource_group_id=7)
     plain = CMLBackend(script=str(script))
+    env = {c.ENV_TOKEN: secrets.token_hex(32)}  # what start_workers gives a backend
     try:
-        chosen.launch(1, Resources(cpu=1, memory_gb=2, gpus=1), {})
-        plain.launch(1, Resources(cpu=1, memory_gb=2), {})
+        chosen.launch(1, Resources(cpu=1, memory_gb=2, gpus=1), env)
+        plain.launch(1, Resources(cpu=1, memory_gb=2), env)
     finally:
         chosen.stop()
         plain.stop()
@@ -64,7 +65,9 @@ def test_cml_backend_passes_the_gpu_type_and_placement_only_when_given(cml_emula
 def test_cml_backend_refuses_a_placement_its_release_lacks(tmp_path):
     older = types.SimpleNamespace(launch_workers=lambda n, cpu, memory, nvidia_gpu=0, code="", env={}: [])
     with pytest.raises(WorkerError, match="takes no accelerator_label_id; leave it out of backend_options"):
-        CMLBackend(api=older, accelerator_label_id=3).launch(1, Resources(cpu=1, memory_gb=2), {})
+        CMLBackend(api=older, accelerator_label_id=3).launch(
+            1, Resources(cpu=1, memory_gb=2), {c.ENV_TOKEN: secrets.token_hex(32)}
+        )
 
 
 def test_cml_backend_outside_cml_says_what_to_use(monkeypatch):

@@ -127,7 +127,12 @@ def test_two_local_pods_with_another_torch_and_wrong_slots_are_refused_before_pd
     }
     env = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", c.ENV_INVENTORY_OVERRIDES: json.dumps(overrides)}
     with start_workers("local", 2, run_dir, timeout=60, env=env) as cluster, pytest.raises(ClusterError) as refused:
-        supervise(LaunchArguments(run_dir=cluster.run_dir, train_args=["--output_dir", str(run_dir)]), cluster)
+        supervise(
+            LaunchArguments(
+                run_dir=cluster.run_dir, train_args=["--data_dir", str(tmp_path / "data"), "--output_dir", str(run_dir)]
+            ),
+            cluster,
+        )
     lines = str(refused.value).splitlines()
     master_torch = collect(None, run_dir).torch
     assert lines[0] == "this cluster cannot train (2 problem(s)), nothing was launched:"
