@@ -259,8 +259,8 @@ def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
             # The small T5 starts from random weights: a high rate and a short schedule show the loss
             # falling within the demo's time on two CPU cores.
             "learning_rate": 3e-3,
-            "max_steps": 300,
-            "eval_steps": 100,
+            "max_steps": 200,
+            "eval_steps": 50,
         },
         "03_inference": {"data_dir": data_dir, "run_dir": str(out_dir), "real_source": "sample"},
     }
