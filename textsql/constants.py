@@ -53,6 +53,9 @@ COLUMN_SEPARATOR = " | "
 DEFAULT_MAX_SOURCE_LENGTH = 512
 DEFAULT_MAX_TARGET_LENGTH = 128
 PREPARE_JSON_NAME = "prepare.json"
+# Notebook 03's answers to a second, real source's questions (its `real_source`), beside predictions.jsonl.
+REAL_PREDICTIONS_NAME = "real_predictions.jsonl"
+REAL_METRICS_NAME = "real_metrics.json"
 TABLES_DIR_NAME = "tables"
 LABEL_PAD_TOKEN_ID = -100
 # Relaunches the supervisor allows after a failed launch (textsql.launching.supervisor).

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from textsql.arguments import GenerationOptions
@@ -115,7 +116,7 @@ class Predictor:
         guided = bool(items and tables and options.execution_guided and options.num_beams > 1)
         with (
             ExecutionGuide(tables if guided else {}) as guide,
-            tqdm(total=len(order), desc="Generating", unit="q", disable=not progress) as bar,
+            tqdm(total=len(order), desc="Generating", unit="q", disable=not progress, file=_progress_stream()) as bar,
             torch.inference_mode(),
         ):
             for start in range(0, len(order), options.batch_size):
@@ -191,6 +192,12 @@ class Predictor:
             items=[{"question": question, "header": header}],
         )[0]
         return {"sql": text, **parsed(text, header)}
+
+
+def _progress_stream():
+    """Where the progress bar goes: stdout in a notebook kernel, where its carriage returns keep it one updating
+    line (stderr there is a red block holding every update, and tqdm's widget needs ipywidgets); else stderr."""
+    return sys.stdout if "ipykernel" in sys.modules else sys.stderr
 
 
 def _device(name: str | torch.device | None) -> torch.device:
@@ -311,6 +318,7 @@ def predict(
     limit: int | None = None,
     official_out: str | Path | None = None,
     progress: bool = True,
+    metrics_out: str | Path | None = None,
 ) -> dict:
     """Write SQL for every question of a split to ``out``, and its scores to ``metrics.json`` beside it.
 
@@ -332,6 +340,7 @@ def predict(
     :param limit: only the first ``limit`` questions.
     :param official_out: also write the official WikiSQL prediction format here.
     :param progress: show a progress bar.
+    :param metrics_out: where the metrics go (default: ``metrics.json`` beside ``out``).
     :returns: paths written, counts, timing and the metrics (``None`` without gold queries).
     :rtype: dict
     """
@@ -366,7 +375,7 @@ def predict(
     if all(item.get("sql") for item in questions.items):
         metrics = evaluate(questions.items, lines, tables=questions.tables)
         metrics["inference"] = {key: value for key, value in summary.items() if key != "metrics"}
-        write_json(out.with_name(METRICS_NAME), metrics)
+        write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
         summary["metrics"] = metrics
     logger.info(
         "%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out
