@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 from types import ModuleType
+from typing import Any
 
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.errors import WorkerError
@@ -56,7 +57,7 @@ class CMLBackend(Backend):
         self.engine_name = name
         self._ids: list[str] = []
         # launch_workers' options from launch(), so a replacement engine starts as the others did.
-        self._options: dict = {}
+        self._options: dict[str, Any] = {}
         self._replaced = 0
 
     def advertised_address(self) -> str:

@@ -27,6 +27,7 @@ import re
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
@@ -49,13 +50,13 @@ def _dns_name(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "run"
 
 
-def _client():
+def _client() -> Any:
     from kubernetes import client
 
     return client
 
 
-def connect():
+def connect() -> Any:
     """A CoreV1Api: in-cluster config inside a pod, else ~/.kube/config.
 
     :rtype: kubernetes.client.CoreV1Api
@@ -82,7 +83,7 @@ class KubernetesBackend(Backend):
         project_path: str | None = None,
         service_account: str | None = None,
         node_selector: dict[str, str] | None = None,
-        api=None,
+        api: Any = None,
         poll_s: float = 2.0,
         user_id: int = 1000,
         group_id: int = 1000,
@@ -115,12 +116,12 @@ class KubernetesBackend(Backend):
         self.run_id = ""
         self._pods: list[str] = []
         # The Pod objects created, by name: a replacement is a copy of the lost one under a new name.
-        self._bodies: dict[str, object] = {}
+        self._bodies: dict[str, Any] = {}
         self._replaced = 0
         self._secret: str | None = None
 
     @property
-    def api(self):
+    def api(self) -> Any:
         """The CoreV1Api, configured on first use.
 
         :rtype: kubernetes.client.CoreV1Api
@@ -144,7 +145,7 @@ class KubernetesBackend(Backend):
         """The name of the Secret that holds this run's token."""
         return f"textsql-{self.run_id}-token"
 
-    def secret_spec(self, token: str):
+    def secret_spec(self, token: str) -> Any:
         """The Secret holding the run's token.
 
         :param token: the per-run token.
@@ -159,7 +160,7 @@ class KubernetesBackend(Backend):
             metadata=client.V1ObjectMeta(name=self.secret_name, labels=self._labels()),
         )
 
-    def pod_spec(self, index: int, resources: Resources, env: dict[str, str]):
+    def pod_spec(self, index: int, resources: Resources, env: dict[str, str]) -> Any:
         """The Pod for worker ``index``.
 
         :param index: the worker's index.
@@ -364,7 +365,7 @@ class KubernetesBackend(Backend):
         self._pods, self._bodies, self._secret = [], {}, None
 
 
-def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
+def cleanup(api: Any, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
     """Delete the worker Pods and token Secrets of one run (or of every run) by their labels.
 
     For runs whose kernel died before ``stop``: the labels are all that is left to find them by.

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from worker.constants import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -134,7 +134,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         :rtype: tuple[str, int]
         """
         host, port = self.server_address[:2]
-        return host, port
+        return str(host), int(port)
 
     @property
     def workers(self) -> list[Registration]:
@@ -146,7 +146,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             registrations = [registration for registration, _ in self._by_address.values()]
         return sorted(registrations, key=node_order)
 
-    def start(self) -> RendezvousServer:
+    def start(self) -> Self:
         """Serve in a background thread.
 
         :rtype: RendezvousServer
@@ -158,7 +158,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         logger.info("rendezvous listening on %s:%d for %d workers", *self.endpoint, self.expect)
         return self
 
-    def verify_request(self, request, client_address) -> bool:
+    def verify_request(self, request: Any, client_address: Any) -> bool:
         peer = client_address[0]
         with self._lock:
             if self._connections >= self.max_connections:
@@ -173,7 +173,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self.refusals.log(logging.WARNING, "refusing connection from %s: %s", peer, reason)
         return False
 
-    def shutdown_request(self, request) -> None:
+    def shutdown_request(self, request: Any) -> None:
         # Called once for every accepted connection, after its handler, and for refused ones.
         with self._lock:
             if request in self._open:
@@ -188,7 +188,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             if not self._unauthenticated[peer]:
                 del self._unauthenticated[peer]
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
         logger.exception("rendezvous handler for %s failed", client_address[0])
 
     def authenticated(self, request: socket.socket) -> None:
@@ -362,7 +362,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
