@@ -31,7 +31,7 @@ def declared(extras: tuple[str, ...] = EXTRAS) -> dict[str, Requirement]:
     """The project's requirements with these extras, by canonical name."""
     lines = [
         *PYPROJECT["dependencies"],
-        *(line for extra in extras for line in PYPROJECT["optional-dependencies"][extra]),
+        *(line for extra in extras for line in PYPROJECT.get("optional-dependencies", {}).get(extra, [])),
     ]
     return {canonicalize_name(requirement.name): requirement for requirement in map(Requirement, lines)}
 
