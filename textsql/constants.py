@@ -10,7 +10,9 @@ DEFAULT_MODEL_DIR = ASSETS_DIR / "t5-tiny"
 SAMPLE_DATA_DIR = ASSETS_DIR / "wikisql_sample"
 # The repository root when running from a checkout (dsconfig/, notebooks/ live there).
 PROJECT_DIR = PACKAGE_DIR.parent
-DSCONFIG_DIR = PROJECT_DIR / "dsconfig"
+# The profiles: assets/dsconfig links to the checkout's dsconfig/, so a built wheel carries them as files
+# (an installed package has no checkout beside it; tests/test_package.py runs `textsql estimate` from one).
+DSCONFIG_DIR = (ASSETS_DIR / "dsconfig").resolve()
 # Another directory of profiles in place of dsconfig/ (textsql.training.profiles); ranks inherit it.
 DSCONFIG_DIR_VAR = "TEXTSQL_DSCONFIG_DIR"
 

@@ -111,9 +111,11 @@ def declared_parameters(name: str) -> dict[str, dict[str, Any]]:
         if not isinstance(statement, ast.AnnAssign | ast.Assign):
             continue
         target = statement.target if isinstance(statement, ast.AnnAssign) else statement.targets[0]
+        if not isinstance(target, ast.Name) or statement.value is None:
+            continue
         annotation = getattr(statement, "annotation", None)
         # The help is the comment after the value, on the statement's last line, as papermill reads it.
-        _, _, comment = lines[statement.end_lineno - 1][statement.end_col_offset :].partition("#")
+        _, _, comment = lines[(statement.end_lineno or statement.lineno) - 1][statement.end_col_offset :].partition("#")
         declared[target.id] = {
             "name": target.id,
             "inferred_type_name": ast.get_source_segment(source, annotation) if annotation else "None",

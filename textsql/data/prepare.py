@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy
 from datasets import Dataset, DatasetDict, Features, List, Value
@@ -53,7 +54,7 @@ STATISTICS_COLUMNS = ("source_length", "target_length", "target_unknown")
 DATASET_DICT_FILE = "dataset_dict.json"
 
 
-def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
+def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[str, Any]:
     """Load, tokenize and save WikiSQL; return the summary also written to ``prepare.json``.
 
     Usage::

@@ -149,7 +149,8 @@ def records_from_hub(rows: Iterable[dict], split: str, limit: int | None = None)
     :param limit: keep only the first ``limit`` rows.
     :rtype: tuple[list[dict], dict[str, dict]]
     """
-    records, tables = [], {}
+    records: list[dict] = []
+    tables: dict[str, dict] = {}
     for index, row in enumerate(rows):
         if limit is not None and index >= limit:
             break

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 import torch
 from tqdm import tqdm
@@ -69,7 +70,8 @@ class Predictor:
         if input_format not in INPUT_FORMATS:
             raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
         self.device = _device(device)
-        self.model = model.to(self.device).eval()
+        # transformers types .to through a decorator that mypy reads as taking the model again.
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.input_format = input_format
 
@@ -115,7 +117,7 @@ class Predictor:
         texts: list[str] = [""] * len(input_ids)
         guided = bool(items and tables and options.execution_guided and options.num_beams > 1)
         with (
-            ExecutionGuide(tables if guided else {}) as guide,
+            ExecutionGuide(tables if guided and tables else {}) as guide,
             tqdm(total=len(order), desc="Generating", unit="q", disable=not progress, file=_progress_stream()) as bar,
             torch.inference_mode(),
         ):
@@ -141,7 +143,7 @@ class Predictor:
                     beams = decoded[position * returned : (position + 1) * returned]
                     texts[index] = (
                         guide.choose(beams, items[index]["header"], items[index].get("table_id"))
-                        if guided
+                        if guided and items
                         else beams[0]
                     )
                 bar.update(len(chunk))
@@ -194,7 +196,7 @@ class Predictor:
         return {"sql": text, **parsed(text, header)}
 
 
-def _progress_stream():
+def _progress_stream() -> TextIO:
     """Where the progress bar goes: stdout in a notebook kernel, where its carriage returns keep it one updating
     line (stderr there is a red block holding every update, and tqdm's widget needs ipywidgets); else stderr."""
     return sys.stdout if "ipykernel" in sys.modules else sys.stderr
@@ -224,7 +226,7 @@ def recorded_input_format(model_dir: str | Path) -> str:
     return INPUT_FORMATS[0]
 
 
-def ask(model: str | Path | Predictor | None, question: str, header: list[str], **options) -> dict:
+def ask(model: str | Path | Predictor | None, question: str, header: list[str], **options: Any) -> dict:
     """Answer one question about a table header (loads the model when given a directory).
 
     Usage::
@@ -360,7 +362,7 @@ def predict(
     write_jsonl(out, lines)
     if official_out:
         write_jsonl(official_out, [_official_line(line) for line in lines])
-    summary = {
+    summary: dict[str, Any] = {
         "predictions": str(out),
         "official": str(official_out) if official_out else None,
         "n": len(lines),

@@ -13,9 +13,13 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 from textsql.console import STAGE_PREFIX
 
@@ -39,7 +43,14 @@ class StepLines(TrainerCallback):
     def __init__(self) -> None:
         self.started = time.monotonic()
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not state.is_world_process_zero or not logs:
             return
         elapsed = f"{time.monotonic() - self.started:.0f} s"
@@ -54,7 +65,7 @@ class StepLines(TrainerCallback):
             print(f"step {state.global_step}/{state.max_steps}: eval {scores} ({elapsed})", flush=True)
 
 
-def use_step_lines(trainer) -> None:
+def use_step_lines(trainer: Trainer) -> None:
     """Replace the Trainer's progress bar and dict printer with :class:`StepLines`.
 
     :param trainer: a ``transformers.Trainer``.
