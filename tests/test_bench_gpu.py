@@ -41,6 +41,8 @@ def test_sizes_refuse_a_run_with_no_timed_step():
     with pytest.raises(ValueError, match="timed_steps"):
         Sizes(warmup_steps=2, timed_steps=0)
     assert Sizes(warmup_steps=1, timed_steps=1).steps == 3  # warm-up, timed, profiled
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Sizes(eval_questions=8)  # the old recipe would drop its only, partial, evaluation batch
 
 
 def test_time_to_loss_leaves_out_the_evaluations_before_it():
