@@ -144,8 +144,8 @@ def test_the_gpu_section_runs_on_the_cpu_at_smoke_size_and_writes_every_key(tmp_
         ],
         cwd=PROJECT_DIR,
         check=True,
-        # 23 minutes on this project's 2 cores at load average 12-15 (other test runs beside it): four
-        # DeepSpeed launches, each paying the launcher's and the rank's start-up.
+        # 10.5 to 23 minutes on this project's 2 shared cores (load average 12-15): four DeepSpeed
+        # launches, each paying the launcher's and the rank's start-up.
         timeout=1800,
     )
     figure = json.loads((tmp_path / "results.json").read_text())["gpu"]
