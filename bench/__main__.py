@@ -31,6 +31,7 @@ FIGURE_NAMES = (
     "profiles",
     "startup",
     "recovery",
+    "ops",
     "shrink",
     "gpu",
 )
@@ -43,14 +44,22 @@ SMOKE = {
     "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1, warmup=0),
     "startup": startup.Sizes(repetitions=1, warmup=0),
     "recovery": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
+    "ops": gpu.OpsSizes(steps=2, tiny_model=True),
+    # Full-scale data, the tiny T5 and a few steps: every part runs, on the CPU in a few minutes.
     "shrink": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(
-        epochs=1,
-        skip_steps=1,
-        profiles=("zero0",),
-        loss_epochs=1,
-        eval_steps=5,
-        curve_steps=10,
+        warmup_steps=1,
+        timed_steps=2,
+        tiny_model=True,
+        old_batch=4,
+        eval_questions=8,
+        token_budget=2048,
+        profiles=("zero1",),  # what auto picks on CPUs: the default's run stands for it (one launch fewer)
+        target_eval_loss=100.0,
+        loss_steps=4,
+        eval_steps=2,
+        curve_steps=4,
+        curve_window=2,
         infer=inference.Sizes(questions=4, max_new_tokens=4, repetitions=1, warmup_questions=1),
     ),
 }
@@ -63,13 +72,14 @@ FULL = {
     "profiles": profiles.Sizes(),
     "startup": startup.Sizes(),
     "recovery": recovery.Sizes(),
+    "ops": gpu.OpsSizes(),
     "shrink": recovery.Sizes(steps=6, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(),
 }
 
 
-def measure(name: str, sizes, data_dir: str, work: Path) -> dict[str, dict]:
-    """Run one figure; its results.json entries.
+def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, save) -> dict[str, dict]:
+    """Run one figure; its results.json entries (``save`` writes a figure's entries so far, for long ones).
 
     :rtype: dict[str, dict]
     """
@@ -87,26 +97,34 @@ def measure(name: str, sizes, data_dir: str, work: Path) -> dict[str, dict]:
         return {PROFILES_KEY: profiles.run(data_dir, work, sizes)}
     if name == "recovery":
         return {"recovery_local_downtime_s": recovery.run(data_dir, work, sizes)}
+    if name == "ops":
+        return {"step_ops": gpu.run_step_ops(prepare_data(work, "schema"), work, sizes)}
     if name == "shrink":
         return {"recovery_shrink_downtime_s": recovery.run_shrink(data_dir, work, sizes)}
     if name == "gpu":
-        if not gpu.available():
+        device = device or ("cuda" if gpu.available() else None)
+        if device is None:
             logger.info("gpu: no CUDA device here, section skipped (results.json keeps any earlier one)")
             return {}
-        return {"gpu": gpu.run(data_dir, work, sizes)}
+        return {
+            "gpu": gpu.run(
+                prepare_data(work, "schema"), data_dir, work, sizes, device, save=lambda section: save({"gpu": section})
+            )
+        }
     return {"startup_to_first_step_s": startup.run(data_dir, work, sizes)}
 
 
-def prepare_data(work: Path) -> str:
-    """The shipped sample prepared in the seed's question-only input form (the padding and inference figures' data).
+def prepare_data(work: Path, input_format: str = "question") -> str:
+    """The shipped sample prepared in ``input_format``: the seed's question-only form (the padding and inference
+    figures' data), or ``schema`` (what training uses by default: the GPU section's and op counts' data).
 
     :rtype: str
     """
     from textsql.data.prepare import prepare
 
-    out = work / "data"
+    out = work / ("data" if input_format == "question" else f"data-{input_format}")
     if not out.exists():
-        prepare(out=str(out), input_format="question")
+        prepare(out=str(out), input_format=input_format)
     return str(out)
 
 
@@ -116,7 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     :rtype: int
     """
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help=f"comma-separated figures among {', '.join(FIGURE_NAMES)} (default: all)")
+    parser.add_argument("figures", nargs="*", help=f"figures to measure among {', '.join(FIGURE_NAMES)} (default: all)")
+    parser.add_argument("--only", help="the same as comma-separated figures")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        help="where the gpu figure runs (default: cuda where present, else it is skipped); cpu runs every part on the CPU",
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="smallest sizes: checks the code paths, measures nothing useful"
     )
@@ -125,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed afterwards)")
     args = parser.parse_args(argv)
-    names = FIGURE_NAMES if not args.only else tuple(name.strip() for name in args.only.split(","))
+    chosen = [*args.figures, *(args.only.split(",") if args.only else [])]
+    names = tuple(name.strip() for name in chosen) or FIGURE_NAMES
     unknown = [name for name in names if name not in FIGURE_NAMES]
     if unknown:
         parser.error(f"unknown figure {unknown[0]!r}; pass --only with some of {', '.join(FIGURE_NAMES)}")
@@ -136,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
     results_path = args.out / "results.json"
-    results = read_json(results_path) if args.only and results_path.is_file() else {}
+    results = read_json(results_path) if chosen and results_path.is_file() else {}
     results |= {
         "machine": describe_machine(),
         "releases": releases(),
@@ -151,15 +176,17 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             logger.info("measuring %s", name)
             measured_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-            results |= {
-                key: {**figure, "measured_at": measured_at}
-                for key, figure in measure(name, sizes[name], data_dir, work).items()
-            }
+
+            def save(figures: dict[str, dict], measured_at: str = measured_at) -> tuple[Path, Path]:
+                # Written after every figure (and every part of a long one), so a failure later loses
+                # nothing measured before it.
+                results.update({key: {**figure, "measured_at": measured_at} for key, figure in figures.items()})
+                results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+                results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+                return write(results, args.out)
+
+            paths = save(measure(name, sizes[name], data_dir, work, args.device, save))
             logger.info("%s took %.0f s", name, time.monotonic() - started)
-            # Written after every figure, so a figure that fails later loses nothing measured before it.
-            results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-            results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-            paths = write(results, args.out)
     for path in paths:
         print(f"wrote {path}")
     return 0

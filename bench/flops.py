@@ -24,8 +24,26 @@ from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
-# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, matched against the CUDA device name.
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
+# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's data sheets, keyed by the exact name CUDA reports
+# (torch.cuda.get_device_name): the SXM and PCIe cards of one chip differ (H100 SXM 989, PCIe 756, NVL 835).
+PEAK_BF16_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989e12,  # SXM5
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12,  # SXM
+    "NVIDIA H200 NVL": 835e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA L40S": 362e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA A10": 125e12,
+    "NVIDIA A10G": 70e12,
+}
+# A CPU has no data-sheet peak here: the smoke run's stand-in is cores x 2 GHz x 32 fp32 FLOP a cycle
+# (two AVX2 FMA units), a round nominal figure so the MFU code path runs, not a measurement.
+CPU_FLOPS_PER_CORE = 2.0e9 * 32
 
 
 @dataclass(frozen=True)
@@ -90,12 +108,20 @@ def training_flops(shape: T5Shape, source_tokens: int, target_tokens: int, atten
     return float(flops)
 
 
-def peak_flops(device_name: str | None) -> float | None:
-    """Dense bf16 peak of a GPU by name, ``None`` for one not in :data:`PEAK_BF16_FLOPS`.
+def peak_flops(device_name: str | None, cpu_cores: int | None = None) -> float | None:
+    """Dense bf16 peak of a GPU by its exact CUDA name; for ``"cpu"`` the nominal :data:`CPU_FLOPS_PER_CORE`
+    x ``cpu_cores``; ``None`` for a device not in :data:`PEAK_BF16_FLOPS` (MFU is then left out).
 
     :rtype: float | None
     """
-    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if device_name and key in device_name), None)
+    if device_name == "cpu":
+        return CPU_FLOPS_PER_CORE * (cpu_cores or 1)
+    peak = PEAK_BF16_FLOPS.get(device_name or "")
+    if peak is None:
+        logger.warning(
+            "no peak FLOP/s for device %r; add its data-sheet figure to bench.flops.PEAK_BF16_FLOPS", device_name
+        )
+    return peak
 
 
 def mfu(flops: float, seconds: float, peak: float | None) -> float | None:

@@ -23,7 +23,8 @@ from bench.rank_probe import PROBE_DIR_VAR
 from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
 from textsql.files import read_json
-from textsql.launching.launch import LaunchArguments, launch
+from textsql.launching.command import LaunchArguments
+from textsql.launching.launch import launch
 from textsql.training.estimate import estimate
 from textsql.training.events import TENSORBOARD_SUBDIR
 from textsql.training.profiles import available_profiles
@@ -83,9 +84,10 @@ def train_only(data_dir: str, work: Path) -> Path:
     return target
 
 
-def launch_probed(run_dir: Path, ranks: int, train_args: list[str], what: str) -> Path:
+def launch_probed(run_dir: Path, ranks: int, train_args: list[str], what: str, env: dict | None = None) -> Path:
     """Launch ``ranks`` local ranks of ``bench.rank_probe`` (the training module, recording each rank's
-    peak memory) with ``train_args``, output in ``run_dir/bench.log``; the directory of the probes' files.
+    peak memory and step times) with ``train_args`` and ``env`` for the ranks, output in ``run_dir/bench.log``;
+    the directory of the probes' files.
 
     :raises RuntimeError: naming ``what`` and the log, when the launch fails.
     :rtype: pathlib.Path
@@ -98,7 +100,7 @@ def launch_probed(run_dir: Path, ranks: int, train_args: list[str], what: str) -
         ranks=ranks,
         module="bench.rank_probe",
         master_port=free_port(),
-        env={PROBE_DIR_VAR: str(probes)},
+        env={PROBE_DIR_VAR: str(probes), **(env or {})},
         train_args=train_args,
     )
     with open(run_dir / "bench.log", "w", encoding="utf-8") as log:

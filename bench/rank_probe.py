@@ -1,8 +1,11 @@
-"""Run ``textsql.training.train`` on one rank and record that rank's peak resident memory when it exits.
+"""Run ``textsql.training.train`` on one rank and record that rank's peak memory and step times when it exits.
 
-Launched by the profiles benchmark as the ranks' module (``textsql launch ... --module bench.rank_probe``).
-The kernel's own high-water mark (``ru_maxrss``) is read at exit, so no peak is missed between samples.
-The file goes to ``$TEXTSQL_BENCH_PROBE_DIR/rank{RANK}.json``.
+Launched by the profiles and GPU benchmarks as the ranks' module (``textsql launch ... --module
+bench.rank_probe``). The kernel's own high-water mark (``ru_maxrss``) is read at exit, so no peak is missed
+between samples; the trainer gets a :class:`bench.steps.StepClock` (every step's wall times, the
+evaluations, and with ``$TEXTSQL_BENCH_PROFILE_STEP`` the op counts of that step; with
+``$TEXTSQL_BENCH_STOP_BELOW`` training stops at the first evaluation at or below that loss). The file goes to
+``$TEXTSQL_BENCH_PROBE_DIR/rank{RANK}.json``.
 """
 
 from __future__ import annotations
@@ -16,24 +19,46 @@ from pathlib import Path
 
 import torch
 
+from bench.steps import StepClock, phase_markers
 from textsql.files import write_json
 from textsql.training import train
 
 logger = logging.getLogger(__name__)
 
 PROBE_DIR_VAR = "TEXTSQL_BENCH_PROBE_DIR"
+PROFILE_STEP_VAR = "TEXTSQL_BENCH_PROFILE_STEP"
+STOP_BELOW_VAR = "TEXTSQL_BENCH_STOP_BELOW"  # an eval loss that ends training when reached
+
+CLOCK = StepClock(
+    profile_step=int(os.environ.get(PROFILE_STEP_VAR, "0")),
+    stop_below=float(os.environ[STOP_BELOW_VAR]) if os.environ.get(STOP_BELOW_VAR) else None,
+)
 
 
 def record_peak_memory() -> None:
-    """Write this process's peak resident set size (bytes) for its rank."""
+    """Write this process's peak resident set size (bytes) and its step clock for its rank."""
     rank = os.environ.get("RANK", "0")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     path = Path(os.environ[PROBE_DIR_VAR]) / f"rank{rank}.json"
     # On a GPU, also the device's high-water mark of tensors allocated by torch.
     cuda_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-    write_json(path, {"rank": int(rank), "peak_rss_bytes": peak, "cuda_max_memory_allocated_bytes": cuda_peak})
+    write_json(
+        path,
+        {"rank": int(rank), "peak_rss_bytes": peak, "cuda_max_memory_allocated_bytes": cuda_peak, **CLOCK.record()},
+    )
+
+
+def _with_clock(use_run_events):
+    # train.main builds its trainer inside; the clock joins where the run's own callbacks do.
+    def use(trainer) -> None:
+        use_run_events(trainer)
+        trainer.add_callback(CLOCK)
+
+    return use
 
 
 if __name__ == "__main__":
     atexit.register(record_peak_memory)
-    sys.exit(train.main())
+    train.use_run_events = _with_clock(train.use_run_events)
+    with phase_markers():
+        sys.exit(train.main())

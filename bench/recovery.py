@@ -36,7 +36,7 @@ from textsql.arguments import train_argv
 from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
-from textsql.launching.launch import LaunchArguments
+from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
 from textsql.training.checkpoints import COMPLETE_MARKER
 
@@ -74,7 +74,7 @@ class StepStream(io.TextIOBase):
         self.steps: list[int] = []
         self._partial = ""
         self._logged = threading.Condition()
-        self._log = open(log, "a", encoding="utf-8") if log is not None else None
+        self._log = open(log, "a", encoding="utf-8") if log is not None else None  # noqa: SIM115 - open for the stream's life, closed in close()
 
     def write(self, text: str) -> int:
         with self._logged:
@@ -193,7 +193,7 @@ def kill_after(
             if not (checkpoint / COMPLETE_MARKER).is_file():
                 raise RuntimeError(f"step {step} logged but {checkpoint.name} is not complete")
             killed["at"] = kill(tag)
-        except Exception as error:  # reported by the caller, which is in another thread
+        except Exception as error:  # noqa: BLE001 - reported by the caller, which is in another thread
             killed["error"] = repr(error)
 
     thread = threading.Thread(target=kill_at_step, name="kill-rank", daemon=True)

@@ -25,6 +25,7 @@ FIGURES = {
     "gpu": "One CUDA GPU: training samples/s of the defaults over the old notebook's recipe (details in results.json)",
 }
 PROFILES_KEY = "deepspeed_profiles"
+STEP_OPS_KEY = "step_ops"
 
 # Why a goal can be missed and what would move it, shown under the table when it is.
 MISSED = {
@@ -122,13 +123,17 @@ def markdown(results: dict) -> str:
     lines = [
         "# Benchmarks",
         "",
-        "`make bench` (`.venv/bin/python -m bench`) writes this file and `results.json` from one run. Each comparison runs "
-        "both arms in the same process, alternated, and reports the ratio of medians: the machine is shared, so absolute "
-        "numbers are noisy and the ratios are what count. `python -m bench --only FIGURE[,FIGURE]` re-measures some "
-        "figures and keeps the others.",
+        (
+            "`make bench` (`.venv/bin/python -m bench`) writes this file and `results.json` from one run. Each comparison runs "
+            "both arms in the same process, alternated, and reports the ratio of medians: the machine is shared, so absolute "
+            "numbers are noisy and the ratios are what count. `python -m bench --only FIGURE[,FIGURE]` re-measures some "
+            "figures and keeps the others."
+        ),
         "",
-        f"Last invocation: {results['started']} to {results['finished']} UTC; each figure says when it was measured "
-        "(machine load average below: at that invocation's start and end).",
+        (
+            f"Last invocation: {results['started']} to {results['finished']} UTC; each figure says when it was measured "
+            "(machine load average below: at that invocation's start and end)."
+        ),
         "",
         "| machine | |",
         "|---|---|",
@@ -143,7 +148,8 @@ def markdown(results: dict) -> str:
     ]
     for key, label in FIGURES.items():
         figure = results.get(key)
-        if figure:
+        # A long figure is saved part by part; its row appears once its value and method are in.
+        if figure and "value" in figure and "method" in figure:
             goal = figure.get("goal") or ""
             when = f" (measured {figure['measured_at']} UTC)" if "measured_at" in figure else ""
             lines.append(f"| {label} | `{key}` | {_value(key, figure)} | {goal} | {figure['method']}{when} |")
@@ -162,6 +168,23 @@ def markdown(results: dict) -> str:
             lines.append(
                 f"| {name} | {row['samples_per_s']} | {row['samples_per_s_vs_zero0']} | {row['peak_rss_gib_max_rank']} | "
                 f"{row['peak_rss_vs_zero0']} | {row['estimate_gpu_gb_per_rank']} | {row['estimate_gpu_vs_zero0']} | {row['estimate_ram_vs_zero0']} |"
+            )
+    step_ops = results.get(STEP_OPS_KEY)
+    if step_ops:
+        lines += [
+            "",
+            f"## Ops and host syncs per step (`{STEP_OPS_KEY}`)",
+            "",
+            step_ops["method"] + ".",
+            "",
+            "| arm | ops per training step | host syncs per training step | reduce calls | optimizer-phase ops | optimizer-phase host syncs |",
+            "|---|---|---|---|---|---|",
+        ]
+        for arm in ("default", "old_recipe"):
+            row = step_ops[arm]
+            lines.append(
+                f"| {arm} | {row['ops']} | {row['host_syncs']} | {row['reduce_calls']} | {row['optimizer_ops']} | "
+                f"{row['optimizer_host_syncs']} |"
             )
     notes = [
         f"- `{key}` missed its goal ({results[key]['goal']}): {why}"

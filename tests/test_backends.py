@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,13 @@ from fakes.kubernetes_api import RecordingCoreV1
 
 from worker import constants as c
 from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_backend
+from worker.backends.cml import CMLBackend
 from worker.backends.kubernetes import KubernetesBackend
 from worker.cluster import start_workers
 from worker.errors import WorkerError
 from worker.registration import Registration
 from worker.rendezvous.client import register
-from worker.rendezvous.token import new_token, read_token
+from worker.rendezvous.token import new_token, pod_key, read_token
 from worker.sshd import generate_keypair
 
 
@@ -33,12 +35,36 @@ def test_cml_backend_runs_agents_as_engines_and_stops_them(cml_emulator, tmp_pat
         ssh_port=0,
         resources=Resources(cpu=1, memory_gb=2),
     ) as cluster:
-        ids = [w.pod for w in cluster.workers]
+        assert [w.pod for w in cluster.workers] == ["textsql-worker-0", "textsql-worker-1"]
+        ids = [h.detail.split()[-1] for h in cluster.backend.pods]
         assert all(i.startswith("emu") for i in ids) and len(cluster.hostfile.read_text().splitlines()) == 2
         result = cluster.ssh(cluster.hosts[0], "echo hello from $(hostname)")
         assert result.returncode == 0 and result.stdout.startswith("hello from"), result.stderr
     states = {w["id"]: w["status"] for w in cml_emulator.list_workers()}
     assert all(states[i] in ("stopped", "succeeded") for i in ids)
+
+
+def test_cml_backend_passes_the_gpu_type_and_placement_only_when_given(cml_emulator, tmp_path):
+    script = tmp_path / "engine.py"
+    script.write_text("pass\n")
+    chosen = CMLBackend(script=str(script), accelerator_label_id=3, resource_group_id=7)
+    plain = CMLBackend(script=str(script))
+    try:
+        chosen.launch(1, Resources(cpu=1, memory_gb=2, gpus=1), {})
+        plain.launch(1, Resources(cpu=1, memory_gb=2), {})
+    finally:
+        chosen.stop()
+        plain.stop()
+    assert cml_emulator.launches[-2:] == [
+        {"n": 1, "accelerator_label_id": 3, "resource_profile_id": None, "resource_group_id": 7},
+        {"n": 1, "accelerator_label_id": None, "resource_profile_id": None, "resource_group_id": None},
+    ]
+
+
+def test_cml_backend_refuses_a_placement_its_release_lacks(tmp_path):
+    older = types.SimpleNamespace(launch_workers=lambda n, cpu, memory, nvidia_gpu=0, code="", env={}: [])
+    with pytest.raises(WorkerError, match="takes no accelerator_label_id; leave it out of backend_options"):
+        CMLBackend(api=older, accelerator_label_id=3).launch(1, Resources(cpu=1, memory_gb=2), {})
 
 
 def test_cml_backend_outside_cml_says_what_to_use(monkeypatch):
@@ -81,6 +107,7 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     pod = ApiClient().sanitize_for_serialization(k8s_backend().pod_spec(1, Resources(cpu=8, memory_gb=64, gpus=4), env))
     assert pod["metadata"] == {
         "name": "textsql-demo-abc123-1",
+        "namespace": "ml",
         "labels": {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"},
     }
     spec = pod["spec"]
@@ -90,7 +117,12 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert container["image"] == "registry.example.com/textsql:1.0"
     assert container["args"] == ["python", "-m", "worker.agent"] and "command" not in container  # tini stays pid 1
     assert container["workingDir"] == "/home/cdsw"
-    assert container["resources"]["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}
+    assert container["resources"]["limits"] == {
+        "cpu": "8",
+        "memory": "64Gi",
+        "ephemeral-storage": "20Gi",
+        "nvidia.com/gpu": "4",
+    }
     values = {e["name"]: e.get("value") for e in container["env"]}
     refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
     assert values[c.ENV_TOKEN_FILE] == "/var/run/textsql/token" and values[c.ENV_SLOTS] == "4"
@@ -100,9 +132,11 @@ def test_kubernetes_pod_spec_through_the_clients_models():
         "token": "/var/run/textsql",
         "project": "/home/cdsw",
         "shm": "/dev/shm",
+        "tmp": "/tmp",
+        "cache": "/home/textsql/.cache",
     }
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-token", "defaultMode": 0o440}
+    assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-1-key", "defaultMode": 0o440}
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
     assert spec["securityContext"] == {
         "runAsNonRoot": True,
@@ -114,15 +148,35 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert container["securityContext"] == {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert spec["activeDeadlineSeconds"] == 24 * 3600
-    assert values[c.ENV_TOKEN_GROUP] == "1000"
+    assert values[c.ENV_TOKEN_GROUP] == "1000" and values[c.ENV_SSHD_KEYS_DIR] == "/tmp/textsql-sshd"
     assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
     assert token not in str(pod)
-    secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec(token))
-    assert secret["stringData"] == {"token": token} and secret["metadata"]["name"] == "textsql-demo-abc123-token"
+    key = pod_key(token, "textsql-demo-abc123-1")
+    secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec("textsql-demo-abc123-1", key))
+    assert secret["stringData"] == {"token": key} and secret["metadata"]["name"] == "textsql-demo-abc123-1-key"
+
+
+def test_kubernetes_network_policy_admits_sshd_from_the_master_alone():
+    from kubernetes.client import ApiClient
+
+    policy = ApiClient().sanitize_for_serialization(k8s_backend().network_policy("10.0.0.4", 2222))
+    run = {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"}
+    assert policy["metadata"] == {"name": "textsql-demo-abc123-workers", "namespace": "ml", "labels": run}
+    assert policy["spec"]["podSelector"] == {"matchLabels": run} and policy["spec"]["policyTypes"] == ["Ingress"]
+    ssh, ranks = policy["spec"]["ingress"]
+    assert ssh == {"from": [{"ipBlock": {"cidr": "10.0.0.4/32"}}], "ports": [{"protocol": "TCP", "port": 2222}]}
+    assert ranks == {
+        "from": [{"podSelector": {"matchLabels": run}}],
+        "ports": [
+            {"protocol": "TCP", "port": 1, "endPort": 2221},
+            {"protocol": "TCP", "port": 2223, "endPort": 65535},
+        ],
+    }
 
 
 def test_kubernetes_cpu_pod_asks_for_no_gpu():
@@ -198,20 +252,28 @@ def test_static_host_with_unknown_key_is_refused_with_the_fix(static_host, tmp_p
     assert not (tmp_path / "run" / "hostfile").exists()
 
 
-def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secret(tmp_path):
+def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secrets(tmp_path):
     token_file = tmp_path / "token"
     new_token(token_file)
     api = RecordingCoreV1()
     backend = KubernetesBackend(image="img", api=api, poll_s=0.01)
-    handles = backend.launch(2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file)})
-    assert [h.pod for h in handles] == sorted(api.pods) and len(api.secrets) == 1
+    handles = backend.launch(
+        2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:29400"}
+    )
+    # One Secret per pod, holding that pod's key and not the run's token.
+    assert [h.pod for h in handles] == sorted(api.pods) and sorted(api.secrets) == [f"{h.pod}-key" for h in handles]
+    token = read_token(token_file)
+    assert [api.secrets[f"{h.pod}-key"].string_data for h in handles] == [
+        {"token": pod_key(token, h.pod)} for h in handles
+    ]
+    assert sorted(api.policies) == [f"textsql-{backend.run_id}-workers"]
     backend.wait(timeout=5)
     backend.stop()
-    assert api.pods == {} and api.secrets == {}
+    assert api.pods == {} and api.secrets == {} and api.policies == {}
 
 
-def test_workers_cleanup_deletes_a_dead_runs_pods_and_secret_by_label(tmp_path, monkeypatch):
-    """The kernel died without stop(): `textsql workers cleanup --run` finds its Pods and Secret by label."""
+def test_workers_cleanup_deletes_a_dead_runs_pods_and_secrets_by_label(tmp_path, monkeypatch):
+    """The kernel died without stop(): `textsql workers cleanup --run` finds its Pods and Secrets by label."""
     from click.testing import CliRunner
 
     from textsql.cli import cli
@@ -222,14 +284,14 @@ def test_workers_cleanup_deletes_a_dead_runs_pods_and_secret_by_label(tmp_path, 
     api = RecordingCoreV1()
     dead, alive = (KubernetesBackend(image="img", api=api) for _ in range(2))
     for backend in (dead, alive):
-        backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file)})
+        backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:1"})
     monkeypatch.setattr(kubernetes, "connect", lambda: api)
     result = CliRunner().invoke(cli, ["workers", "cleanup", "--namespace", "default", "--run", dead.run_id])
     assert result.exit_code == 0, result.output
-    assert "deleted 2 pods and 1 secrets" in result.output
-    assert sorted(api.pods) == [p.pod for p in alive.pods] and len(api.secrets) == 1
+    assert "deleted 2 pods and 2 secrets" in result.output
+    assert sorted(api.pods) == [p.pod for p in alive.pods] and len(api.secrets) == 2
     result = CliRunner().invoke(cli, ["workers", "cleanup"])
-    assert result.exit_code == 0 and api.pods == {} and api.secrets == {}, result.output
+    assert result.exit_code == 0 and api.pods == {} and api.secrets == {} and api.policies == {}, result.output
 
 
 def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):
@@ -366,7 +428,6 @@ class InProcessLauncher(UsesRecorded, Backend):
         return "127.0.0.1"
 
     def launch(self, count, resources, env):
-        token = read_token(Path(env[c.ENV_TOKEN_FILE]))
         port = int(env[c.ENV_SSH_PORT])
         for index in range(count):
             registration = Registration(
@@ -377,7 +438,9 @@ class InProcessLauncher(UsesRecorded, Backend):
                 ssh_port=port,
                 host_key=self._host_key,
             )
-            self._sessions.append(register(env[c.ENV_RENDEZVOUS], token, registration))
+            key = self.pod_key(registration.pod)
+            source = registration.address  # each pod connects from its own address
+            self._sessions.append(register(env[c.ENV_RENDEZVOUS], key, registration, source=source))
         return [WorkerHandle(f"fake-{index}") for index in range(count)]
 
     def stop(self) -> None:

@@ -123,6 +123,68 @@ def test_bucket_padding_pads_to_the_bucket_bounds(tmp_path):
     assert isinstance(batch["input_ids"], torch.Tensor)
 
 
+@pytest.mark.parametrize("max_norm", [0.01, 0.0])
+def test_the_optimizer_clips_before_its_step_when_asked(tmp_path, max_norm):
+    from transformers import Seq2SeqTrainingArguments
+
+    from textsql.model import load_model
+    from textsql.training.batching import TokenBudgetTrainer
+
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), max_grad_norm=0.0, learning_rate=0.0, report_to=[])
+    model = load_model()
+    trainer = TokenBudgetTrainer(model=model, args=args, optimizer_max_grad_norm=max_norm)
+    optimizer = trainer.create_optimizer()
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
+    assert (norm.item() <= 0.0101) is (max_norm > 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bucketed", [True, False])
+def test_torch_compile_compiles_once_per_bucket_shape_over_an_epoch(bucketed):
+    """Dynamo compiles each new input shape once; bucket padding bounds the shapes an epoch can bring.
+
+    Padding each batch to its longest member instead (bucketed=False) brings more shapes than the
+    sampler predicts, and the bound fails, as it should.
+    """
+    from textsql.model import load_model, load_tokenizer
+
+    rng = random.Random(3)
+    sources, targets = [rng.randint(6, 60) for _ in range(300)], [rng.randint(3, 30) for _ in range(300)]
+    sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=1024, seed=1)
+    tokenizer = load_tokenizer()
+    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=8)
+    if bucketed:
+        collator = BucketPadding(collator, sampler.source_bounds, sampler.target_bounds, tokenizer.pad_token_id)
+    examples = [
+        {"input_ids": [5] * source, "attention_mask": [1] * source, "labels": [6] * target}
+        for source, target in zip(sources, targets)
+    ]
+    compiled_graphs = []
+
+    def counting_backend(graph, example_inputs):
+        compiled_graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    model = load_model().eval()
+    step = torch.compile(model, backend=counting_backend, dynamic=False)
+    shapes = set()
+    with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=4096), torch.no_grad():
+        for batch_indices in sampler:
+            batch = collator([examples[i] for i in batch_indices])
+            shapes.add((*batch["input_ids"].shape, batch["labels"].shape[1]))
+            step(**batch)
+            if len(shapes) == 1:
+                graphs_per_shape = len(compiled_graphs)  # graph breaks make it more than one per shape
+    torch._dynamo.reset()
+    assert len(compiled_graphs) == graphs_per_shape * len(shapes)
+    within = len(compiled_graphs) <= graphs_per_shape * len(sampler.shapes())
+    assert within is bucketed, (len(shapes), len(sampler.shapes()))
+
+
 def step_examples(group_size: int, ranks: int, batch: int, accumulation: int, lengths: list[int]) -> list[set[int]]:
     """The examples of each optimizer step when ``ranks`` ranks draw from one length-grouped order as the
     trainer's loader does (accelerate gives rank r every ranks-th batch; a step is ``accumulation`` of them)."""

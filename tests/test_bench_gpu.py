@@ -7,11 +7,73 @@ import sys
 import pytest
 
 from bench.flops import T5Shape, training_flops
-from bench.gpu import available, curves_match, step_samples
+from bench.gpu import OPS_KEYS, ROW_KEYS, SECTION_KEYS, Sizes, available, curves_match, step_samples
+from bench.steps import count_ops, timed_window, training_seconds_to
 from textsql.constants import PROJECT_DIR
 from textsql.training.batching import TokenBudgetBatchSampler
 
 TINY = T5Shape(d_model=8, d_attention=8, d_ff=16, encoder_layers=1, decoder_layers=1, vocab_size=32)
+
+
+def record(steps: int, profiled: bool = False) -> dict:
+    """A clock record of ``steps`` steps of one second each, the last profiled when asked."""
+    return {
+        "step_began": [float(i) for i in range(steps)],
+        "step_ended": [i + 1.0 for i in range(steps)],
+        "evaluations": [],
+        "ops": {"ops": 1} if profiled else None,
+    }
+
+
+@pytest.mark.parametrize("steps", range(8))
+@pytest.mark.parametrize("skip", range(4))
+def test_the_timed_window_never_divides_by_zero_whatever_the_step_count(steps, skip):
+    """The old bench divided by zero (or raised StopIteration) when at most one logged step followed the warm-up."""
+    if skip >= 1 and steps > skip:
+        assert timed_window(record(steps), skip) == (steps - skip, float(steps - skip))
+        assert timed_window(record(steps + 1, profiled=True), skip) == (steps - skip, float(steps - skip))
+    else:
+        with pytest.raises(ValueError, match="warm-up"):
+            timed_window(record(steps), skip)
+
+
+def test_sizes_refuse_a_run_with_no_timed_step():
+    with pytest.raises(ValueError, match="timed_steps"):
+        Sizes(warmup_steps=2, timed_steps=0)
+    assert Sizes(warmup_steps=1, timed_steps=1).steps == 3  # warm-up, timed, profiled
+
+
+def test_time_to_loss_leaves_out_the_evaluations_before_it():
+    clock = record(6)
+    clock["evaluations"] = [
+        {"step": 2, "eval_loss": 3.0, "seconds": 10.0},
+        {"step": 4, "eval_loss": 0.9, "seconds": 10.0},
+    ]
+    # Steps 1-4 end at 4 s of step time, but the clock read 4 s after the first evaluation's 10 s.
+    clock["step_ended"] = [1.0, 2.0, 13.0, 14.0, 15.0, 16.0]
+    assert training_seconds_to(clock, 1.0) == 4.0
+    assert training_seconds_to(clock, 0.5) is None
+
+
+def test_op_counts_read_a_real_profile():
+    import torch
+
+    from bench.steps import OPTIMIZER_PHASE
+
+    weights = [torch.randn(4, 4, requires_grad=True) for _ in range(3)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        loss = sum((w * 2).sum() for w in weights)
+        loss.backward()
+        with torch.profiler.record_function(OPTIMIZER_PHASE):
+            for w in weights:  # a per-tensor loop with a host read each: what the default step must not do
+                w.data.add_(w.grad, alpha=-0.1)
+                float(w.grad.norm())
+        fused = torch.optim.AdamW(weights, lr=0.1, fused=True)
+        with torch.profiler.record_function(OPTIMIZER_PHASE):
+            fused.step()  # its CPU kernel reads each step count with .item(); a GPU's does not
+    counts = count_ops(profile.events())
+    assert counts["optimizer_ops"] >= 6 and counts["optimizer_host_syncs"] == 3
+    assert counts["host_syncs"] == 3 and counts["ops"] > counts["optimizer_ops"] and counts["reduce_calls"] == 0
 
 
 def test_identical_curves_match_and_diverging_ones_do_not():
@@ -59,6 +121,42 @@ def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(tmp_pa
     assert "gpu" not in results
     figures = [key for key in before if key not in ("machine", "releases", "started", "finished")]
     assert figures and all(results[key] == before[key] for key in figures)
+
+
+@pytest.mark.slow
+def test_the_gpu_section_runs_on_the_cpu_at_smoke_size_and_writes_every_key(tmp_path):
+    """The same code as on a GPU, with the tiny T5, a few steps and the CPU's nominal peak."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "gpu",
+            "--device",
+            "cpu",
+            "--smoke",
+            "--out",
+            str(tmp_path),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        cwd=PROJECT_DIR,
+        check=True,
+        timeout=600,
+    )
+    figure = json.loads((tmp_path / "results.json").read_text())["gpu"]
+    assert set(SECTION_KEYS) <= set(figure), set(SECTION_KEYS) - set(figure)
+    assert set(figure["profiles"]) == {"default", "zero1"} and figure["profiles"]["default"]["profile"] == "zero1"
+    for row in figure["profiles"].values():
+        assert set(ROW_KEYS) <= set(row) and row["samples_per_s"] > 0 and row["mfu_real_tokens"] > 0
+        assert set(OPS_KEYS) <= set(row["ops_per_step"])
+    for arm in ("default", "old_recipe"):
+        assert set(OPS_KEYS) <= set(figure["step_ops"][arm]) and figure["step_ops"][arm]["ops"] > 0
+    assert figure["old_recipe_samples_per_s"] > 0 and figure["value"] > 0
+    assert figure["seconds_to_eval_loss"]["old_recipe"] > 0 and figure["seconds_to_eval_loss"]["defaults"] > 0
+    assert "within" in figure["loss_curve_vs_eager_fp32"] and figure["inference"]["value"] > 0
+    assert figure["device"] == "cpu" and "56355 training questions" in figure["data"]
+    assert "gpu" in (tmp_path / "README.md").read_text()
 
 
 @pytest.mark.gpu

@@ -105,27 +105,55 @@ def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
     assert lines[-2].rpartition("\r")[2].startswith("[1/2] 02_train_distributed done in")
 
 
-def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals(monkeypatch):
-    """A CI log or a pipe cannot redraw a bar: a plain line when the step moved (at most every PLAIN_EVERY_S),
-    and a heartbeat every PLAIN_HEARTBEAT_S when it did not, never the same line every PLAIN_EVERY_S."""
-    import textsql.display.terminal
+class Clock:
+    """A monotonic clock the test moves by hand."""
 
-    monkeypatch.setattr(textsql.display.terminal, "TICK_S", 0.02)
-    monkeypatch.setattr(textsql.display.terminal, "PLAIN_EVERY_S", 0.1)
-    monkeypatch.setattr(textsql.display.terminal, "PLAIN_HEARTBEAT_S", 3.0)
-    stream = io.StringIO()
-    view = StageView(total=1, stream=stream)
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals():
+    """A CI log or a pipe cannot redraw a bar: a plain line when the step moved (at most every PLAIN_EVERY_S,
+    10 s), and a heartbeat every PLAIN_HEARTBEAT_S (60 s) when it did not, never the same line every 10 s."""
+    clock, stream = Clock(), io.StringIO()
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=None)
+    start = clock.now
+
+    def tick_until(second: int) -> None:
+        while clock.now < start + second:
+            clock.now += 1
+            view.tick()
+
     with view.stage("02_train_distributed"):
         view.feed("127.0.0.2: step 20/200: loss 3.120 (14 s)")
-        time.sleep(1.0)  # ten plain intervals, one step: one line
+        tick_until(15)  # a line at 10 s, none at 11-15 s: the step did not move
         view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s)")
-        time.sleep(4.5)  # a moved step, then one heartbeat (at 3 s; the next would come at 6 s)
-    lines = stream.getvalue().splitlines()
-    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
-    progress = [line.partition(" s ")[2] for line in lines[:-1]]
-    assert progress == ["step 20/200: loss 3.120", "step 40/200: loss 2.870", "step 40/200: loss 2.870"], lines
-    assert all(line.startswith("[1/1] 02_train_distributed: ") for line in lines[:-1])
-    assert lines[-1].startswith("[1/1] 02_train_distributed done in")
+        tick_until(95)  # the moved step at 20 s (10 s after the last line, not at once), a heartbeat at 80 s
+    assert stream.getvalue().splitlines() == [
+        "[1/1] 02_train_distributed: 10 s step 20/200: loss 3.120",
+        "[1/1] 02_train_distributed: 20 s step 40/200: loss 2.870",
+        "[1/1] 02_train_distributed: 80 s step 40/200: loss 2.870",
+        "[1/1] 02_train_distributed done in 95 s",
+    ]
+
+
+def test_stage_view_ticks_on_its_own_while_a_stage_runs():
+    """With ``tick_s`` the view ticks in a thread of its own: a silent stage still gets its heartbeat."""
+    clock, stream = Clock(), io.StringIO()
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=0.01)
+    with view.stage("01_prepare_dataset"):
+        clock.now += 60
+        for _ in range(6000):  # a bound for a broken ticker, not a timing: the line comes at the next tick
+            if stream.getvalue():
+                break
+            time.sleep(0.01)
+    assert stream.getvalue().splitlines() == [
+        "[1/1] 01_prepare_dataset: 60 s",
+        "[1/1] 01_prepare_dataset done in 60 s",
+    ]
 
 
 def test_cell_output_goes_to_the_log_file_not_the_terminal(tmp_path, capsys):
@@ -160,6 +188,7 @@ def test_deepspeeds_accelerator_warning_and_the_loading_bar_only_when_verbose(tm
         }
         result = subprocess.run(
             [sys.executable, "-c", LOAD_A_SAVED_MODEL, level, str(tmp_path / level)],
+            check=False,
             capture_output=True,
             text=True,
             env=environment,

@@ -1,20 +1,34 @@
-"""One source of a run's defaults: the CLI, notebook 02, the demo and the AMP say the same as textsql.arguments.
+"""One source of every default a user sees: the CLI, the notebooks, the demo and the AMP say what the dataclasses say.
 
 A notebook's parameters and the AMP's environment defaults must be literals, so they repeat the values;
-these tests fail as soon as a copy drifts from the dataclass fields and TRAINING_DEFAULTS.
+these tests fail as soon as a copy drifts from the dataclass fields and TRAINING_DEFAULTS, and as soon as a
+notebook gains a parameter that is neither compared nor named below with the reason it has no counterpart.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import fields
 from pathlib import Path
 
+import click
 import papermill
+import pytest
 import yaml
 
-from textsql.arguments import notebook_defaults, train_argv
-from textsql.jobs import ENV_PREFIX, demo_parameters, notebook_path
+from textsql.arguments import (
+    GenerationOptions,
+    PrepareArguments,
+    RunArguments,
+    argument_field,
+    notebook_defaults,
+    train_argv,
+)
+from textsql.cli import cli
+from textsql.jobs import ENV_PREFIX, NOTEBOOKS, demo_parameters, notebook_path
+from textsql.launching.command import LaunchArguments
 from textsql.training.train import parse_command_line
+from worker.backends.base import Resources
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 AMP_VARIABLES = yaml.safe_load((PROJECT_DIR / ".project-metadata.yaml").read_text())["environment_variables"]
@@ -23,6 +37,40 @@ AMP_VARIABLES = yaml.safe_load((PROJECT_DIR / ".project-metadata.yaml").read_tex
 AMP_PLATFORM = {"backend", "worker_cpu", "worker_memory", "worker_gpus", "model", "data_dir", "run_dir"}
 # What the demo changes on purpose: a short, fast-learning schedule that fits a few minutes on two cores.
 DEMO_SCHEDULE = {"learning_rate", "max_steps", "eval_steps"}
+
+
+# Each notebook, the commands that do what it does (the README's "same as"), and the dataclass whose fields
+# give those commands' options their defaults (None: the command's own options).
+NOTEBOOK_COMMANDS = {
+    "01_prepare_dataset": {"prepare": PrepareArguments},
+    "02_train_distributed": {"launch": LaunchArguments, "estimate": None},
+    "03_inference": {"infer": GenerationOptions},
+}
+# Notebook parameters whose default is a dataclass's though no command takes them.
+DATACLASS_ONLY = {
+    ("02_train_distributed", "worker_cpu"): Resources().cpu,
+    ("02_train_distributed", "worker_memory"): Resources().memory_gb,
+    ("02_train_distributed", "worker_gpus"): Resources().gpus,
+    ("02_train_distributed", "resume"): argument_field(RunArguments, "resume").default,
+}
+# Notebook parameters with no counterpart elsewhere, and why.
+NOTEBOOK_ONLY = {
+    "log_level": "the CLI's --verbose sets the same level for a command",
+    "data_dir": "paths relative to notebooks/: each command names its own (--out, --data, --run-dir)",
+    "run_dir": "paths relative to notebooks/: each command names its own (--out, --data, --run-dir)",
+    "backend": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
+    "workers": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
+    "backend_options": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
+    "gpu_memory_gb": "the estimate for the GPUs of the pods it starts; `textsql estimate` reads the machine it runs on",
+    "question": "notebook 03's example of a question of your own; `textsql infer` answers one only with --question",
+    "header": "notebook 03's example of a question of your own; `textsql infer` answers one only with --question",
+}
+
+
+def cli_defaults(command: str) -> dict:
+    """The command's options and their defaults (click's "no default" read as None)."""
+    params = cli.commands[command].params
+    return {p.name: (None if p.default is click.core.UNSET else p.default) for p in params if p.name != "help"}
 
 
 def notebook_parameter_defaults(name: str) -> dict:
@@ -59,17 +107,47 @@ def test_the_cli_trains_with_the_same_defaults(tmp_path):
     )
 
 
-def test_the_amp_environment_defaults_are_notebook_02s():
-    declared = notebook_parameter_defaults("02_train_distributed")
-    for variable, spec in AMP_VARIABLES.items():
-        name = variable.removeprefix(ENV_PREFIX).lower()
-        if name in declared and name not in AMP_PLATFORM:
-            assert yaml.safe_load(spec["default"]) == declared[name], f"{variable} drifted from notebook 02's {name}"
-    assert yaml.safe_load(AMP_VARIABLES["TEXTSQL_PROFILE"]["default"]) == notebook_defaults()["profile"]
-
-
 def test_the_demo_takes_the_defaults_but_its_schedule(tmp_path):
     training = demo_parameters(tmp_path)["02_train_distributed"]
     assert not (set(training) & set(notebook_defaults())) - DEMO_SCHEDULE, (
         "the demo repeats a default; leave it to notebook 02"
     )
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_every_notebook_parameter_has_the_default_of_the_cli_and_the_dataclass(notebook):
+    declared = notebook_parameter_defaults(notebook)
+    training = notebook_defaults() if notebook == "02_train_distributed" else {}  # compared in the tests above
+    compared, drifted = set(), []
+    for command, arguments in NOTEBOOK_COMMANDS[notebook].items():
+        for name, default in cli_defaults(command).items():
+            if name not in declared or name in training or name in NOTEBOOK_ONLY:
+                continue
+            compared.add(name)
+            if declared[name] != default:
+                drifted.append(f"{notebook}'s {name} = {declared[name]!r}, `textsql {command}` says {default!r}")
+            if arguments is not None and name in {spec.name for spec in fields(arguments)}:
+                field_default = argument_field(arguments, name).default
+                if declared[name] != field_default:
+                    drifted.append(
+                        f"{notebook}'s {name} = {declared[name]!r}, {arguments.__name__} says {field_default!r}"
+                    )
+    for (owner, name), default in DATACLASS_ONLY.items():
+        if owner == notebook:
+            compared.add(name)
+            if declared[name] != default:
+                drifted.append(f"{notebook}'s {name} = {declared[name]!r}, its dataclass says {default!r}")
+    assert drifted == []
+    unaccounted = set(declared) - compared - set(training) - set(NOTEBOOK_ONLY)
+    assert not unaccounted, f"{notebook}'s parameters {sorted(unaccounted)} are compared with nothing: add them above"
+
+
+def test_the_amp_environment_defaults_are_the_notebooks():
+    declared = {
+        name: default for notebook in NOTEBOOKS for name, default in notebook_parameter_defaults(notebook).items()
+    }
+    for variable, spec in AMP_VARIABLES.items():
+        name = variable.removeprefix(ENV_PREFIX).lower()
+        assert name in declared, f"{variable} sets no notebook parameter"
+        if name not in AMP_PLATFORM:
+            assert yaml.safe_load(spec["default"]) == declared[name], f"{variable} drifted from the notebooks' {name}"

@@ -131,7 +131,7 @@ def test_error_and_malformed_lines_are_wrong_not_fatal(dev):
 
 
 def test_parse_rate_counts_queries_whose_columns_belong_to_their_table():
-    records, tables = load_split("sample", "validation")
+    records, _tables = load_split("sample", "validation")
     pred = [{"id": item["id"], "query": copy.deepcopy(item["sql"])} for item in records]
     pred[0] = {"id": records[0]["id"], "error": "could not parse"}
     pred[1]["query"]["sel"] = len(records[1]["header"])  # one column past the table

@@ -32,3 +32,13 @@ def test_one_percent_of_an_h100_is_about_710_samples_per_second(t5_small):
 
 def test_an_unknown_device_has_no_mfu():
     assert peak_flops("Some GPU") is None and mfu(1e12, 1.0, None) is None
+
+
+def test_the_peak_is_the_exact_cards_not_the_chips():
+    """Every H100 got the SXM peak when names were matched by substring; the PCIe card is 756 TFLOP/s."""
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA A100-SXM4-40GB") == peak_flops("NVIDIA A100 80GB PCIe") == 312e12
+    assert peak_flops("NVIDIA L4") == 121e12 and peak_flops("NVIDIA L40S") == 362e12
+    assert peak_flops("H100") is None
+    assert peak_flops("cpu", cpu_cores=2) == 2 * 64e9

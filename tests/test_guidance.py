@@ -2,10 +2,8 @@
 
 import pytest
 import torch
-from transformers import LogitsProcessorList
 
 from textsql.data.sql import parse_sql
-from textsql.decoding.processor import grammar_processor
 from textsql.errors import SQLParseError
 from textsql.files import write_jsonl
 from textsql.inference.evaluate import ExecutionError, TableEngine
@@ -38,8 +36,6 @@ ITEMS = [
     },
 ]
 NEW_TOKENS = 32
-BEAMS = 4
-SEEDS = 20
 
 
 def finds_something(engine: TableEngine, text: str) -> bool:
@@ -72,59 +68,82 @@ def test_the_first_beam_that_runs_and_finds_something_is_chosen():
         assert guide.choose(candidates[2:], HEADER, "t1") == candidates[2]
 
 
-def encoded(predictor: Predictor) -> list[list[int]]:
-    return [predictor.encode(item["question"], item["header"]) for item in ITEMS]
+# Each question's beams, best first, as a beam search would return them: for q0 the first finds nothing
+# and the second fails to execute, so guidance must answer with the third; q1's first already finds.
+BEAMS = {
+    "q0": [
+        "SELECT Player FROM table WHERE School = Harvard",
+        "SELECT Player FROM table WHERE No. = Duke",
+        "SELECT Player FROM table WHERE No. = 3",
+        "SELECT Player FROM table",
+    ],
+    "q1": [
+        "SELECT COUNT Player FROM table WHERE School = Yale",
+        "SELECT Player FROM table WHERE School = Yale",
+        "SELECT Player FROM table WHERE School = Harvard",
+        "SELECT Player FROM table",
+    ],
+}
+GUIDED = {"q0": BEAMS["q0"][2], "q1": BEAMS["q1"][0]}
 
 
-def own_beams(predictor: Predictor) -> list[list[str]]:
-    """Each question's BEAMS constrained beams, best first, as plain generation returns them."""
-    tokenizer = predictor.tokenizer
-    input_ids = encoded(predictor)
-    batch = tokenizer.pad([{"input_ids": ids} for ids in input_ids], return_tensors="pt")
-    processor = grammar_processor(tokenizer, [item["question"] for item in ITEMS], [HEADER] * len(ITEMS), NEW_TOKENS)
-    with torch.inference_mode():
-        output = predictor.model.generate(
-            **batch,
-            num_beams=BEAMS,
-            num_return_sequences=BEAMS,
-            max_new_tokens=NEW_TOKENS,
-            logits_processor=LogitsProcessorList([processor]),
-        )
-    beams = [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
-    return [beams[index * BEAMS : (index + 1) * BEAMS] for index in range(len(ITEMS))]
+class FixedBeams(torch.nn.Module):
+    """A model whose beam search returns fixed beams per question, so what guidance must choose is known."""
+
+    def __init__(self, tokenizer, beams_by_input: dict[tuple[int, ...], list[str]]):
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.beams_by_input = beams_by_input
+        self.calls: list[dict] = []
+
+    def generate(self, input_ids, attention_mask, num_beams, num_return_sequences, **options):
+        self.calls.append({"num_beams": num_beams, "num_return_sequences": num_return_sequences})
+        texts = [
+            beam
+            for ids, mask in zip(input_ids.tolist(), attention_mask.tolist())
+            for beam in self.beams_by_input[tuple(i for i, m in zip(ids, mask) if m)][:num_return_sequences]
+        ]
+        return self.tokenizer(texts, padding=True, return_tensors="pt")["input_ids"]
 
 
 @pytest.fixture(scope="module")
 def predictor() -> Predictor:
-    """An untrained model with a question whose first beam finds nothing on the table and a later one
-    does, so that guidance has a choice to make. Which seed gives one depends on the CPU's arithmetic."""
+    """The untrained embedded model (its beams are whatever its random weights give)."""
+    torch.manual_seed(0)
+    return Predictor.load(None, device="cpu")
+
+
+def fixed_beams(predictor: Predictor) -> tuple[Predictor, list[list[int]]]:
+    input_ids = [predictor.encode(item["question"], item["header"]) for item in ITEMS]
+    beams = {tuple(ids): BEAMS[item["id"]] for ids, item in zip(input_ids, ITEMS)}
+    return Predictor(FixedBeams(predictor.tokenizer, beams), predictor.tokenizer, device="cpu"), input_ids
+
+
+def test_the_fixed_beams_are_what_the_test_says(predictor):
+    tokenizer = predictor.tokenizer
+    for beams in BEAMS.values():
+        assert tokenizer.batch_decode(tokenizer(beams)["input_ids"], skip_special_tokens=True) == beams
     with TableEngine(TABLES) as engine:
-        for seed in range(SEEDS):
-            torch.manual_seed(seed)
-            candidate = Predictor.load(None, device="cpu")
-            if any(first_finding(engine, own) != own[0] for own in own_beams(candidate)):
-                return candidate
-    pytest.fail(
-        f"no seed below {SEEDS} gives the untrained model a question whose first beam finds nothing and a later one something"
-    )
+        assert {item: first_finding(engine, beams) for item, beams in BEAMS.items()} == GUIDED
 
 
 def test_predictor_answers_with_the_first_executing_beam(predictor):
-    input_ids = encoded(predictor)
-    chosen = predictor.generate(
-        input_ids, GenerationOptions(num_beams=BEAMS, max_new_tokens=NEW_TOKENS), items=ITEMS, tables=TABLES
-    )
-    beams = own_beams(predictor)
-    with TableEngine(TABLES) as engine:
-        assert chosen == [first_finding(engine, own) for own in beams]
-    unguided = predictor.generate(
+    fixed, input_ids = fixed_beams(predictor)
+    options = GenerationOptions(num_beams=len(BEAMS["q0"]), max_new_tokens=NEW_TOKENS, batch_size=1)
+    chosen = fixed.generate(input_ids, options, items=ITEMS, tables=TABLES)
+    assert chosen == [GUIDED[item["id"]] for item in ITEMS]
+    assert fixed.model.calls[-1] == {"num_beams": 4, "num_return_sequences": 4}
+    unguided = fixed.generate(
         input_ids,
-        GenerationOptions(num_beams=BEAMS, max_new_tokens=NEW_TOKENS, execution_guided=False),
+        GenerationOptions(num_beams=4, max_new_tokens=NEW_TOKENS, execution_guided=False),
         items=ITEMS,
         tables=TABLES,
     )
-    assert unguided == [own[0] for own in beams]
-    assert chosen != unguided, "guidance took the first beam for every question, though the fixture gave it a choice"
+    assert unguided == [BEAMS[item["id"]][0] for item in ITEMS]
+    assert fixed.model.calls[-1] == {"num_beams": 4, "num_return_sequences": 1}
+    # Without rows there is nothing to run a query on: the best beam, as without guidance.
+    rowless = {"t1": {**TABLES["t1"], "rows": []}}
+    assert fixed.generate(input_ids, options, items=ITEMS, tables=rowless) == unguided
 
 
 def test_predict_on_records_with_rows_is_guided_and_scored_by_execution(predictor, tmp_path):

@@ -20,8 +20,14 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.errors import LaunchError
-from textsql.launching.command import deepspeed_command, mask_credentials, rank_environment, without_secrets
-from textsql.launching.launch import LaunchArguments, launch
+from textsql.launching.command import (
+    LaunchArguments,
+    deepspeed_command,
+    mask_credentials,
+    rank_environment,
+    without_secrets,
+)
+from textsql.launching.launch import launch
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -115,7 +121,9 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
     from deepspeed.launcher.runner import PDSHRunner, parse_args
 
     env = rank_environment(LaunchArguments(run_dir=tmp_path, env={"EXTRA": "a b"}), list(HOSTS), "0123")
-    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    # Loopback hosts: what each host's sshd set (the interface its agent reported), else lo.
+    assert env["GLOO_SOCKET_IFNAME"] == "${GLOO_SOCKET_IFNAME:-lo}"
+    assert env["NCCL_SOCKET_IFNAME"] == "${NCCL_SOCKET_IFNAME:-lo}"
     assert env["TEXTSQL_LAUNCH_ID"] == "0123" and env["PYTHONPATH"] == str(PROJECT_DIR)
     assert not any("TOKEN" in key for key in env)
     runner = PDSHRunner(parse_args(["--module", "textsql.training.train"]), "e30=")
@@ -124,7 +132,7 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
     cmd, _, _ = runner.get_cmd({}, {host: [0] for host in HOSTS})
     remote = " ".join(cmd)
     assert f'export PATH="{BIN}:$PATH";' in remote and 'export EXTRA="a b";' in remote
-    assert "export GLOO_SOCKET_IFNAME=lo;" in remote
+    assert 'export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-lo}";' in remote
 
     remote_env = rank_environment(LaunchArguments(run_dir=tmp_path), ["10.0.0.5", "10.0.0.6"], "0123")
     assert "GLOO_SOCKET_IFNAME" not in remote_env
@@ -158,6 +166,9 @@ def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
         (["--env", "HF_TOKEN=hf_abc"], "looks like a secret"),
         (["--env", "MLFLOW_TRACKING_URI=https://alice:hunter2@mlflow.example"], "holds a password in a URL"),
         (["--env", "NOVALUE"], "pass --env KEY=VALUE"),
+        (["--env", "X=$(touch /tmp/x)"], "has a $ that is not a plain $NAME"),
+        (["--socket-ifname", "lo;id"], "--socket-ifname 'lo;id' is not a network interface name"),
+        (["--master-addr", "10.0.0.1 x"], "--master-addr '10.0.0.1 x' is not an IP address or hostname"),
         (["--ranks", "2"], "--ranks is for --launcher local"),
         (["--", "--output_dir", "$HOME/x"], "characters the hosts' shell would interpret"),
         (["--", "--run_name", "run-%h"], "characters the hosts' shell would interpret"),
@@ -268,7 +279,7 @@ def test_sigterm_ends_remote_ranks(two_local_workers, standin_env: dict[str, str
 @pytest.mark.slow
 def test_local_launcher_needs_no_ssh(tmp_path: Path, standin_env: dict[str, str]) -> None:
     command = textsql_launch(tmp_path / "run", *MODULE, "--launcher", "local", "--ranks", "2", env=standin_env)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "stand-in rank 0/2 node 0 sum 2" in result.stdout and "stand-in rank 1/2 node 0 sum 2" in result.stdout
     assert (tmp_path / "run" / "hostfile.local").read_text() == "localhost slots=2\n"

@@ -24,15 +24,15 @@ from textsql.arguments import train_argv
 from textsql.training.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 
 MAX_STEPS = 6
-TRAIN_ARGS = dict(
-    max_steps=MAX_STEPS,
-    per_device_train_batch_size=4,
-    save_steps=2,
-    eval_steps=1000,
-    logging_steps=1,
-    max_eval_samples=8,
-    log_level="info",
-)
+TRAIN_ARGS = {
+    "max_steps": MAX_STEPS,
+    "per_device_train_batch_size": 4,
+    "save_steps": 2,
+    "eval_steps": 1000,
+    "logging_steps": 1,
+    "max_eval_samples": 8,
+    "log_level": "info",
+}
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen:

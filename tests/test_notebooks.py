@@ -24,7 +24,15 @@ from ipykernel.ipkernel import IPythonKernel
 from textsql.cli import cli
 from textsql.display.tensorboard import read_scalars
 from textsql.errors import DataError, ModelError
-from textsql.jobs import DEMO_MARKER, NOTEBOOKS, NotebookError, notebook_path, run_demo, run_notebook
+from textsql.jobs import (
+    DEMO_MARKER,
+    NOTEBOOKS,
+    NotebookError,
+    declared_parameters,
+    notebook_path,
+    run_demo,
+    run_notebook,
+)
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
 # Code cells call the package in a few lines; only the imports and the parameters may be longer.
@@ -131,6 +139,29 @@ def test_demo_refuses_a_bad_profile_before_any_notebook_or_worker(tmp_path):
     assert not out.exists(), "nothing was written, no notebook ran, no worker started"
 
 
+@pytest.mark.parametrize("parameter", ["profile=zero9", "profil=zero1"])
+def test_demo_refuses_a_bad_parameter_before_importing_torch(tmp_path, parameter):
+    # A fresh interpreter, as `textsql demo` starts: the refusal must come before the heavy imports
+    # (torch, transformers, datasets, papermill: 7.5 s of the 8 s a refusal took).
+    script = (
+        "import json, sys\n"
+        "from textsql.cli import cli\n"
+        f"try: cli(['demo', '--out', {str(tmp_path / 'demo')!r}, '-p', {parameter!r}])\n"
+        "except SystemExit as exit: code = exit.code\n"
+        "heavy = ['torch', 'transformers', 'datasets', 'papermill', 'deepspeed']\n"
+        "print(json.dumps([code, [name for name in heavy if name in sys.modules]]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    code, imported = json.loads(done.stdout.splitlines()[-1])
+    assert code == 1 and done.stderr.startswith("Error: "), done.stderr
+    assert imported == [], f"refusing {parameter} imported {imported}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_parameters_are_read_as_papermill_reads_them(name):
+    assert declared_parameters(name) == papermill.inspect_notebook(str(notebook_path(name)))
+
+
 def test_a_bad_model_or_data_dir_leaves_the_previous_demo_as_it_was(tmp_path):
     out = tmp_path / "demo"
     out.mkdir()
@@ -166,7 +197,9 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
         "-p",
         "03_inference.limit=6",
     ]
-    result = subprocess.run([TEXTSQL, "demo", "--out", str(out), *small], capture_output=True, text=True, timeout=1500)
+    result = subprocess.run(
+        [TEXTSQL, "demo", "--out", str(out), *small], check=False, capture_output=True, text=True, timeout=1500
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "MISSING" not in result.stdout and "textsql tensorboard --logdir" in result.stdout
     terminal = result.stdout + result.stderr
@@ -249,7 +282,7 @@ def test_cml_job_reports_a_failing_notebook_in_one_line(tmp_path):
     job = Path(__file__).resolve().parent.parent / "cml" / "run_notebook.py"
     env = {**os.environ, "TEXTSQL_PROFILE": "zero9"}
     result = subprocess.run(
-        [sys.executable, str(job), "not_a_notebook"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, str(job), "not_a_notebook"], check=False, capture_output=True, text=True, env=env, timeout=120
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert (

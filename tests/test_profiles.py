@@ -18,6 +18,7 @@ from textsql.jobs import notebook_path
 from textsql.model import load_model
 from textsql.training.estimate import GIB, estimate, format_estimate
 from textsql.training.profiles import (
+    autocast_bf16,
     available_overlays,
     available_profiles,
     get_profile,
@@ -174,3 +175,34 @@ def test_a_precision_the_profile_fixes_otherwise_is_refused(tmp_path):
         ProfileError, match=r'fixes bf16.enabled to true but the run uses fp32.*"auto".*--precision bf16'
     ):
         profile.check_precision("fp32")
+
+
+@pytest.mark.parametrize("name", [name for name in PROFILES if get_profile(name).stage > 0])
+def test_bucket_sizes_are_explicit_not_the_trainers_d_model_squared(name, trainer_arguments):
+    """transformers fills "auto" with d_model^2 (262,144 elements for t5-small: ~230 reduce calls a step)."""
+    hf_config = HfTrainerDeepSpeedConfig(load_profile(name))
+    hf_config.trainer_config_process(trainer_arguments)
+    hf_config.trainer_config_finalize(trainer_arguments, load_model(), num_training_steps=100)
+    zero = hf_config.config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 50_000_000
+    if get_profile(name).stage < 3:  # ZeRO-3 gathers parameters by its prefetch bucket instead
+        assert zero["allgather_bucket_size"] == 50_000_000
+
+
+def test_bf16_at_stage_0_runs_under_torch_autocast_and_the_optimizer_clips(trainer_arguments):
+    """At stage 0 DeepSpeed's bf16 wraps the trainer's optimizer in FP16_UnfusedOptimizer (a loop over
+    every tensor with a host read each); torch autocast leaves the fused optimizer unwrapped."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config, clip_in_optimizer = autocast_bf16(load_profile("zero0"))
+    assert clip_in_optimizer and config["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert not {"bf16", "fp16"} & set(config) and "bf16" in load_profile("zero0")
+    # textsql.training.train hands the trainer max_grad_norm 0 (the optimizer clips), so "auto" becomes 0.
+    arguments = Seq2SeqTrainingArguments(output_dir=trainer_arguments.output_dir, max_grad_norm=0.0, report_to="none")
+    hf_config = HfTrainerDeepSpeedConfig(config)
+    hf_config.trainer_config_process(arguments)
+    hf_config.trainer_config_finalize(arguments, load_model(), num_training_steps=100)
+    parsed = DeepSpeedConfig(hf_config.config)
+    assert parsed.torch_autocast_enabled and not parsed.bfloat16_config.enabled and parsed.gradient_clipping == 0
+    for name in ("zero1", "zero2", "zero3", "zero3_offload"):  # ZeRO's own optimizers, or a DeepSpeed optimizer
+        assert autocast_bf16(load_profile(name)) == (load_profile(name), False)

@@ -161,5 +161,5 @@ def catch_mid_save(output: Path, tag: str, caught: dict) -> None:
         rank_process(tag).kill()
         caught["killed"] = True
         os.close(reader)
-    except Exception as error:  # reported by the test, in the main thread
+    except Exception as error:  # noqa: BLE001 - reported by the test, in the main thread
         caught["error"] = repr(error)

@@ -18,7 +18,7 @@ from worker.protocol import FrameError, recv_frame, send_frame, sign
 from worker.registration import Registration
 from worker.rendezvous.client import RegistrationRejected, register
 from worker.rendezvous.server import RendezvousServer
-from worker.rendezvous.token import new_token, read_token
+from worker.rendezvous.token import new_token, pod_key, read_token
 from worker.runfiles import RunFiles
 
 TOKEN = secrets.token_urlsafe(32)
@@ -31,15 +31,15 @@ def host_key(seed: int) -> str:
 
 
 def worker(i: int, **changes) -> Registration:
-    fields = dict(
-        address=f"10.0.{i // 250}.{i % 250 + 1}",
-        slots=1 + i % 4,
-        hostname=f"pod-{i}",
-        pod=f"pod-{i}",
-        ssh_port=2222,
-        host_key=host_key(i),
-        user="cdsw",
-    )
+    fields = {
+        "address": f"10.0.{i // 250}.{i % 250 + 1}",
+        "slots": 1 + i % 4,
+        "hostname": f"pod-{i}",
+        "pod": f"pod-{i}",
+        "ssh_port": 2222,
+        "host_key": host_key(i),
+        "user": "cdsw",
+    }
     fields.update(changes)
     return Registration(**fields)
 
@@ -56,7 +56,7 @@ def test_32_concurrent_registrations_write_exact_files(files, tmp_path):
     def join(i):
         try:
             sessions.append(register(server.endpoint, TOKEN, worker(i)))
-        except Exception as error:  # collected and asserted below
+        except Exception as error:  # noqa: BLE001 - collected and asserted below
             errors.append(error)
 
     with RendezvousServer(expect=32, token=TOKEN, files=files, identity_file=identity) as server:
@@ -206,21 +206,42 @@ def test_silent_and_dripping_connections_do_not_block_others(files):
         drip.close()
 
 
-def test_duplicates_are_refused_politely_and_retries_of_the_same_worker_accepted(files):
+def test_duplicates_are_refused_and_an_accepted_registration_is_immutable(files):
     with RendezvousServer(expect=2, token=TOKEN, files=files) as server:
         first = register(server.endpoint, TOKEN, worker(0))
         with pytest.raises(RegistrationRejected, match="address 10.0.0.1 is already registered by pod 'pod-0'"):
             register(server.endpoint, TOKEN, worker(1, address="10.0.0.1"))
         with pytest.raises(RegistrationRejected, match="pod 'pod-0' is already registered from 10.0.0.1"):
             register(server.endpoint, TOKEN, worker(0, address="10.0.0.9"))
-        again = register(server.endpoint, TOKEN, worker(0))  # lost reply, retried: same key and pod
-        assert len(server.workers) == 1
+        # The very same fields again (what a hijacker of a live worker sends): refused, the first connection kept.
+        with pytest.raises(RegistrationRejected, match="an accepted registration cannot be changed"):
+            register(server.endpoint, TOKEN, worker(0))
+        assert server.workers == [worker(0)]
         register(server.endpoint, TOKEN, worker(1)).close()
         assert [w.address for w in server.wait(timeout=10)] == ["10.0.0.1", "10.0.0.2"]
         with pytest.raises(RegistrationRejected, match="the run is full: 2 of 2"):
             register(server.endpoint, TOKEN, worker(2))
         first.close()
-        again.close()
+
+
+def test_each_pod_key_registers_its_own_pod_only(files):
+    """A pod's key (all a launched pod receives) proves its own name: signing another pod's registration fails."""
+    with RendezvousServer(expect=2, token=TOKEN, files=files) as server:
+        first = register(server.endpoint, pod_key(TOKEN, "pod-0"), worker(0))
+        with pytest.raises(RegistrationRejected, match="authentication failed"):
+            register(server.endpoint, pod_key(TOKEN, "pod-0"), worker(1))
+        register(server.endpoint, pod_key(TOKEN, "pod-1"), worker(1)).close()
+        assert [w.pod for w in server.wait(timeout=10)] == ["pod-0", "pod-1"]
+        first.close()
+
+
+def test_a_registration_must_come_from_the_address_it_names(files):
+    """With check_peer (the launching backends), the registered address is the connection's source address."""
+    with RendezvousServer(expect=1, token=TOKEN, files=files, check_peer=True) as server:
+        with pytest.raises(RegistrationRejected, match=r"is not the address this registration came from \(127.0.0.1\)"):
+            register(server.endpoint, TOKEN, worker(0))
+        register(server.endpoint, TOKEN, worker(0, address="127.0.0.5"), source="127.0.0.5").close()
+        assert [w.address for w in server.wait(timeout=10)] == ["127.0.0.5"]
 
 
 @pytest.mark.parametrize(
@@ -258,7 +279,7 @@ def test_unknown_fields_are_refused(files):
                 "type": "register",
                 "nonce": "ab" * 16,
                 "worker": body,
-                "mac": sign(TOKEN.encode(), "register", nonce, "ab" * 16, body),
+                "mac": sign(pod_key(TOKEN, "pod-0").encode(), "register", nonce, "ab" * 16, body),
             },
         )
         assert recv_frame(sock)["reason"] == "unknown registration field 'command'"
@@ -298,7 +319,7 @@ def test_worker_sees_the_master_go_away():
             {
                 "type": "accepted",
                 "reason": "",
-                "mac": sign(TOKEN.encode(), "accepted", "cd" * 16, message["nonce"], ""),
+                "mac": sign(pod_key(TOKEN, "pod-0").encode(), "accepted", "cd" * 16, message["nonce"], ""),
             },
         )
         conn.close()
@@ -312,9 +333,11 @@ def test_worker_sees_the_master_go_away():
 
 
 def test_silence_from_the_master_counts_as_gone(files):
-    with RendezvousServer(expect=1, token=TOKEN, files=files, heartbeat=60) as server:
-        with register(server.endpoint, TOKEN, worker(0)) as session:
-            assert session.wait_released(gone_after=0.5) is False
+    with (
+        RendezvousServer(expect=1, token=TOKEN, files=files, heartbeat=60) as server,
+        register(server.endpoint, TOKEN, worker(0)) as session,
+    ):
+        assert session.wait_released(gone_after=0.5) is False
 
 
 def test_token_file_is_private(tmp_path):

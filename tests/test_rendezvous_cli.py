@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -110,6 +111,7 @@ def test_register_with_the_wrong_token_exits_1_with_the_masters_reason(tmp_path)
                 "--timeout",
                 "30",
             ],
+            check=False,
             capture_output=True,
             text=True,
             timeout=60,
@@ -143,6 +145,7 @@ def test_serve_timeout_is_one_line_and_writes_nothing(tmp_path):
             "--timeout",
             "1",
         ],
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,
@@ -186,3 +189,16 @@ def test_register_refuses_bad_values_before_connecting(tmp_path):
         ],
     )
     assert result.exit_code == 1 and "--ssh-port and --ssh-host-key-file go together" in result.output
+
+
+def test_serve_listens_on_this_machine_only_unless_told_and_keeps_its_files_private(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="worker")
+    hostfile = tmp_path / "run" / "hostfile"
+    result = CliRunner().invoke(
+        cli,
+        ["rendezvous", "serve", "--expect", "1", "--port", "0", "--timeout", "0.2"]
+        + ["--token-file", str(tmp_path / "token"), "--hostfile", str(hostfile)],
+    )
+    assert result.exit_code == 1 and "only 0 of 1 workers registered" in result.output
+    assert "rendezvous listening on 127.0.0.1:" in caplog.text
+    assert oct(hostfile.parent.stat().st_mode & 0o777) == "0o700"

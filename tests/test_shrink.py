@@ -35,7 +35,8 @@ from bench.recovery import StepStream, kill_after, kill_pod, supervised_argument
 from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
-from textsql.launching.launch import LaunchArguments, launch
+from textsql.launching.command import LaunchArguments
+from textsql.launching.launch import launch
 from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
 from textsql.training.checkpoints import is_complete_checkpoint
 from textsql.training.events import TENSORBOARD_SUBDIR

@@ -18,7 +18,7 @@ from test_launch import HOSTS, PROJECT_DIR, tagged_processes
 
 from textsql.arguments import train_argv
 from textsql.errors import LaunchError
-from textsql.launching.launch import LaunchArguments
+from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import (
     SUPERVISOR_FILE,
     FailureKind,

@@ -258,3 +258,17 @@ def test_train_argv_refuses_a_name_that_is_no_argument():
     ):
         train_argv(lerning_rate=1e-3)
     assert train_argv(overlay=[], resume=None, overwrite_output_dir=False) == ["--overwrite_output_dir", "false"]
+
+
+def test_evaluation_share_counts_the_evaluations_inside_the_training_loop_only():
+    from textsql.training.train import evaluation_share
+
+    history = [
+        {"loss": 3.0, "step": 10},
+        {"eval_loss": 2.0, "eval_runtime": 4.0, "step": 10},
+        {"eval_loss": 1.5, "eval_runtime": 6.0, "step": 20},
+        {"train_runtime": 200.0, "step": 20},
+        {"eval_loss": 1.5, "eval_runtime": 30.0, "step": 20},  # the final evaluation, after the loop
+    ]
+    assert evaluation_share(history) == 0.05
+    assert evaluation_share(history[:3]) is None

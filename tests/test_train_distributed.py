@@ -68,7 +68,9 @@ def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.Co
         *flags,
     ]
     environment = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    result = subprocess.run(
+        command, check=False, env=environment, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     (output.parent / f"{profile}.log").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     return result
@@ -142,7 +144,12 @@ def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tm
         ),
     ]
     result = subprocess.run(
-        command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        command,
+        check=False,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     summary = json.loads((tmp_path / "run.json").read_text())
@@ -153,7 +160,12 @@ def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tm
     )
 
     again = subprocess.run(
-        command, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        command,
+        check=False,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert again.returncode == 1
     assert "holds a previous run" in again.stderr and "--resume auto" in again.stderr

@@ -116,6 +116,27 @@ def test_a_run_reads_as_a_short_summary_with_one_row_per_evaluation(tmp_path):
     assert len(lines) == 5
 
 
+def test_a_run_shows_the_hosts_it_checked_and_the_all_reduce_bandwidth(tmp_path):
+    write_json(tmp_path / "run.json", RUN)
+    inventory = {"python": "3.11.7", "torch": "2.13.0+cpu", "deepspeed": "0.19.8", "free_disk_bytes": 3 * 1024**3}
+    hosts = [
+        {"pod": "local-0", "address": "127.0.0.2", "slots": 1, "socket_ifname": "lo", "inventory": inventory},
+        {"pod": "gpu-1", "address": "10.0.0.3", "slots": 8, "socket_ifname": "eth0", "inventory": None},
+    ]
+    write_json(tmp_path / "cluster.json", {"master": inventory, "hosts": hosts})
+    sizes = [
+        {"bytes": 4096, "seconds": 0.2, "bus_gbps": 1.83e-05},
+        {"bytes": 8388608, "seconds": 0.1, "bus_gbps": 0.0877},
+    ]
+    write_json(tmp_path / "collective.json", {"world_size": 2, "backend": "gloo", "hosts": [], "sizes": sizes})
+    lines = format_run(tmp_path).splitlines()
+    assert lines[1].split() == ["host", "pod", "torch", "deepspeed", "accelerators", "interface", "free", "disk"]
+    assert lines[2].split() == ["127.0.0.2", "local-0", "2.13.0+cpu", "0.19.8", "none", "(CPU)", "lo", "3.0", "GiB"]
+    assert lines[3].split() == ["10.0.0.3", "gpu-1", "?", "?", "none", "(CPU)", "eth0", "?"]
+    assert lines[4] == "all-reduce on 2 ranks (gloo), bus bandwidth: 4 KiB 1.83e-05 GB/s, 8192 KiB 0.0877 GB/s"
+    assert lines[5] == "training: 106 s, 0.30 samples/s, train loss 9.420"
+
+
 def test_a_run_that_wrote_no_summary_points_at_its_log(tmp_path):
     with pytest.raises(TextSQLError, match="no run.json in .*the training did not finish; see .*launch.log"):
         format_run(tmp_path)

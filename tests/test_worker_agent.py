@@ -6,7 +6,8 @@ import pytest
 
 from textsql.errors import TextSQLError
 from worker import constants as c
-from worker.agent import AgentConfig, route_address
+from worker.agent import AgentConfig
+from worker.network import route_address
 from worker.rendezvous.token import new_token
 
 

@@ -73,6 +73,7 @@ def test_local_workers_answer_ssh_with_verified_host_keys(tmp_path):
         # pdsh, as DeepSpeed's launcher runs it, over the same ssh_config.
         pdsh = subprocess.run(
             ["pdsh", "-S", "-w", ",".join(cluster.hosts), "cd /tmp; echo ready"],
+            check=False,
             env={**os.environ, **cluster.pdsh_env},
             capture_output=True,
             text=True,
@@ -88,6 +89,7 @@ def test_local_workers_answer_ssh_with_verified_host_keys(tmp_path):
         config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(forged)))
         refused = subprocess.run(
             ["ssh", "-F", str(config), "127.0.0.2", "true"],
+            check=False,
             capture_output=True,
             text=True,
             timeout=60,
@@ -101,6 +103,7 @@ def test_local_workers_answer_ssh_with_verified_host_keys(tmp_path):
         config.write_text(cluster.ssh_config.read_text().replace(str(cluster.identity_file), str(other)))
         denied = subprocess.run(
             ["ssh", "-F", str(config), "127.0.0.2", "true"],
+            check=False,
             capture_output=True,
             text=True,
             timeout=60,
@@ -127,18 +130,22 @@ class _OneLostWorker(LocalBackend):
 def test_missing_worker_is_named_and_everything_is_stopped(tmp_path):
     run_dir = tmp_path / "run"
     # 8 s: time for the other worker to start Python and its sshd and register on a loaded machine.
-    with pytest.raises(RendezvousError, match=r"^only 1 of 2 workers registered within 8s; missing: local-1;"):
-        with start_workers(_OneLostWorker(), 2, run_dir, timeout=8):
-            pytest.fail("the block must not run without every worker")
+    with (
+        pytest.raises(RendezvousError, match=r"^only 1 of 2 workers registered within 8s; missing: local-1;"),
+        start_workers(_OneLostWorker(), 2, run_dir, timeout=8),
+    ):
+        pytest.fail("the block must not run without every worker")
     assert not (run_dir / "hostfile").exists() and not (run_dir / "ssh_config").exists()
     assert wait_gone(run_dir) == []
 
 
 def test_worker_that_dies_fails_the_start_at_once(tmp_path):
     # The error names the dead worker's exit, not the 120 s registration timeout.
-    with pytest.raises(RendezvousError, match=r"worker local-0 exited with code 1: .*bad number"):
-        with start_workers("local", 1, tmp_path / "run", timeout=120, env={c.ENV_SLOTS: "many"}):
-            pass
+    with (
+        pytest.raises(RendezvousError, match=r"worker local-0 exited with code 1: .*bad number"),
+        start_workers("local", 1, tmp_path / "run", timeout=120, env={c.ENV_SLOTS: "many"}),
+    ):
+        pass
     assert not (tmp_path / "run" / "hostfile").exists()
 
 

@@ -24,11 +24,13 @@ def test_a_registration_nested_5000_deep_is_one_line_refusal_without_a_traceback
     depth = 5000
     body = json.dumps({"type": "register", "nonce": new_nonce(), "mac": "00"})[:-1]
     body += ', "worker": ' + "[" * depth + "]" * depth + "}"
-    with RendezvousServer(expect=1, token=TOKEN, files=RunFiles.in_dir(tmp_path)) as server:
-        with socket.create_connection(server.endpoint, timeout=10) as sock:
-            recv_frame(sock)
-            sock.sendall(struct.pack(">I", len(body)) + body.encode())
-            assert sock.recv(4096) == b""  # closed without an answer
+    with (
+        RendezvousServer(expect=1, token=TOKEN, files=RunFiles.in_dir(tmp_path)) as server,
+        socket.create_connection(server.endpoint, timeout=10) as sock,
+    ):
+        recv_frame(sock)
+        sock.sendall(struct.pack(">I", len(body)) + body.encode())
+        assert sock.recv(4096) == b""  # closed without an answer
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     assert [r.getMessage() for r in caplog.records if "nests deeper" in r.getMessage()] == [
         "connection from 127.0.0.1 dropped before registering: frame body nests deeper than 8 levels"
@@ -63,10 +65,11 @@ def test_worker_sshd_runs_strict_modes_and_refuses_stream_local_forwarding(worke
     config = (sshd.workdir / "sshd_config").read_text()
     assert "StrictModes yes\n" in config and "AllowStreamLocalForwarding no\n" in config
     ssh = ["ssh", "-F", str(files.ssh_config)]
-    login = subprocess.run([*ssh, "127.0.0.2", "echo ok"], capture_output=True, text=True, timeout=30)
+    login = subprocess.run([*ssh, "127.0.0.2", "echo ok"], check=False, capture_output=True, text=True, timeout=30)
     assert login.returncode == 0 and login.stdout == "ok\n", login.stderr
     forward = subprocess.run(
         [*ssh, "-o", "ExitOnForwardFailure=yes", "-R", f"{tmp_path}/fwd.sock:127.0.0.1:9", "127.0.0.2", "true"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=30,

@@ -76,7 +76,7 @@ def read_as(uid: int, gid: int, groups: list[int], path: Path, group: int) -> st
             os.setgid(gid)
             os.setuid(uid)
             os.write(writer, ("ok " + read_token(path, group)).encode())
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - the forked child reports every failure through the pipe
             os.write(writer, f"error {error}".encode())
         finally:
             os._exit(0)
@@ -97,7 +97,7 @@ def test_the_pods_user_reads_the_mounted_token_with_the_agents_check(mounted):
 
 
 def test_a_group_readable_token_is_refused_for_any_other_group(mounted):
-    pod, path, token = mounted
+    pod, path, _token = mounted
     assert oct(path.stat().st_mode & 0o777) == "0o440"
     with pytest.raises(RendezvousError, match="readable by others"):
         read_token(path)

@@ -62,7 +62,7 @@ def assert_replaced(before: Cluster, after: Cluster, keys_before: dict[str, str]
     assert keys[NEW] not in keys_before.values()
     result = after.ssh(NEW, "echo replaced")  # StrictHostKeyChecking yes against the pinned key
     assert result.returncode == 0 and result.stdout == "replaced\n", result.stderr
-    assert [w.pod for w in after.workers][0] == before.workers[0].pod and after.lost() == {}
+    assert next(w.pod for w in after.workers) == before.workers[0].pod and after.lost() == {}
 
 
 @pytest.fixture
@@ -98,9 +98,13 @@ def test_a_lost_kubernetes_pod_is_replaced_by_a_copy_that_registers_with_a_new_k
     assert new == f"{lost}-r1" and lost not in api.pods and lost not in api.processes
     assert not any(running(process) for process in processes), "the lost pod's agent is still running"
     assert_replaced(cluster, replaced, keys_before)
-    # The same Pod under a new name: spec and labels (what `textsql workers cleanup` selects by) unchanged.
+    # The same Pod under a new name, with its own key's Secret: spec and labels (what `textsql workers cleanup`
+    # selects by) otherwise unchanged.
     spec = ApiClient().sanitize_for_serialization(api.pods[new])
     assert spec["metadata"].pop("annotations") == {"textsql/replaces": lost}
+    key_volume = next(volume for volume in spec["spec"]["volumes"] if volume["name"] == "token")
+    assert key_volume["secret"]["secretName"] == f"{new}-key" and f"{new}-key" in api.secrets
+    key_volume["secret"]["secretName"] = f"{lost}-key"
     assert {**spec, "metadata": {**spec["metadata"], "name": lost}} == spec_before
     assert api.selected(api.pods[new], f"{APP_LABEL},textsql/run={cluster.backend.run_id}")
     assert [pod.pod for pod in cluster.backend.pods] == [cluster.workers[0].pod, new]
@@ -119,18 +123,23 @@ def test_a_kubernetes_replacement_that_never_runs_fails_at_the_deadline_naming_w
         cluster.replace_worker(LOST, timeout=1)
 
 
-def engine_processes(engine_id: str) -> list[psutil.Process]:
+def engine_id(cluster: Cluster, pod: str) -> str:
+    """The CML engine id of the worker named ``pod`` (the backend's handles say ``engine ID``)."""
+    return next(handle.detail.split(",")[0].split()[-1] for handle in cluster.backend.pods if handle.pod == pod)
+
+
+def engine_processes(engine: str) -> list[psutil.Process]:
     """A CML engine's processes (the emulator's engine, its agent, that agent's sshd), found by CDSW_ENGINE_ID."""
     for process in psutil.process_iter():
         try:
             if (
-                process.environ().get("CDSW_ENGINE_ID") == engine_id
-                and process.parent().environ().get("CDSW_ENGINE_ID") != engine_id
+                process.environ().get("CDSW_ENGINE_ID") == engine
+                and process.parent().environ().get("CDSW_ENGINE_ID") != engine
             ):
                 return [process, *process.children(recursive=True)]
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-    raise AssertionError(f"no process of engine {engine_id}")
+    raise AssertionError(f"no process of engine {engine}")
 
 
 @pytest.fixture
@@ -143,22 +152,23 @@ def cml_cluster(cml_emulator, tmp_path):
 def test_a_lost_cml_engine_is_replaced_by_a_new_engine_and_stopped_if_still_running(cml_cluster, how, status):
     cluster, api = cml_cluster
     lost = cluster.workers[1].pod
-    keys_before, processes = pinned_keys(cluster), engine_processes(lost)
+    lost_engine = engine_id(cluster, lost)
+    keys_before, processes = pinned_keys(cluster), engine_processes(lost_engine)
     # Ended: the engine was preempted. Unreachable: CML still lists it running, so it must be stopped.
     kill(processes if how == "engine ended" else [p for p in processes if "sshd" in p.name()])
     replaced = cluster.replace_worker(LOST, timeout=60)
     new = replaced.workers[1].pod
     states = {w["id"]: w["status"] for w in api.list_workers()}
-    assert states[lost] == status and states[new] == "running" and new != lost
+    assert new == f"{lost}-r1" and states[lost_engine] == status and states[engine_id(cluster, new)] == "running"
     assert not any(running(process) for process in processes), "the lost engine's agent is still running"
     assert [pod.pod for pod in cluster.backend.pods] == [cluster.workers[0].pod, new]
     assert_replaced(cluster, replaced, keys_before)
 
 
 def test_a_cml_replacement_that_fails_is_reported_with_its_status(cml_cluster):
-    cluster, api = cml_cluster
-    kill(engine_processes(cluster.workers[1].pod))
-    (cluster.run_dir / "rendezvous.token").unlink()  # the new engine's agent cannot read the token: it exits 1
+    cluster, _api = cml_cluster
+    kill(engine_processes(engine_id(cluster, cluster.workers[1].pod)))
+    cluster.backend._options["code"] = "raise SystemExit(1)"  # the new engine fails at once, as a bad image would
     with pytest.raises(
         WorkerError,
         match=rf"no replacement for lost worker {LOST} .* registered within 60s: "

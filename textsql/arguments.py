@@ -75,7 +75,10 @@ class PrepareArguments:
         },
     )
     model: str | None = field(
-        default=None, metadata={"help": "Tokenizer to use: a model directory or hub id (default: the embedded T5)."}
+        default="default",
+        metadata={
+            "help": 'Tokenizer: "default" (the embedded small T5), a hub id such as t5-small, or a model directory.'
+        },
     )
     input_format: str = field(
         default="schema",
@@ -212,10 +215,46 @@ class RunArguments:
     )
     # Set once --profile auto is resolved (textsql.training.train), for run.json and the stage line.
     auto_profile: bool = field(default=False, init=False)
+    # Set with the DeepSpeed config (textsql.training.profiles.autocast_bf16): the norm the optimizer clips
+    # to itself, DeepSpeed then clipping nothing (0: DeepSpeed clips, as --max_grad_norm says).
+    optimizer_max_grad_norm: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if self.resume and self.overwrite_output_dir:
             raise LaunchError("--resume and --overwrite_output_dir contradict each other; pass only one")
+
+
+@dataclass
+class GenerationOptions:
+    """How many questions go through the model at once, and how it decodes (``textsql infer``, notebook 03)."""
+
+    batch_size: int = field(default=32, metadata={"help": "Questions per generate() call."})
+    num_beams: int = field(default=1, metadata={"help": "Beam width; 1 is greedy decoding."})
+    max_new_tokens: int = field(
+        default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Most tokens generated per query."}
+    )
+    max_source_length: int = field(
+        default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (as prepare truncates)."}
+    )
+    constrained: bool = field(
+        default=True,
+        metadata={
+            "help": "Write only WikiSQL queries over the question's own table (textsql.decoding.grammar); false decodes freely."
+        },
+    )
+    execution_guided: bool = field(
+        default=True,
+        metadata={
+            "help": "With beams and tables that carry rows: answer with the first beam whose query runs and finds something."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "num_beams", "max_new_tokens", "max_source_length"):
+            if getattr(self, name) < 1:
+                raise DataError(
+                    f"{name} must be at least 1, got {getattr(self, name)!r}; pass --{name.replace('_', '-')} 1 or more"
+                )
 
 
 def notebook_defaults() -> dict[str, Any]:

@@ -11,11 +11,11 @@ from dataclasses import MISSING
 
 import click
 
-from textsql.arguments import PrepareArguments, argument_field
+from textsql.arguments import GenerationOptions, PrepareArguments, argument_field
 from textsql.console import configure_cli
 from textsql.constants import DEFAULT_MAX_RESTARTS, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
-from textsql.launching.launch import LAUNCHERS, TRAIN_MODULE, LaunchArguments
+from textsql.launching.command import LAUNCHERS, TRAIN_MODULE, LaunchArguments
 from textsql.launching.preflight import STAGES
 from textsql.training.profiles import available_profiles, profile_path
 
@@ -161,17 +161,9 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
 @click.option(
     "--official-out", type=click.Path(dir_okay=False), help="Also write the official WikiSQL prediction format here."
 )
-@click.option(
-    "--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Questions per generate() call."
-)
-@click.option("--num-beams", type=click.IntRange(min=1), default=1, show_default=True, help="Beam width (1: greedy).")
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Most tokens generated per query.",
-)
+@field_option(GenerationOptions, "batch_size", type=click.IntRange(min=1))
+@field_option(GenerationOptions, "num_beams", type=click.IntRange(min=1))
+@field_option(GenerationOptions, "max_new_tokens", type=click.IntRange(min=1))
 @click.option("--limit", type=click.IntRange(min=1), help="Only the first N questions.")
 @click.option("--question", help="Answer this one question instead of a split (with --header).")
 @click.option("--header", help="With --question: the table's column names, 'A,B,C' or a JSON list.")
@@ -181,13 +173,8 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
     help="Model input form [default: as recorded with the model, else schema].",
 )
 @click.option("--device", help="cuda, cpu, ... [default: cuda when present].")
-@click.option(
-    "--constrained",
-    type=bool,
-    default=True,
-    show_default=True,
-    help="Write only WikiSQL queries over the question's own table; false decodes freely (for comparison).",
-)
+@field_option(GenerationOptions, "constrained", type=bool)
+@field_option(GenerationOptions, "execution_guided", type=bool)
 def infer(
     model_dir,
     data,
@@ -203,17 +190,22 @@ def infer(
     input_format,
     device,
     constrained,
+    execution_guided,
 ) -> None:
     """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
     import json
 
-    from textsql.inference.predict import GenerationOptions, Predictor, format_summary, parse_header, predict
+    from textsql.inference.predict import Predictor, format_summary, parse_header, predict
 
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
     columns = parse_header(header) if question is not None else None
     options = GenerationOptions(
-        batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens, constrained=constrained
+        batch_size=batch_size,
+        num_beams=num_beams,
+        max_new_tokens=max_new_tokens,
+        constrained=constrained,
+        execution_guided=execution_guided,
     )
     predictor = Predictor.load(model_dir, input_format=input_format, device=device)
     if question is not None:
@@ -311,7 +303,12 @@ def rendezvous() -> None:
     help="DeepSpeed hostfile to write; known_hosts and ssh_config go beside it.",
 )
 @click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (0: any free port) [default: 29400].")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on: the interface the workers reach (0.0.0.0: every interface).",
+)
 @click.option(
     "--timeout", type=click.FloatRange(min=0), default=300, show_default=True, help="Seconds to wait for every worker."
 )

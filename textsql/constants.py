@@ -30,6 +30,12 @@ DEFAULT_MASTER_PORT = 29500
 LAUNCH_LOG_NAME = "launch.log"
 # What a training run writes at its end (textsql.training.train): engine, profile, steps, the trainer's log history.
 RUN_SUMMARY_NAME = "run.json"
+# What inference writes (textsql.inference.predict): one line per question, and the scores beside it.
+PREDICTIONS_NAME = "predictions.jsonl"
+METRICS_NAME = "metrics.json"
+# The workers' inventories as the master judged them, and the ranks' collective check (bus bandwidth).
+CLUSTER_FILE_NAME = "cluster.json"
+COLLECTIVE_FILE_NAME = "collective.json"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
 
 # WikiSQL as text for T5 (textsql.data.sql, textsql.data.wikisql, textsql.data.prepare).

@@ -23,11 +23,12 @@ from typing import Any
 import yaml
 
 from textsql.console import is_verbose, log_level
-from textsql.constants import PROJECT_DIR
+from textsql.constants import LAUNCH_LOG_NAME, METRICS_NAME, PREDICTIONS_NAME, PROJECT_DIR, RUN_SUMMARY_NAME
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.errors import TextSQLError
 from textsql.files import read_json
-from textsql.training.profiles import get_profile
+from textsql.training.profiles import AUTO_PROFILE, get_profile
+from worker.constants import HOSTFILE_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -82,19 +83,36 @@ def notebook_path(name: str) -> Path:
 def declared_parameters(name: str) -> dict[str, dict[str, Any]]:
     """The notebook's parameters as papermill reads them: name, type, default (source text) and help.
 
+    Read from the cell tagged ``parameters`` here rather than by ``papermill.inspect_notebook``, whose import
+    (nbformat's schema validation, over 2 s) would come before a mistyped ``-p`` could be refused;
+    ``tests/test_jobs.py`` holds the two readers to the same answer for every notebook.
+
     :param name: the notebook.
     :rtype: dict
     """
-    import papermill
-
-    # papermill logs every notebook it opens at INFO, which a job's log shows; reading is no news.
-    papermill_logger = logging.getLogger("papermill")
-    level = papermill_logger.level
-    papermill_logger.setLevel(logging.WARNING)
-    try:
-        return papermill.inspect_notebook(str(notebook_path(name)))
-    finally:
-        papermill_logger.setLevel(level)
+    cell = next(
+        (cell for cell in read_json(notebook_path(name))["cells"] if "parameters" in cell["metadata"].get("tags", ())),
+        None,
+    )
+    if cell is None:
+        raise NotebookError(f"notebook {name} has no cell tagged 'parameters'; tag the cell that sets its parameters")
+    source = "".join(cell["source"])
+    lines = source.splitlines()
+    declared = {}
+    for statement in ast.parse(source).body:
+        if not isinstance(statement, ast.AnnAssign | ast.Assign):
+            continue
+        target = statement.target if isinstance(statement, ast.AnnAssign) else statement.targets[0]
+        annotation = getattr(statement, "annotation", None)
+        # The help is the comment after the value, on the statement's last line, as papermill reads it.
+        _, _, comment = lines[statement.end_lineno - 1][statement.end_col_offset :].partition("#")
+        declared[target.id] = {
+            "name": target.id,
+            "inferred_type_name": ast.get_source_segment(source, annotation) if annotation else "None",
+            "default": ast.get_source_segment(source, statement.value),
+            "help": comment.strip(),
+        }
+    return declared
 
 
 def parameters_from_environ(
@@ -295,15 +313,17 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
     :param chosen: every notebook's parameters, as :func:`run_demo` will pass them.
     :raises TextSQLError: a ProfileError, ModelError or DataError naming the fix.
     """
-    from textsql.arguments import notebook_defaults
+    from textsql.arguments import ModelArguments, RunArguments, argument_field
+
+    training = dict(chosen["02_train_distributed"])
+    # The profile first: it is the cheap check and the common typo, refused before torch is imported.
+    profile = training.get("profile", argument_field(RunArguments, "profile").default)
+    if profile != AUTO_PROFILE:
+        get_profile(profile)
     from textsql.data.prepare import check_prepared
     from textsql.model import load_config
-    from textsql.training.estimate import AUTO_PROFILE
 
-    training = notebook_defaults() | dict(chosen["02_train_distributed"])
-    if training["profile"] != AUTO_PROFILE:
-        get_profile(training["profile"])
-    load_config(training["model"])
+    load_config(training.get("model", argument_field(ModelArguments, "model").default))
     if training["data_dir"] != chosen["01_prepare_dataset"]["data_dir"]:
         check_prepared(training["data_dir"])
 
@@ -356,13 +376,13 @@ def format_summary(result: DemoResult) -> str:
     """
     out = result.out_dir
     lines = [f"Everything is under {out}:"]
-    for name in ("hostfile", "launch.log", "tensorboard", "model", "predictions.jsonl", "metrics.json"):
+    for name in (HOSTFILE_NAME, LAUNCH_LOG_NAME, "tensorboard", "model", PREDICTIONS_NAME, METRICS_NAME):
         lines.append(f"  {name:18} {'ok' if (out / name).exists() else 'MISSING'}")
-    training = _read_json(out / "run.json")
+    training = _read_json(out / RUN_SUMMARY_NAME)
     losses = [entry["loss"] for entry in training.get("log_history", []) if "loss" in entry]
     if losses:
         lines.append(f"Train loss {losses[0]:.2f} -> {losses[-1]:.2f} over {training['global_step']} steps")
-    metrics = _read_json(out / "metrics.json")
+    metrics = _read_json(out / METRICS_NAME)
     if metrics:
         ex = metrics.get("ex_accuracy")
         lines.append(

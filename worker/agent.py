@@ -30,7 +30,8 @@ from pathlib import Path
 from worker import constants as c
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import RendezvousError, TextSQLError, WorkerError
-from worker.network import free_port
+from worker.inventory import Inventory, collect, overrides_for
+from worker.network import free_port, route_address
 from worker.registration import Registration, check_address, check_port, check_slots
 from worker.rendezvous.client import parse_endpoint, register_until
 from worker.rendezvous.token import read_token
@@ -41,18 +42,6 @@ logger = logging.getLogger(__name__)
 
 class Terminated(Exception):
     """SIGTERM arrived: unwind, stop sshd, exit 0."""
-
-
-def route_address(master_host: str) -> str:
-    """The local address of the interface that routes to ``master_host`` (no packet is sent).
-
-    :param master_host: the master's address or name.
-    :rtype: str
-    """
-    family = socket.AF_INET6 if ":" in master_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((master_host, 9))  # UDP connect only picks a route
-        return probe.getsockname()[0]
 
 
 def count_gpus() -> int:
@@ -81,6 +70,8 @@ class AgentConfig:
     workdir: Path | None  # None: a private temp dir, removed on exit with the sshd host key in it
     deadline_s: float
     sshd: bool
+    inventory: Inventory
+    sshd_keys_dir: Path | None = None  # None: the home directory (see worker.sshd.Sshd)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
@@ -110,17 +101,22 @@ class AgentConfig:
             deadline = float(env.get(c.ENV_DEADLINE, c.REGISTER_DEADLINE_S))
         except ValueError as error:
             raise WorkerError(f"bad number in the agent's environment: {error}") from None
+        address = check_address(address or route_address(master[0]))
+        pod = env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname())
         return cls(
             master=master,
             token=token,
-            address=check_address(address or route_address(master[0])),
+            address=address,
             slots=check_slots(slots),
-            pod=env.get(c.ENV_POD) or next((env[v] for v in c.PLATFORM_POD_VARS if env.get(v)), socket.gethostname()),
+            pod=pod,
             ssh_port=port if port == 0 else check_port(port),
             client_public_key=env.get(c.ENV_CLIENT_PUBKEY),
             workdir=Path(env[c.ENV_WORKER_DIR]) if env.get(c.ENV_WORKER_DIR) else None,
             deadline_s=deadline,
             sshd=sshd,
+            # Free disk where the ranks run (pdsh starts them in the project directory, as the agent is).
+            inventory=collect(address, Path.cwd(), overrides_for(pod, env.get(c.ENV_INVENTORY_OVERRIDES))),
+            sshd_keys_dir=Path(env[c.ENV_SSHD_KEYS_DIR]) if env.get(c.ENV_SSHD_KEYS_DIR) else None,
         )
 
 
@@ -130,10 +126,23 @@ def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
     for _ in range(3 if config.ssh_port == 0 else 1):
         port = config.ssh_port or free_port(config.address)
         try:
-            return Sshd(workdir / "sshd", config.address, port, config.client_public_key).start()
+            return Sshd(
+                workdir / "sshd",
+                config.address,
+                port,
+                config.client_public_key,
+                env=_session_env(config),
+                keys_dir=config.sshd_keys_dir,
+            ).start()
         except WorkerError as error:
             failure = error
     raise failure
+
+
+def _session_env(config: AgentConfig) -> dict[str, str]:
+    """The agent's environment for ssh sessions, with NCCL and gloo on the interface carrying this pod's address."""
+    interface = {name: config.inventory.interface for name in c.SOCKET_IFNAME_VARS if config.inventory.interface}
+    return interface | dict(os.environ)
 
 
 def _loopback_source(address: str, master_host: str) -> str | None:
@@ -167,6 +176,7 @@ def run(config: AgentConfig) -> bool:
             ssh_port=sshd.port if sshd else None,
             host_key=sshd.host_public_key if sshd else None,
             user=getpass.getuser(),
+            inventory=config.inventory,
         )
         session = stack.enter_context(
             register_until(

@@ -13,19 +13,23 @@ from __future__ import annotations
 import atexit
 import logging
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
 from worker.errors import RendezvousError, WorkerError
+from worker.files import private_dir
 from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
-from worker.rendezvous.token import new_token
+from worker.rendezvous.token import new_token, pod_key
 from worker.runfiles import RunFiles, write_run_files
 from worker.ssh import ssh_options
 from worker.sshd import generate_keypair
@@ -167,6 +171,30 @@ class Cluster:
         """
         return ["ssh", *ssh_options(self.ssh_config), host, command]
 
+    def answers(self, host: str, timeout: float = 15.0, attempts: int = c.SSH_PROBE_ATTEMPTS) -> bool:
+        """Whether ``host`` runs ``true`` over the run's ssh, trying ``attempts`` times with a growing pause
+        between them: one failed connection (a moment of load, a flood that sshd is shedding) is not a lost worker.
+
+        :param host: a worker address.
+        :param timeout: seconds for each attempt.
+        :param attempts: how many tries before it counts as not answering.
+        :rtype: bool
+        """
+        pause = c.SSH_PROBE_BACKOFF_S
+        for attempt in range(attempts):
+            try:
+                result = self.ssh(host, "true", timeout=timeout)
+                if result.returncode == 0:
+                    return True
+                reason = f"exit {result.returncode}: {result.stderr.strip()[-200:]}"
+            except subprocess.TimeoutExpired:
+                reason = f"no answer within {timeout:g}s"
+            logger.warning("ssh to %s failed (attempt %d of %d): %s", host, attempt + 1, attempts, reason)
+            if attempt + 1 < attempts:
+                time.sleep(pause)
+                pause *= 2
+        return False
+
     def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run ``command`` on ``host`` over the run's ssh configuration.
 
@@ -176,24 +204,41 @@ class Cluster:
         :rtype: subprocess.CompletedProcess
         """
         return subprocess.run(
-            self.ssh_command(host, command), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            self.ssh_command(host, command),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
 
 
 def _clear_run_files(run_dir: Path) -> RunFiles:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)  # the run's key, token and ssh files are for the user who started it
     files = RunFiles.in_dir(run_dir)
     for stale in (files.hostfile, files.known_hosts, files.ssh_config):
         stale.unlink(missing_ok=True)  # a failed start must not leave an older run's hostfile behind
     return files
 
 
-def _run_secrets(run_dir: Path) -> tuple[Path, str, str]:
-    """The per-run token and ssh client key that launched agents get: (identity file, token, public key)."""
-    token = new_token(run_dir / c.TOKEN_NAME)
-    identity = run_dir / c.IDENTITY_NAME
-    public_key = generate_keypair(identity, f"textsql-run@{run_dir.name}")
+def _run_secrets(directory: Path, run_name: str) -> tuple[Path, str, str]:
+    """The per-run token and ssh client key (pods get only their own key and the public half):
+    (identity file, token, public key)."""
+    token = new_token(directory / c.TOKEN_NAME)
+    identity = directory / c.IDENTITY_NAME
+    public_key = generate_keypair(identity, f"textsql-run@{run_name}")
     return identity, token, public_key
+
+
+def _master_dir(run_dir: Path, backend: Backend, stack: ExitStack) -> Path:
+    """Where the run's token, client key, hostfile, known_hosts and ssh_config go: the run dir, unless the
+    workers share it (a project volume), where a worker could read the key or add a ProxyCommand to
+    ssh_config; then a private directory on the master's own disk, removed when the workers are stopped."""
+    if not backend.shares_run_dir:
+        return run_dir
+    directory = Path(tempfile.mkdtemp(prefix=f"textsql-{run_dir.name}-"))  # 0700
+    stack.callback(shutil.rmtree, directory, ignore_errors=True)
+    return directory
 
 
 def _check_pods(backend: Backend) -> None:
@@ -220,10 +265,12 @@ def start_workers(
 ) -> Iterator[Cluster]:
     """Launch (or attach to) ``count`` workers, wait for all of them, and yield the :class:`Cluster`.
 
-    A launching backend (``attaches`` False) gets, in ``run_dir``, the per-run token
-    (``rendezvous.token``, 0600) and ssh client key (``id_ed25519``/``.pub``) for its agents, and
-    ``hostfile``, ``known_hosts`` and ``ssh_config`` once every worker registered; worker logs go
-    under ``run_dir/workers``. An attaching backend (``static``) writes the same three files from
+    A launching backend (``attaches`` False) gets, in ``run_dir`` (0700), the per-run token
+    (``rendezvous.token``, 0600) and ssh client key (``id_ed25519``/``.pub``), from which each agent gets
+    its own key and the public half, and ``hostfile``, ``known_hosts`` and ``ssh_config`` (0600) once every
+    worker registered; worker logs go under ``run_dir/workers``. Where the workers share ``run_dir``
+    (``Backend.shares_run_dir``: cml, kubernetes) those five files go to a private directory on this
+    machine instead (:attr:`Cluster.hostfile` names it), removed when the workers are stopped. An attaching backend (``static``) writes the same three files from
     :meth:`Backend.attach`. On leaving the block (normally, on error, on timeout or on
     KeyboardInterrupt) workers are released and the backend stops them.
 
@@ -254,13 +301,15 @@ def start_workers(
     with ExitStack() as stack:
         stack.callback(backend.stop)
         files = _clear_run_files(run_dir)
+        if backend.shares_run_dir:
+            files = _clear_run_files(_master_dir(run_dir, backend, stack))
         port = backend.ssh_port(ssh_port, count)
         if backend.attaches:
             identity, rendezvous, server = backend.identity_file, ("", 0), None
             workers = backend.attach(count, port)
             write_run_files(files, workers, identity)
         else:
-            identity, token, public_key = _run_secrets(run_dir)
+            identity, token, public_key = _run_secrets(files.hostfile.parent, run_dir.name)
             server = stack.enter_context(
                 RendezvousServer(
                     expect=count,
@@ -269,17 +318,18 @@ def start_workers(
                     port=rendezvous_port,
                     files=files,
                     identity_file=identity,
+                    check_peer=True,
                 )
             )
             rendezvous = (master_address or backend.advertised_address(), server.endpoint[1])
             agent_env = {
                 **(env or {}),
                 c.ENV_RENDEZVOUS: f"{rendezvous[0]}:{rendezvous[1]}",
-                c.ENV_TOKEN_FILE: str(run_dir / c.TOKEN_NAME),
                 c.ENV_CLIENT_PUBKEY: public_key,
                 c.ENV_SSH_PORT: str(port),
                 c.ENV_DEADLINE: str(int(timeout)),
             }
+            backend.pod_key = partial(pod_key, token)
             handles = backend.launch(count, resources or Resources(), agent_env)
             backend.wait(max(0.0, deadline - time.monotonic()))
             workers = server.wait(

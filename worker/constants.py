@@ -22,12 +22,19 @@ ENV_POD = "TEXTSQL_WORKER_POD"  # the backend's name for this worker, reported b
 ENV_WORKER_DIR = "TEXTSQL_WORKER_DIR"  # where the agent keeps its sshd files
 ENV_DEADLINE = "TEXTSQL_REGISTER_DEADLINE"  # seconds the agent keeps retrying registration
 ENV_SSHD = "TEXTSQL_WORKER_SSHD"  # "0" runs register-only (no sshd), for benchmarks
+# Where sshd's authorized key goes when the home directory is read-only (a pod's readOnlyRootFilesystem):
+# a directory on a volume the kubelet makes world-writable, so sshd runs with StrictModes off there.
+ENV_SSHD_KEYS_DIR = "TEXTSQL_SSHD_KEYS_DIR"
+# For tests: JSON {"POD" or "*": {inventory field: value}} a worker reports instead of what it found.
+ENV_INVENTORY_OVERRIDES = "TEXTSQL_WORKER_INVENTORY_OVERRIDES"
 
 # Platform variables holding the pod's own address, tried in order.
 PLATFORM_ADDRESS_VARS = ("CDSW_IP_ADDRESS", "POD_IP")
 # Platform variables holding the pod's own name or id.
 PLATFORM_POD_VARS = ("CDSW_ENGINE_ID", "HOSTNAME")
 
+# The variables naming the network interface NCCL and gloo use.
+SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # Environment of the agent that remote ssh sessions (pdsh, DeepSpeed's launcher) inherit through
 # sshd's SetEnv, so a rank process sees the pod's interpreter, libraries and caches.
 FORWARDED_ENV = (
@@ -42,6 +49,9 @@ FORWARDED_ENV = (
     "TORCH_EXTENSIONS_DIR",
     "LANG",
     "LC_ALL",
+    # The interface carrying this pod's address (worker.inventory), unless the pod's own environment names one:
+    # per host, which DeepSpeed's .deepspeed_env (one file for every host) cannot say.
+    *SOCKET_IFNAME_VARS,
 )
 
 # Rendezvous protocol limits.
@@ -78,6 +88,14 @@ BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 SSHD_START_TIMEOUT_S = 15.0
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this
+# Worker sshd: unauthenticated connections one address may hold (the master needs one per pdsh launch or
+# probe), and seconds a connection has to log in (OpenSSH's default is 120).
+SSHD_PER_SOURCE_STARTUPS = 16
+SSHD_LOGIN_GRACE_S = 20
+# The master's ssh probe of a worker: attempts, and the pause before the second (doubling after), before
+# the worker counts as not answering.
+SSH_PROBE_ATTEMPTS = 3
+SSH_PROBE_BACKOFF_S = 2.0
 
 # Run-dir file names written by the worker side.
 HOSTFILE_NAME = "hostfile"

@@ -1,14 +1,26 @@
 """Run-dir files: writes all at once (a reader sees the old file or the new one, never half of one),
-logs only their owner can read, and the last line of a log."""
+logs only their owner can read, the run directory only its owner can enter, and the last line of a log.
+
+Nothing here follows a link planted where a file goes: a log is opened with ``O_NOFOLLOW`` and must be
+a regular file with one name (not a hard link to a file elsewhere); a whole-file write goes to a new
+temp file (``O_EXCL``) renamed over the path, which replaces a link instead of writing through it.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 
+from worker.errors import WorkerError
+
 logger = logging.getLogger(__name__)
+
+
+class UnsafePath(WorkerError):
+    """A path the run writes is a link or not a regular file: someone may have planted it to redirect the write."""
 
 
 def private_opener(path: str, flags: int) -> int:
@@ -17,17 +29,47 @@ def private_opener(path: str, flags: int) -> int:
     Run logs carry hosts, commands and whatever a rank prints: like the run's other files, they are
     for the user who started the run. Usage: ``open(path, "a", opener=private_opener)``.
 
+    A symbolic link at ``path`` is refused (``O_NOFOLLOW``), and so is anything that is not a regular
+    file with a single name: a planted link must not make another file 0600 and append to it.
+
     :rtype: int
+    :raises UnsafePath: naming the path and what to remove.
     """
-    fd = os.open(path, flags, 0o600)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        if os.path.islink(path):
+            raise UnsafePath(f"refusing to write {path}: it is a symbolic link; remove it and start again") from None
+        raise error from None
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+        os.close(fd)
+        raise UnsafePath(f"refusing to write {path}: it is not a regular file with one name; remove it and start again")
     os.fchmod(fd, 0o600)
     return fd
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and its parents) if needed and make it 0700: only its owner may list or enter it.
+
+    :param path: a directory this user owns (a run directory).
+    :rtype: pathlib.Path
+    :raises UnsafePath: if ``path`` is a symbolic link or not a directory.
+    """
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = path.lstat()
+    if not stat.S_ISDIR(status.st_mode):
+        raise UnsafePath(f"refusing to use {path} as a run directory: it is a link or not a directory; pick another")
+    path.chmod(0o700)
+    return path
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> Path:
     """Write ``text`` to a temp file beside ``path`` with ``mode``, then rename it over ``path``.
 
-    The temp file is created with ``mode`` from the start, so a secret is never readable by others.
+    The temp file is new (``O_EXCL``, 0600 from the start, so a secret is never readable by others) and
+    the rename replaces whatever is at ``path``, a symbolic link included, without following it.
 
     :param path: the final path.
     :param text: the whole content.

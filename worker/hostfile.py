@@ -79,7 +79,7 @@ def write_hostfile(path: Path, entries: Iterable[tuple[str, int]]) -> Path:
     :param entries: host and slot count of each worker, in node-rank order.
     :rtype: pathlib.Path
     """
-    return atomic_write(Path(path), format_hostfile(entries))
+    return atomic_write(Path(path), format_hostfile(entries), mode=0o600)
 
 
 def read_hostfile(path: Path) -> dict[str, int]:

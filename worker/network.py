@@ -1,4 +1,4 @@
-"""Free TCP ports on this machine's addresses, for sshd, the rendezvous and torch's store.
+"""Free TCP ports on this machine's addresses, for sshd, the rendezvous and torch's store; the address that routes to the master.
 
 A probe only says what is free now: another process may take the port before its user binds it.
 Callers on a shared machine (tests, the local backend) accept that small race rather than a fixed
@@ -55,3 +55,15 @@ def free_port_on_all(addresses: list[str], attempts: int = 20) -> int:
             for sock in sockets:
                 sock.close()
     raise WorkerError(f"found no port free on all of {addresses[0]}..{addresses[-1]}; pass ssh_port=")
+
+
+def route_address(master_host: str) -> str:
+    """The local address of the interface that routes to ``master_host`` (no packet is sent).
+
+    :param master_host: the master's address or name.
+    :rtype: str
+    """
+    family = socket.AF_INET6 if ":" in master_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_host, 9))  # UDP connect only picks a route
+        return probe.getsockname()[0]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from worker.constants import MAX_SLOTS, SSH_KEY_TYPES
 from worker.errors import RendezvousError
+from worker.inventory import InvalidInventory, Inventory
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ class Registration:
     ssh_port: int | None = None
     host_key: str | None = None
     user: str | None = None
+    # What the master judges the cluster by (versions, accelerators, interface, disk); None from older agents.
+    inventory: Inventory | None = None
 
     @classmethod
     def from_dict(cls, data: object) -> Registration:
@@ -189,6 +192,7 @@ class Registration:
             ssh_port=None if data.get("ssh_port") is None else check_port(data["ssh_port"]),
             host_key=None if data.get("host_key") is None else check_host_key(data["host_key"]),
             user=None if data.get("user") is None else check_user(data["user"]),
+            inventory=_inventory(data.get("inventory")),
         )
 
     def to_dict(self) -> dict:
@@ -197,6 +201,13 @@ class Registration:
         :rtype: dict
         """
         return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+def _inventory(value: object) -> Inventory | None:
+    try:
+        return None if value is None else Inventory.from_dict(value)
+    except InvalidInventory as error:
+        raise InvalidRegistration(str(error)) from None
 
 
 def default_pod(address: str) -> str:

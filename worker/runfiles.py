@@ -88,7 +88,8 @@ def format_ssh_config(workers: Sequence[Registration], identity_file: Path | Non
 def write_run_files(files: RunFiles, workers: Sequence[Registration], identity_file: Path | None) -> RunFiles:
     """Write known_hosts, ssh_config, then the hostfile (last: its presence means the run is ready).
 
-    Each file is written to a temp path and renamed; nothing is written if the hostfile would be invalid.
+    Each file is written to a temp path and renamed (mode 0600: they are for the user who started the run);
+    nothing is written if the hostfile would be invalid.
 
     :param files: where to write.
     :param workers: registrations in node-rank order.
@@ -96,9 +97,9 @@ def write_run_files(files: RunFiles, workers: Sequence[Registration], identity_f
     :rtype: RunFiles
     """
     hostfile_text = format_hostfile((w.address, w.slots) for w in workers)
-    atomic_write(files.known_hosts, format_known_hosts(workers))
-    atomic_write(files.ssh_config, format_ssh_config(workers, identity_file, files.known_hosts))
-    atomic_write(files.hostfile, hostfile_text)
+    atomic_write(files.known_hosts, format_known_hosts(workers), mode=0o600)
+    atomic_write(files.ssh_config, format_ssh_config(workers, identity_file, files.known_hosts), mode=0o600)
+    atomic_write(files.hostfile, hostfile_text, mode=0o600)
     logger.info(
         "wrote %s (%d workers), %s and %s", files.hostfile, len(workers), files.known_hosts.name, files.ssh_config.name
     )

@@ -26,11 +26,23 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from worker.constants import FORWARDED_ENV, INSTALL_SSH_HINT, SSHD_PATH, SSHD_START_TIMEOUT_S, STOP_GRACE_S
+from worker.constants import (
+    FORWARDED_ENV,
+    INSTALL_SSH_HINT,
+    SSHD_LOGIN_GRACE_S,
+    SSHD_PATH,
+    SSHD_PER_SOURCE_STARTUPS,
+    SSHD_START_TIMEOUT_S,
+    STOP_GRACE_S,
+)
 from worker.errors import WorkerError
-from worker.files import last_line, private_opener
+from worker.files import last_line, private_dir, private_opener
 from worker.registration import InvalidRegistration, check_host_key
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +98,13 @@ class Sshd:
     """One sshd child process; a context manager that stops it on exit."""
 
     def __init__(
-        self, workdir: Path, address: str, port: int, authorized_key: str, env: dict[str, str] | None = None
+        self,
+        workdir: Path,
+        address: str,
+        port: int,
+        authorized_key: str,
+        env: dict[str, str] | None = None,
+        keys_dir: Path | None = None,
     ) -> None:
         """
         :param workdir: private directory for the config, host key, pid file and log.
@@ -94,6 +112,10 @@ class Sshd:
         :param port: the port to listen on.
         :param authorized_key: the one client public key allowed to log in.
         :param env: environment to forward to sessions (default: this process's ``FORWARDED_ENV``).
+        :param keys_dir: where the authorized key goes instead of the home directory (read-only in a pod with
+            readOnlyRootFilesystem). Every writable directory there is a volume the kubelet makes 0777, which
+            StrictModes refuses, so sshd runs with StrictModes off: the pod has one non-root user and no
+            privilege escalation, and the key's own directory is 0700.
         """
         try:
             check_host_key(authorized_key.strip())
@@ -107,6 +129,7 @@ class Sshd:
         self.authorized_key = authorized_key.strip()
         self.env = dict(os.environ if env is None else env)
         self.host_public_key = ""
+        self.keys_dir = keys_dir
         self.log_path = self.workdir / "sshd.log"
         self._process: subprocess.Popen | None = None
         self._keys_dir: Path | None = None
@@ -117,7 +140,9 @@ class Sshd:
         # StrictModes checks every directory from the key file up to the home directory (or /): a run
         # dir under /tmp or a shared volume fails it, so the one authorized key lives in a private
         # directory in the user's home, removed by stop().
-        self._keys_dir = Path(tempfile.mkdtemp(prefix=".textsql-sshd-", dir=Path.home()))
+        if self.keys_dir is not None:
+            Path(self.keys_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._keys_dir = Path(tempfile.mkdtemp(prefix=".textsql-sshd-", dir=self.keys_dir or Path.home()))
         authorized = self._keys_dir / "authorized_keys"
         authorized.write_text(self.authorized_key + "\n", encoding="utf-8")
         authorized.chmod(0o600)
@@ -139,7 +164,7 @@ class Sshd:
             "PermitRootLogin prohibit-password",
             "PermitEmptyPasswords no",
             "UsePAM no",
-            "StrictModes yes",
+            f"StrictModes {'no' if self.keys_dir is not None else 'yes'}",
             "PermitUserEnvironment no",
             "AllowAgentForwarding no",
             "AllowTcpForwarding no",
@@ -149,6 +174,11 @@ class Sshd:
             "PrintMotd no",
             "PrintLastLog no",
             "MaxStartups 64:30:128",  # pdsh connects to every worker at once
+            # One address (a hostile pod) holds at most this many unauthenticated connections, so a flood
+            # from it cannot take the slots the master's ssh needs; /32 and /128: each address on its own.
+            f"PerSourceMaxStartups {SSHD_PER_SOURCE_STARTUPS}",
+            "PerSourceNetBlockSize 32:128",
+            f"LoginGraceTime {SSHD_LOGIN_GRACE_S}",  # an idle connection gives its slot back after this
             "LogLevel INFO",
         ]
         if forwarded:
@@ -165,7 +195,7 @@ class Sshd:
         :raises WorkerError: if sshd is missing, exits (port taken, bad config) or never answers.
         """
         sshd = require_tool(SSHD_PATH)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.workdir)
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         config = self._write_config()
@@ -175,7 +205,7 @@ class Sshd:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl in the child is the only way; it takes no lock
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -224,7 +254,7 @@ class Sshd:
                 shutil.rmtree(self._keys_dir, ignore_errors=True)
                 self._keys_dir = None
 
-    def __enter__(self) -> Sshd:
+    def __enter__(self) -> Self:
         return self if self.running else self.start()
 
     def __exit__(self, *exc_info) -> None:

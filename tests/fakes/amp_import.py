@@ -102,6 +102,7 @@ class AmpImport:
         argv = [] if arguments in (None, "None") else shlex.split(str(arguments))
         result = subprocess.run(
             [sys.executable, str(self.project_dir / script), *argv],
+            check=False,
             cwd=self.project_dir,
             env=self.environment(environment),
             capture_output=True,

@@ -5,7 +5,7 @@ check the objects and the calls. ``KubeletCoreV1`` is an EMULATOR of an API serv
 behind it: each Pod it is given runs its container's ``args`` as a local process, with what the
 kubelet would provide emulated (a new loopback address as the pod IP, the downward-API fields, the
 Secret volume as files), so the backend's real agents, sshd and rendezvous run against it. It emulates
-only the ``CoreV1Api`` calls the backend makes, with the client's own models and ``ApiException``.
+only the ``CoreV1Api`` (and ``NetworkingV1Api``) calls the backend makes, with the client's own models and ``ApiException``.
 What it does not do: scheduling, image pulls (``image_pull_fails`` leaves new pods Pending the way
 a failed pull does), user and group ids (test_worker_kubernetes.py checks the mount's ownership as
 root), resource limits, network namespaces, ``activeDeadlineSeconds``.
@@ -34,7 +34,21 @@ class RecordingCoreV1:
 
     def __init__(self, phase="Running", reason=None):
         self.phase, self.reason = phase, reason
-        self.pods, self.secrets = {}, {}
+        self.pods, self.secrets, self.policies = {}, {}, {}
+
+    # NetworkingV1Api's calls: the policies are kept, not enforced (no network namespaces here).
+    def create_namespaced_network_policy(self, namespace, body):
+        self.policies[body.metadata.name] = body
+
+    def list_namespaced_network_policy(self, namespace, label_selector):
+        return client.V1NetworkPolicyList(
+            items=[body for body in self.policies.values() if self.selected(body, label_selector)]
+        )
+
+    def delete_namespaced_network_policy(self, name, namespace):
+        if name not in self.policies:
+            raise ApiException(status=404, reason="Not Found")
+        del self.policies[name]
 
     def create_namespaced_secret(self, namespace, body):
         self.secrets[body.metadata.name] = body

@@ -25,12 +25,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from textsql.constants import AGG_OPS, COND_OP_TEXT, MAX_CONDITIONS, SQL_TABLE_NAME
-from textsql.decoding.spellings import value_spellings
+from textsql.decoding.spellings import Spellings, value_spellings
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,36 @@ logger = logging.getLogger(__name__)
 CONDITION = ""
 # A trie node and the columns named before it.
 Member = tuple[int, frozenset[str]]
+
+
+@dataclass
+class Node:
+    """A node of a phrase trie; a trie's root is a state of the phrase-level grammar."""
+
+    # Each token's child node, and the phrases ending here: (the state entered, the phrase's label).
+    children: dict[int, int] = field(default_factory=dict)
+    exits: list[tuple[int, str | None]] = field(default_factory=list)
+    # The fewest tokens from here to EOS included, whatever the columns named so far (what a phrase
+    # entering the node's root adds to its own length); the same through unlabelled phrases only, and
+    # through each label's phrases.
+    distance: float = math.inf
+    free: float = math.inf
+    labelled: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class State:
+    """A state of the deterministic automaton: its members, and what every mask in it needs."""
+
+    members: frozenset[Member]
+    # The state after each token, filled as decoding takes the moves.
+    moves: dict[int, int]
+    # The allowed tokens, cheapest first, with each one's cost (the fewest tokens from there to EOS).
+    tokens: torch.Tensor
+    costs: torch.Tensor
+    highest_cost: float
+    # The tokens of each side of a choice between competing phrases and the rest (None: no such choice).
+    choice: tuple[torch.Tensor, torch.Tensor] | None
 
 
 class QueryAutomaton:
@@ -58,32 +89,20 @@ class QueryAutomaton:
     """
 
     def __init__(self, eos_token_id: int, pad_token_id: int, max_conditions: int = MAX_CONDITIONS):
-        self.children: list[dict[int, int]] = []
-        self.exits: list[list[tuple[int, str | None]]] = []
-        # Per node, the fewest tokens from there to EOS included, whatever the columns named so far
-        # (what a phrase entering the node's root adds to its own length); the same through
-        # unlabelled phrases only, and through each label's phrases.
-        self.distance: list[float] = []
-        self.free: list[float] = []
-        self.labelled: list[dict[str, float]] = []
+        self.nodes: list[Node] = []
         self.max_conditions = max_conditions
         self.condition = -1
         self.eos_token_id = eos_token_id
         # After EOS a greedy search keeps feeding pad tokens to finished rows; they stay done.
         self.done = self.root()
-        self.distance[self.done] = self.free[self.done] = 0
+        self.nodes[self.done].distance = self.nodes[self.done].free = 0
         for token in dict.fromkeys((eos_token_id, pad_token_id)):
-            self.children[self.done][token] = self.done
-        self._states: dict[frozenset[Member], int] = {}
-        self._members: list[frozenset[Member]] = []
-        self._moves: list[dict[int, int]] = []
-        self._tokens: list[torch.Tensor] = []
-        self._costs: list[torch.Tensor] = []
-        self._highest_cost: list[float] = []
+            self.nodes[self.done].children[token] = self.done
+        self._numbers: dict[frozenset[Member], int] = {}
+        self._states: list[State] = []
         # Nodes inside phrases that each compete, as one alternative, with a state's other phrases
-        # together (see :meth:`compete`), and per state the tokens of each side (None: no such choice).
+        # together (see :meth:`compete`).
         self.competing: set[int] = set()
-        self._choices: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         self.start = -1
 
     @classmethod
@@ -99,12 +118,8 @@ class QueryAutomaton:
 
     def root(self) -> int:
         """A new state of the phrase-level grammar: the root of its own trie."""
-        self.children.append({})
-        self.exits.append([])
-        self.distance.append(math.inf)
-        self.free.append(math.inf)
-        self.labelled.append({})
-        return len(self.children) - 1
+        self.nodes.append(Node())
+        return len(self.nodes) - 1
 
     def add(self, source: int, tokens: Sequence[int], target: int, label: str | None = None) -> None:
         """A phrase (token sequence) leading from state ``source`` to state ``target``.
@@ -115,21 +130,22 @@ class QueryAutomaton:
         :param label: a column's name for its phrase, :data:`CONDITION` for a phrase that enters
             the conditions' state (:meth:`finish`), ``None`` for any other.
         """
-        node, left = source, len(tokens) + self.distance[target]
-        self._reach(node, left, label)
+        node, left = source, len(tokens) + self.nodes[target].distance
+        self._reach(self.nodes[node], left, label)
         for token in tokens:
-            if token not in self.children[node]:
-                self.children[node][token] = self.root()
-            node, left = self.children[node][token], left - 1
-            self._reach(node, left, label)
-        self.exits[node].append((target, label))
+            if token not in self.nodes[node].children:
+                self.nodes[node].children[token] = self.root()
+            node, left = self.nodes[node].children[token], left - 1
+            self._reach(self.nodes[node], left, label)
+        self.nodes[node].exits.append((target, label))
 
-    def _reach(self, node: int, left: float, label: str | None) -> None:
-        self.distance[node] = min(self.distance[node], left)
+    @staticmethod
+    def _reach(node: Node, left: float, label: str | None) -> None:
+        node.distance = min(node.distance, left)
         if label is None:
-            self.free[node] = min(self.free[node], left)
+            node.free = min(node.free, left)
         else:
-            self.labelled[node][label] = min(self.labelled[node].get(label, math.inf), left)
+            node.labelled[label] = min(node.labelled.get(label, math.inf), left)
 
     def compete(self, source: int, tokens: Sequence[int], target: int) -> None:
         """Make an added phrase from ``source`` to ``target`` one alternative facing all the state's
@@ -141,12 +157,12 @@ class QueryAutomaton:
         """
         node = source
         for token in tokens:
-            node = self.children[node][token]
+            node = self.nodes[node].children[token]
             pending, only = [node], True
             while pending and only:
-                below = pending.pop()
-                only = all(end == target for end, _ in self.exits[below])
-                pending.extend(self.children[below].values())
+                below = self.nodes[pending.pop()]
+                only = all(end == target for end, _ in below.exits)
+                pending.extend(below.children.values())
             if only:
                 self.competing.add(node)
 
@@ -156,7 +172,7 @@ class QueryAutomaton:
 
         :rtype: tuple[torch.Tensor, torch.Tensor] | None
         """
-        return self._choices[state]
+        return self._states[state].choice
 
     def finish(self, first: int, condition: int) -> None:
         """Fix the grammar once every phrase is added.
@@ -172,12 +188,13 @@ class QueryAutomaton:
 
         :rtype: int
         """
-        moves = self._moves[state]
+        moves = self._states[state].moves
         if token not in moves:
+            children = [(self.nodes[node].children, used) for node, used in self._states[state].members]
             targets = frozenset(
-                (self.children[node][token], used)
-                for node, used in self._members[state]
-                if token in self.children[node] and self._cost(self.children[node][token], used) < math.inf
+                (after[token], used)
+                for after, used in children
+                if token in after and self._cost(after[token], used) < math.inf
             )
             moves[token] = self._state(targets or frozenset([(self.done, frozenset())]))
         return moves[token]
@@ -189,20 +206,21 @@ class QueryAutomaton:
 
         :rtype: torch.Tensor
         """
-        tokens = self._tokens[state]
-        if self._highest_cost[state] < remaining:
+        tokens = self._states[state].tokens
+        if self._states[state].highest_cost < remaining:
             return tokens
-        fitting = tokens[self._costs[state] < remaining]
+        fitting = tokens[self._states[state].costs < remaining]
         return fitting if fitting.numel() else tokens
 
     def _cost(self, node: int, used: frozenset[str]) -> float:
         """The fewest tokens from ``node`` to EOS included, with the columns in ``used`` named already."""
-        cost = self.free[node]
-        for label, left in self.labelled[node].items():
+        here = self.nodes[node]
+        cost = here.free
+        for label, left in here.labelled.items():
             if label == CONDITION:
                 if self._may_add_condition(used):
                     # The labelled distance took the shortest column; the shortest unnamed one is what counts.
-                    cost = min(cost, left - self.distance[self.condition] + self._cost(self.condition, used))
+                    cost = min(cost, left - self.nodes[self.condition].distance + self._cost(self.condition, used))
             elif label not in used:
                 cost = min(cost, left)
         return cost
@@ -216,7 +234,7 @@ class QueryAutomaton:
         pending = list(members)
         while pending:
             node, used = pending.pop()
-            for target, label in self.exits[node]:
+            for target, label in self.nodes[node].exits:
                 if label is None or label == CONDITION and self._may_add_condition(used):
                     member = (target, used)
                 elif label != CONDITION and label not in used:
@@ -230,30 +248,33 @@ class QueryAutomaton:
 
     def _state(self, members: frozenset[Member]) -> int:
         key = self._closure(members)
-        if key in self._states:
-            return self._states[key]
-        number = len(self._members)
-        self._states[key] = number
-        self._members.append(key)
-        self._moves.append({})
+        if key in self._numbers:
+            return self._numbers[key]
         # Moves are filled as decoding takes them; the cost of each token (the fewest tokens from
         # there to EOS) is needed for every mask, so it is computed now.
         cost: dict[int, float] = {}
         sides: dict[int, set[bool]] = {}
+        nodes = self.nodes  # this loop is the grammar's hot path: one lookup, not one per token
         for node, used in key:
-            for token, child in self.children[node].items():
+            for token, child in nodes[node].children.items():
                 sides.setdefault(token, set()).add(child in self.competing)
-                reach = self._cost(child, used) if self.labelled[child] else self.free[child]
+                reach = self._cost(child, used) if nodes[child].labelled else nodes[child].free
                 if reach < cost.get(token, math.inf):
                     cost[token] = reach
         ordered = sorted(cost, key=cost.__getitem__)
-        self._tokens.append(torch.tensor(ordered, dtype=torch.long))
-        self._costs.append(torch.tensor([cost[token] for token in ordered], dtype=torch.float))
-        self._highest_cost.append(max(cost.values(), default=0))
         competing = [token for token, side in sides.items() if side == {True}]
         others = [token for token, side in sides.items() if side == {False}]
-        both = competing and others
-        self._choices.append((torch.tensor(competing), torch.tensor(others)) if both else None)
+        number = self._numbers[key] = len(self._states)
+        self._states.append(
+            State(
+                members=key,
+                moves={},
+                tokens=torch.tensor(ordered, dtype=torch.long),
+                costs=torch.tensor([cost[token] for token in ordered], dtype=torch.float),
+                highest_cost=max(cost.values(), default=0),
+                choice=(torch.tensor(competing), torch.tensor(others)) if competing and others else None,
+            )
+        )
         return number
 
 
@@ -301,7 +322,7 @@ def compile_automata(
     texts = set(keywords) | {name for header in headers for name in header or []}
     texts |= {form for question in values for spellings in question for forms in spellings for form in forms}
     phrases = _Phrases(tokenizer, texts)
-    automata = []
+    automata: list[QueryAutomaton | None] = []
     for header, question_values in zip(headers, values):
         columns = [name for name in header or [] if name in phrases.tokens]
         if not columns:
@@ -314,7 +335,7 @@ def compile_automata(
 
 
 def _automaton(
-    tokenizer: PreTrainedTokenizerBase, phrases: _Phrases, columns: list[str], values: list
+    tokenizer: PreTrainedTokenizerBase, phrases: _Phrases, columns: list[str], values: list[Spellings]
 ) -> QueryAutomaton:
     """The grammar's states and phrases, added from a query's end backwards (see :meth:`QueryAutomaton.add`)."""
     automaton = QueryAutomaton(tokenizer.eos_token_id, tokenizer.pad_token_id)
@@ -325,12 +346,12 @@ def _automaton(
     for end in (complete, ended, *after):
         automaton.add(end, (automaton.eos_token_id,), automaton.done)
     for position in reversed(range(len(values) - 1)):
-        inner, _, last, _ = values[position + 1]
-        phrases.add(automaton, after[position], inner, after[position + 1])
-        phrases.add(automaton, after[position], last - inner, ended)
-    for position, (_, first, _, only) in enumerate(values):
-        phrases.add(automaton, value, first, after[position])
-        phrases.add(automaton, value, only - first, ended)
+        following = values[position + 1]
+        phrases.add(automaton, after[position], following.inner, after[position + 1])
+        phrases.add(automaton, after[position], following.last - following.inner, ended)
+    for position, spellings in enumerate(values):
+        phrases.add(automaton, value, spellings.first, after[position])
+        phrases.add(automaton, value, spellings.only - spellings.first, ended)
     phrases.add(automaton, operator, COND_OP_TEXT, value)
     _add_columns(automaton, phrases, columns, condition, operator)
     for end in (ended, *after):

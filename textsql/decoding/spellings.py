@@ -8,6 +8,7 @@ first-letter-upper case, since WikiSQL values follow the table's cells while que
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 # What a question glues to the ends of a value: "number 3?", "loc.?", "Rice's", "(KS)".
 _TRAILING_MARKS = "?!.,;:\"'"
@@ -38,20 +39,29 @@ def _last_forms(word: str) -> list[str]:
     return forms
 
 
+class Spellings(NamedTuple):
+    """How one question word may be written in a condition value, by where it stands in the value."""
+
+    inner: frozenset[str]  # neither first nor last: the word as it is, in any case
+    first: frozenset[str]  # the value's first word: a leading mark may go
+    last: frozenset[str]  # the value's last word: trailing marks and a possessive may go
+    only: frozenset[str]  # the value's only word: both
+
+
 @functools.lru_cache(maxsize=1 << 16)
-def value_spellings(word: str) -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]:
+def value_spellings(word: str) -> Spellings:
     """A question word's spellings as a condition value's inner, first, last and only word.
 
     Usage::
 
-        >>> sorted(value_spellings("Rice's")[2])
+        >>> sorted(value_spellings("Rice's").last)
         ['RICE', "RICE'S", 'Rice', "Rice'S", "Rice's", 'rice', "rice's"]
 
     :param word: one whitespace-separated word of a question.
-    :rtype: tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]
+    :rtype: Spellings
     """
     firsts, lasts = _first_forms(word), _last_forms(word)
     onlies = [form for first in firsts for form in _last_forms(first)]
-    return tuple(
-        frozenset(case for form in forms for case in _cases(form)) for forms in ([word], firsts, lasts, onlies)
+    return Spellings(
+        *(frozenset(case for form in forms for case in _cases(form)) for forms in ([word], firsts, lasts, onlies))
     )

@@ -19,7 +19,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -44,45 +44,64 @@ class StageView:
 
     With ``live`` false (``--verbose``, where the cells' output is shown as it comes) only the stage lines;
     on a stream that is no terminal, a plain progress line every :data:`PLAIN_EVERY_S` instead of the bar.
+
+    :param clock: seconds, monotonic; the times shown are differences of its readings.
+    :param tick_s: seconds between the ticks of a thread that runs while a stage does (:meth:`tick`);
+        ``None``: no thread, the caller ticks (a test driving its own clock).
     """
 
-    def __init__(self, total: int, stream: TextIO | None = None, live: bool = True) -> None:
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        live: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float | None = TICK_S,
+    ) -> None:
         self.total = total
         self.stream = stream or sys.stderr
         self.live = live
         self.redraws = live and self.stream.isatty()
+        self.clock = clock
+        self.tick_s = tick_s
         self.done = 0
         self.bar: tqdm | None = None
         self.started = 0.0
         self.label = ""
         self.progress = ""
         self.stage_lines: set[str] = set()
+        # When the last plain line was printed, and the progress it showed.
+        self._last_plain = 0.0
+        self._shown = ""
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Show a ticking bar while the block runs, then one line with the stage's time."""
         label = self.label = f"[{self.done + 1}/{self.total}] {name}"
-        self.started, self.progress, self.stage_lines = time.monotonic(), "", set()
+        self.started, self.progress, self.stage_lines = self.clock(), "", set()
+        self._last_plain, self._shown = self.started, ""
         if self.redraws:
             # position 0: papermill's own (hidden) bar would otherwise push this one down a line per redraw.
             self.bar = tqdm(
                 desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True, position=0
             )
         stop = threading.Event()
-        ticker = threading.Thread(target=self._tick, args=(stop,), daemon=True)
-        ticker.start()
+        ticker = threading.Thread(target=self._ticking, args=(stop,), daemon=True)
+        if self.tick_s is not None:
+            ticker.start()
         outcome = "failed after"
         try:
             yield
             outcome = "done in"
         finally:
             stop.set()
-            ticker.join()
+            if ticker.is_alive():
+                ticker.join()
             if self.bar is not None:
                 self.bar.close()
                 self.bar = None
             self.done += 1
-            self._line(f"{label} {outcome} {time.monotonic() - self.started:.0f} s")
+            self._line(f"{label} {outcome} {self.clock() - self.started:.0f} s")
 
     def feed(self, text: str) -> None:
         """Take output of the running stage: ``step N/M`` moves the bar, ``stage:`` lines are shown."""
@@ -99,22 +118,27 @@ class StageView:
             elif STAGE_PREFIX in line and line.partition(STAGE_PREFIX)[2] not in self.stage_lines:
                 # Every node says it compiles the op (each compiles its own copy): one line for the person.
                 self.stage_lines.add(line.partition(STAGE_PREFIX)[2])
-                self._line(f"      {line.partition(STAGE_PREFIX)[2]} (at {time.monotonic() - self.started:.0f} s)")
+                self._line(f"      {line.partition(STAGE_PREFIX)[2]} (at {self.clock() - self.started:.0f} s)")
 
     def _line(self, text: str) -> None:
         tqdm.write(text, file=self.stream)
 
-    def _tick(self, stop: threading.Event) -> None:
+    def tick(self) -> None:
+        """Redraw the bar (its clock moves), or where there is none print a plain line if one is due."""
         # tqdm redraws only on updates; a stage can be silent for minutes (op compilation, rank start-up).
-        last_plain, shown = time.monotonic(), ""
-        while not stop.wait(TICK_S):
-            if self.bar is not None:
-                self.bar.refresh()
-                continue
-            quiet = time.monotonic() - last_plain
-            if self.live and (quiet >= PLAIN_HEARTBEAT_S or (quiet >= PLAIN_EVERY_S and self.progress != shown)):
-                last_plain, shown = time.monotonic(), self.progress
-                self._line(f"{self.label}: {last_plain - self.started:.0f} s {self.progress}".rstrip())
+        if self.bar is not None:
+            self.bar.refresh()
+            return
+        now = self.clock()
+        quiet = now - self._last_plain
+        if self.live and (quiet >= PLAIN_HEARTBEAT_S or (quiet >= PLAIN_EVERY_S and self.progress != self._shown)):
+            self._last_plain, self._shown = now, self.progress
+            self._line(f"{self.label}: {now - self.started:.0f} s {self.progress}".rstrip())
+
+    def _ticking(self, stop: threading.Event) -> None:
+        assert self.tick_s is not None
+        while not stop.wait(self.tick_s):
+            self.tick()
 
 
 class CellOutput(logging.Handler):
@@ -125,7 +149,7 @@ class CellOutput(logging.Handler):
         self.path = path
         self.view = view
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        self.file = open(path, "a", encoding="utf-8")
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the handler's life, closed in close()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.file.write(self.format(record) + "\n")

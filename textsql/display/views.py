@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
+from textsql.constants import CLUSTER_FILE_NAME, COLLECTIVE_FILE_NAME, LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.errors import TextSQLError
 from textsql.files import read_json, read_jsonl
 from textsql.inference.evaluate import logical_form_key
@@ -49,11 +49,14 @@ def format_run(run_dir: str | Path) -> str:
     run = read_json(path)
     chosen = "; auto: the estimate's recommendation" if run.get("profile_chosen_by") == "auto" else ""
     lines = [
-        f"{path}: {run['global_step']} steps of model {run['model']} on {run['world_size']} rank(s), profile {run['profile']} "
-        f"(ZeRO-{run['zero_stage']}{chosen}), {run['precision']}, {run['engine'].rsplit('.', 1)[-1]}"
+        (
+            f"{path}: {run['global_step']} steps of model {run['model']} on {run['world_size']} rank(s), profile {run['profile']} "
+            f"(ZeRO-{run['zero_stage']}{chosen}), {run['precision']}, {run['engine'].rsplit('.', 1)[-1]}"
+        )
     ]
     if run.get("resumed_from"):
         lines.append(f"resumed from {run['resumed_from']}")
+    lines += _cluster_lines(Path(run_dir))
     history = run.get("log_history", [])
     for entry in history:
         if "train_runtime" in entry:
@@ -76,6 +79,36 @@ def format_run(run_dir: str | Path) -> str:
                 + "  ".join(f"{_score(key, entry.get(key)):>{max(len(name), 6)}}" for key, name in zip(scores, names))
             )
     return "\n".join(lines)
+
+
+def _cluster_lines(run_dir: Path) -> list[str]:
+    """The hosts the master checked (``cluster.json``) and the ranks' all-reduce figures (``collective.json``)."""
+    lines = []
+    cluster = run_dir / CLUSTER_FILE_NAME
+    if cluster.is_file():
+        lines.append(
+            f"{'host':<16} {'pod':<14} {'torch':<14} {'deepspeed':<10} {'accelerators':<22} {'interface':<10} free disk"
+        )
+        for host in read_json(cluster)["hosts"]:
+            found = host.get("inventory") or {}
+            devices = (
+                f"{found.get('accelerators', 0)} x {found['accelerator_model']}"
+                if found.get("accelerators")
+                else "none (CPU)"
+            )
+            free = found.get("free_disk_bytes")
+            lines.append(
+                f"{host['address']:<16} {host['pod']:<14} {found.get('torch') or '?':<14} {found.get('deepspeed') or '?':<10} "
+                f"{devices:<22} {host.get('socket_ifname') or '?':<10} {'?' if free is None else f'{free / 1024**3:.1f} GiB'}"
+            )
+    collective = run_dir / COLLECTIVE_FILE_NAME
+    if collective.is_file():
+        figures = read_json(collective)
+        lines.append(
+            f"all-reduce on {figures['world_size']} ranks ({figures['backend']}), bus bandwidth: "
+            + ", ".join(f"{size['bytes'] / 1024:g} KiB {size['bus_gbps']:.3g} GB/s" for size in figures["sizes"])
+        )
+    return lines
 
 
 def _score(key: str, value: float | None) -> str:

@@ -27,11 +27,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textsql.constants import AGG_OPS, COND_OPS
 from textsql.errors import DataError
 from textsql.files import load_tables, read_jsonl
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ class TableEngine:
         self._connection = sqlite3.connect(":memory:")
         self._names: dict[str, str] = {}
 
-    def __enter__(self) -> TableEngine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from textsql.data.sql import parse_sql
 from textsql.errors import SQLParseError
 from textsql.inference.evaluate import ExecutionError, TableEngine
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class ExecutionGuide:
         self.engine = TableEngine(self.tables)
         self.changed = 0
 
-    def __enter__(self) -> ExecutionGuide:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:

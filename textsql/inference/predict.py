@@ -20,14 +20,21 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, PREPARE_JSON_NAME
+from textsql.arguments import GenerationOptions
+from textsql.constants import (
+    DEFAULT_MAX_SOURCE_LENGTH,
+    INPUT_FORMATS,
+    METRICS_NAME,
+    PREDICTIONS_NAME,
+    PREPARE_JSON_NAME,
+)
 from textsql.data.sql import parsed, render_sql
 from textsql.data.wikisql import load_split, source_text
 from textsql.decoding.processor import grammar_processor, processor_for_inputs
@@ -38,43 +45,6 @@ from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)
-
-PREDICTIONS_NAME = "predictions.jsonl"
-METRICS_NAME = "metrics.json"
-DEFAULT_BATCH_SIZE = 32
-
-
-@dataclass
-class GenerationOptions:
-    """How many questions go through the model at once, and how it decodes."""
-
-    batch_size: int = field(default=DEFAULT_BATCH_SIZE, metadata={"help": "Questions per generate() call."})
-    num_beams: int = field(default=1, metadata={"help": "Beam width; 1 is greedy decoding."})
-    max_new_tokens: int = field(
-        default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Most tokens generated per query."}
-    )
-    max_source_length: int = field(
-        default=DEFAULT_MAX_SOURCE_LENGTH, metadata={"help": "Input tokens kept per question (as prepare truncates)."}
-    )
-    constrained: bool = field(
-        default=True,
-        metadata={
-            "help": "Write only WikiSQL queries over the question's own table (textsql.decoding.grammar); false decodes freely."
-        },
-    )
-    execution_guided: bool = field(
-        default=True,
-        metadata={
-            "help": "With beams and tables that carry rows: answer with the first beam whose query runs and finds something."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "num_beams", "max_new_tokens", "max_source_length"):
-            if getattr(self, name) < 1:
-                raise DataError(
-                    f"{name} must be at least 1, got {getattr(self, name)!r}; pass --{name.replace('_', '-')} 1 or more"
-                )
 
 
 class Predictor:

@@ -1,4 +1,4 @@
-"""DeepSpeed's launcher command for a launch, and the environment its ranks get.
+"""What a launch is given (:class:`LaunchArguments`), DeepSpeed's launcher command for it, and the environment its ranks get.
 
 ``deepspeed --hostfile H --launcher pdsh --master_addr A --master_port M --no_ssh_check
 --no_local_rank --module textsql.training.train ARGS`` (or without ``--launcher`` for the ranks of one machine).
@@ -21,17 +21,15 @@ import re
 import shutil
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
 from textsql.errors import LaunchError
 from textsql.launching.ranks import LAUNCH_ID_VAR
+from worker.constants import SOCKET_IFNAME_VARS
 from worker.files import atomic_write
 from worker.network import free_port
-
-if TYPE_CHECKING:
-    from textsql.launching.launch import LaunchArguments
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +53,103 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|A
 # the variable is called. Group 1 is what stays visible when it is masked.
 URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@", re.IGNORECASE)
 MASK = "***"
+# DeepSpeed's runner puts each .deepspeed_env value in double quotes on the remote shell's command line,
+# where only `$`, backquotes, backslashes and double quotes act: a value holds none of the last three,
+# and a `$` only as a plain variable reference ($NAME or ${NAME}), never $(...), $((...)) or ${NAME:-...}.
+_EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
+# A network interface name as NCCL and gloo read it: optional ^ (exclude) and = (exact), then names
+# (Linux allows 15 characters) separated by commas.
+_IFNAMES = re.compile(r"\^?=?[A-Za-z0-9_.:-]{1,15}(,[A-Za-z0-9_.:-]{1,15})*")
+# A DNS hostname, for a --master_addr that is not an IP address.
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
 # Characters that reach a rank unchanged through pdsh (which fills in %h, %n, %u) and the hosts' shell
 # (DeepSpeed double-quotes an argument with spaces).
 SHELL_SAFE = re.compile(r"[\w@+=:,./ -]+")
+LAUNCHERS = ("pdsh", "local")
+TRAIN_MODULE = "textsql.training.train"
+
+
+@dataclass
+class LaunchArguments:
+    """Where and how to run the training module on every rank."""
+
+    run_dir: Path = field(
+        metadata={
+            "help": "Run directory: the workers' hostfile, ssh_config and known_hosts; launch.log and .deepspeed_env are written here."
+        }
+    )
+    train_args: list[str] = field(
+        default_factory=list, metadata={"help": "Arguments for the training module (see `textsql train --help`)."}
+    )
+    launcher: str = field(
+        default="pdsh",
+        metadata={
+            "help": "pdsh: the hosts of the hostfile over ssh; local: this machine only, no ssh.",
+            "choices": LAUNCHERS,
+        },
+    )
+    hostfile: Path | None = field(default=None, metadata={"help": "DeepSpeed hostfile (default: RUN_DIR/hostfile)."})
+    ssh_config: Path | None = field(
+        default=None,
+        metadata={
+            "help": "ssh_config for every host (default: RUN_DIR/ssh_config if present, else your own ssh setup)."
+        },
+    )
+    ssh_port: int | None = field(
+        default=None, metadata={"help": "sshd port of every host, when ssh_config does not give it."}
+    )
+    master_addr: str | None = field(
+        default=None, metadata={"help": "Address ranks reach rank 0 at (default: the first host)."}
+    )
+    master_port: int | None = field(
+        default=None,
+        metadata={
+            "help": f"Port of torch.distributed's store on the first host (default: {DEFAULT_MASTER_PORT}; a free one when that host is this machine)."
+        },
+    )
+    ranks: int | None = field(
+        default=None, metadata={"help": "--launcher local: ranks on this machine (default: DeepSpeed's device count)."}
+    )
+    socket_ifname: str | None = field(
+        default=None,
+        metadata={
+            "help": "Network interface for NCCL and gloo on every host (default: the one each worker reported; lo for loopback hosts)."
+        },
+    )
+    env: dict[str, str] = field(default_factory=dict, metadata={"help": "Extra KEY=VAL for every rank (no secrets)."})
+    module: str = field(default=TRAIN_MODULE, metadata={"help": "Python module each rank runs."})
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        self.hostfile = Path(self.hostfile) if self.hostfile is not None else None
+        self.ssh_config = Path(self.ssh_config) if self.ssh_config is not None else None
+        self.train_args = [str(arg) for arg in self.train_args]
+        if self.launcher not in LAUNCHERS:
+            raise LaunchError(f"unknown launcher {self.launcher!r}; pass --launcher {' or '.join(LAUNCHERS)}")
+        if self.launcher == "pdsh" and self.ranks is not None:
+            raise LaunchError("--ranks is for --launcher local; with pdsh the hostfile's slots say how many ranks run")
+        if self.ranks is not None and self.ranks < 1:
+            raise LaunchError(f"--ranks {self.ranks!r} must be at least 1")
+        for flag, port in (("--master-port", self.master_port), ("--ssh-port", self.ssh_port)):
+            if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+                raise LaunchError(f"{flag} {port!r} is not a TCP port; pass one from 1 to 65535")
+        if self.master_addr is not None:
+            self.master_addr = check_master_addr(self.master_addr)
+        if self.socket_ifname is not None:
+            self.socket_ifname = check_socket_ifname(self.socket_ifname)
+        if not re.fullmatch(r"\w+(\.\w+)*", self.module):
+            raise LaunchError(f"--module {self.module!r} is not a Python module name; pass one like {TRAIN_MODULE}")
+        for key, value in self.env.items():
+            check_env_entry(key, value)
+        if self.launcher == "pdsh":
+            for arg in self.train_args:
+                if not SHELL_SAFE.fullmatch(arg):
+                    raise LaunchError(
+                        f"training argument {arg!r} has characters the hosts' shell would interpret; "
+                        "put such values in a file and pass its path"
+                    )
 
 
 def deepspeed_command(arguments: LaunchArguments, hostfile: Path, hosts: list[str]) -> list[str]:
@@ -99,9 +191,12 @@ def rank_environment(arguments: LaunchArguments, hosts: list[str], launch_id: st
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}$PATH",
     }
     env |= {name: os.environ[name] for name in CARRIED_VARS if os.environ.get(name)}
-    ifname = arguments.socket_ifname or ("lo" if all(_is_loopback(host) for host in hosts) else None)
-    if ifname:
-        env |= {"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname}
+    # Each worker's sshd sets the interface its agent reported (worker/agent.py); --socket-ifname overrides
+    # them all, and loopback hosts without an agent (ssh sessions without the variables) fall back to lo.
+    if arguments.socket_ifname:
+        env |= dict.fromkeys(SOCKET_IFNAME_VARS, arguments.socket_ifname)
+    elif all(_is_loopback(host) for host in hosts):
+        env |= {name: "lo" if arguments.launcher == "local" else f"${{{name}:-lo}}" for name in SOCKET_IFNAME_VARS}
     return env | arguments.env
 
 
@@ -124,8 +219,43 @@ def check_env_entry(key: str, value: str) -> None:
             f"the value of {key} holds a password in a URL, and .deepspeed_env ends up on pdsh's command line "
             "and in launch.log; give ranks credentials through the hosts' own environment or files"
         )
-    if re.search(r'["`\\\n]', value):
+    if re.search(r'["`\\\n\r\0]', value):
         raise LaunchError(f"value of {key} ({value!r}) has a quote, backslash or newline; pass a plain value")
+    if "$" in _EXPANSION.sub("", value):
+        raise LaunchError(
+            f"value of {key} ({value!r}) has a $ that is not a plain $NAME: the hosts' shell would run it; "
+            "pass a plain value"
+        )
+
+
+def check_socket_ifname(value: str) -> str:
+    """An interface name (or NCCL's ``^``/``=``, comma-separated list) that reaches the ranks as written.
+
+    :param value: ``--socket-ifname``.
+    :rtype: str
+    :raises LaunchError: naming the flag.
+    """
+    if not _IFNAMES.fullmatch(value):
+        raise LaunchError(
+            f"--socket-ifname {value!r} is not a network interface name (letters, digits, '_.:-', up to 15); "
+            "pass one that `ip link` lists, such as eth0"
+        )
+    return value
+
+
+def check_master_addr(value: str) -> str:
+    """An IP address or DNS hostname for rank 0, which reaches every host's shell unquoted.
+
+    :param value: ``--master-addr``.
+    :rtype: str
+    :raises LaunchError: naming the flag.
+    """
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        if _HOSTNAME.fullmatch(value):
+            return value
+    raise LaunchError(f"--master-addr {value!r} is not an IP address or hostname; pass the first host's address")
 
 
 def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
@@ -170,7 +300,7 @@ def write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:
     :rtype: Path
     """
     # DeepSpeed's runner splits each line at the first '=' and fails on anything else: no blank lines.
-    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()))
+    return atomic_write(path, "".join(f"{key}={value}\n" for key, value in env.items()), mode=0o600)
 
 
 def local_device_count() -> int:

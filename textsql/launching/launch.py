@@ -44,18 +44,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import psutil
 
 from textsql.console import ShownLines
-from textsql.constants import DEEPSPEED_ENV_NAME, DEFAULT_MASTER_PORT, LAUNCH_LOG_NAME
+from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import (
-    SHELL_SAFE,
-    check_env_entry,
+    LaunchArguments,
     deepspeed_command,
     local_device_count,
     mask_credentials,
@@ -71,87 +69,11 @@ from worker.hostfile import read_hostfile, write_hostfile
 
 logger = logging.getLogger(__name__)
 
-LAUNCHERS = ("pdsh", "local")
-TRAIN_MODULE = "textsql.training.train"
 LOCAL_HOSTFILE_NAME = "hostfile.local"
 # How long DeepSpeed's runner gets to exit once its ranks have ended.
 RUNNER_EXIT_S = 20.0
 # What pdsh prints when the command on one host ended with a non-zero status.
 PDSH_HOST_FAILED = re.compile(r"^pdsh@[^:]+: (?P<host>\S+): ssh exited with exit code (?P<code>\d+)")
-
-
-@dataclass
-class LaunchArguments:
-    """Where and how to run the training module on every rank."""
-
-    run_dir: Path = field(
-        metadata={
-            "help": "Run directory: the workers' hostfile, ssh_config and known_hosts; launch.log and .deepspeed_env are written here."
-        }
-    )
-    train_args: list[str] = field(
-        default_factory=list, metadata={"help": "Arguments for the training module (see `textsql train --help`)."}
-    )
-    launcher: str = field(
-        default="pdsh",
-        metadata={
-            "help": "pdsh: the hosts of the hostfile over ssh; local: this machine only, no ssh.",
-            "choices": LAUNCHERS,
-        },
-    )
-    hostfile: Path | None = field(default=None, metadata={"help": "DeepSpeed hostfile (default: RUN_DIR/hostfile)."})
-    ssh_config: Path | None = field(
-        default=None,
-        metadata={
-            "help": "ssh_config for every host (default: RUN_DIR/ssh_config if present, else your own ssh setup)."
-        },
-    )
-    ssh_port: int | None = field(
-        default=None, metadata={"help": "sshd port of every host, when ssh_config does not give it."}
-    )
-    master_addr: str | None = field(
-        default=None, metadata={"help": "Address ranks reach rank 0 at (default: the first host)."}
-    )
-    master_port: int | None = field(
-        default=None,
-        metadata={
-            "help": f"Port of torch.distributed's store on the first host (default: {DEFAULT_MASTER_PORT}; a free one when that host is this machine)."
-        },
-    )
-    ranks: int | None = field(
-        default=None, metadata={"help": "--launcher local: ranks on this machine (default: DeepSpeed's device count)."}
-    )
-    socket_ifname: str | None = field(
-        default=None,
-        metadata={"help": "Network interface for NCCL and gloo (default: lo when every host is a loopback address)."},
-    )
-    env: dict[str, str] = field(default_factory=dict, metadata={"help": "Extra KEY=VAL for every rank (no secrets)."})
-    module: str = field(default=TRAIN_MODULE, metadata={"help": "Python module each rank runs."})
-
-    def __post_init__(self) -> None:
-        self.run_dir = Path(self.run_dir)
-        self.hostfile = Path(self.hostfile) if self.hostfile is not None else None
-        self.ssh_config = Path(self.ssh_config) if self.ssh_config is not None else None
-        self.train_args = [str(arg) for arg in self.train_args]
-        if self.launcher not in LAUNCHERS:
-            raise LaunchError(f"unknown launcher {self.launcher!r}; pass --launcher {' or '.join(LAUNCHERS)}")
-        if self.launcher == "pdsh" and self.ranks is not None:
-            raise LaunchError("--ranks is for --launcher local; with pdsh the hostfile's slots say how many ranks run")
-        if self.ranks is not None and self.ranks < 1:
-            raise LaunchError(f"--ranks {self.ranks!r} must be at least 1")
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise LaunchError(f"--master-port {self.master_port!r} is not a TCP port; pass one from 1 to 65535")
-        if not re.fullmatch(r"\w+(\.\w+)*", self.module):
-            raise LaunchError(f"--module {self.module!r} is not a Python module name; pass one like {TRAIN_MODULE}")
-        for key, value in self.env.items():
-            check_env_entry(key, value)
-        if self.launcher == "pdsh":
-            for arg in self.train_args:
-                if not SHELL_SAFE.fullmatch(arg):
-                    raise LaunchError(
-                        f"training argument {arg!r} has characters the hosts' shell would interpret; "
-                        "put such values in a file and pass its path"
-                    )
 
 
 def launch(arguments: LaunchArguments, stream: TextIO | None = None) -> int:

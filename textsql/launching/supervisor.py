@@ -45,7 +45,6 @@ import logging
 import math
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -59,7 +58,9 @@ from textsql.console import STEP_LINE, ShownLines
 from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
-from textsql.launching.launch import PDSH_HOST_FAILED, TRAIN_MODULE, LaunchArguments, launch
+from textsql.launching.cluster_check import check_cluster
+from textsql.launching.command import TRAIN_MODULE, LaunchArguments
+from textsql.launching.launch import PDSH_HOST_FAILED, launch
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.training.universal import convert, needs_conversion
 from worker.cluster import Cluster
@@ -254,6 +255,7 @@ class TrainingPlan:
     gradient_accumulation_steps: int = 1
     max_tokens_per_batch: int | None = None
     length_group_size: int | None = None
+    model: str | None = None
 
     @classmethod
     def read(cls, arguments: LaunchArguments) -> TrainingPlan:
@@ -265,13 +267,14 @@ class TrainingPlan:
             return cls()
         from textsql.training.train import parse_command_line
 
-        _, data_args, _, training = parse_command_line(arguments.train_args)
+        model_args, data_args, _, training = parse_command_line(arguments.train_args)
         return cls(
             Path(training["output_dir"]),
             training["per_device_train_batch_size"],
             training["gradient_accumulation_steps"],
             data_args.max_tokens_per_batch,
             data_args.length_group_size,
+            model_args.model,
         )
 
     def batch_for(self, first_world: int, world: int) -> dict[str, Any]:
@@ -332,6 +335,13 @@ class Supervisor:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise LaunchError(f"--max-restarts {self.max_restarts!r} must be 0 or more")
+        if self.cluster is not None and self.arguments.hostfile is None:
+            # The cluster's files, wherever they live (off the shared volume for cml and kubernetes workers).
+            self.arguments = replace(
+                self.arguments,
+                hostfile=self.cluster.hostfile,
+                ssh_config=self.arguments.ssh_config or self.cluster.ssh_config,
+            )
         workers = len(self.cluster.hosts) if self.cluster is not None else len(self._hosts()) or 1
         if self.min_workers is None:
             self.min_workers = workers
@@ -512,10 +522,7 @@ class Supervisor:
             write_json(summary, record)
 
     def _answers(self, host: str) -> bool:
-        try:
-            return self.cluster.ssh(host, "true", timeout=SSH_CHECK_S).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
+        return self.cluster.answers(host, timeout=SSH_CHECK_S)
 
     def _hostfile(self) -> dict[str, int]:
         if self.arguments.launcher != "pdsh":
@@ -560,7 +567,10 @@ def supervise(
     :param min_workers: the fewest workers to go on with when a lost one is not replaced in time (None: all).
     :param replace_timeout: seconds a replacement has to register.
     :rtype: int
+    :raises ClusterError: before anything is launched, when the workers cannot train together.
     """
+    if cluster is not None:
+        check_cluster(cluster.workers, arguments.run_dir, TrainingPlan.read(arguments).model, arguments.socket_ifname)
     return Supervisor(
         arguments,
         cluster,

@@ -208,6 +208,9 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training batches are filled to ``max_tokens_per_batch`` from length buckets.
 
     With ``max_tokens_per_batch`` unset it is the plain trainer (``per_device_train_batch_size`` examples a batch).
+    With ``optimizer_max_grad_norm`` the optimizer clips the gradients to that norm itself, right before each step, with torch's foreach norm (a few ops for all tensors, no host read): for DeepSpeed configs
+    that leave clipping out (:func:`textsql.training.profiles.autocast_bf16`), where the engine steps the
+    optimizer inside the backward call and the trainer's own clipping would come too late.
     """
 
     def __init__(
@@ -215,15 +218,31 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         *args,
         max_tokens_per_batch: int | None = None,
         buckets: int = DEFAULT_BUCKETS,
+        optimizer_max_grad_norm: float = 0.0,
         length_group_size: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.max_tokens_per_batch, self.buckets, self.length_group_size = (
-            max_tokens_per_batch,
-            buckets,
-            length_group_size,
-        )
+        self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
+        self.optimizer_max_grad_norm = optimizer_max_grad_norm
+        self.length_group_size = length_group_size
+
+    def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
+        """The trainer's optimizer, clipping before each step when ``optimizer_max_grad_norm`` is set.
+
+        :rtype: torch.optim.Optimizer
+        """
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if created and self.optimizer_max_grad_norm > 0:
+            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+            max_norm = self.optimizer_max_grad_norm
+
+            def clip(*_) -> None:
+                torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
+
+            optimizer.register_step_pre_hook(clip)
+        return optimizer
 
     def _get_train_sampler(self, train_dataset=None) -> Sampler | None:
         # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a

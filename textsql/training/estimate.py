@@ -24,7 +24,7 @@ from transformers import AutoModelForSeq2SeqLM, PretrainedConfig
 
 from textsql.errors import ModelError, ProfileError
 from textsql.model import load_config
-from textsql.training.profiles import get_profile
+from textsql.training.profiles import AUTO_PROFILE, get_profile
 from textsql.training.profiles import profiles as all_profiles
 
 logger = logging.getLogger(__name__)
@@ -33,8 +33,6 @@ GIB = 1024**3
 # Share of a GPU's memory the model states may take; the rest is for activations, buffers and the
 # CUDA context.
 FIT_FRACTION = 0.8
-# The profile value that means "the estimate's recommendation" (the default of every run).
-AUTO_PROFILE = "auto"
 # On DeepSpeed's CPU accelerator stage 0 ran at a third of stage 1's samples/s on 2 gloo ranks
 # (bench/results.json, deepspeed_profiles: 0.97 against 2.91), so on CPUs stage 1 is tried first.
 CPU_PREFERRED = "zero1"
@@ -129,8 +127,10 @@ def format_estimate(report: dict, requested: str | None = None) -> str:
     :rtype: str
     """
     lines = [
-        f"{report['model']}: {report['parameters'] / 1e6:,.1f}M parameters (largest layer {report['largest_layer_parameters'] / 1e6:,.1f}M), "
-        f"{report['nodes']} node(s) x {report['gpus_per_node']} GPU(s) of {report['gpu_memory_gb']:g} GiB",
+        (
+            f"{report['model']}: {report['parameters'] / 1e6:,.1f}M parameters (largest layer {report['largest_layer_parameters'] / 1e6:,.1f}M), "
+            f"{report['nodes']} node(s) x {report['gpus_per_node']} GPU(s) of {report['gpu_memory_gb']:g} GiB"
+        ),
         f"{'profile':<14} {'ZeRO':>4}  {'offload':<16} {'GPU GiB/rank':>12} {'CPU GiB/node':>12}  fits",
     ]
     for name, row in report["profiles"].items():

@@ -27,6 +27,9 @@ from textsql.errors import ProfileError
 logger = logging.getLogger(__name__)
 
 OVERLAY_SUBDIR = "overlays"
+# The profile value that means "the estimate's recommendation" (the default of every run), here rather than
+# in the estimate so that checking a profile name imports no torch.
+AUTO_PROFILE = "auto"
 ZERO_STAGES = (0, 1, 2, 3)
 # Offload targets that move the states off the GPU ("none" keeps them there).
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -282,3 +285,26 @@ def _read(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ProfileError(f"DeepSpeed config {str(path)!r} is not a JSON object; fix the file or pick another profile")
     return config
+
+
+def autocast_bf16(config: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The config a bf16 run uses: at stage 0 with the trainer's own optimizer, torch autocast instead of
+    DeepSpeed's bf16 weights; whether the trainer's optimizer must then clip the gradients itself.
+
+    DeepSpeed wraps a non-DeepSpeed optimizer at stage 0 in bf16 in ``FP16_UnfusedOptimizer``
+    (``engine._do_optimizer_sanity_check``: ``DDP_BFLOAT16``), which checks overflow and takes norms
+    tensor by tensor, each with a host read: hundreds of ops and a sync per tensor every step. Under
+    ``torch_autocast`` the weights stay fp32, the forward runs in bf16, and the engine steps the fused
+    optimizer itself, unwrapped. DeepSpeed's own clipping (``clip_fp32_gradients``) also loops per tensor,
+    so the run gives DeepSpeed a clipping of 0 and the optimizer clips with torch's foreach norm before
+    each step instead (``textsql.training.train``, :class:`textsql.training.batching.TokenBudgetTrainer`).
+    Other stages, and profiles that name a DeepSpeed optimizer, keep DeepSpeed's bf16.
+
+    :returns: ``(config, clip_in_optimizer)``; the input config is left alone.
+    :rtype: tuple[dict, bool]
+    """
+    if config.get("zero_optimization", {}).get("stage", 0) != 0 or "optimizer" in config:
+        return config, False
+    lean = {key: value for key, value in config.items() if key not in ("bf16", "fp16")}
+    lean["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    return lean, True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,10 @@ OP_BUILD_NOTICE = (
     STAGE_PREFIX + "compiling DeepSpeed's shared-memory communication op for CPU (once per machine, about "
     "2 min; cached in {root})"
 )
+
+
+# Seconds between the lines that say the op is still compiling (the demo must never look stuck).
+OP_BUILD_TICK_S = 10.0
 
 
 class StepLines(TrainerCallback):
@@ -89,5 +94,29 @@ def announce_op_build() -> None:
     if os.environ.get("LOCAL_RANK", "0") != "0" or torch.cuda.is_available():
         return
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    if not any(root.glob(f"**/{SHM_OP_NAME}/{SHM_OP_NAME}*.so")):
+    if not op_built(root):
         print(OP_BUILD_NOTICE.format(root=root), flush=True)
+        # The build prints nothing for minutes: a line every few seconds says it is still going.
+        threading.Thread(target=tick_while_building, args=(root,), name="op-build-ticks", daemon=True).start()
+
+
+def op_built(root: Path) -> bool:
+    """Whether DeepSpeed's CPU op is in the extensions cache under ``root``.
+
+    :rtype: bool
+    """
+    return any(root.glob(f"**/{SHM_OP_NAME}/{SHM_OP_NAME}*.so"))
+
+
+def tick_while_building(root: Path, interval_s: float = OP_BUILD_TICK_S) -> None:
+    """Print how long the op has been compiling every ``interval_s`` until it is in the cache under ``root``.
+
+    :param root: the extensions cache.
+    :param interval_s: seconds between lines.
+    """
+    started = time.monotonic()
+    while True:
+        time.sleep(interval_s)
+        if op_built(root):
+            return
+        print(f"{STAGE_PREFIX}still compiling DeepSpeed's CPU op: {time.monotonic() - started:.0f} s", flush=True)

@@ -42,11 +42,12 @@ from textsql.training.checkpoints import (
     newest_complete_checkpoint,
     set_aside_incomplete,
 )
+from textsql.training.collective import exit_on_failure
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.events import close_run_events, events_dir, use_run_events
 from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
-from textsql.training.profiles import get_profile, load_profile
+from textsql.training.profiles import autocast_bf16, get_profile, load_profile
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
 from textsql.training.trainer import GrammarSeq2SeqTrainer
 from textsql.training.universal import load_universal
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             training_args.world_size,
             model_args.precision,
         )
+    # Before anything slow: ranks that cannot all-reduce end here, naming the host, in seconds.
+    exit_on_failure(training_args.output_dir)
     checkpoint = prepare_output_dir(training_args, run_args)
     set_seed(training_args.seed)
 
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer_class = GrammarSeq2SeqTrainer if data_args.constrained else TokenBudgetTrainer
     trainer = trainer_class(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
+        optimizer_max_grad_norm=run_args.optimizer_max_grad_norm,
         length_group_size=data_args.length_group_size,
         model=model,
         args=training_args,
@@ -221,9 +225,17 @@ def parse_command_line(
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
     run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
     get_profile(run_args.profile).check_precision(model_args.precision)
-    training_values = _field_values(Seq2SeqTrainingArguments, values) | {
-        "deepspeed": load_profile(run_args.profile, run_args.overlay),
-        "bf16": model_args.precision == "bf16",
+    config, autocast = load_profile(run_args.profile, run_args.overlay), False
+    if model_args.precision == "bf16":
+        config, autocast = autocast_bf16(config)
+    training_values = _field_values(Seq2SeqTrainingArguments, values)
+    if autocast:
+        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (a foreach norm, not a loop per tensor).
+        run_args.optimizer_max_grad_norm, training_values["max_grad_norm"] = training_values["max_grad_norm"], 0.0
+    training_values |= {
+        "deepspeed": config,
+        # Under torch autocast the weights stay fp32: the trainer's bf16 flag would ask DeepSpeed for bf16 weights.
+        "bf16": model_args.precision == "bf16" and not autocast,
         "fp16": model_args.precision == "fp16",
         "accelerator_config": {"use_configured_state": True},
     }
@@ -399,9 +411,24 @@ def _write_summary(
         "model": model_args.model,
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
+        "evaluation_share": evaluation_share(trainer.state.log_history),
         "log_history": trainer.state.log_history,
     }
     write_json(Path(trainer.args.output_dir) / RUN_SUMMARY_NAME, summary)
+
+
+def evaluation_share(log_history: list[dict]) -> float | None:
+    """Share of the training loop's wall time its evaluations took (the final one, after training, not counted).
+
+    :param log_history: the trainer's; the entry with ``train_runtime`` closes the training loop.
+    :returns: a fraction, ``None`` before training ended.
+    :rtype: float | None
+    """
+    for index, entry in enumerate(log_history):
+        if entry.get("train_runtime"):
+            evaluating = sum(earlier.get("eval_runtime", 0.0) for earlier in log_history[:index])
+            return round(evaluating / entry["train_runtime"], 4)
+    return None
 
 
 def _field_values(cls, values: dict[str, Any]) -> dict[str, Any]:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import WorkerError
 from worker.registration import Registration
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +69,14 @@ class Backend(ABC):
     #: Attaching backends: the private key the hosts accept (None: ssh's defaults). Launching ones
     #: leave it None: start_workers makes a key per run and hands its public half to the agents.
     identity_file: Path | None = None
+    #: Launching backends: True where the workers mount the run directory (a shared project volume), so
+    #: start_workers keeps the run's token, client key and ssh files out of it, on the master alone.
+    shares_run_dir: ClassVar[bool] = False
     #: Where workers' logs and files go on the master (``RUN_DIR/workers``); start_workers sets it.
     workdir: Path | None = None
+    #: Launching backends: the key of the pod with this name, which only that pod may receive (its own
+    #: environment or Secret), never the run token; start_workers sets it.
+    pod_key: Callable[[str], str] | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,7 +88,8 @@ class Backend(ABC):
             )
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
-        """Start ``count`` agents with ``env`` (the run's rendezvous settings) added to their environment.
+        """Start ``count`` agents with ``env`` (the run's rendezvous settings) added to their environment,
+        and each agent's own :attr:`pod_key` of the name it registers under (``TEXTSQL_WORKER_POD``).
 
         :param count: number of workers.
         :param resources: per-pod CPU, memory and GPUs.
@@ -165,7 +175,7 @@ class Backend(ABC):
         """
         return ()
 
-    def __enter__(self) -> Backend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:

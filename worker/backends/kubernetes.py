@@ -1,7 +1,7 @@
 """``kubernetes``: worker pods through the official ``kubernetes`` client.
 
-Per run: one Secret holding the rendezvous token (mounted read-only as a file; the pod spec never
-holds the value) and N pods running ``python -m worker.agent`` with the project's shared volume
+Per pod: a Secret holding that pod's own rendezvous key (mounted read-only as a file into that pod only;
+the pod spec never holds the value; the run token stays with the master), and the pod running ``python -m worker.agent`` with the project's shared volume
 mounted at the same path as on the master (DeepSpeed's pdsh launcher ``cd``s there on every worker),
 ``POD_IP`` and the pod name from the downward API, and ``nvidia.com/gpu`` limits. ``wait`` polls
 until every pod is Running; ``replace`` deletes a lost pod (if it is still there) and creates one
@@ -26,24 +26,38 @@ import os
 import re
 import secrets
 import time
+from functools import partial
 from pathlib import Path
 
 from worker import constants as c
-from worker.agent import route_address
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.errors import WorkerError
-from worker.rendezvous.token import read_token
+from worker.network import route_address
+from worker.rendezvous.token import pod_key, read_token
 
 logger = logging.getLogger(__name__)
 
 TOKEN_MOUNT = "/var/run/textsql"
-APP_LABEL = "app.kubernetes.io/name=textsql-worker"
+# Every worker Pod and token Secret carries the app label and its run's label: cleanup finds them by these.
+APP_LABELS = {"app.kubernetes.io/name": "textsql-worker"}
+RUN_LABEL = "textsql/run"
+APP_LABEL = ",".join(f"{key}={value}" for key, value in APP_LABELS.items())
 _SECRET_KEY = "token"
 _ENDED = {"Failed", "Succeeded"}
+_TMP = "/tmp"  # an emptyDir: the pod's root filesystem is read-only
 
 
 def _dns_name(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "run"
+
+
+def secret_name(pod: str) -> str:
+    """The name of the Secret holding ``pod``'s key.
+
+    :param pod: the pod's name.
+    :rtype: str
+    """
+    return f"{pod}-key"
 
 
 def _client():
@@ -70,6 +84,7 @@ class KubernetesBackend(Backend):
     """Worker pods in one namespace."""
 
     name = "kubernetes"
+    shares_run_dir = True  # with project_claim the pods mount the run dir, read-write as the same user
 
     def __init__(
         self,
@@ -84,6 +99,9 @@ class KubernetesBackend(Backend):
         user_id: int = 1000,
         group_id: int = 1000,
         max_runtime_s: int = 24 * 3600,
+        home: str = "/home/textsql",
+        ephemeral_storage_gb: float = 20.0,
+        networking_api=None,
     ) -> None:
         """
         :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
@@ -97,6 +115,9 @@ class KubernetesBackend(Backend):
         :param user_id: the image's non-root user (docker/Dockerfile: 1000).
         :param group_id: the pod's fsGroup: the group of the mounted token and of the pod's processes.
         :param max_runtime_s: ``activeDeadlineSeconds``: the pods end after this even if no one stops them.
+        :param home: the image user's home directory (docker/Dockerfile: /home/textsql); its ``.cache`` is writable.
+        :param ephemeral_storage_gb: each pod's limit on node-local disk (its writable volumes and logs).
+        :param networking_api: a ``NetworkingV1Api`` for the run's NetworkPolicy (default: one on ``api``'s client).
         """
         self.image = image
         self.namespace = namespace
@@ -108,13 +129,18 @@ class KubernetesBackend(Backend):
         self.user_id = user_id
         self.group_id = group_id
         self.max_runtime_s = max_runtime_s
+        self.home = home
+        self.ephemeral_storage_gb = ephemeral_storage_gb
         self._api = api
+        self._networking = networking_api
+        self._policy: str | None = None
         self.run_id = ""
         self._pods: list[str] = []
         # The Pod objects created, by name: a replacement is a copy of the lost one under a new name.
         self._bodies: dict[str, object] = {}
         self._replaced = 0
-        self._secret: str | None = None
+        # The Secrets created, one per pod (its key), including those of replaced pods.
+        self._secrets: list[str] = []
 
     @property
     def api(self):
@@ -126,6 +152,20 @@ class KubernetesBackend(Backend):
             self._api = connect()
         return self._api
 
+    @property
+    def networking(self):
+        """The NetworkingV1Api, on the same client as :attr:`api` unless given.
+
+        :rtype: kubernetes.client.NetworkingV1Api
+        """
+        if self._networking is None:
+            # The stand-ins in the tests serve both APIs; a real CoreV1Api's client serves NetworkingV1Api too.
+            api = self.api
+            self._networking = (
+                api if hasattr(api, "create_namespaced_network_policy") else _client().NetworkingV1Api(api.api_client)
+            )
+        return self._networking
+
     def advertised_address(self) -> str:
         return os.environ.get("POD_IP") or route_address(os.environ.get("KUBERNETES_SERVICE_HOST", "10.0.0.1"))
 
@@ -134,12 +174,13 @@ class KubernetesBackend(Backend):
         return [WorkerHandle(name) for name in self._pods]
 
     def _labels(self) -> dict[str, str]:
-        return {"app.kubernetes.io/name": "textsql-worker", "textsql/run": self.run_id}
+        return {**APP_LABELS, RUN_LABEL: self.run_id}
 
-    def secret_spec(self, token: str):
-        """The Secret holding the run's token.
+    def secret_spec(self, pod: str, key: str):
+        """The Secret holding one pod's rendezvous key, mounted by that pod only.
 
-        :param token: the per-run token.
+        :param pod: the pod's name.
+        :param key: its key (:func:`~worker.rendezvous.token.pod_key`).
         :rtype: kubernetes.client.V1Secret
         """
         client = _client()
@@ -147,8 +188,8 @@ class KubernetesBackend(Backend):
             api_version="v1",
             kind="Secret",
             type="Opaque",
-            string_data={_SECRET_KEY: token},
-            metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-token", labels=self._labels()),
+            string_data={_SECRET_KEY: key},
+            metadata=client.V1ObjectMeta(name=secret_name(pod), labels=self._labels()),
         )
 
     def pod_spec(self, index: int, resources: Resources, env: dict[str, str]):
@@ -156,15 +197,17 @@ class KubernetesBackend(Backend):
 
         :param index: the worker's index.
         :param resources: CPU, memory, GPUs.
-        :param env: the agent's environment (the token file path is replaced by the Secret's mount).
+        :param env: the agent's environment (any token is replaced by the pod's own Secret, mounted).
         :rtype: kubernetes.client.V1Pod
         """
         client = _client()
+        name = f"textsql-{self.run_id}-{index}"
         plain = {
             **env,
             c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}",
             c.ENV_TOKEN_GROUP: str(self.group_id),
             c.ENV_SLOTS: str(max(1, resources.gpus)),
+            c.ENV_SSHD_KEYS_DIR: f"{_TMP}/textsql-sshd",  # the home directory is read-only
         }
         plain.pop(c.ENV_TOKEN, None)
         variables = [client.V1EnvVar(name=key, value=value) for key, value in sorted(plain.items())]
@@ -178,18 +221,26 @@ class KubernetesBackend(Backend):
                 value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path="metadata.name")),
             ),
         ]
-        limits = {"cpu": str(resources.cpu), "memory": f"{resources.memory_gb:g}Gi"}
+        limits = {
+            "cpu": str(resources.cpu),
+            "memory": f"{resources.memory_gb:g}Gi",
+            "ephemeral-storage": f"{self.ephemeral_storage_gb:g}Gi",
+        }
         if resources.gpus:
             limits["nvidia.com/gpu"] = str(resources.gpus)
         mounts = [
             client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True),
             client.V1VolumeMount(name="shm", mount_path="/dev/shm"),
+            # The root filesystem is read-only: the agent's and sshd's files go to /tmp, the ranks' caches
+            # (torch extensions, Hugging Face) to ~/.cache.
+            client.V1VolumeMount(name="tmp", mount_path=_TMP),
+            client.V1VolumeMount(name="cache", mount_path=f"{self.home}/.cache"),
         ]
         # 0440: with an fsGroup the kubelet makes the files group-readable anyway; say so, and check it.
         volumes = [
             client.V1Volume(
                 name="token",
-                secret=client.V1SecretVolumeSource(secret_name=f"textsql-{self.run_id}-token", default_mode=0o440),
+                secret=client.V1SecretVolumeSource(secret_name=secret_name(name), default_mode=0o440),
             ),
             # NCCL's shared-memory transport needs more than the runtime's 64 MB /dev/shm.
             client.V1Volume(
@@ -197,6 +248,11 @@ class KubernetesBackend(Backend):
                 empty_dir=client.V1EmptyDirVolumeSource(
                     medium="Memory", size_limit=f"{max(1.0, resources.memory_gb / 2):g}Gi"
                 ),
+            ),
+            client.V1Volume(name="tmp", empty_dir=client.V1EmptyDirVolumeSource(size_limit="1Gi")),
+            client.V1Volume(
+                name="cache",
+                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{max(1.0, self.ephemeral_storage_gb / 2):g}Gi"),
             ),
         ]
         if self.project_claim:
@@ -220,6 +276,7 @@ class KubernetesBackend(Backend):
             security_context=client.V1SecurityContext(
                 run_as_non_root=True,
                 allow_privilege_escalation=False,
+                read_only_root_filesystem=True,
                 capabilities=client.V1Capabilities(drop=["ALL"]),
                 seccomp_profile=seccomp,
             ),
@@ -227,7 +284,7 @@ class KubernetesBackend(Backend):
         return client.V1Pod(
             api_version="v1",
             kind="Pod",
-            metadata=client.V1ObjectMeta(name=f"textsql-{self.run_id}-{index}", labels=self._labels()),
+            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace, labels=self._labels()),
             spec=client.V1PodSpec(
                 containers=[container],
                 volumes=volumes,
@@ -246,25 +303,73 @@ class KubernetesBackend(Backend):
             ),
         )
 
+    def network_policy(self, master_address: str, ssh_port: int):
+        """The run's NetworkPolicy: its pods admit sshd's port from the master alone, and every other port
+        (the ranks' torch.distributed store, gloo and NCCL) from the run's own pods; nothing else comes in.
+
+        :param master_address: the master's pod IP (where pdsh and the probes come from).
+        :param ssh_port: the workers' sshd port.
+        :rtype: kubernetes.client.V1NetworkPolicy
+        """
+        client = _client()
+        prefix = 128 if ":" in master_address else 32
+        ranges = [(first, last) for first, last in ((1, ssh_port - 1), (ssh_port + 1, 65535)) if first <= last]
+        run_pods = client.V1NetworkPolicyPeer(pod_selector=client.V1LabelSelector(match_labels=self._labels()))
+        return client.V1NetworkPolicy(
+            api_version="networking.k8s.io/v1",
+            kind="NetworkPolicy",
+            metadata=client.V1ObjectMeta(
+                name=f"textsql-{self.run_id}-workers", namespace=self.namespace, labels=self._labels()
+            ),
+            spec=client.V1NetworkPolicySpec(
+                pod_selector=client.V1LabelSelector(match_labels=self._labels()),
+                policy_types=["Ingress"],
+                ingress=[
+                    client.V1NetworkPolicyIngressRule(
+                        _from=[
+                            client.V1NetworkPolicyPeer(ip_block=client.V1IPBlock(cidr=f"{master_address}/{prefix}"))
+                        ],
+                        ports=[client.V1NetworkPolicyPort(protocol="TCP", port=ssh_port)],
+                    ),
+                    client.V1NetworkPolicyIngressRule(
+                        _from=[run_pods],
+                        ports=[
+                            client.V1NetworkPolicyPort(protocol="TCP", port=first, end_port=last)
+                            for first, last in ranges
+                        ],
+                    ),
+                ],
+            ),
+        )
+
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         run_name = self.workdir.parent.name if self.workdir else "run"
         self.run_id = self.run_id or f"{_dns_name(run_name)}-{secrets.token_hex(3)}"
-        token = env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE]))
-        if self._secret is None:
-            secret = self.secret_spec(token)
-            self.api.create_namespaced_secret(self.namespace, secret)
-            self._secret = secret.metadata.name
+        if self.pod_key is None:  # called with the run's token rather than by start_workers
+            self.pod_key = partial(pod_key, env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE])))
+        if self._policy is None and env.get(c.ENV_RENDEZVOUS):
+            master = env[c.ENV_RENDEZVOUS].rpartition(":")[0].strip("[]")
+            policy = self.network_policy(master, int(env.get(c.ENV_SSH_PORT, c.DEFAULT_SSH_PORT)))
+            self.networking.create_namespaced_network_policy(self.namespace, policy)
+            self._policy = policy.metadata.name
         start = len(self._pods)
         for index in range(start, start + count):
             pod = self.pod_spec(index, resources, env)
-            self.api.create_namespaced_pod(self.namespace, pod)
+            self._create(pod)
             self._pods.append(pod.metadata.name)
-            self._bodies[pod.metadata.name] = pod
         logger.info("created %d pods in namespace %s (run %s)", count, self.namespace, self.run_id)
         return self.pods[start:]
 
+    def _create(self, pod) -> None:
+        """Create ``pod``'s Secret (its own key), then the pod that mounts it."""
+        name = pod.metadata.name
+        self.api.create_namespaced_secret(self.namespace, self.secret_spec(name, self.pod_key(name)))
+        self._secrets.append(secret_name(name))
+        self.api.create_namespaced_pod(self.namespace, pod)
+        self._bodies[name] = pod
+
     def _phases(self) -> dict[str, tuple[str, str]]:
-        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"textsql/run={self.run_id}")
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={self.run_id}")
         phases = {}
         for pod in listed.items:
             if pod.metadata.name not in self._pods:
@@ -321,9 +426,10 @@ class KubernetesBackend(Backend):
         # textsql-RUN-N, or textsql-RUN-N-rJ when a replacement is lost in turn: the new one is textsql-RUN-N-rK.
         body.metadata.name = f"{re.sub(r'-r[0-9]+$', '', pod)}-r{self._replaced}"
         body.metadata.annotations = {**(body.metadata.annotations or {}), "textsql/replaces": pod}
-        self.api.create_namespaced_pod(self.namespace, body)
+        key_volume = next(volume for volume in body.spec.volumes if volume.name == "token")
+        key_volume.secret.secret_name = secret_name(body.metadata.name)
+        self._create(body)
         self._pods[self._pods.index(pod)] = body.metadata.name
-        self._bodies[body.metadata.name] = body
         logger.info("replaced pod %s with %s in namespace %s", pod, body.metadata.name, self.namespace)
         return WorkerHandle(body.metadata.name, f"replaces {pod}")
 
@@ -345,19 +451,25 @@ class KubernetesBackend(Backend):
 
         for name in self._pods:
             self._delete_pod(name)
-        if self._secret:
+        for name in self._secrets:
             try:
-                self.api.delete_namespaced_secret(self._secret, self.namespace)
+                self.api.delete_namespaced_secret(name, self.namespace)
             except ApiException as error:
                 if error.status != 404:
-                    logger.warning("could not delete secret %s: %s", self._secret, error.reason)
+                    logger.warning("could not delete secret %s: %s", name, error.reason)
+        if self._policy:
+            try:
+                self.networking.delete_namespaced_network_policy(self._policy, self.namespace)
+            except ApiException as error:
+                if error.status != 404:
+                    logger.warning("could not delete network policy %s: %s", self._policy, error.reason)
         if self._pods:
             logger.info("deleted %d pods in namespace %s", len(self._pods), self.namespace)
-        self._pods, self._bodies, self._secret = [], {}, None
+        self._pods, self._bodies, self._secrets, self._policy = [], {}, [], None
 
 
 def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
-    """Delete the worker Pods and token Secrets of one run (or of every run) by their labels.
+    """Delete the worker Pods, key Secrets and NetworkPolicy of one run (or of every run) by their labels.
 
     For runs whose kernel died before ``stop``: the labels are all that is left to find them by.
 
@@ -367,7 +479,7 @@ def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], 
     :rtype: tuple[list[str], list[str]]
     :returns: names of the deleted Pods and Secrets.
     """
-    selector = APP_LABEL + (f",textsql/run={run_id}" if run_id else "")
+    selector = APP_LABEL + (f",{RUN_LABEL}={run_id}" if run_id else "")
     pod_names = [pod.metadata.name for pod in api.list_namespaced_pod(namespace, label_selector=selector).items]
     secret_names = [
         secret.metadata.name for secret in api.list_namespaced_secret(namespace, label_selector=selector).items
@@ -376,10 +488,18 @@ def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], 
         api.delete_namespaced_pod(name, namespace, grace_period_seconds=int(c.STOP_GRACE_S))
     for name in secret_names:
         api.delete_namespaced_secret(name, namespace)
+    # The stand-ins in the tests serve both APIs; a real CoreV1Api's client serves NetworkingV1Api too.
+    networking = api if hasattr(api, "list_namespaced_network_policy") else _client().NetworkingV1Api(api.api_client)
+    policies = [
+        p.metadata.name for p in networking.list_namespaced_network_policy(namespace, label_selector=selector).items
+    ]
+    for name in policies:
+        networking.delete_namespaced_network_policy(name, namespace)
     logger.info(
-        "deleted %d pods and %d secrets labelled %s in namespace %s",
+        "deleted %d pods, %d secrets and %d network policies labelled %s in namespace %s",
         len(pod_names),
         len(secret_names),
+        len(policies),
         selector,
         namespace,
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.errors import WorkerError
-from worker.files import last_line, private_opener
+from worker.files import last_line, private_dir, private_opener
 from worker.network import free_port_on_all
 from worker.sshd import require_tool
 
@@ -112,7 +112,7 @@ class LocalBackend(Backend):
     def _workdir(self) -> Path:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="textsql-local-workers-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.workdir)
         return self.workdir
 
     def _start(self, pod: str, index: int) -> None:
@@ -126,6 +126,9 @@ class LocalBackend(Backend):
                 c.ENV_SSHD: "1" if self.sshd else "0",
             }
         )
+        if self.pod_key is not None:  # launched by start_workers: this pod's key, not the run's token
+            agent_env.pop(c.ENV_TOKEN_FILE, None)
+            agent_env[c.ENV_TOKEN] = self.pod_key(pod)
         self._logs[pod] = workdir / f"{pod}.log"
         self._indexes[pod] = index
         with open(self._logs[pod], "ab", opener=private_opener) as log:

@@ -81,6 +81,7 @@ class StaticBackend(Backend):
     def _host_key(self, host: str, port: int) -> str:
         found = subprocess.run(
             [require_tool("ssh-keygen"), "-F", known_hosts_pattern(host, port), "-f", str(self.known_hosts)],
+            check=False,
             capture_output=True,
             text=True,
         )
@@ -106,6 +107,7 @@ class StaticBackend(Backend):
         command = [require_tool("ssh"), *options]
         result = subprocess.run(
             command + [host, _PROBE],
+            check=False,
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,

@@ -13,12 +13,16 @@ import random
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker.constants import BACKOFF_MAX_S, BACKOFF_START_S, MASTER_GONE_AFTER_S, PROTOCOL_VERSION, READ_TIMEOUT_S
 from worker.errors import RendezvousError
 from worker.protocol import FrameError, is_nonce, new_nonce, recv_frame, send_frame, sign, verify
 from worker.registration import Registration
-from worker.rendezvous.token import read_token
+from worker.rendezvous.token import read_token, signing_key
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ class Session:
         """Close the connection; before the run is complete the master then drops this worker."""
         self._sock.close()
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -94,7 +98,7 @@ def register(
     """Register one worker with the master's rendezvous server.
 
     :param master: ``HOST:PORT`` or (host, port).
-    :param token: the per-run secret.
+    :param token: the pod's key (:func:`~worker.rendezvous.token.pod_key`), or the run token to derive it from.
     :param registration: this worker's fields.
     :param timeout: seconds for connecting and for each reply.
     :param source: the local address to connect from (None: the one the route picks).
@@ -103,7 +107,7 @@ def register(
     :raises FrameError: or OSError when the master could not be reached or hung up (worth retrying).
     """
     host, port = parse_endpoint(master) if isinstance(master, str) else master
-    token = token.encode("utf-8") if isinstance(token, str) else bytes(token)
+    token = signing_key(token, registration.pod)
     sock = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -7,7 +7,9 @@ through the server's methods for handlers (:meth:`authenticated`, :meth:`record`
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import secrets
 import selectors
 import socketserver
 from typing import TYPE_CHECKING
@@ -15,11 +17,25 @@ from typing import TYPE_CHECKING
 from worker.constants import PROTOCOL_VERSION, READ_TIMEOUT_S, RELEASE_HANGUP_S
 from worker.protocol import FrameError, is_nonce, new_nonce, recv_frame, send_frame, sign, verify
 from worker.registration import InvalidRegistration, Registration
+from worker.rendezvous.registry import Refused
+from worker.rendezvous.token import pod_key
 
 if TYPE_CHECKING:
     from worker.rendezvous.server import RendezvousServer
 
 logger = logging.getLogger(__name__)
+
+
+def claimed_pod(worker: object) -> str:
+    """The pod name a register message claims (as :meth:`Registration.from_dict` reads it), to pick its key.
+
+    :param worker: the message's ``worker`` object, not yet validated.
+    :rtype: str
+    """
+    if not isinstance(worker, dict):
+        return ""
+    pod = worker.get("pod", worker.get("hostname"))
+    return pod if isinstance(pod, str) else ""
 
 
 class RegistrationHandler(socketserver.StreamRequestHandler):
@@ -32,6 +48,9 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         peer = self.client_address[0]
+        # What replies are signed with: the claimed pod's key once the message names a pod; before that a
+        # throwaway key. Nothing is ever signed with the run token itself, so no reply is an oracle for it.
+        self.key = secrets.token_bytes(32)
         server_nonce = new_nonce()
         try:
             send_frame(self.connection, {"type": "hello", "version": PROTOCOL_VERSION, "nonce": server_nonce})
@@ -44,13 +63,15 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
             self._reply(server_nonce, "", "rejected", "expected a register message with a nonce")
             return
         worker = message.get("worker")
-        if not verify(self.server.token, message.get("mac"), "register", server_nonce, client_nonce, worker):
+        # Each pod signs with its own key, derived from the run token and the pod name it claims.
+        self.key = pod_key(self.server.token, claimed_pod(worker)).encode("utf-8")
+        if not verify(self.key, message.get("mac"), "register", server_nonce, client_nonce, worker):
             self.server.refusals.log(logging.WARNING, "registration from %s refused: authentication failed", peer)
             self._reply(
                 server_nonce,
                 client_nonce,
                 "rejected",
-                "authentication failed: the token does not match this run's; use the run's token file",
+                "authentication failed: the key does not match this run's key for the pod; use the pod's own key",
             )
             return
         self.server.authenticated(self.connection)
@@ -60,18 +81,29 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
             logger.warning("registration from %s refused: %s", peer, error)
             self._reply(server_nonce, client_nonce, "rejected", str(error))
             return
-        refusal = self.server.record(registration, self)
-        if refusal:
-            logger.warning("registration of %s refused: %s", registration.address, refusal)
-            self._reply(server_nonce, client_nonce, "rejected", refusal)
+        outcome = self._refusal(registration, peer) or self.server.record(registration, self)
+        if isinstance(outcome, Refused):
+            logger.warning(
+                "registration of %s (pod %s) refused: %s", registration.address, registration.pod, outcome.reason
+            )
+            self._reply(server_nonce, client_nonce, "rejected", outcome.reason)
             return
         if not self._reply(server_nonce, client_nonce, "accepted", ""):
             self.server.forget(registration, self)
             return
         self._hold(registration, server_nonce, client_nonce)
 
+    def _refusal(self, registration: Registration, peer: str) -> Refused | None:
+        """A registration whose address is not where it came from, where workers connect from their own address."""
+        if self.server.check_peer and ipaddress.ip_address(peer) != ipaddress.ip_address(registration.address):
+            return Refused(
+                f"address {registration.address} is not the address this registration came from ({peer}); "
+                "a worker registers its own address, from that address"
+            )
+        return None
+
     def _reply(self, server_nonce: str, client_nonce: str, kind: str, reason: str) -> bool:
-        mac = sign(self.server.token, kind, server_nonce, client_nonce, reason)
+        mac = sign(self.key, kind, server_nonce, client_nonce, reason)
         try:
             send_frame(self.connection, {"type": kind, "reason": reason, "mac": mac})
         except FrameError as error:
@@ -84,7 +116,7 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
         try:
             send_frame(
                 self.connection,
-                {"type": "released", "mac": sign(self.server.token, "released", server_nonce, client_nonce)},
+                {"type": "released", "mac": sign(self.key, "released", server_nonce, client_nonce)},
             )
             self.connection.settimeout(RELEASE_HANGUP_S)
             self.connection.recv(1)  # a worker sends nothing after its release: this returns at its hang-up

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker.constants import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -35,10 +36,14 @@ from worker.constants import (
 )
 from worker.errors import RendezvousError
 from worker.ratelog import RateLimitedLog
-from worker.registration import Registration, node_order
+from worker.registration import Registration
 from worker.rendezvous.handler import RegistrationHandler
+from worker.rendezvous.registry import Accepted, Refused, Registry
 from worker.rendezvous.token import new_token, read_token
 from worker.runfiles import RunFiles, write_run_files
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +81,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         identity_file: Path | None = None,
         read_timeout: float = REGISTER_TIMEOUT_S,
         heartbeat: float = HEARTBEAT_S,
+        check_peer: bool = False,
     ) -> None:
         """
         :param expect: how many workers make the run complete.
@@ -86,6 +92,8 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         :param identity_file: the run's ssh private key, named in ssh_config.
         :param read_timeout: seconds a new connection has to send its registration (and a held one its detach).
         :param heartbeat: seconds between keepalives on held connections.
+        :param check_peer: refuse a registration whose address is not the connection's source address
+            (where every worker has its own address and connects from it: the launching backends).
         """
         if isinstance(expect, bool) or not isinstance(expect, int) or not 1 <= expect <= MAX_EXPECTED_WORKERS:
             raise RendezvousError(f"expected worker count {expect!r} must be 1..{MAX_EXPECTED_WORKERS}; pass --expect")
@@ -99,12 +107,13 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self.identity_file = identity_file
         self.read_timeout = read_timeout
         self.heartbeat = heartbeat
-        self._lock = threading.Lock()
-        self._by_address: dict[str, tuple[Registration, RegistrationHandler]] = {}
-        self._complete = threading.Event()
+        self.check_peer = check_peer
+        self.registry = Registry(expect)
+        # Set once every worker registered and the run's files are written.
+        self._ready = threading.Event()
         self._failure: Exception | None = None
-        # Workers whose held connection dropped once the run was complete: address -> why.
-        self._lost: dict[str, str] = {}
+        # Guards the connection counts below (the registry has its own lock).
+        self._lock = threading.Lock()
         self._connections = 0
         # Accepted connections, each mapped to its peer address until it authenticates (then to None).
         self._open: dict[socket.socket, str | None] = {}
@@ -138,9 +147,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
         :rtype: list[Registration]
         """
-        with self._lock:
-            registrations = [registration for registration, _ in self._by_address.values()]
-        return sorted(registrations, key=node_order)
+        return self.registry.workers
 
     def start(self) -> RendezvousServer:
         """Serve in a background thread.
@@ -197,97 +204,54 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
                 self._uncount(self._open[request])
                 self._open[request] = None
 
-    def record(self, registration: Registration, handler: RegistrationHandler) -> str:
+    def record(self, registration: Registration, handler: RegistrationHandler) -> Accepted | Refused:
         """Record an authenticated registration; the last one completes the run and writes its files.
 
-        :param registration: the worker's validated fields.
-        :param handler: the connection it came on (a retry on a newer connection replaces it).
-        :rtype: str
-        :returns: the refusal reason to send the worker, or "" when accepted.
-        """
-        with self._lock:
-            existing = self._by_address.get(registration.address)
-            if existing and (existing[0].host_key, existing[0].pod) == (registration.host_key, registration.pod):
-                # The same worker again (it lost our reply and retried): the newer connection wins.
-                self._by_address[registration.address] = (registration, handler)
-                return ""
-            if existing:
-                return (
-                    f"address {registration.address} is already registered by pod {existing[0].pod!r}; "
-                    "each worker needs its own address"
-                )
-            same_pod = [r for r, _ in self._by_address.values() if r.pod == registration.pod]
-            if same_pod:
-                return f"pod {registration.pod!r} is already registered from {same_pod[0].address}"
-            if self._complete.is_set():
-                return f"the run is full: {self.expect} of {self.expect} workers registered"
-            self._by_address[registration.address] = (registration, handler)
-            count = len(self._by_address)
-            logger.info(
-                "registered %s (pod %s, %d slots) %d/%d",
-                registration.address,
-                registration.pod,
-                registration.slots,
-                count,
-                self.expect,
-            )
-            if count == self.expect:
-                self._finish()
-        return ""
+        The registry decides under its lock; the files are written after it, outside the lock.
 
-    def _finish(self) -> None:
-        """All workers are in: write the run's files (under the lock, so no one joins or leaves meanwhile)."""
+        :param registration: the worker's validated fields.
+        :param handler: the connection it came on, the only one that speaks for this worker from now on.
+        :rtype: Accepted | Refused
+        """
+        outcome = self.registry.record(registration, handler)
+        if isinstance(outcome, Accepted) and outcome.complete is not None:
+            self._finish(outcome.complete)
+        return outcome
+
+    def _finish(self, workers: tuple[Registration, ...]) -> None:
+        """All workers are in: write the run's files, then let :meth:`wait` return."""
         try:
-            ordered = sorted((r for r, _ in self._by_address.values()), key=node_order)
             if self.files is not None:
-                write_run_files(self.files, ordered, self.identity_file)
-        except Exception as error:  # reported by wait(), which the caller is blocked in
+                write_run_files(self.files, workers, self.identity_file)
+        except Exception as error:  # noqa: BLE001 - reported by wait(), which the caller is blocked in
             self._failure = error
-        self._complete.set()
+        self._ready.set()
 
     def forget(self, registration: Registration, handler: RegistrationHandler, reason: str = "") -> None:
         """A held worker hung up: drop its registration unless the run is already complete.
 
         :param registration: what the worker registered.
-        :param handler: its connection (an older connection of a worker that retried changes nothing).
+        :param handler: its connection (one that does not hold the registration changes nothing).
         :param reason: why the connection ended, for the log.
         """
-        with self._lock:
-            current = self._by_address.get(registration.address)
-            if current is None or current[1] is not handler:
-                return
-            if self._complete.is_set():
-                logger.warning(
-                    "worker %s (pod %s) disconnected during the run: %s", registration.address, registration.pod, reason
-                )
-                self._lost[registration.address] = (
-                    f"pod {registration.pod} disconnected from the rendezvous: {reason or 'connection closed'}"
-                )
-                return
-            del self._by_address[registration.address]
-        logger.warning(
-            "worker %s (pod %s) left before the run was complete: %s", registration.address, registration.pod, reason
-        )
+        self.registry.forget(registration, handler, reason)
 
     def lost(self) -> dict[str, str]:
         """Workers whose agent hung up after the run was complete (its pod is gone or cut off): address -> why.
 
         :rtype: dict[str, str]
         """
-        with self._lock:
-            return dict(self._lost)
+        return self.registry.lost()
 
     def reopen(self, address: str) -> None:
-        """Make room for a replacement of the worker at ``address``: its registration is dropped and the
-        run is incomplete until one more worker registers (same token; the files are rewritten with its host key).
+        """Make room for a replacement of the worker at ``address``: its pod is retired (it never registers
+        again) and the run is incomplete until one more worker registers (the files are rewritten with its host key).
 
         :param address: the lost worker's address.
         """
-        with self._lock:
-            self._by_address.pop(address, None)
-            self._lost.pop(address, None)
-            self._failure = None
-            self._complete.clear()
+        self._ready.clear()
+        self._failure = None
+        self.registry.reopen(address)
 
     def drop(self, address: str) -> None:
         """Go on without the worker at ``address`` (lost, not replaced): the run is full again with the
@@ -319,7 +283,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         :raises RendezvousError: one line naming how many came and which are missing.
         """
         deadline = time.monotonic() + timeout
-        while not self._complete.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
+        while not self._ready.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
             if check is not None:
                 check()
             if time.monotonic() >= deadline:
@@ -368,7 +332,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self.release_signal.close()
         self._release_writer.close()
 
-    def __enter__(self) -> RendezvousServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -380,7 +344,7 @@ def serve(
     token_file: Path,
     hostfile: Path,
     timeout: float,
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     port: int | None = None,
     identity_file: Path | None = None,
     hold: bool = False,
@@ -393,14 +357,14 @@ def serve(
     :param token_file: the per-run token file.
     :param hostfile: where the DeepSpeed hostfile goes.
     :param timeout: seconds to wait for all workers.
-    :param host: address to listen on.
+    :param host: address to listen on: the interface the workers reach (default: this machine only).
     :param port: port to listen on (0: any; None: ``DEFAULT_RENDEZVOUS_PORT``).
     :param identity_file: the private key ssh_config names (default: id_ed25519 beside the hostfile).
     :param hold: keep holding the workers' connections after writing the files, until interrupted.
     :rtype: list[Registration]
     """
     hostfile = Path(hostfile).resolve()
-    hostfile.parent.mkdir(parents=True, exist_ok=True)
+    hostfile.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     token_file = Path(token_file)
     token = read_token(token_file) if token_file.exists() else new_token(token_file)
     siblings = RunFiles.in_dir(hostfile.parent)

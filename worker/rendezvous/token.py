@@ -1,10 +1,16 @@
-"""The per-run rendezvous token: created once by the master (file mode 0600), read by every worker.
+"""The per-run rendezvous token and the per-pod keys derived from it.
 
-Only the file's path travels (environment, pod spec, command line); the value is never logged.
+The master creates the token once (file mode 0600) and keeps it. Each pod it launches gets only its own
+key, :func:`pod_key` of the token and the pod's name, and signs its registration with it: a pod's key
+proves that pod's name and no other, so one pod (or whoever reads its secret) cannot register as
+another. A holder of the run token itself (the master, ``textsql rendezvous register`` on a host the
+user trusts) derives the key for the pod it registers. Values are never logged.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import secrets
 from pathlib import Path
@@ -13,6 +19,31 @@ from worker.errors import RendezvousError
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)
+
+#: Marks a credential as one pod's key rather than the run token, so a worker handed either signs correctly.
+POD_KEY_PREFIX = "textsql-pod-key."
+
+
+def pod_key(token: str | bytes, pod: str) -> str:
+    """The key that proves ``pod``'s registration: HMAC-SHA256 of its name under the run token.
+
+    :param token: the run token.
+    :param pod: the pod's name, as it registers.
+    :rtype: str
+    """
+    secret = token.encode("utf-8") if isinstance(token, str) else bytes(token)
+    return POD_KEY_PREFIX + hmac.new(secret, b"textsql-pod:" + pod.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def signing_key(credential: str | bytes, pod: str) -> bytes:
+    """The key a worker signs ``pod``'s registration with: its pod key as given, or derived from a run token.
+
+    :param credential: a pod key (:func:`pod_key`) or the run token.
+    :param pod: the pod's name, as it registers.
+    :rtype: bytes
+    """
+    text = credential.decode("utf-8") if isinstance(credential, bytes) else credential
+    return (text if text.startswith(POD_KEY_PREFIX) else pod_key(text, pod)).encode("utf-8")
 
 
 def new_token(path: Path) -> str:

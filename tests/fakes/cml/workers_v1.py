@@ -5,8 +5,9 @@ Here each "engine" is a local process running the given ``code`` (or ``script``)
 ``env`` plus the variables CML sets in an engine: ``CDSW_ENGINE_ID`` and ``CDSW_IP_ADDRESS``
 (a loopback address per engine: 127.0.0.2, 127.0.0.3, ...). Signatures follow the documented API
 of releases without ``name=``: launch_workers(n, cpu, memory, nvidia_gpu=0, kernel="python3",
-script="", code="", env={}), await_workers(ids, wait_for_completion=True, timeout_seconds=60),
-list_workers(), stop_workers(*worker_id). cpu, memory and nvidia_gpu are accepted and ignored.
+script="", code="", env={}, accelerator_label_id=None, resource_profile_id=None, resource_group_id=None),
+await_workers(ids, wait_for_completion=True, timeout_seconds=60), list_workers(), stop_workers(*worker_id).
+cpu, memory, nvidia_gpu and the placement ids are accepted and ignored (the placement ids recorded in ``launches``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import time
 
 _engines: dict[str, dict] = {}
+# What each launch_workers call asked for beyond the engines themselves, for tests to read.
+launches: list[dict] = []
 _counter = itertools.count()
 
 
@@ -44,7 +47,27 @@ def _signal_engine(engine: dict, signum: int) -> None:
         pass
 
 
-def launch_workers(n, cpu, memory, nvidia_gpu=0, kernel="python3", script="", code="", env={}):
+def launch_workers(
+    n,
+    cpu,
+    memory,
+    nvidia_gpu=0,
+    kernel="python3",
+    script="",
+    code="",
+    env={},  # noqa: B006 - CML's own signature, never mutated
+    accelerator_label_id=None,
+    resource_profile_id=None,
+    resource_group_id=None,
+):
+    launches.append(
+        {
+            "n": n,
+            "accelerator_label_id": accelerator_label_id,
+            "resource_profile_id": resource_profile_id,
+            "resource_group_id": resource_group_id,
+        }
+    )
     launched = []
     for _ in range(n):
         index = next(_counter)

@@ -1,0 +1,207 @@
+"""Per-step timing and op counts of a training run, taken inside the process that trains.
+
+:class:`StepClock` is a ``TrainerCallback``: it records when each optimizer step began and ended and when
+each evaluation ran, and profiles one chosen step with ``torch.profiler`` on the CPU. Both arms of the
+GPU bench use it (the old recipe in this process, ours on its rank through :mod:`bench.rank_probe`), so
+their samples/s exclude the same warm-up steps and their time to an eval loss is measured the same way.
+
+Op counts (:func:`count_ops`) read the profiler's event tree:
+
+- *ops*: top-level ATen operators (an ``aten::`` event with no ``aten::`` ancestor), i.e. what the Python
+  code dispatched, each a kernel launch or more on a GPU;
+- *host syncs*: ``aten::_local_scalar_dense`` called from Python, what ``.item()``, ``float()``, ``bool()``
+  and ``if tensor:`` dispatch to read a value on the host (on CUDA each waits for the GPU), plus calls of the
+  accelerator's ``synchronize`` (counted by :func:`phase_markers`). Reads inside another operator's CPU
+  kernel are not counted (torch's fused AdamW reads each step count on the CPU; its CUDA kernel does
+  not); a ``.cpu()`` copy is invisible on a CPU run;
+- *reduce calls*: top-level ``c10d::`` collectives that reduce (all-reduce, reduce-scatter);
+- the *optimizer phase*: the events under the markers :func:`phase_markers` puts around DeepSpeed's
+  ``engine.step`` (clipping, optimizer, ZeRO's flat copies) and the trainer's own clipping, optimizer,
+  scheduler and ``zero_grad`` calls, so both arms count the same work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZER_PHASE = "bench::optimizer_phase"
+HOST_SYNC_OPS = ("aten::_local_scalar_dense",)
+# The operators through which Python reads a scalar (tensor.item(), bool(tensor)); a read under any other
+# operator is that operator's CPU kernel at work.
+HOST_READS = ("aten::item", "aten::is_nonzero")
+SYNC_CALLS = "bench::synchronize"
+
+
+@dataclass
+class StepClock(TrainerCallback):
+    """Wall times of every optimizer step and evaluation; op counts of step ``profile_step`` (1-based; 0: none);
+    training stops at the first evaluation whose loss is at or below ``stop_below``."""
+
+    profile_step: int = 0
+    stop_below: float | None = None
+    step_began: list[float] = field(default_factory=list)
+    step_ended: list[float] = field(default_factory=list)
+    evaluations: list[dict] = field(default_factory=list)
+    ops: dict | None = None
+
+    def __post_init__(self) -> None:
+        self._profiler = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_began.append(time.perf_counter())
+        if len(self.step_began) == self.profile_step:
+            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self._profiler.__enter__()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
+            self.ops = count_ops(self._profiler.events())
+            self._profiler = None
+        self.step_ended.append(time.perf_counter())
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        # The evaluation runs right after its step's end (the trainer's _maybe_log_save_evaluate).
+        ended = time.perf_counter()
+        self.evaluations.append(
+            {
+                "step": state.global_step,
+                "eval_loss": (metrics or {}).get("eval_loss"),
+                "seconds": ended - self.step_ended[-1] if self.step_ended else 0.0,
+            }
+        )
+        loss = self.evaluations[-1]["eval_loss"]
+        if self.stop_below is not None and loss is not None and loss <= self.stop_below:
+            control.should_training_stop = True
+
+    def record(self) -> dict:
+        """What the clock saw, as JSON (a rank writes it to its probe file).
+
+        :rtype: dict
+        """
+        return {
+            "step_began": self.step_began,
+            "step_ended": self.step_ended,
+            "evaluations": self.evaluations,
+            "ops": self.ops,
+        }
+
+
+def timed_window(record: dict, skip: int) -> tuple[int, float]:
+    """(steps, seconds) from the end of step ``skip`` to the end of the last timed step.
+
+    :param record: :meth:`StepClock.record`; a profiled last step is left out of the window.
+    :param skip: warm-up steps left out (at least 1, so the window starts at a step's end, like it ends).
+    :raises ValueError: fewer than ``skip + 1`` timed steps, naming what to change.
+    :rtype: tuple[int, float]
+    """
+    ended = record["step_ended"][: -1 if record.get("ops") else None]
+    if skip < 1 or len(ended) <= skip:
+        raise ValueError(
+            f"{len(ended)} timed step(s) with {skip} warm-up step(s) skipped; "
+            "run at least one step more than the warm-up (bench Sizes: warmup_steps >= 1, timed_steps >= 1)"
+        )
+    return len(ended) - skip, ended[-1] - ended[skip - 1]
+
+
+def training_seconds_to(record: dict, target: float) -> float | None:
+    """Training time from the first step's start to the end of the step whose evaluation first reached
+    ``target``, less the evaluations before it; ``None`` if none reached it.
+
+    :rtype: float | None
+    """
+    spent_evaluating = 0.0
+    for evaluation in record["evaluations"]:
+        loss = evaluation["eval_loss"]
+        if loss is not None and loss <= target:
+            return record["step_ended"][evaluation["step"] - 1] - record["step_began"][0] - spent_evaluating
+        spent_evaluating += evaluation["seconds"]
+    return None
+
+
+def count_ops(events) -> dict:
+    """Ops, host syncs and reduce calls of a profiled step, in all and in the optimizer phase.
+
+    :param events: ``torch.profiler.profile(...).events()``.
+    :rtype: dict
+    """
+
+    def ancestors(event) -> Iterator:
+        parent = event.cpu_parent
+        while parent is not None:
+            yield parent
+            parent = parent.cpu_parent
+
+    counts = {"ops": 0, "host_syncs": 0, "reduce_calls": 0, "optimizer_ops": 0, "optimizer_host_syncs": 0}
+    for event in events:
+        names = [parent.name for parent in ancestors(event)]
+        in_optimizer = OPTIMIZER_PHASE in names
+        from_python = all(name in HOST_READS for name in names if name.startswith("aten::"))
+        if event.name == SYNC_CALLS or (event.name in HOST_SYNC_OPS and from_python):
+            counts["host_syncs"] += 1
+            counts["optimizer_host_syncs"] += in_optimizer
+        if event.name.startswith("aten::") and not any(name.startswith("aten::") for name in names):
+            counts["ops"] += 1
+            counts["optimizer_ops"] += in_optimizer
+        if (
+            event.name.startswith("c10d::")
+            and "reduce" in event.name
+            and not any(name.startswith("c10d::") for name in names)
+        ):
+            counts["reduce_calls"] += 1
+    return counts
+
+
+def _marked(method, name: str = OPTIMIZER_PHASE):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with torch.profiler.record_function(name):
+            return method(*args, **kwargs)
+
+    wrapper.__bench_marked__ = True
+    return wrapper
+
+
+@contextlib.contextmanager
+def phase_markers() -> Iterator[None]:
+    """Mark the optimizer phase of a step for :func:`count_ops`, and count accelerator synchronizations.
+
+    Wraps (for this process, until the block ends) DeepSpeed's ``engine.step``, the trainer's clipping and
+    grad-norm read, the optimizer wrapper's ``step``, the scheduler's ``step`` and ``Module.zero_grad``
+    in a profiler range, and DeepSpeed's accelerator ``synchronize`` in a :data:`SYNC_CALLS` range.
+    """
+    from accelerate.optimizer import AcceleratedOptimizer
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from transformers import Trainer
+
+    accelerator = type(get_accelerator())
+    targets = [
+        (DeepSpeedEngine, "step", OPTIMIZER_PHASE),
+        (Trainer, "_clip_grad_norm", OPTIMIZER_PHASE),
+        (Trainer, "_get_grad_norm", OPTIMIZER_PHASE),
+        (AcceleratedOptimizer, "step", OPTIMIZER_PHASE),
+        (torch.optim.lr_scheduler.LRScheduler, "step", OPTIMIZER_PHASE),
+        (torch.nn.Module, "zero_grad", OPTIMIZER_PHASE),
+        (accelerator, "synchronize", SYNC_CALLS),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    for owner, name, label in targets:
+        method = getattr(owner, name)
+        if not getattr(method, "__bench_marked__", False):
+            setattr(owner, name, _marked(method, label))
+    try:
+        yield
+    finally:
+        for owner, name, method in saved:
+            setattr(owner, name, method)
