@@ -259,12 +259,10 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
         :param address: the lost worker's address.
         """
-        with self._lock:
-            self._by_address.pop(address, None)
-            self._lost.pop(address, None)
-            self.expect = len(self._by_address)
-            self._failure = None
-            self._complete.set()
+        self.registry.drop(address)
+        self.expect = self.registry.expect
+        self._failure = None
+        self._ready.set()
 
     def wait(
         self,
