@@ -144,8 +144,8 @@ class Registry:
             self._complete = False
 
     def drop(self, address: str) -> None:
-        """Go on without the worker at ``address``: its pod is retired and the run is complete with the
-        workers still registered, so a late replacement is refused as for any full run.
+        """Go on without the worker at ``address``: its pod is retired and the run is complete again with
+        the workers left, so a replacement that registers late is refused (the run is full).
 
         :param address: the lost worker's address.
         """
