@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import warnings
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from textsql.errors import TextSQLError
 
@@ -146,6 +146,14 @@ def configure_cli(verbose: bool) -> None:
         datefmt="%H:%M:%S",
     )
     set_log_level("debug" if verbose else log_level())
+
+
+class TextSink(Protocol):
+    """Where a launch writes the ranks' lines: a text stream, or a filter in front of one (:class:`ShownLines`)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 class ShownLines:

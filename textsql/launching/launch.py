@@ -45,11 +45,12 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from types import FrameType
+from typing import NoReturn, TextIO
 
 import psutil
 
-from textsql.console import ShownLines
+from textsql.console import ShownLines, TextSink
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import (
@@ -74,9 +75,11 @@ LOCAL_HOSTFILE_NAME = "hostfile.local"
 RUNNER_EXIT_S = 20.0
 # What pdsh prints when the command on one host ended with a non-zero status.
 PDSH_HOST_FAILED = re.compile(r"^pdsh@[^:]+: (?P<host>\S+): ssh exited with exit code (?P<code>\d+)")
+# What preparing a launch gives its run: the hostfile, its hosts, the runner's environment, and the ranks to end.
+Prepared = tuple[Path, list[str], dict[str, str], RemoteRanks | LocalRanks]
 
 
-def launch(arguments: LaunchArguments, stream: TextIO | None = None) -> int:
+def launch(arguments: LaunchArguments, stream: TextSink | None = None) -> int:
     """Run ``arguments.module`` on every rank through DeepSpeed's launcher and wait for it.
 
     :param arguments: hosts, ssh settings and the training arguments.
@@ -101,7 +104,7 @@ def launch(arguments: LaunchArguments, stream: TextIO | None = None) -> int:
         return _run(command, env, ranks, stream or ShownLines(sys.stdout), log)
 
 
-def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str):
+def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> Prepared:
     """Check pdsh and ssh to every host, write .deepspeed_env; the runner's environment."""
     hostfile = (arguments.hostfile or run_dir / HOSTFILE_NAME).resolve()
     hosts = list(read_hostfile(hostfile))
@@ -113,7 +116,7 @@ def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str):
     return hostfile, hosts, env, RemoteRanks(options, hosts, launch_id)
 
 
-def _prepare_local(arguments: LaunchArguments, run_dir: Path, launch_id: str):
+def _prepare_local(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> Prepared:
     """A ``localhost slots=N`` hostfile; the ranks' variables go straight into the runner's environment."""
     hostfile = write_hostfile(run_dir / LOCAL_HOSTFILE_NAME, [("localhost", arguments.ranks or local_device_count())])
     hosts = ["localhost"]
@@ -139,7 +142,9 @@ def parse_env(entries: Iterable[str]) -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRanks, stream: TextIO, log: TextIO) -> int:
+def _run(
+    command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRanks, stream: TextSink, log: TextIO
+) -> int:
     """Run the launcher, tee its output, end every rank once one host fails or on interrupt."""
     started = time.monotonic()
     first_failure: tuple[str, int] | None = None
@@ -156,6 +161,7 @@ def _run(command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRank
         bufsize=1,
         start_new_session=True,
     )
+    assert runner.stdout is not None  # stdout=PIPE
     try:
         with _sigterm_as_interrupt():
             for line in map(mask_credentials, runner.stdout):
@@ -185,7 +191,7 @@ def _run(command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRank
     return code
 
 
-def _stop_runner(runner: subprocess.Popen) -> None:
+def _stop_runner(runner: subprocess.Popen[str]) -> None:
     # Its ranks are gone, so pdsh and the runner end by themselves; SIGKILL (never SIGTERM, see the
     # module docstring) whatever of it is still there after that, ssh clients in their own sessions too.
     try:
@@ -207,7 +213,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: FrameType | None) -> NoReturn:
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -22,11 +22,12 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
-from transformers import Seq2SeqTrainer
+from torch.utils.data import DataLoader, Dataset, Sampler
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
@@ -213,21 +214,27 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     optimizer inside the backward call and the trainer's own clipping would come too late.
     """
 
+    # Narrower than the trainer declares them: this project always hands it these (the model unwrapped; the
+    # DeepSpeed engine is ``model_wrapped``).
+    args: Seq2SeqTrainingArguments
+    model: PreTrainedModel
+    processing_class: PreTrainedTokenizerBase
+
     def __init__(
         self,
-        *args,
+        *args: Any,
         max_tokens_per_batch: int | None = None,
         buckets: int = DEFAULT_BUCKETS,
         optimizer_max_grad_norm: float = 0.0,
         length_group_size: int | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
         self.optimizer_max_grad_norm = optimizer_max_grad_norm
         self.length_group_size = length_group_size
 
-    def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
+    def create_optimizer(self, *args: Any, **kwargs: Any) -> torch.optim.Optimizer:
         """The trainer's optimizer, clipping before each step when ``optimizer_max_grad_norm`` is set.
 
         :rtype: torch.optim.Optimizer
@@ -238,13 +245,13 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
             parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
             max_norm = self.optimizer_max_grad_norm
 
-            def clip(*_) -> None:
+            def clip(*_: Any) -> None:
                 torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
 
             optimizer.register_step_pre_hook(clip)
         return optimizer
 
-    def _get_train_sampler(self, train_dataset=None) -> Sampler | None:
+    def _get_train_sampler(self, train_dataset: Dataset | None = None) -> Sampler | None:
         # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a
         # given group size keeps the order of the examples whatever the number of ranks.
         if self.length_group_size and self.args.train_sampling_strategy == "group_by_length":
@@ -286,6 +293,6 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         # The sampler shards by rank itself; accelerate's wrapper would shard again and drop batches, so
         # it is made a pass-through, as the trainer does for its own rank-aware batch sampler.
         wrapper = getattr(prepared, "batch_sampler", None)
-        if getattr(wrapper, "batch_sampler", None) is sampler:
+        if wrapper is not None and getattr(wrapper, "batch_sampler", None) is sampler:
             wrapper.num_processes, wrapper.process_index = 1, 0
         return prepared

@@ -41,8 +41,18 @@ class MarkComplete(TrainerCallback):
         # Each rank is here only after its own save returned: once all are, every shard is on disk.
         PartialState().wait_for_everyone()
         if state.is_world_process_zero:
-            checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            checkpoint = output_path(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             (checkpoint / COMPLETE_MARKER).write_text(f"global step {state.global_step}\n", encoding="utf-8")
+
+
+def output_path(args: TrainingArguments) -> Path:
+    """The run's output directory: ``TrainingArguments`` declares it optional but fills in a default when built.
+
+    :rtype: pathlib.Path
+    """
+    if args.output_dir is None:
+        raise TypeError("TrainingArguments.output_dir is None: build the arguments through their __post_init__")
+    return Path(args.output_dir)
 
 
 def incomplete_reason(path: Path) -> str | None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -32,7 +33,7 @@ EVAL_SPLIT = "validation"
 QUESTION_COLUMNS = ["id", "table_id", "header", "sql", "input_ids"]
 
 
-def decode(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray | list) -> list[str]:
+def decode(tokenizer: PreTrainedTokenizerBase, ids: np.ndarray | Sequence[Any]) -> list[str]:
     """Texts of token ids as the trainer gathers them (``-100`` where a row was padded).
 
     :rtype: list[str]

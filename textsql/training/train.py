@@ -21,12 +21,13 @@ import sys
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import datasets
 import torch
 import transformers
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
+from transformers.hf_argparser import DataClassType
 
 from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME
@@ -40,6 +41,7 @@ from textsql.training.checkpoints import (
     MarkComplete,
     incomplete_reason,
     newest_complete_checkpoint,
+    output_path,
     set_aside_incomplete,
 )
 from textsql.training.collective import exit_on_failure
@@ -53,6 +55,10 @@ from textsql.training.trainer import GrammarSeq2SeqTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from transformers import PreTrainedTokenizerBase
+
 logger = logging.getLogger(__name__)
 
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
@@ -63,7 +69,7 @@ PREDICTIONS_FILE = "eval_predictions.jsonl"
 class _StrictParser(HfArgumentParser):
     """HfArgumentParser whose errors are one line (a LaunchError) instead of the full usage text."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         raise LaunchError(f"{message.rstrip('.')}; see `textsql train --help`")
 
 
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             model_args.precision,
         )
     # Before anything slow: ranks that cannot all-reduce end here, naming the host, in seconds.
-    exit_on_failure(training_args.output_dir)
+    exit_on_failure(output_path(training_args))
     checkpoint = prepare_output_dir(training_args, run_args)
     set_seed(training_args.seed)
 
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(model_args.model)
     # T5's forward takes **kwargs but averages its loss itself, ignoring num_items_in_batch; left to
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
-    model.accepts_loss_kwargs = False
+    model.accepts_loss_kwargs = False  # type: ignore[assignment]  # read by the trainer, undeclared on the model
     # Saved with model/, so inference generates as the evaluation here did.
     bound_generation(model, training_args, splits.get("validation"))
     if training_args.generation_num_beams:
@@ -122,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         eval_dataset=splits.get("validation"),
         processing_class=tokenizer,
         data_collator=collator,
-        compute_metrics=wikisql_metrics(tokenizer, *eval_questions(data_args.data_dir, data_args.max_eval_samples))
+        compute_metrics=wikisql_metrics(
+            tokenizer, *eval_questions(data_args.prepared_dir(), data_args.max_eval_samples)
+        )
         if training_args.predict_with_generate
         else None,
         callbacks=[KeepGenerationBound(), MarkComplete()],
@@ -137,14 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     if "validation" in splits:
         evaluate(trainer, tokenizer, splits["validation"])
     close_run_events(trainer)
-    export_model(trainer, Path(training_args.output_dir) / MODEL_SUBDIR, Path(data_args.data_dir) / PREPARE_JSON_NAME)
+    export_model(trainer, output_path(training_args) / MODEL_SUBDIR, data_args.prepared_dir() / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint)
     teardown_distributed()
     return 0
 
 
-def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> dict[str, float]:
+def evaluate(
+    trainer: TokenBudgetTrainer, tokenizer: PreTrainedTokenizerBase, dataset: datasets.Dataset
+) -> dict[str, float]:
     """Final evaluation: loss and, with generation, exact match, logged to TensorBoard, and the
     generated queries written beside the targets to ``eval_predictions.jsonl`` (world process zero).
 
@@ -157,6 +167,8 @@ def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> d
         output = trainer.predict(dataset, metric_key_prefix="eval")
     finally:
         trainer.args.train_sampling_strategy = strategy
+    # Declared optional: predict always returns metrics, and the prepared validation split has labels.
+    assert output.metrics is not None and output.label_ids is not None
     # The last in-training evaluation may have scored this same step already: log it once.
     if not any(
         "eval_loss" in entry and entry.get("step") == trainer.state.global_step for entry in trainer.state.log_history
@@ -168,11 +180,13 @@ def evaluate(trainer: Seq2SeqTrainer, tokenizer, dataset: datasets.Dataset) -> d
         sources = tokenizer.batch_decode(list(dataset["input_ids"]), skip_special_tokens=True)
         rows = zip(sources, decode(tokenizer, output.predictions), decode(tokenizer, output.label_ids))
         lines = [{"source": source, "prediction": prediction, "target": target} for source, prediction, target in rows]
-        write_jsonl(Path(trainer.args.output_dir) / PREDICTIONS_FILE, lines)
+        write_jsonl(output_path(trainer.args) / PREDICTIONS_FILE, lines)
     return output.metrics
 
 
-def parse_arguments(argv: list[str] | None = None):
+def parse_arguments(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments]:
     """Parse the command line, then build the training arguments on a DeepSpeed distributed state.
 
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments]
@@ -201,7 +215,7 @@ def parse_command_line(
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
     """
     parser = _StrictParser(
-        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
+        [DataClassType(cls) for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)],
         prog="textsql train",
         allow_abbrev=False,
     )
@@ -212,9 +226,9 @@ def parse_command_line(
             f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`"
         )
     values = vars(namespace)
-    model_args, data_args, run_args = (
-        cls(**_field_values(cls, values)) for cls in (ModelArguments, DataArguments, RunArguments)
-    )
+    model_args = ModelArguments(**_field_values(ModelArguments, values))
+    data_args = DataArguments(**_field_values(DataArguments, values))
+    run_args = RunArguments(**_field_values(RunArguments, values))
     for flag, replacement in REPLACED_FLAGS.items():
         if values[flag]:
             raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
@@ -259,7 +273,7 @@ def check_train_args(argv: list[str]) -> None:
     """
     model_args, data_args, _, _ = parse_command_line(argv)
     load_config(model_args.model)
-    check_prepared(data_args.data_dir)
+    check_prepared(data_args.prepared_dir())
 
 
 def resolve_precision(precision: str) -> str:
@@ -301,7 +315,7 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
     """
     from accelerate import PartialState
 
-    output = Path(args.output_dir)
+    output = output_path(args)
     if args.should_save:
         _prepare_on_saving_rank(output, run_args)
     PartialState().wait_for_everyone()
@@ -414,7 +428,7 @@ def _write_summary(
         "evaluation_share": evaluation_share(trainer.state.log_history),
         "log_history": trainer.state.log_history,
     }
-    write_json(Path(trainer.args.output_dir) / RUN_SUMMARY_NAME, summary)
+    write_json(output_path(trainer.args) / RUN_SUMMARY_NAME, summary)
 
 
 def evaluation_share(log_history: list[dict]) -> float | None:
@@ -431,7 +445,7 @@ def evaluation_share(log_history: list[dict]) -> float | None:
     return None
 
 
-def _field_values(cls, values: dict[str, Any]) -> dict[str, Any]:
+def _field_values(cls: type[DataclassInstance], values: dict[str, Any]) -> dict[str, Any]:
     """The parsed values that belong to one argument dataclass (as HfArgumentParser splits them)."""
     return {f.name: values[f.name] for f in fields(cls) if f.init}
 

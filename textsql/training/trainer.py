@@ -42,14 +42,16 @@ class GrammarSeq2SeqTrainer(TokenBudgetTrainer):
         >>> trainer = GrammarSeq2SeqTrainer(model=model, args=training_args, processing_class=tokenizer, ...)  # doctest: +SKIP
     """
 
-    def prediction_step(
+    # transformers' own Seq2SeqTrainer returns a float | None loss where Trainer declares a Tensor | None:
+    # this follows its direct parent, which it calls.
+    def prediction_step(  # type: ignore[override]
         self,
         model: torch.nn.Module,
         inputs: dict[str, Any],
         prediction_loss_only: bool,
         ignore_keys: list[str] | None = None,
-        **gen_kwargs,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        **gen_kwargs: Any,
+    ) -> tuple[float | None, torch.Tensor | None, torch.Tensor | None]:
         if self.args.predict_with_generate and not prediction_loss_only:
             # The parent takes its stored keyword arguments only when it is given none.
             gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
