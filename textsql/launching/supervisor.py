@@ -51,10 +51,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from textsql.arguments import train_argv
-from textsql.console import STEP_LINE, ShownLines
+from textsql.console import STEP_LINE, ShownLines, TextSink
 from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
@@ -141,7 +141,7 @@ class LaunchWatch:
     """The stream :func:`textsql.launching.launch.launch` writes to: passes every line on, and keeps what tells
     one failure from another (per host: exit codes, killing signals, the last exception line)."""
 
-    def __init__(self, stream: TextIO, hosts: list[str], on_first_step: Callable[[int], None] | None = None) -> None:
+    def __init__(self, stream: TextSink, hosts: list[str], on_first_step: Callable[[int], None] | None = None) -> None:
         """
         :param stream: where the lines go on to.
         :param hosts: the launch's hosts (pdsh prefixes each line with ``host: ``); empty for the local launcher.
@@ -174,6 +174,7 @@ class LaunchWatch:
         if failed:
             self._exit(failed["host"], int(failed["code"]))
             return
+        host: str | None
         host, separator, text = line.partition(": ")
         if not separator or host not in self.hosts:
             host, text = None, line
@@ -214,6 +215,7 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     :param lost: workers the rendezvous or the backend know to be gone (address -> why).
     :rtype: Failure
     """
+    host: str | None
     if lost:
         host, reason = next(iter(sorted(lost.items())))
         return Failure(FailureKind.WORKER_LOST, host, code, reason)
@@ -329,7 +331,7 @@ class Supervisor:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S
     min_workers: int | None = None
-    stream: TextIO = field(default_factory=lambda: ShownLines(sys.stdout))
+    stream: TextSink = field(default_factory=lambda: ShownLines(sys.stdout))
     events: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -421,6 +423,7 @@ class Supervisor:
         try:
             self.cluster = self.cluster.replace_worker(failure.host, self.replace_timeout)
         except WorkerError as error:
+            assert self.min_workers is not None  # set by __post_init__
             if len(self.cluster.hosts) - 1 < self.min_workers:
                 raise
             self._shrink(failure.host, time.monotonic() - started, str(error), attempt)
@@ -438,6 +441,7 @@ class Supervisor:
         after = before - self._hostfile().get(host, 0)
         # Checked before the worker is dropped: a batch that cannot be kept ends the run as before.
         batch = self.plan.batch_for(self.first_world, after)
+        assert self.cluster is not None  # only recover() shrinks, and only a cluster
         self.cluster = self.cluster.without_worker(host)
         self.overrides |= batch
         checkpoint = self._checkpoint()
@@ -522,6 +526,7 @@ class Supervisor:
             write_json(summary, record)
 
     def _answers(self, host: str) -> bool:
+        assert self.cluster is not None  # only recover() asks, and only of a cluster's worker
         return self.cluster.answers(host, timeout=SSH_CHECK_S)
 
     def _hostfile(self) -> dict[str, int]:
@@ -542,7 +547,7 @@ class Supervisor:
     def _incomplete(self) -> list[tuple[Path, str]]:
         return incomplete_newer(self.plan.output_dir) if self.plan.output_dir else []
 
-    def _event(self, event: str, attempt: int, line: str, **record) -> None:
+    def _event(self, event: str, attempt: int, line: str, **record: Any) -> None:
         self.stream.write(f"[supervisor] {line}\n")
         self.stream.flush()
         self.events.append({"event": event, "attempt": attempt, "time": time.time(), "line": line, **record})
@@ -554,7 +559,7 @@ def supervise(
     arguments: LaunchArguments,
     cluster: Cluster | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
-    stream: TextIO | None = None,
+    stream: TextSink | None = None,
     min_workers: int | None = None,
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S,
 ) -> int:
