@@ -18,7 +18,6 @@ from __future__ import annotations
 import difflib
 import logging
 from dataclasses import Field, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from textsql.constants import (
@@ -189,14 +188,14 @@ class DataArguments:
     def __post_init__(self) -> None:
         self.prepared_dir()
 
-    def prepared_dir(self) -> Path:
+    def prepared_dir(self) -> str:
         """``data_dir``, which is optional only as a flag: a run without it is refused (when parsed, too).
 
-        :rtype: pathlib.Path
+        :rtype: str
         """
         if not self.data_dir:
             raise DataError("no dataset given; pass --data_dir DIR written by `textsql prepare --out DIR`")
-        return Path(self.data_dir)
+        return self.data_dir
 
 
 @dataclass

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if "validation" in splits:
         evaluate(trainer, tokenizer, splits["validation"])
     close_run_events(trainer)
-    export_model(trainer, output_path(training_args) / MODEL_SUBDIR, data_args.prepared_dir() / PREPARE_JSON_NAME)
+    export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint)
     teardown_distributed()
