@@ -122,8 +122,10 @@ class StallDetector:
         :rtype: list[str | None]
         """
         now, quiet = self.clock(), (self.limit() or MIN_STALL_TIMEOUT_S) / 2
-        hosts = sorted({host for host, _ in self.beats}, key=str)
-        silent = sorted({host for (host, _), at in self.beats.items() if now - at > quiet}, key=str)
+        # A copy: the launch's stop thread asks while the stream's thread reads lines.
+        beats = dict(self.beats)
+        hosts = sorted({host for host, _ in beats}, key=str)
+        silent = sorted({host for (host, _), at in beats.items() if now - at > quiet}, key=str)
         return silent or hosts
 
     def _advanced(self, step: int) -> None:

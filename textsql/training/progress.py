@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from textsql.console import STAGE_PREFIX
+from textsql.launching.ranks import LAUNCH_ID_VAR
 from textsql.launching.stall import HEARTBEAT_INTERVAL_S, heartbeat_line
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ class Heartbeat(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.step = state.global_step
-        threading.Thread(target=self._beat, args=(args.process_index,), name="heartbeat", daemon=True).start()
+        self.thread = threading.Thread(target=self._beat, args=(args.process_index,), name="heartbeat", daemon=True)
+        self.thread.start()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.step, self.progress = state.global_step, self.progress + 1
@@ -89,14 +91,17 @@ class Heartbeat(TrainerCallback):
 
 
 def use_step_lines(trainer) -> None:
-    """Replace the Trainer's progress bar and dict printer with :class:`StepLines`, and add the :class:`Heartbeat`.
+    """Replace the Trainer's progress bar and dict printer with :class:`StepLines`; add the :class:`Heartbeat` under
+    ``textsql launch``.
 
     :param trainer: a ``transformers.Trainer``.
     """
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StepLines())
-    trainer.add_callback(Heartbeat())
+    # Only a launch has a supervisor to read the heartbeat; `textsql train` in a terminal stays quiet.
+    if os.environ.get(LAUNCH_ID_VAR):
+        trainer.add_callback(Heartbeat())
 
 
 def announce_run(model: str, profile: str, auto: bool, world_size: int, precision: str) -> None:
