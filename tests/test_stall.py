@@ -1,4 +1,5 @@
-"""The stall detector (textsql.launching.stall) on an injected clock, and the heartbeat lines it reads."""
+"""The stall detector (textsql.launching.stall) on an injected clock, the heartbeat lines it reads, and the
+supervisor's stall settings; the real stall (a SIGSTOPped rank) is in tests/test_recovery.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import io
 
 import pytest
 
+from textsql.arguments import train_argv
+from textsql.errors import LaunchError
+from textsql.launching.command import LaunchArguments
 from textsql.launching.stall import (
     HEARTBEAT_LINE,
     MIN_STALL_TIMEOUT_S,
@@ -17,9 +21,11 @@ from textsql.launching.supervisor import (
     PROCESS_GROUP_TIMEOUT_S,
     FailureKind,
     LaunchWatch,
+    Supervisor,
     classify,
     process_group_timeout,
 )
+from textsql.training.train import parse_command_line
 
 
 class Clock:
@@ -124,3 +130,25 @@ def test_a_stalled_launch_is_classified_as_a_stall_naming_the_host_not_as_the_ki
 def test_the_process_group_timeout_is_bounded_by_the_stall_timeout():
     assert process_group_timeout(20.5) == 41
     assert process_group_timeout(None) == PROCESS_GROUP_TIMEOUT_S < 1800
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+    return tmp_path
+
+
+def test_a_stall_timeout_too_short_for_the_heartbeat_is_refused_in_one_line(run_dir):
+    arguments = LaunchArguments(run_dir=run_dir, module="standin_rank")
+    with pytest.raises(LaunchError, match=r"^--stall-timeout 5 must be at least 20 seconds \(or left out"):
+        Supervisor(arguments, stall_timeout=5)
+
+
+def test_the_supervisor_lowers_the_ranks_process_group_timeout_to_the_bound(run_dir):
+    train_args = train_argv(data_dir=run_dir, output_dir=run_dir / "out", profile="zero1")
+    supervisor = Supervisor(LaunchArguments(run_dir=run_dir, train_args=train_args), stall_timeout=30)
+    assert supervisor.overrides == {"ddp_timeout": 60}
+    _, _, _, training = parse_command_line([*train_args, *train_argv(**supervisor.overrides)])
+    assert training["ddp_timeout"] == 60
+    user_shorter = [*train_args, "--ddp_timeout", "20"]
+    assert Supervisor(LaunchArguments(run_dir=run_dir, train_args=user_shorter), stall_timeout=30).overrides == {}
