@@ -104,6 +104,14 @@ def test_the_stalled_host_is_the_one_whose_heartbeat_went_silent(clock):
     assert detector.stalled_hosts() == ["b"]
 
 
+def test_a_host_of_the_launch_never_heard_from_is_stalled(clock):
+    detector = StallDetector(timeout=30, clock=clock, hosts=["a", "b"])
+    beat(detector, "a", 0, 3, 3)
+    clock.now += 31
+    beat(detector, "a", 0, 3, 3)
+    assert detector.stalled() and detector.stalled_hosts() == ["b"]
+
+
 def test_when_every_host_still_beats_every_host_is_named(clock):
     detector = StallDetector(timeout=30, clock=clock)
     for _ in range(8):

@@ -14,12 +14,12 @@ lines do; :class:`StallDetector` reads both.
   timeout bounds that stretch.
 - **Which host**: a rank stopped by SIGSTOP, or frozen with its whole process, stops its heartbeat too,
   while ranks merely waiting for it in a collective go on beating (the wait releases the GIL). The stalled
-  hosts are those whose heartbeat has been silent for half the stall timeout; when every host still beats
-  (a collective that never returns), all of them.
+  hosts are those whose heartbeat has been silent for half the stall timeout, or never heard, among the
+  launch's hosts; when every host still beats (a collective that never returns), all of them.
 
 Usage::
 
-    >>> detector = StallDetector(timeout=60, clock=time.monotonic)
+    >>> detector = StallDetector(timeout=60, hosts=["127.0.0.2", "127.0.0.3"])
     >>> detector.read("127.0.0.3: heartbeat rank 1 step 4 progress 9")
     >>> detector.stalled()
     False
@@ -60,10 +60,12 @@ class StallDetector:
 
     :param timeout: seconds without progress that make a stall (None: the default, from the step times).
     :param clock: seconds, monotonic; injected by tests.
+    :param hosts: the launch's hosts (pdsh's line prefixes; empty for the local launcher).
     """
 
     timeout: float | None = None
     clock: Callable[[], float] = time.monotonic
+    hosts: list[str] = field(default_factory=list)
     # Per (host, rank): the last count of finished work, and when its heartbeat was last read.
     counts: dict[tuple[str | None, int], int] = field(default_factory=dict)
     beats: dict[tuple[str | None, int], float] = field(default_factory=dict)
@@ -124,9 +126,10 @@ class StallDetector:
         now, quiet = self.clock(), (self.limit() or MIN_STALL_TIMEOUT_S) / 2
         # A copy: the launch's stop thread asks while the stream's thread reads lines.
         beats = dict(self.beats)
-        hosts = sorted({host for host, _ in beats}, key=str)
-        silent = sorted({host for (host, _), at in beats.items() if now - at > quiet}, key=str)
-        return silent or hosts
+        heard = {host for host, _ in beats}
+        hosts = sorted(heard | set(self.hosts), key=str)
+        silent = {host for (host, _), at in beats.items() if now - at > quiet} | (set(self.hosts) - heard)
+        return sorted(silent, key=str) or hosts
 
     def _advanced(self, step: int) -> None:
         now = self.clock()

@@ -431,7 +431,7 @@ class Supervisor:
                 self.stream,
                 self._hosts(),
                 on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None,
-                detector=StallDetector(self.stall_timeout),
+                detector=StallDetector(self.stall_timeout, hosts=self._hosts()),
             )
             code = launch(self._launch_arguments(), stream=watch, should_stop=watch.stalled)
             if code == 0:

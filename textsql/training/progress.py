@@ -84,10 +84,13 @@ class Heartbeat(TrainerCallback):
         self._done.set()
 
     def _beat(self, rank: int) -> None:
-        while not self._done.wait(self.interval_s):
+        # The first at once: the supervisor then knows every rank, even one stopped before its second beat.
+        while True:
             # One write, so the line never interleaves with the main thread's step lines.
             sys.stdout.write(heartbeat_line(rank, self.step, self.progress) + "\n")
             sys.stdout.flush()
+            if self._done.wait(self.interval_s):
+                return
 
 
 def use_step_lines(trainer) -> None:
