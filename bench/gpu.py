@@ -100,7 +100,9 @@ class Sizes:
     questions: int = WIKISQL_TRAIN_QUESTIONS
     tiny_model: bool = False  # the embedded small T5 instead of t5-small's shape
     old_batch: int = OLD_BATCH  # the old recipe's batch (smaller only in the smoke run)
-    eval_questions: int = 100  # validation questions each evaluation of the time-to-loss runs scores
+    # Validation questions each evaluation of the time-to-loss runs scores: whole batches of EVAL_BATCH, since
+    # the old recipe's dataloader_drop_last drops a partial evaluation batch too.
+    eval_questions: int = 96
     token_budget: int | None = None  # None: the defaults' budget for the device (fast_defaults)
     profiles: tuple[str, ...] = ()  # empty: every profile in dsconfig/
     target_eval_loss: float = 1.0
@@ -114,6 +116,8 @@ class Sizes:
     def __post_init__(self) -> None:
         if self.warmup_steps < 1 or self.timed_steps < 1:
             raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {self.warmup_steps}, {self.timed_steps}")
+        if self.eval_questions % EVAL_BATCH:
+            raise ValueError(f"eval_questions must be a multiple of {EVAL_BATCH}, got {self.eval_questions}")
 
     @property
     def steps(self) -> int:

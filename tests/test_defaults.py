@@ -64,6 +64,7 @@ NOTEBOOK_ONLY = {
     "gpu_memory_gb": "the estimate for the GPUs of the pods it starts; `textsql estimate` reads the machine it runs on",
     "question": "notebook 03's example of a question of your own; `textsql infer` answers one only with --question",
     "header": "notebook 03's example of a question of your own; `textsql infer` answers one only with --question",
+    "real_source": "notebook 03 scores a second source apart (run `textsql infer` again with its --data for the same)",
 }
 
 

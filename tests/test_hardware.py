@@ -22,6 +22,7 @@ def test_a_cuda_gpu_gets_fused_adamw_pinned_workers_and_no_per_step_sync():
     assert defaults["dataloader_pin_memory"] and defaults["dataloader_persistent_workers"]
     assert defaults["dataloader_num_workers"] == 4
     assert defaults["logging_nan_inf_filter"] is False
+    assert defaults["torch_compile"] is True and "torch_compile" not in fast_defaults(CPU)
 
 
 def test_tf32_only_from_ampere_on():

@@ -5,6 +5,8 @@ predictions that mean something, so the tests can check that the right SQL comes
 """
 
 import json
+import sys
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -259,3 +261,21 @@ def test_parse_header():
     assert parse_header('["Points, total", "Team"]') == ["Points, total", "Team"]
     with pytest.raises(DataError, match="no column names"):
         parse_header(" , ")
+
+
+@pytest.mark.parametrize("in_kernel, shown_on", [(True, "out"), (False, "err")])
+def test_progress_is_one_stdout_line_in_a_notebook_kernel(monkeypatch, capsys, in_kernel, shown_on):
+    """In a kernel the bar goes to stdout, where its carriage returns keep it one updating line (on stderr an
+    executed notebook shows every update as a red block); in a terminal it stays on stderr."""
+    if in_kernel:
+        monkeypatch.setitem(sys.modules, "ipykernel", sys.modules.get("ipykernel") or types.ModuleType("ipykernel"))
+    else:
+        monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    predictor = Predictor(load_model(None), load_tokenizer(None))
+    predictor.generate(
+        [predictor.encode("Who is number 3?", ["Player", "No."])], GenerationOptions(max_new_tokens=4), progress=True
+    )
+    captured = capsys.readouterr()
+    assert "Generating" in getattr(captured, shown_on) and "Generating" not in getattr(
+        captured, "err" if in_kernel else "out"
+    )

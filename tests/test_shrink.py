@@ -157,6 +157,7 @@ def test_a_conversion_killed_half_way_leaves_the_checkpoint_to_resume_from(train
     stopper.join(timeout=5)
     assert caught.get("killed"), caught
 
+    assert conversion_processes(checkpoint) == [], "the killed conversion's worker processes are still there"
     assert is_complete_checkpoint(checkpoint) and converted(checkpoint) is None
     assert not (checkpoint / UNIVERSAL_LATEST_FILE).exists()
     left = sorted(path.relative_to(checkpoint) for path in checkpoint.rglob("*"))
@@ -188,6 +189,18 @@ def local_run(tmp_path: Path, data: Path, output: Path, ranks: int, **values) ->
     return launch(arguments)
 
 
+def conversion_processes(checkpoint: Path) -> list[psutil.Process]:
+    """Processes of a conversion of ``checkpoint``, found by its path on their command line."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if str(checkpoint) in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
 def kill_conversion_half_way(checkpoint: Path, caught: dict) -> None:
     """SIGSTOP the conversion process once its staging directory exists, check it has not finished, SIGKILL it."""
     try:
@@ -196,9 +209,8 @@ def kill_conversion_half_way(checkpoint: Path, caught: dict) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("the conversion never started writing")
             time.sleep(0.005)
-        child = next(
-            p for p in psutil.Process().children(recursive=True) if "textsql.training.universal" in p.cmdline()
-        )
+        # The conversion's own process (its pool of workers, forked from it, are its children).
+        child = next(p for p in psutil.Process().children() if "textsql.training.universal" in p.cmdline())
         os.kill(child.pid, signal.SIGSTOP)
         if (checkpoint / UNIVERSAL_LATEST_FILE).exists():
             raise RuntimeError("the conversion had finished before it was stopped")

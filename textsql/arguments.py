@@ -72,7 +72,8 @@ class PrepareArguments:
     source: str = field(
         default=SAMPLE_SOURCE,
         metadata={
-            "help": "sample (the shipped real sample), hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."
+            "help": "sample (the shipped real sample), synthetic (template questions over its tables, with rows), "
+            "sample+synthetic, hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."
         },
     )
     model: str | None = field(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import MISSING
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,7 +25,7 @@ from textsql.training.profiles import available_profiles, profile_path
 class _Group(click.Group):
     """Turns the package's own errors into click's one-line error output (no traceback)."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except TextSQLError as error:
@@ -39,7 +41,7 @@ class ProfileType(click.ParamType):
     def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
         return f"[{'|'.join(available_profiles())}|FILE.json]"
 
-    def convert(self, value, param: click.Parameter | None, ctx: click.Context | None) -> str:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         try:
             profile_path(value)
         except ProfileError as error:
@@ -52,7 +54,7 @@ class ProfileType(click.ParamType):
         ]
 
 
-def field_option(cls: type, name: str, **attrs) -> Callable:
+def field_option(cls: type, name: str, **attrs: Any) -> Callable[..., Any]:
     """``--the-name`` for the field ``name`` of an arguments dataclass, its help and default taken from the
     field, so the CLI and the dataclass cannot say different things; ``attrs`` add click's type and the like.
 
@@ -90,7 +92,7 @@ def cli(verbose: bool) -> None:
 @field_option(PrepareArguments, "max_target_length", type=click.IntRange(min=2))
 @field_option(PrepareArguments, "limit", type=click.IntRange(min=1))
 @field_option(PrepareArguments, "overwrite", is_flag=True)
-def prepare(**options) -> None:
+def prepare(**options: Any) -> None:
     """Load WikiSQL, render SQL targets, tokenize for T5 and save the splits with save_to_disk."""
     from textsql.data.prepare import format_summary
     from textsql.data.prepare import prepare as run_prepare
@@ -176,21 +178,21 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
 @field_option(GenerationOptions, "constrained", type=bool)
 @field_option(GenerationOptions, "execution_guided", type=bool)
 def infer(
-    model_dir,
-    data,
-    split,
-    out,
-    official_out,
-    batch_size,
-    num_beams,
-    max_new_tokens,
-    limit,
-    question,
-    header,
-    input_format,
-    device,
-    constrained,
-    execution_guided,
+    model_dir: str | None,
+    data: str,
+    split: str,
+    out: str,
+    official_out: str | None,
+    batch_size: int,
+    num_beams: int,
+    max_new_tokens: int,
+    limit: int | None,
+    question: str | None,
+    header: str | None,
+    input_format: str | None,
+    device: str | None,
+    constrained: bool,
+    execution_guided: bool,
 ) -> None:
     """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
     import json
@@ -199,7 +201,6 @@ def infer(
 
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
-    columns = parse_header(header) if question is not None else None
     options = GenerationOptions(
         batch_size=batch_size,
         num_beams=num_beams,
@@ -208,8 +209,8 @@ def infer(
         execution_guided=execution_guided,
     )
     predictor = Predictor.load(model_dir, input_format=input_format, device=device)
-    if question is not None:
-        click.echo(json.dumps(predictor.ask(question, columns, options), ensure_ascii=False))
+    if question is not None and header is not None:
+        click.echo(json.dumps(predictor.ask(question, parse_header(header), options), ensure_ascii=False))
     else:
         click.echo(format_summary(predict(predictor, data, split, out, options, limit, official_out)))
 
@@ -276,7 +277,7 @@ def train(args: tuple[str, ...]) -> None:
 )
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def launch(
-    env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, stall_timeout: float | None, **options
+    env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, stall_timeout: float | None, **options: Any
 ) -> None:
     """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
 
@@ -327,7 +328,7 @@ def rendezvous() -> None:
     help="Private key named in ssh_config [default: id_ed25519 beside the hostfile].",
 )
 @click.option("--hold", is_flag=True, help="Keep holding the workers after writing the files, until interrupted.")
-def serve(**options) -> None:
+def serve(**options: Any) -> None:
     """Wait for --expect workers, then write the hostfile, known_hosts and ssh_config atomically."""
     from worker.rendezvous.server import serve as serve_rendezvous
 
@@ -353,12 +354,12 @@ def serve(**options) -> None:
     help="Seconds to retry an unreachable master.",
 )
 @click.option("--wait", is_flag=True, help="Hold the registration until the master releases it.")
-def register(master: str, token_file: str, timeout: float, wait: bool, **fields) -> None:
+def register(master: str, token_file: str, timeout: float, wait: bool, **fields: Any) -> None:
     """Register this worker; exit 0 once accepted, non-zero with the master's reason otherwise."""
     from worker.registration import registration_from_options
     from worker.rendezvous.client import register_once
 
-    register_once(master, token_file, registration_from_options(**fields), timeout, wait=wait)
+    register_once(master, Path(token_file), registration_from_options(**fields), timeout, wait=wait)
     click.echo(f"registered {fields['address']} with {master}")
 
 

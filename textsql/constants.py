@@ -10,7 +10,9 @@ DEFAULT_MODEL_DIR = ASSETS_DIR / "t5-tiny"
 SAMPLE_DATA_DIR = ASSETS_DIR / "wikisql_sample"
 # The repository root when running from a checkout (dsconfig/, notebooks/ live there).
 PROJECT_DIR = PACKAGE_DIR.parent
-DSCONFIG_DIR = PROJECT_DIR / "dsconfig"
+# The profiles: assets/dsconfig links to the checkout's dsconfig/, so a built wheel carries them as files
+# (an installed package has no checkout beside it; tests/test_package.py runs `textsql estimate` from one).
+DSCONFIG_DIR = (ASSETS_DIR / "dsconfig").resolve()
 # Another directory of profiles in place of dsconfig/ (textsql.training.profiles); ranks inherit it.
 DSCONFIG_DIR_VAR = "TEXTSQL_DSCONFIG_DIR"
 
@@ -53,6 +55,9 @@ COLUMN_SEPARATOR = " | "
 DEFAULT_MAX_SOURCE_LENGTH = 512
 DEFAULT_MAX_TARGET_LENGTH = 128
 PREPARE_JSON_NAME = "prepare.json"
+# Notebook 03's answers to a second, real source's questions (its `real_source`), beside predictions.jsonl.
+REAL_PREDICTIONS_NAME = "real_predictions.jsonl"
+REAL_METRICS_NAME = "real_metrics.json"
 TABLES_DIR_NAME = "tables"
 LABEL_PAD_TOKEN_ID = -100
 # Relaunches the supervisor allows after a failed launch (textsql.launching.supervisor).

@@ -23,7 +23,15 @@ from typing import Any
 import yaml
 
 from textsql.console import is_verbose, log_level
-from textsql.constants import LAUNCH_LOG_NAME, METRICS_NAME, PREDICTIONS_NAME, PROJECT_DIR, RUN_SUMMARY_NAME
+from textsql.constants import (
+    LAUNCH_LOG_NAME,
+    METRICS_NAME,
+    PREDICTIONS_NAME,
+    PREPARE_JSON_NAME,
+    PROJECT_DIR,
+    REAL_METRICS_NAME,
+    RUN_SUMMARY_NAME,
+)
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.errors import TextSQLError
 from textsql.files import read_json
@@ -103,9 +111,11 @@ def declared_parameters(name: str) -> dict[str, dict[str, Any]]:
         if not isinstance(statement, ast.AnnAssign | ast.Assign):
             continue
         target = statement.target if isinstance(statement, ast.AnnAssign) else statement.targets[0]
+        if not isinstance(target, ast.Name) or statement.value is None:
+            continue
         annotation = getattr(statement, "annotation", None)
         # The help is the comment after the value, on the statement's last line, as papermill reads it.
-        _, _, comment = lines[statement.end_lineno - 1][statement.end_col_offset :].partition("#")
+        _, _, comment = lines[(statement.end_lineno or statement.lineno) - 1][statement.end_col_offset :].partition("#")
         declared[target.id] = {
             "name": target.id,
             "inferred_type_name": ast.get_source_segment(source, annotation) if annotation else "None",
@@ -382,25 +392,12 @@ def format_summary(result: DemoResult) -> str:
     losses = [entry["loss"] for entry in training.get("log_history", []) if "loss" in entry]
     if losses:
         lines.append(f"Train loss {losses[0]:.2f} -> {losses[-1]:.2f} over {training['global_step']} steps")
-    metrics = _read_json(out / METRICS_NAME)
-    if metrics:
-        ex = metrics.get("ex_accuracy")
-        lines.append(
-            f"Scores on {metrics['n']} questions: logical form {metrics['lf_accuracy']:.1%}, "
-            f"execution {'n/a (the tables carry no rows)' if ex is None else f'{ex:.1%}'}"
-        )
-        if metrics.get("parse_rate") is not None:
-            lines.append(f"  parsed as queries over their table: {metrics['parse_rate']:.1%}")
-        parts = metrics.get("components") or {}
-        baseline = (metrics.get("baseline") or {}).get("components") or {}
-        if parts:
-            lines.append(
-                "  parts right: "
-                + ", ".join(
-                    f"{name} {value:.1%}" + (f" (baseline {baseline[name]:.1%})" if name in baseline else "")
-                    for name, value in parts.items()
-                )
-            )
+    prepared = _read_json(out / "data" / PREPARE_JSON_NAME)
+    for title, metrics in (
+        (f"{prepared.get('source', 'prepared')} questions", _read_json(out / METRICS_NAME)),
+        ("real questions (real_source)", _read_json(out / REAL_METRICS_NAME)),
+    ):
+        lines += _score_lines(title, metrics)
     lines += [
         "Open next:",
         f"  {_command('textsql')} tensorboard --logdir {_shown(out / 'tensorboard')}",
@@ -418,6 +415,28 @@ def format_summary(result: DemoResult) -> str:
             )
     lines.append(f"  {'total':22} {sum(result.seconds.values()):7.1f} s")
     return "\n".join(lines)
+
+
+def _score_lines(title: str, metrics: dict) -> list[str]:
+    """Logical-form and execution accuracy, parse rate and each part beside the trivial baseline, of one metrics.json."""
+    if not metrics:
+        return []
+    ex = metrics.get("ex_accuracy")
+    execution = "n/a (the tables carry no rows)" if ex is None else f"{ex:.1%}"
+    lines = [f"Scores on {metrics['n']} {title}: logical form {metrics['lf_accuracy']:.1%}, execution {execution}"]
+    if metrics.get("parse_rate") is not None:
+        lines.append(f"  parsed as queries over their table: {metrics['parse_rate']:.1%}")
+    parts = metrics.get("components") or {}
+    baseline = (metrics.get("baseline") or {}).get("components") or {}
+    if parts:
+        lines.append(
+            "  parts right: "
+            + ", ".join(
+                f"{name} {value:.1%}" + (f" (baseline {baseline[name]:.1%})" if name in baseline else "")
+                for name, value in parts.items()
+            )
+        )
+    return lines
 
 
 def _read_json(path: Path) -> dict:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from worker import constants as c
 from worker.constants import DEFAULT_SSH_PORT
@@ -122,7 +123,8 @@ class AgentConfig:
 
 def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
     # With port 0, another process may take the port between our probe and sshd's bind: try again.
-    failure = None
+    assert config.client_public_key is not None  # from_env requires it where sshd runs
+    failure: WorkerError | None = None
     for _ in range(3 if config.ssh_port == 0 else 1):
         port = config.ssh_port or free_port(config.address)
         try:
@@ -136,6 +138,7 @@ def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
             ).start()
         except WorkerError as error:
             failure = error
+    assert failure is not None  # the loop ran at least once
     raise failure
 
 
@@ -199,7 +202,7 @@ def run(config: AgentConfig) -> bool:
         return released
 
 
-def _terminate(signum, frame) -> None:
+def _terminate(signum: int, frame: FrameType | None) -> None:
     # Once: a second SIGTERM must not interrupt the shutdown this one starts.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(signal.Signals(signum).name)

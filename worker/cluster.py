@@ -22,6 +22,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
@@ -195,7 +196,7 @@ class Cluster:
                 pause *= 2
         return False
 
-    def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def ssh(self, host: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run ``command`` on ``host`` over the run's ssh configuration.
 
         :param host: a worker address.
@@ -261,7 +262,7 @@ def start_workers(
     env: Mapping[str, str] | None = None,
     rendezvous_port: int = 0,
     master_address: str | None = None,
-    **backend_options,
+    **backend_options: Any,
 ) -> Iterator[Cluster]:
     """Launch (or attach to) ``count`` workers, wait for all of them, and yield the :class:`Cluster`.
 
@@ -353,7 +354,7 @@ def _cluster(
     stop: Callable[[], None],
     server: RendezvousServer | None,
 ) -> Cluster:
-    ports = {worker.ssh_port for worker in workers}
+    ports = {worker.ssh_port for worker in workers if worker.ssh_port is not None}
     return Cluster(
         run_dir=run_dir,
         hostfile=files.hostfile,
@@ -370,7 +371,7 @@ def _cluster(
     )
 
 
-def open_workers(backend: str | Backend, count: int, run_dir: Path | str, **options) -> Cluster:
+def open_workers(backend: str | Backend, count: int, run_dir: Path | str, **options: Any) -> Cluster:
     """:func:`start_workers` for notebooks, where one ``with`` block cannot span cells.
 
     Usage::
@@ -386,7 +387,11 @@ def open_workers(backend: str | Backend, count: int, run_dir: Path | str, **opti
     :rtype: Cluster
     """
     context = start_workers(backend, count, run_dir, **options)
+
     # The cluster keeps the context (and so the suspended generator) alive until stopped.
-    cluster = replace(context.__enter__(), _stop=lambda: context.__exit__(None, None, None))
+    def stop() -> None:
+        context.__exit__(None, None, None)
+
+    cluster = replace(context.__enter__(), _stop=stop)
     atexit.register(cluster.stop)
     return cluster

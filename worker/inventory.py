@@ -24,6 +24,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -82,7 +83,7 @@ class Inventory:
             raise InvalidInventory(f"unknown inventory field {unknown[0]!r}")
         if "python" not in data:
             raise InvalidInventory("inventory lacks 'python'")
-        checked = {name: _optional(data.get(name), _VERSION, name) for name in VERSION_FIELDS}
+        checked: dict[str, Any] = {name: _optional(data.get(name), _VERSION, name) for name in VERSION_FIELDS}
         if checked["python"] is None:
             raise InvalidInventory("inventory field 'python' must be a version")
         return cls(
@@ -95,7 +96,7 @@ class Inventory:
             free_disk_bytes=_optional_count(data.get("free_disk_bytes"), "free_disk_bytes", _MAX_DISK_BYTES),
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The inventory as sent on the wire (None fields left out).
 
         :rtype: dict
@@ -110,7 +111,7 @@ class Inventory:
         return {name: getattr(self, name) for name in VERSION_FIELDS}
 
 
-def _optional(value: object, pattern: re.Pattern, name: str) -> str | None:
+def _optional(value: object, pattern: re.Pattern[str], name: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not pattern.fullmatch(value):
@@ -175,8 +176,10 @@ def torch_cuda_version() -> str | None:
     except (OSError, SyntaxError):
         return None
     for statement in tree.body:
-        target = getattr(statement, "target", None) or next(iter(getattr(statement, "targets", [])), None)
-        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(statement.value, ast.Constant):
+        if not isinstance(statement, ast.Assign | ast.AnnAssign) or not isinstance(statement.value, ast.Constant):
+            continue
+        target = statement.target if isinstance(statement, ast.AnnAssign) else statement.targets[0]
+        if isinstance(target, ast.Name) and target.id == "cuda":
             return statement.value.value if isinstance(statement.value.value, str) else None
     return None
 
@@ -219,7 +222,7 @@ def interface_of(address: str) -> str | None:
             except ValueError:
                 continue  # a link-layer address
             if own == wanted:
-                return name
+                return str(name)
             if entry.netmask and own.version == wanted.version and containing is None:
                 network = ipaddress.ip_network(f"{own}/{entry.netmask}", strict=False)
                 if wanted in network:

@@ -29,7 +29,8 @@ def free_port(address: str = "127.0.0.1") -> int:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def free_port_on_all(addresses: list[str], attempts: int = 20) -> int:
@@ -66,4 +67,5 @@ def route_address(master_host: str) -> str:
     family = socket.AF_INET6 if ":" in master_host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect((master_host, 9))  # UDP connect only picks a route
-        return probe.getsockname()[0]
+        address: str = probe.getsockname()[0]
+        return address

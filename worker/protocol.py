@@ -20,6 +20,7 @@ import secrets
 import socket
 import struct
 import time
+from typing import Any, TypeGuard
 
 from worker.constants import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, READ_TIMEOUT_S
 from worker.errors import RendezvousError
@@ -73,7 +74,7 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def is_nonce(value: object) -> bool:
+def is_nonce(value: object) -> TypeGuard[str]:
     """Whether ``value`` is shaped like a nonce a peer may send (16..64 lowercase hex digits).
 
     :param value: a field of a received frame.
@@ -82,7 +83,7 @@ def is_nonce(value: object) -> bool:
     return isinstance(value, str) and 16 <= len(value) <= 64 and all(c in "0123456789abcdef" for c in value)
 
 
-def encode_frame(message: dict, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+def encode_frame(message: dict[str, Any], max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """One frame holding ``message``.
 
     :param message: a JSON object.
@@ -95,7 +96,7 @@ def encode_frame(message: dict, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
 
-def send_frame(sock: socket.socket, message: dict, timeout: float = READ_TIMEOUT_S) -> None:
+def send_frame(sock: socket.socket, message: dict[str, Any], timeout: float = READ_TIMEOUT_S) -> None:
     """Send one frame, giving up after ``timeout`` seconds.
 
     :param sock: a connected TCP socket.
@@ -142,7 +143,9 @@ def _depth(value: object) -> int:
     return deepest
 
 
-def recv_frame(sock: socket.socket, timeout: float = READ_TIMEOUT_S, max_bytes: int = MAX_FRAME_BYTES) -> dict:
+def recv_frame(
+    sock: socket.socket, timeout: float = READ_TIMEOUT_S, max_bytes: int = MAX_FRAME_BYTES
+) -> dict[str, Any]:
     """Read one frame: at most ``max_bytes`` of body, all of it within ``timeout`` seconds.
 
     :param sock: a connected TCP socket.

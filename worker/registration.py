@@ -12,6 +12,7 @@ import socket
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from worker.constants import MAX_SLOTS, SSH_KEY_TYPES
 from worker.errors import RendezvousError
@@ -141,7 +142,7 @@ def check_pod(value: object) -> str:
     return _matching(value, _POD, "pod {!r} is not a valid pod name or id")
 
 
-def _matching(value: object, pattern: re.Pattern, problem: str) -> str:
+def _matching(value: object, pattern: re.Pattern[str], problem: str) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise InvalidRegistration(problem.format(value))
     return value
@@ -195,7 +196,7 @@ class Registration:
             inventory=_inventory(data.get("inventory")),
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The registration as sent on the wire (None fields left out).
 
         :rtype: dict

@@ -58,7 +58,11 @@ def format_known_hosts(workers: Sequence[Registration]) -> str:
     :param workers: registrations.
     :rtype: str
     """
-    return "".join(f"{known_hosts_pattern(w.address, w.ssh_port)} {w.host_key}\n" for w in workers if w.host_key)
+    return "".join(
+        f"{known_hosts_pattern(w.address, w.ssh_port)} {w.host_key}\n"
+        for w in workers
+        if w.host_key and w.ssh_port is not None
+    )
 
 
 def format_ssh_config(workers: Sequence[Registration], identity_file: Path | None, known_hosts: Path) -> str:

@@ -131,7 +131,7 @@ class Sshd:
         self.host_public_key = ""
         self.keys_dir = keys_dir
         self.log_path = self.workdir / "sshd.log"
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._keys_dir: Path | None = None
 
     def _write_config(self) -> Path:
@@ -187,7 +187,7 @@ class Sshd:
         config.write_text("\n".join(lines) + "\n", encoding="utf-8")
         return config
 
-    def start(self, timeout: float = SSHD_START_TIMEOUT_S) -> Sshd:
+    def start(self, timeout: float = SSHD_START_TIMEOUT_S) -> Self:
         """Generate a fresh host key, write the config, start sshd and wait until it answers.
 
         :param timeout: seconds to wait for sshd's banner.
@@ -257,5 +257,5 @@ class Sshd:
     def __enter__(self) -> Self:
         return self if self.running else self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

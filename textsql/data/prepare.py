@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy
 from datasets import Dataset, DatasetDict, Features, List, Value
@@ -27,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from textsql.arguments import PrepareArguments
 from textsql.constants import PREPARE_JSON_NAME, SPLITS
-from textsql.data.wikisql import SAMPLE_SOURCE, load_split, source_text, target_text
+from textsql.data.wikisql import NAMED_SOURCES, load_split, source_text, target_text
 from textsql.errors import DataError
 from textsql.files import prepared_tables_path, write_json, write_jsonl
 from textsql.model import load_tokenizer, resolve_model
@@ -53,7 +54,7 @@ STATISTICS_COLUMNS = ("source_length", "target_length", "target_unknown")
 DATASET_DICT_FILE = "dataset_dict.json"
 
 
-def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
+def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[str, Any]:
     """Load, tokenize and save WikiSQL; return the summary also written to ``prepare.json``.
 
     Usage::
@@ -97,9 +98,7 @@ def prepare(arguments: PrepareArguments | None = None, **options) -> dict:
         desc="Tokenizing",
     )
     summary = {
-        "source": arguments.source
-        if arguments.source in (SAMPLE_SOURCE, "hub")
-        else str(Path(arguments.source).resolve()),
+        "source": arguments.source if arguments.source in NAMED_SOURCES else str(Path(arguments.source).resolve()),
         "tokenizer": "default" if arguments.model in (None, "", "default") else resolve_model(arguments.model),
         "input_format": arguments.input_format,
         "counts": {split: len(tokenized[split]) for split in SPLITS},

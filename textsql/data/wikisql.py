@@ -34,6 +34,7 @@ from textsql.constants import (
     SQL_TASK_PREFIX,
 )
 from textsql.data.sql import render_sql
+from textsql.data.synthetic import load_synthetic_split
 from textsql.errors import DataError
 from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_jsonl_located
 
@@ -41,7 +42,12 @@ logger = logging.getLogger(__name__)
 
 SAMPLE_SOURCE = "sample"
 HUB_SOURCE = "hub"
-_SOURCE_HELP = f"pass --source {SAMPLE_SOURCE}, --source {HUB_SOURCE}, or a directory holding {{train,dev,test}}.jsonl and {{train,dev,test}}.tables.jsonl"
+SYNTHETIC_SOURCE = "synthetic"
+# The sample's real questions and the synthetic ones together, in each split.
+MIXED_SOURCE = f"{SAMPLE_SOURCE}+{SYNTHETIC_SOURCE}"
+# Sources given by name; any other source is a directory.
+NAMED_SOURCES = (SAMPLE_SOURCE, SYNTHETIC_SOURCE, MIXED_SOURCE, HUB_SOURCE)
+_SOURCE_HELP = f"pass --source {SAMPLE_SOURCE}, {SYNTHETIC_SOURCE}, {MIXED_SOURCE}, {HUB_SOURCE}, or a directory holding {{train,dev,test}}.jsonl and {{train,dev,test}}.tables.jsonl"
 
 
 def load_split(
@@ -65,6 +71,12 @@ def load_split(
         raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     if str(source) == HUB_SOURCE:
         return records_from_hub(_load_hub_split(split), split, limit)
+    if str(source) == SYNTHETIC_SOURCE:
+        return load_synthetic_split(split, limit)
+    if str(source) == MIXED_SOURCE:
+        records, tables = _load_release_split(SAMPLE_DATA_DIR, split, limit)
+        synthetic_records, synthetic_tables = load_synthetic_split(split, limit)
+        return records + synthetic_records, tables | synthetic_tables
     directory = SAMPLE_DATA_DIR if str(source) == SAMPLE_SOURCE else Path(source).expanduser()
     if not directory.is_dir():
         raise DataError(f"unknown source {str(source)!r} (not a directory); {_SOURCE_HELP}")
@@ -137,7 +149,8 @@ def records_from_hub(rows: Iterable[dict], split: str, limit: int | None = None)
     :param limit: keep only the first ``limit`` rows.
     :rtype: tuple[list[dict], dict[str, dict]]
     """
-    records, tables = [], {}
+    records: list[dict] = []
+    tables: dict[str, dict] = {}
     for index, row in enumerate(rows):
         if limit is not None and index >= limit:
             break

@@ -11,6 +11,7 @@ in the trainer's arguments: with both set, transformers warns on every ``generat
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import datasets
 from transformers import PreTrainedModel, Seq2SeqTrainingArguments, TrainerCallback
@@ -63,6 +64,6 @@ class KeepGenerationBound(TrainerCallback):
     evaluation and the saved checkpoints and model.
     """
 
-    def on_prediction_step(self, args, state, control, model=None, **kwargs):
+    def on_prediction_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if model is not None:
             model.generation_config.max_length = None

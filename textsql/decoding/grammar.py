@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -297,7 +297,7 @@ class _Phrases:
         self,
         automaton: QueryAutomaton,
         source: int,
-        texts: Sequence[str] | set[str],
+        texts: Iterable[str],
         target: int,
         label: str | None = None,
     ) -> None:

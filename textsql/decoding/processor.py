@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from transformers import LogitsProcessor, PreTrainedTokenizerBase
@@ -66,7 +67,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
             mask[row_index.to(scores.device), torch.cat(allowed).to(scores.device)] = 0
         if free:
             mask[free] = 0
-        return choose_phrases(scores, scores + mask, choices) if choices else scores + mask
+        return cast(torch.FloatTensor, choose_phrases(scores, scores + mask, choices) if choices else scores + mask)
 
     def _state(self, automaton: QueryAutomaton, key: tuple[int, tuple[int, ...]]) -> int:
         question, sequence = key

@@ -15,8 +15,13 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from textsql.errors import TextSQLError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +138,7 @@ def read_scalars(logdir: str | Path) -> dict[str, dict[str, list[tuple[int, floa
     }
 
 
-def plot_scalars(logdir: str | Path, tags: Iterable[str] = LOSS_TAGS):
+def plot_scalars(logdir: str | Path, tags: Iterable[str] = LOSS_TAGS) -> Figure:
     """Plot the given scalar tags of every run under ``logdir`` against the step, one line per run and tag.
 
     :param logdir: directory searched recursively for event files.
@@ -148,7 +153,7 @@ def plot_scalars(logdir: str | Path, tags: Iterable[str] = LOSS_TAGS):
     return figure
 
 
-def plot_run(logdir: str | Path):
+def plot_run(logdir: str | Path) -> Figure:
     """The loss, and beside it the evaluations' accuracy (logical form, execution, parse rate) where logged.
 
     Usage::
@@ -173,7 +178,7 @@ def plot_run(logdir: str | Path):
     return figure
 
 
-def _draw(axes, scalars: dict, tags: Iterable[str], ylabel: str) -> bool:
+def _draw(axes: Axes, scalars: dict[str, Any], tags: Iterable[str], ylabel: str) -> bool:
     """Draw ``tags`` of every run on ``axes``; the run's name is in the label only when there are several."""
     for run, by_tag in scalars.items():
         for tag in tags:

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from textsql.constants import CLUSTER_FILE_NAME, COLLECTIVE_FILE_NAME, LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.errors import TextSQLError
 from textsql.files import read_json, read_jsonl
 from textsql.inference.evaluate import logical_form_key
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from pandas.io.formats.style import Styler
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +134,7 @@ def format_answer(answer: dict) -> str:
     return answer["sql"]
 
 
-def plot_accuracy_by_type(metrics: dict):
+def plot_accuracy_by_type(metrics: dict[str, Any]) -> Figure:
     """Bars of logical-form (and, where scored, execution) accuracy per aggregation and per number of conditions.
 
     Each bar group is labelled with its share of the questions (``n``), since a type with two
@@ -166,7 +171,7 @@ def plot_accuracy_by_type(metrics: dict):
     return figure
 
 
-def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool = False):
+def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool = False) -> Styler:
     """Predicted SQL beside the gold SQL, one question a row, with whether the logical form is right.
 
     Shown whole and left-aligned (a DataFrame's own view cuts text at 50 characters, right-aligned), so the

@@ -118,7 +118,7 @@ class TableEngine:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -369,7 +369,7 @@ def _summary(grades: list[Grade]) -> dict:
     return {
         "n": n,
         "lf_accuracy": lf_correct / n if n else None,
-        "ex_accuracy": ex_correct / n if executed and n else None,
+        "ex_accuracy": ex_correct / n if ex_correct is not None and n else None,
         "lf_correct": lf_correct,
         "ex_correct": ex_correct,
         "errors": sum(grade.error is not None for grade in grades),

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from textsql.arguments import GenerationOptions
@@ -68,7 +70,8 @@ class Predictor:
         if input_format not in INPUT_FORMATS:
             raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
         self.device = _device(device)
-        self.model = model.to(self.device).eval()
+        # transformers types .to through a decorator that mypy reads as taking the model again.
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.input_format = input_format
 
@@ -114,8 +117,8 @@ class Predictor:
         texts: list[str] = [""] * len(input_ids)
         guided = bool(items and tables and options.execution_guided and options.num_beams > 1)
         with (
-            ExecutionGuide(tables if guided else {}) as guide,
-            tqdm(total=len(order), desc="Generating", unit="q", disable=not progress) as bar,
+            ExecutionGuide(tables if guided and tables else {}) as guide,
+            tqdm(total=len(order), desc="Generating", unit="q", disable=not progress, file=_progress_stream()) as bar,
             torch.inference_mode(),
         ):
             for start in range(0, len(order), options.batch_size):
@@ -140,7 +143,7 @@ class Predictor:
                     beams = decoded[position * returned : (position + 1) * returned]
                     texts[index] = (
                         guide.choose(beams, items[index]["header"], items[index].get("table_id"))
-                        if guided
+                        if guided and items
                         else beams[0]
                     )
                 bar.update(len(chunk))
@@ -193,6 +196,12 @@ class Predictor:
         return {"sql": text, **parsed(text, header)}
 
 
+def _progress_stream() -> TextIO:
+    """Where the progress bar goes: stdout in a notebook kernel, where its carriage returns keep it one updating
+    line (stderr there is a red block holding every update, and tqdm's widget needs ipywidgets); else stderr."""
+    return sys.stdout if "ipykernel" in sys.modules else sys.stderr
+
+
 def _device(name: str | torch.device | None) -> torch.device:
     """The device to generate on: the one named, else CUDA when present, else the CPU."""
     if name is None:
@@ -217,7 +226,7 @@ def recorded_input_format(model_dir: str | Path) -> str:
     return INPUT_FORMATS[0]
 
 
-def ask(model: str | Path | Predictor | None, question: str, header: list[str], **options) -> dict:
+def ask(model: str | Path | Predictor | None, question: str, header: list[str], **options: Any) -> dict:
     """Answer one question about a table header (loads the model when given a directory).
 
     Usage::
@@ -311,6 +320,7 @@ def predict(
     limit: int | None = None,
     official_out: str | Path | None = None,
     progress: bool = True,
+    metrics_out: str | Path | None = None,
 ) -> dict:
     """Write SQL for every question of a split to ``out``, and its scores to ``metrics.json`` beside it.
 
@@ -332,6 +342,7 @@ def predict(
     :param limit: only the first ``limit`` questions.
     :param official_out: also write the official WikiSQL prediction format here.
     :param progress: show a progress bar.
+    :param metrics_out: where the metrics go (default: ``metrics.json`` beside ``out``).
     :returns: paths written, counts, timing and the metrics (``None`` without gold queries).
     :rtype: dict
     """
@@ -351,7 +362,7 @@ def predict(
     write_jsonl(out, lines)
     if official_out:
         write_jsonl(official_out, [_official_line(line) for line in lines])
-    summary = {
+    summary: dict[str, Any] = {
         "predictions": str(out),
         "official": str(official_out) if official_out else None,
         "n": len(lines),
@@ -366,7 +377,7 @@ def predict(
     if all(item.get("sql") for item in questions.items):
         metrics = evaluate(questions.items, lines, tables=questions.tables)
         metrics["inference"] = {key: value for key, value in summary.items() if key != "metrics"}
-        write_json(out.with_name(METRICS_NAME), metrics)
+        write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
         summary["metrics"] = metrics
     logger.info(
         "%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out

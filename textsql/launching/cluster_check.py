@@ -82,6 +82,7 @@ def cluster_problems(
                     f"install {_requirement(name, reference)} there (the same image or requirements.txt on every host)"
                 )
     for worker in judged:
+        assert worker.inventory is not None  # judged holds only workers that reported one
         count = worker.inventory.accelerators
         if count and worker.slots != count:
             problems.append(

@@ -12,9 +12,13 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +35,7 @@ SET_ASIDE_PREFIX = "incomplete-"
 class MarkComplete(TrainerCallback):
     """Marks each checkpoint complete once every rank has saved its part (a barrier, then rank 0 writes the marker)."""
 
-    def on_save(self, args, state, control, **kwargs) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         from accelerate import PartialState
 
         # Each rank is here only after its own save returned: once all are, every shard is on disk.

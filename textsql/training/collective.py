@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -115,7 +116,7 @@ def check_collective(output_dir: str | Path, timeout_s: float | None = None) -> 
     return result
 
 
-def _not_joined(store, world: int, index: int) -> list[str]:
+def _not_joined(store: Any, world: int, index: int) -> list[str]:
     """The ranks, with their hosts, that never started all-reduce ``index`` (as the store shows)."""
     absent = []
     for rank in range(world):

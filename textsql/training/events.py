@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transformers.integrations import TensorBoardCallback
 from transformers.integrations.integration_utils import rewrite_logs
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +42,18 @@ def events_dir(output_dir: str | Path) -> Path:
 class ScalarsOnce(TensorBoardCallback):
     """``TensorBoardCallback`` with one event file per process and each ``(tag, step)`` written once."""
 
-    def __init__(self, tb_writer=None) -> None:
+    def __init__(self, tb_writer: Any = None) -> None:
         super().__init__(tb_writer)
         self.written: set[tuple[str, int]] = set()
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not state.is_world_process_zero or not logs:
             return
         fresh = {}
@@ -57,7 +68,9 @@ class ScalarsOnce(TensorBoardCallback):
         if fresh:
             super().on_log(args, state, control, logs=fresh, **kwargs)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         # The final evaluation logs after training ends: keep this writer (and its file) for it.
         if self.tb_writer:
             self.tb_writer.flush()
@@ -69,7 +82,7 @@ class ScalarsOnce(TensorBoardCallback):
             self.tb_writer = None
 
 
-def use_run_events(trainer) -> None:
+def use_run_events(trainer: Trainer) -> None:
     """Replace the trainer's ``TensorBoardCallback`` (``report_to`` tensorboard) with :class:`ScalarsOnce`.
 
     :param trainer: a ``transformers.Trainer``; left as it is when it does not report to TensorBoard.
@@ -78,7 +91,7 @@ def use_run_events(trainer) -> None:
         trainer.add_callback(ScalarsOnce())
 
 
-def close_run_events(trainer) -> None:
+def close_run_events(trainer: Trainer) -> None:
     """Close the run's event file, once the last scalar (the final evaluation) is written.
 
     :param trainer: the trainer :func:`use_run_events` set up.

@@ -2,8 +2,8 @@
 
 :func:`fast_defaults` turns :class:`DeviceFacts` into ``textsql train`` defaults (every one can still be
 overridden on the command line). On CUDA: the fused AdamW kernel (one launch for all parameters
-instead of several per tensor), TF32 matmuls on Ampere and newer, pinned memory and loader workers so
-the next batch is ready, no per-step NaN check (a host sync every step), and batches filled to a token
+instead of several per tensor), ``torch.compile`` through the DeepSpeed engine, TF32 matmuls on Ampere
+and newer, pinned memory and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), and batches filled to a token
 budget sized from the GPU's memory. On a CPU the defaults stay as they were. Precision is not here:
 ``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.train.resolve_precision``).
 
@@ -87,6 +87,9 @@ def fast_defaults(facts: DeviceFacts) -> dict[str, Any]:
         "dataloader_persistent_workers": True,
         # The trainer's NaN/inf filter reads the loss on the host at every step.
         "logging_nan_inf_filter": False,
+        # accelerate compiles the DeepSpeed engine itself (engine.compile in Accelerator._prepare_deepspeed);
+        # the token-budget buckets bound the shapes it compiles for. --torch_compile false turns it off.
+        "torch_compile": True,
     }
     if facts.compute_capability and facts.compute_capability >= AMPERE:
         defaults["tf32"] = True

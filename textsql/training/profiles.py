@@ -48,8 +48,8 @@ LOAD_BUFFER_FACTOR = 1.5
 class ModelStateMemory:
     """Bytes the model states take under one profile: per rank on the GPU, per node in host memory."""
 
-    gpu: int
-    cpu: int
+    gpu: float
+    cpu: float
     estimator: str
 
 

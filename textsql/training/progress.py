@@ -14,9 +14,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 from textsql.console import STAGE_PREFIX
 from textsql.launching.ranks import LAUNCH_ID_VAR
@@ -42,7 +46,14 @@ class StepLines(TrainerCallback):
     def __init__(self) -> None:
         self.started = time.monotonic()
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not state.is_world_process_zero or not logs:
             return
         elapsed = f"{time.monotonic() - self.started:.0f} s"
@@ -66,21 +77,27 @@ class Heartbeat(TrainerCallback):
         self.interval_s, self.step, self.progress = interval_s, 0, 0
         self._done = threading.Event()
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self.step = state.global_step
         self.thread = threading.Thread(target=self._beat, args=(args.process_index,), name="heartbeat", daemon=True)
         self.thread.start()
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self.step, self.progress = state.global_step, self.progress + 1
 
-    def on_prediction_step(self, args, state, control, **kwargs):
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self.progress += 1
 
-    def on_save(self, args, state, control, **kwargs):
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self.progress += 1
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._done.set()
 
     def _beat(self, rank: int) -> None:
@@ -93,7 +110,7 @@ class Heartbeat(TrainerCallback):
                 return
 
 
-def use_step_lines(trainer) -> None:
+def use_step_lines(trainer: Trainer) -> None:
     """Replace the Trainer's progress bar and dict printer with :class:`StepLines`; add the :class:`Heartbeat` under
     ``textsql launch``.
 

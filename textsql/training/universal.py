@@ -21,11 +21,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,18 +122,25 @@ def convert(checkpoint: Path) -> float:
     :raises LaunchError: when the conversion fails (its last line and the fix), the original left as it was.
     """
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", __name__, str(checkpoint)],
-        check=False,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        errors="replace",
-    )
-    if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(checkpoint)],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = process.wait()
+        finally:
+            # ds_to_universal's pool of worker processes outlives a conversion that was killed or interrupted.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        output.seek(0)
+        lines = output.read().strip().splitlines()
+    if code != 0:
         raise LaunchError(
-            f"converting {checkpoint.name} for another number of ranks failed (exit code {result.returncode}: "
+            f"converting {checkpoint.name} for another number of ranks failed (exit code {code}: "
             f"{lines[-1] if lines else 'no output'}); {checkpoint.name} is unchanged: resume with the ranks that wrote it"
         )
     return time.monotonic() - started

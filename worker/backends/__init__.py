@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from typing import Any
 
 from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.errors import WorkerError
@@ -20,7 +21,7 @@ BACKENDS = {
 __all__ = ["BACKENDS", "Backend", "Resources", "WorkerHandle", "make_backend"]
 
 
-def make_backend(name: str, **options) -> Backend:
+def make_backend(name: str, **options: Any) -> Backend:
     """A backend by name, built with its own options.
 
     :param name: one of ``BACKENDS``.
@@ -31,6 +32,7 @@ def make_backend(name: str, **options) -> Backend:
         raise WorkerError(f"unknown worker backend {name!r}; choose one of {', '.join(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
     try:
-        return getattr(importlib.import_module(module), cls)(**options)
+        backend: Backend = getattr(importlib.import_module(module), cls)(**options)
+        return backend
     except TypeError as error:
         raise WorkerError(f"bad option for the {name!r} backend: {error}") from None

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import WorkerError
@@ -78,7 +78,7 @@ class Backend(ABC):
     #: environment or Secret), never the run token; start_workers sets it.
     pod_key: Callable[[str], str] | None = None
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         needed = ("attach",) if cls.attaches else ("launch", "advertised_address")
         missing = [method for method in needed if getattr(cls, method) is getattr(Backend, method)]
@@ -178,5 +178,5 @@ class Backend(ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -18,6 +18,7 @@ import re
 from functools import partial
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
@@ -84,7 +85,7 @@ class CMLBackend(Backend):
             if value is not None
         }
         # launch_workers' options from launch(), so a replacement engine starts as the others did.
-        self._options: dict = {}
+        self._options: dict[str, Any] = {}
         self._launched = 0
         self._replaced = 0
 
@@ -115,7 +116,7 @@ class CMLBackend(Backend):
             self._options["script"] = self.script
         else:
             self._options["code"] = AGENT_CODE
-        handles = []
+        handles: list[WorkerHandle] = []
         for _ in range(count):
             handle = self._launch(f"{self.engine_name}-{self._launched}")
             self._launched += 1
@@ -126,6 +127,7 @@ class CMLBackend(Backend):
         return handles
 
     def _launch(self, pod: str) -> WorkerHandle | None:
+        assert self.pod_key is not None, "launch() sets pod_key before any engine starts"
         env = {**self._options["env"], c.ENV_POD: pod, c.ENV_TOKEN: self.pod_key(pod)}
         options = dict(self._options, n=1, env=env)
         if "name" in inspect.signature(self.api.launch_workers).parameters:  # older releases lack name=

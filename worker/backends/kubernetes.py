@@ -28,6 +28,7 @@ import secrets
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
@@ -60,13 +61,13 @@ def secret_name(pod: str) -> str:
     return f"{pod}-key"
 
 
-def _client():
+def _client() -> Any:
     from kubernetes import client
 
     return client
 
 
-def connect():
+def connect() -> Any:
     """A CoreV1Api: in-cluster config inside a pod, else ~/.kube/config.
 
     :rtype: kubernetes.client.CoreV1Api
@@ -94,14 +95,14 @@ class KubernetesBackend(Backend):
         project_path: str | None = None,
         service_account: str | None = None,
         node_selector: dict[str, str] | None = None,
-        api=None,
+        api: Any = None,
         poll_s: float = 2.0,
         user_id: int = 1000,
         group_id: int = 1000,
         max_runtime_s: int = 24 * 3600,
         home: str = "/home/textsql",
         ephemeral_storage_gb: float = 20.0,
-        networking_api=None,
+        networking_api: Any = None,
     ) -> None:
         """
         :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
@@ -137,13 +138,13 @@ class KubernetesBackend(Backend):
         self.run_id = ""
         self._pods: list[str] = []
         # The Pod objects created, by name: a replacement is a copy of the lost one under a new name.
-        self._bodies: dict[str, object] = {}
+        self._bodies: dict[str, Any] = {}
         self._replaced = 0
         # The Secrets created, one per pod (its key), including those of replaced pods.
         self._secrets: list[str] = []
 
     @property
-    def api(self):
+    def api(self) -> Any:
         """The CoreV1Api, configured on first use.
 
         :rtype: kubernetes.client.CoreV1Api
@@ -153,7 +154,7 @@ class KubernetesBackend(Backend):
         return self._api
 
     @property
-    def networking(self):
+    def networking(self) -> Any:
         """The NetworkingV1Api, on the same client as :attr:`api` unless given.
 
         :rtype: kubernetes.client.NetworkingV1Api
@@ -176,7 +177,7 @@ class KubernetesBackend(Backend):
     def _labels(self) -> dict[str, str]:
         return {**APP_LABELS, RUN_LABEL: self.run_id}
 
-    def secret_spec(self, pod: str, key: str):
+    def secret_spec(self, pod: str, key: str) -> Any:
         """The Secret holding one pod's rendezvous key, mounted by that pod only.
 
         :param pod: the pod's name.
@@ -192,7 +193,7 @@ class KubernetesBackend(Backend):
             metadata=client.V1ObjectMeta(name=secret_name(pod), labels=self._labels()),
         )
 
-    def pod_spec(self, index: int, resources: Resources, env: dict[str, str]):
+    def pod_spec(self, index: int, resources: Resources, env: dict[str, str]) -> Any:
         """The Pod for worker ``index``.
 
         :param index: the worker's index.
@@ -303,7 +304,7 @@ class KubernetesBackend(Backend):
             ),
         )
 
-    def network_policy(self, master_address: str, ssh_port: int):
+    def network_policy(self, master_address: str, ssh_port: int) -> Any:
         """The run's NetworkPolicy: its pods admit sshd's port from the master alone, and every other port
         (the ranks' torch.distributed store, gloo and NCCL) from the run's own pods; nothing else comes in.
 
@@ -360,9 +361,10 @@ class KubernetesBackend(Backend):
         logger.info("created %d pods in namespace %s (run %s)", count, self.namespace, self.run_id)
         return self.pods[start:]
 
-    def _create(self, pod) -> None:
+    def _create(self, pod: Any) -> None:
         """Create ``pod``'s Secret (its own key), then the pod that mounts it."""
         name = pod.metadata.name
+        assert self.pod_key is not None, "start_workers gives the backend its pod_key before any launch"
         self.api.create_namespaced_secret(self.namespace, self.secret_spec(name, self.pod_key(name)))
         self._secrets.append(secret_name(name))
         self.api.create_namespaced_pod(self.namespace, pod)
@@ -468,7 +470,7 @@ class KubernetesBackend(Backend):
         self._pods, self._bodies, self._secrets, self._policy = [], {}, [], None
 
 
-def cleanup(api, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
+def cleanup(api: Any, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
     """Delete the worker Pods, key Secrets and NetworkPolicy of one run (or of every run) by their labels.
 
     For runs whose kernel died before ``stop``: the labels are all that is left to find them by.

@@ -54,7 +54,7 @@ class LocalBackend(Backend):
         self.sshd = sshd
         self.python = python
         self.replacements = replacements
-        self._processes: dict[str, subprocess.Popen] = {}
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, Path] = {}
         # What launch() was given, so a replacement starts as the original did: pod -> address index.
         self._indexes: dict[str, int] = {}

@@ -145,6 +145,7 @@ class StaticBackend(Backend):
                 f"no attached host {pod!r} to wait for; attached: {', '.join(w.pod for w in self._attached) or 'none'}"
             )
         old = self._attached[index]
+        assert old.ssh_port is not None  # an attached host is one _probe reached over ssh
         deadline = time.monotonic() + timeout
         while True:
             try:

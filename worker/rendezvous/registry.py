@@ -142,3 +142,17 @@ class Registry:
                 self._retired.add(given_up[0].pod)
             self._lost.pop(address, None)
             self._complete = False
+
+    def drop(self, address: str) -> None:
+        """Go on without the worker at ``address``: its pod is retired and the run is complete again with
+        the workers left, so a replacement that registers late is refused (the run is full).
+
+        :param address: the lost worker's address.
+        """
+        with self._lock:
+            given_up = self._by_address.pop(address, None)
+            if given_up is not None:
+                self._retired.add(given_up[0].pod)
+            self._lost.pop(address, None)
+            self.expect = len(self._by_address)
+            self._complete = True

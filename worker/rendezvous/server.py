@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from worker.constants import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -139,7 +139,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         :rtype: tuple[str, int]
         """
         host, port = self.server_address[:2]
-        return host, port
+        return str(host), int(port)
 
     @property
     def workers(self) -> list[Registration]:
@@ -149,7 +149,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         """
         return self.registry.workers
 
-    def start(self) -> RendezvousServer:
+    def start(self) -> Self:
         """Serve in a background thread.
 
         :rtype: RendezvousServer
@@ -161,7 +161,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         logger.info("rendezvous listening on %s:%d for %d workers", *self.endpoint, self.expect)
         return self
 
-    def verify_request(self, request, client_address) -> bool:
+    def verify_request(self, request: Any, client_address: Any) -> bool:
         peer = client_address[0]
         with self._lock:
             if self._connections >= self.max_connections:
@@ -176,7 +176,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self.refusals.log(logging.WARNING, "refusing connection from %s: %s", peer, reason)
         return False
 
-    def shutdown_request(self, request) -> None:
+    def shutdown_request(self, request: Any) -> None:
         # Called once for every accepted connection, after its handler, and for refused ones.
         with self._lock:
             if request in self._open:
@@ -191,7 +191,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
             if not self._unauthenticated[peer]:
                 del self._unauthenticated[peer]
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
         logger.exception("rendezvous handler for %s failed", client_address[0])
 
     def authenticated(self, request: socket.socket) -> None:
@@ -259,12 +259,10 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
 
         :param address: the lost worker's address.
         """
-        with self._lock:
-            self._by_address.pop(address, None)
-            self._lost.pop(address, None)
-            self.expect = len(self._by_address)
-            self._failure = None
-            self._complete.set()
+        self.registry.drop(address)
+        self.expect = self.registry.expect
+        self._failure = None
+        self._ready.set()
 
     def wait(
         self,
@@ -335,7 +333,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

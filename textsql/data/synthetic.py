@@ -1,0 +1,647 @@
+"""WikiSQL-style questions synthesised over the shipped sample's table headers (``--source synthetic``).
+
+A T5 from random weights trained on the 1,000 real sample questions memorises their 250 tables instead of
+learning to copy a column name (README, "What `make demo` does"). Synthesised questions vary the column
+names and values a model must copy more than it can memorise, as schema-based synthesis does for unseen
+databases (GAZP, Zhong et al. 2020; WikiSQL itself started from template questions, later paraphrased).
+
+What the questions are:
+
+- over the distinct headers of the sample's tables (train, dev and test files), with the sample's column
+  types (``real`` where a real question compares or aggregates the column as a number, else ``text``);
+- WikiSQL's grammar: one selected column, an aggregation that fits its type (``COUNT`` or none on any
+  column, ``MAX``/``MIN``/``SUM``/``AVG`` on ``real`` ones), up to :data:`MAX_CONDITIONS` conditions on
+  other columns, each column once, ``>`` and ``<`` on ``real`` columns only;
+- English from templates (several phrasings of each aggregation, operator and clause order), with the
+  column names as the header writes them or in lower case, and every condition value verbatim;
+- over rows: every table gets rows (names, places, teams, dates, scores, numbers, by the column's name
+  and type), and each question is written from one of its rows, so its gold query finds that row
+  (execution accuracy is measured, and execution-guided decoding has rows).
+
+What they are not: WikiSQL's crowd-sourced paraphrases. Template English is far easier than real
+questions, so scores on the held-out synthetic tables show that a pipeline learns to read a schema,
+not how it would do on WikiSQL.
+
+Splits: validation and test use headers none of whose column names (case-insensitively) appears in any
+training header, and training leaves out the headers of the sample's dev and test tables too, so the real
+validation questions are asked about tables the model has not seen. Held-out headers are the ones with the
+rarest column names (common names such as ``Date`` would empty the training split). Everything is drawn
+from :data:`SEED`: the same call gives the same questions on every machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable
+
+from textsql.constants import AGG_OPS, COND_OPS, RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS
+from textsql.errors import DataError
+from textsql.files import TABLES_SUFFIX, load_tables
+
+logger = logging.getLogger(__name__)
+
+SEED = 28
+MAX_CONDITIONS = 4
+# Questions per split and how many distinct headers each held-out split uses.
+QUESTIONS = {"train": 12000, "validation": 200, "test": 200}
+HELD_OUT_HEADERS = 15
+# Copies of each training header, each with its columns in another order and its own rows, so a
+# column's position says nothing and each header is seen with many values.
+TRAIN_COPIES = 4
+ROWS_PER_TABLE = 12
+# How often a query has 0..4 conditions (WikiSQL: almost all have one or two).
+CONDITION_WEIGHTS = (2, 60, 28, 7, 3)
+ID_PREFIX = "synthetic"
+
+_AGG = {name: index for index, name in enumerate(AGG_OPS)}
+_OP = {name: index for index, name in enumerate(COND_OPS)}
+
+_FIRST_NAMES = [
+    "James",
+    "Maria",
+    "Robert",
+    "Linda",
+    "Michael",
+    "Sarah",
+    "David",
+    "Karen",
+    "Thomas",
+    "Nancy",
+    "Daniel",
+    "Lisa",
+    "Paul",
+    "Helen",
+    "Mark",
+    "Laura",
+    "Steven",
+    "Anna",
+    "Kevin",
+    "Emma",
+    "Brian",
+    "Julia",
+    "George",
+    "Rosa",
+    "Edward",
+    "Ingrid",
+    "Ronald",
+    "Olga",
+    "Jason",
+    "Fatima",
+    "Gary",
+    "Yuki",
+    "Eric",
+    "Chen",
+    "Peter",
+    "Amara",
+    "Henry",
+    "Sofia",
+    "Victor",
+    "Nadia",
+    "Oscar",
+    "Elena",
+    "Ivan",
+    "Priya",
+    "Hugo",
+    "Leila",
+    "Pablo",
+    "Mei",
+    "Dmitri",
+    "Aisha",
+    "Lars",
+    "Chiara",
+    "Tomas",
+    "Kofi",
+    "Greta",
+    "Rafael",
+    "Hana",
+    "Stefan",
+    "Imani",
+    "Felix",
+]
+_LAST_NAMES = [
+    "Smith",
+    "Garcia",
+    "Novak",
+    "Johnson",
+    "Müller",
+    "Rossi",
+    "Kowalski",
+    "Tanaka",
+    "Okafor",
+    "Silva",
+    "Jensen",
+    "Dubois",
+    "Ivanov",
+    "Brown",
+    "Nguyen",
+    "Larsen",
+    "Costa",
+    "Schmidt",
+    "Moreau",
+    "Kim",
+    "Patel",
+    "Walsh",
+    "Fischer",
+    "Romano",
+    "Berg",
+    "Lopez",
+    "Adeyemi",
+    "Sato",
+    "Horvat",
+    "Keller",
+    "Murphy",
+    "Lindqvist",
+    "Petrov",
+    "Santos",
+    "Wagner",
+    "Hughes",
+    "Ferrari",
+    "Nakamura",
+    "Mensah",
+    "Bauer",
+    "Clarke",
+    "Duarte",
+    "Vogel",
+    "Haddad",
+    "Quinn",
+    "Olsen",
+    "Russo",
+    "Kaplan",
+    "Ortiz",
+    "Fleming",
+    "Barros",
+    "Ward",
+    "Stone",
+    "Hale",
+    "Price",
+    "Doyle",
+    "Marsh",
+    "Brandt",
+    "Coleman",
+    "Reyes",
+]
+_PLACES = [
+    "Austin",
+    "Berlin",
+    "Cairo",
+    "Denver",
+    "Lagos",
+    "Lyon",
+    "Madrid",
+    "Oslo",
+    "Perth",
+    "Quebec",
+    "Seoul",
+    "Turin",
+    "Utrecht",
+    "Valencia",
+    "Warsaw",
+    "Zagreb",
+    "Boston",
+    "Dublin",
+    "Geneva",
+    "Hamburg",
+    "Kyoto",
+    "Lima",
+    "Milan",
+    "Nairobi",
+    "Osaka",
+    "Porto",
+    "Riga",
+    "Sydney",
+    "Tampa",
+    "Vienna",
+    "Leeds",
+    "Bergen",
+    "Calgary",
+    "Dallas",
+    "Glasgow",
+    "Houston",
+    "Leipzig",
+    "Malmo",
+    "Naples",
+    "Ottawa",
+    "Phoenix",
+    "Seville",
+    "Toledo",
+    "Uppsala",
+    "Winnipeg",
+    "Bilbao",
+    "Cork",
+    "Graz",
+    "Hanover",
+    "Kansas",
+    "Lisbon",
+    "Munich",
+    "Nantes",
+    "Orlando",
+    "Pisa",
+    "Reno",
+    "Salzburg",
+    "Tucson",
+    "Verona",
+]
+_PLACE_SUFFIXES = ("", "", "", " City", " North", " State", " Park")
+_WORDS = [
+    "Red",
+    "Blue",
+    "Silver",
+    "Golden",
+    "Green",
+    "Black",
+    "White",
+    "Royal",
+    "Grand",
+    "Little",
+    "Old",
+    "New",
+    "Northern",
+    "Southern",
+    "Eastern",
+    "Western",
+    "Iron",
+    "Crystal",
+    "Stone",
+    "River",
+    "Forest",
+    "Ocean",
+    "Star",
+    "Moon",
+    "Sun",
+    "Eagle",
+    "Lion",
+    "Wolf",
+    "Falcon",
+    "Tiger",
+    "Bear",
+    "Fox",
+    "Hawk",
+    "Storm",
+    "Thunder",
+    "Fire",
+    "Ice",
+    "Shadow",
+    "Light",
+    "Dream",
+    "Harbor",
+    "Valley",
+    "Bridge",
+    "Tower",
+    "Garden",
+    "Island",
+    "Mountain",
+    "Summer",
+    "Winter",
+    "Spring",
+    "Autumn",
+    "Night",
+    "Morning",
+    "Echo",
+    "Spirit",
+    "Crown",
+    "Arrow",
+    "Anchor",
+    "Beacon",
+    "Canyon",
+    "Comet",
+    "Delta",
+    "Ember",
+    "Frontier",
+]
+_TEAM_NOUNS = ("United", "Rovers", "Eagles", "Tigers", "Wanderers", "Athletic", "Stars", "Hawks", "Rangers", "FC")
+_MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+_CODE_LETTERS = "ABCDEFGHJKLMNPRSTVWXZ"
+
+# The phrase that asks for the selected column, by aggregation; {col} is its name.
+_SELECT_PHRASES = {
+    "": (
+        "What is the {col}",
+        "Which {col}",
+        "Name the {col}",
+        "Tell me the {col}",
+        "What {col}",
+        "Give the {col}",
+        "List the {col}",
+        "What was the {col}",
+    ),
+    "COUNT": (
+        "How many {col}",
+        "What is the number of {col}",
+        "Count the {col}",
+        "What is the count of {col}",
+        "How many different {col}",
+    ),
+    "MAX": (
+        "What is the highest {col}",
+        "What is the largest {col}",
+        "Name the maximum {col}",
+        "What is the most {col}",
+        "Tell me the greatest {col}",
+    ),
+    "MIN": (
+        "What is the lowest {col}",
+        "What is the smallest {col}",
+        "Name the minimum {col}",
+        "What is the least {col}",
+        "Tell me the fewest {col}",
+    ),
+    "SUM": ("What is the sum of {col}", "What is the total {col}", "Add up the {col}", "What is the combined {col}"),
+    "AVG": (
+        "What is the average {col}",
+        "What is the mean {col}",
+        "Tell me the average {col}",
+        "Name the average {col}",
+    ),
+}
+# One condition, by operator; {col} is the column's name and {value} the value as it is written.
+_CONDITION_PHRASES = {
+    "=": (
+        "{col} is {value}",
+        "the {col} is {value}",
+        "{col} of {value}",
+        "a {col} of {value}",
+        "{value} as {col}",
+        "{col} {value}",
+        "{col} equal to {value}",
+        "the {col} was {value}",
+    ),
+    ">": (
+        "{col} greater than {value}",
+        "{col} more than {value}",
+        "a {col} above {value}",
+        "{col} larger than {value}",
+        "{col} over {value}",
+        "the {col} is bigger than {value}",
+    ),
+    "<": (
+        "{col} less than {value}",
+        "{col} smaller than {value}",
+        "a {col} below {value}",
+        "{col} under {value}",
+        "{col} fewer than {value}",
+        "the {col} is lower than {value}",
+    ),
+}
+_CLAUSE_JOINERS = ("when", "where", "for", "with", "if")
+_CONDITION_JOINERS = (" and ", ", ", " and also ")
+
+
+def load_synthetic_split(split: str = "train", limit: int | None = None) -> tuple[list[dict], dict[str, dict]]:
+    """Synthesised questions of one split, as records, and their tables in the release form (with rows).
+
+    Usage::
+
+        >>> records, tables = load_synthetic_split("validation", limit=1)
+        >>> sorted(records[0]) == ["header", "id", "question", "rows", "sql", "table_id", "types"]
+        True
+
+    :param split: one of ``train``, ``validation``, ``test``.
+    :param limit: keep only the first ``limit`` questions (``None`` keeps all).
+    :rtype: tuple[list[dict], dict[str, dict]]
+    """
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    rng = random.Random(f"{SEED}-{split}")
+    headers = split_headers()[split]
+    copies = TRAIN_COPIES if split == "train" else 1
+    tables = {}
+    for copy in range(copies):
+        for number, (header, types) in enumerate(headers):
+            table_id = f"{ID_PREFIX}-{split}-{copy * len(headers) + number}"
+            tables[table_id] = _table(table_id, header, types, rng, shuffle=copy > 0)
+    table_list = list(tables.values())
+    count = QUESTIONS[split] if limit is None else min(limit, QUESTIONS[split])
+    records = []
+    for index in range(count):
+        table = table_list[index % len(table_list)]
+        question, sql = _question(table, rng)
+        records.append(
+            {
+                "id": f"{ID_PREFIX}-{split}-{index}",
+                "table_id": table["id"],
+                "question": question,
+                "header": table["header"],
+                "types": table["types"],
+                "rows": table["rows"],
+                "sql": sql,
+            }
+        )
+    used = {record["table_id"] for record in records}
+    return records, {table_id: table for table_id, table in tables.items() if table_id in used}
+
+
+def split_headers() -> dict[str, list[tuple[list[str], list[str]]]]:
+    """The distinct ``(header, types)`` of the sample's tables that each split synthesises questions over.
+
+    A column is ``real`` where any sample table with that header says so. Validation and test take the
+    :data:`HELD_OUT_HEADERS` headers each whose most common column name is rarest; training takes the
+    headers of the sample's train tables that share no column name with them.
+
+    :rtype: dict[str, list[tuple[list[str], list[str]]]]
+    """
+    types: dict[tuple[str, ...], list[str]] = {}
+    sample_split: dict[tuple[str, ...], str] = {}
+    for split, stem in RELEASE_SPLIT_FILES.items():
+        for table in load_tables(SAMPLE_DATA_DIR / f"{stem}{TABLES_SUFFIX}").values():
+            header = tuple(table["header"])
+            known = types.setdefault(header, list(table["types"]))
+            types[header] = ["real" if "real" in pair else "text" for pair in zip(known, table["types"])]
+            # A header of a real dev or test table stays out of training even when a train table has it too.
+            sample_split[header] = split if sample_split.get(header, "train") == "train" else sample_split[header]
+    frequency = Counter(name.lower() for header in types for name in set(header))
+    rng = random.Random(SEED)
+    # A query names a column by its name, so a header naming two columns alike cannot be asked about both.
+    order = sorted(
+        (header for header in types if len({name.lower() for name in header}) == len(header)),
+        key=lambda header: (max(frequency[name.lower()] for name in header), rng.random()),
+    )
+    held_out = {"validation": order[:HELD_OUT_HEADERS], "test": order[HELD_OUT_HEADERS : 2 * HELD_OUT_HEADERS]}
+    held_names = {name.lower() for headers in held_out.values() for header in headers for name in header}
+    train = [
+        header
+        for header in types
+        if sample_split[header] == "train"
+        and len({name.lower() for name in header}) == len(header)
+        and header not in order[: 2 * HELD_OUT_HEADERS]
+        and not {name.lower() for name in header} & held_names
+    ]
+    chosen = {"train": train, **held_out}
+    return {split: [(list(header), types[header]) for header in chosen[split]] for split in SPLITS}
+
+
+def _table(table_id: str, header: list[str], types: list[str], rng: random.Random, shuffle: bool) -> dict:
+    """A table with this header (columns in a random order when ``shuffle``) and rows drawn for each column."""
+    order = list(range(len(header)))
+    if shuffle:
+        rng.shuffle(order)
+    header, types = [header[i] for i in order], [types[i] for i in order]
+    makers = [_value_maker(name, kind) for name, kind in zip(header, types)]
+    rows = [[make(rng) for make in makers] for _ in range(ROWS_PER_TABLE)]
+    return {"id": table_id, "header": header, "types": types, "rows": rows}
+
+
+def _question(table: dict, rng: random.Random) -> tuple[str, dict]:
+    """One question and its gold query, written from one row of ``table`` so the query finds that row."""
+    header, types, row = table["header"], table["types"], rng.choice(table["rows"])
+    columns = list(range(len(header)))
+    sel = rng.choice(columns)
+    agg = _aggregation(types[sel], rng)
+    others = [column for column in columns if column != sel]
+    count = min(rng.choices(range(MAX_CONDITIONS + 1), CONDITION_WEIGHTS)[0], len(others))
+    conds, phrases = [], []
+    for column in rng.sample(others, count):
+        op = rng.choice(("=", ">", "<")) if types[column] == "real" and rng.random() < 0.5 else "="
+        value = _condition_value(row[column], op, rng)
+        conds.append([column, _OP[op], value])
+        phrases.append(rng.choice(_CONDITION_PHRASES[op]).format(col=_named(header[column], rng), value=value))
+    select = rng.choice(_SELECT_PHRASES[agg]).format(col=_named(header[sel], rng))
+    if not phrases:
+        question = f"{select}?"
+    elif rng.random() < 0.25:
+        question = f"{rng.choice(('For', 'With', 'When'))} {rng.choice(_CONDITION_JOINERS).join(phrases)}, {select[0].lower()}{select[1:]}?"
+    else:
+        question = f"{select} {rng.choice(_CLAUSE_JOINERS)} {rng.choice(_CONDITION_JOINERS).join(phrases)}?"
+    return question, {"sel": sel, "agg": _AGG[agg], "conds": conds}
+
+
+def _aggregation(kind: str, rng: random.Random) -> str:
+    if kind == "real":
+        return rng.choices(("", "COUNT", "MAX", "MIN", "SUM", "AVG"), (40, 12, 12, 12, 12, 12))[0]
+    return rng.choices(("", "COUNT"), (85, 15))[0]
+
+
+def _named(name: str, rng: random.Random) -> str:
+    # WikiSQL's questions name a column as the header writes it or in lower case.
+    return name if rng.random() < 0.5 else name.lower()
+
+
+def _condition_value(cell: str | float, op: str, rng: random.Random) -> str:
+    """The value a condition on ``cell``'s column compares with, as the question writes it: the cell
+    itself for ``=``, a number below it for ``>`` and above it for ``<`` (so the row matches)."""
+    if op == "=":
+        return str(cell)
+    step = rng.randint(1, 5)
+    return str(int(cell) - step if op == ">" else int(cell) + step)
+
+
+def _value_maker(name: str, kind: str) -> Callable[[random.Random], str | int]:
+    """What a cell of a column looks like, from the column's name and type."""
+    lowered = name.lower()
+    if kind == "real":
+        if "year" in lowered or "season" in lowered:
+            return lambda rng: rng.randint(1950, 2015)
+        return lambda rng: rng.randint(1, 400)
+    for keywords, maker in _TEXT_MAKERS:
+        if any(keyword in lowered for keyword in keywords):
+            return maker
+    return _words
+
+
+def _person(rng: random.Random) -> str:
+    return f"{rng.choice(_FIRST_NAMES)} {rng.choice(_LAST_NAMES)}"
+
+
+def _place(rng: random.Random) -> str:
+    return rng.choice(_PLACES) + rng.choice(_PLACE_SUFFIXES)
+
+
+def _team(rng: random.Random) -> str:
+    return f"{rng.choice(_PLACES)} {rng.choice(_TEAM_NOUNS)}"
+
+
+def _date(rng: random.Random) -> str:
+    month, day, year = rng.choice(_MONTHS), rng.randint(1, 28), rng.randint(1950, 2015)
+    return f"{month} {day}, {year}" if rng.random() < 0.5 else f"{day} {month} {year}"
+
+
+def _score(rng: random.Random) -> str:
+    return f"{rng.choice('WL')} {rng.randint(0, 40)}-{rng.randint(0, 40)}"
+
+
+def _number(rng: random.Random) -> str:
+    return str(rng.randint(1, 400))
+
+
+def _year(rng: random.Random) -> str:
+    return str(rng.randint(1950, 2015))
+
+
+def _words(rng: random.Random) -> str:
+    if rng.random() < 0.2:
+        return f"{rng.choice(_CODE_LETTERS)}{rng.choice(_CODE_LETTERS)}-{rng.randint(10, 999)}"
+    return " ".join(rng.sample(_WORDS, rng.randint(1, 2)))
+
+
+# Cell values of text columns by keywords of the column's name; any other text column gets _words.
+_TEXT_MAKERS: tuple[tuple[tuple[str, ...], Callable[[random.Random], str]], ...] = (
+    (("date", "born", "birth"), _date),
+    (("year", "season"), _year),
+    (
+        ("no.", "#", "number", "pick", "round", "rank", "total", "points", "population", "viewers", "age", "goals"),
+        _number,
+    ),
+    (("score", "result", "record"), _score),
+    (("team", "club", "opponent", "constructor", "franchise", "home", "away"), _team),
+    (
+        (
+            "player",
+            "name",
+            "driver",
+            "director",
+            "directed",
+            "written",
+            "winner",
+            "coach",
+            "artist",
+            "candidate",
+            "incumbent",
+            "rider",
+            "captain",
+            "author",
+            "actor",
+            "manager",
+            "champion",
+            "host",
+            "pilot",
+            "writer",
+        ),
+        _person,
+    ),
+    (
+        (
+            "location",
+            "venue",
+            "city",
+            "country",
+            "nationality",
+            "state",
+            "circuit",
+            "college",
+            "school",
+            "hometown",
+            "region",
+            "province",
+            "capital",
+            "district",
+            "county",
+            "stadium",
+            "town",
+        ),
+        _place,
+    ),
+)
