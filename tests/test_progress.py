@@ -25,3 +25,31 @@ def test_a_compiling_op_is_reported_every_interval_until_it_is_in_the_cache(tmp_
     assert op_built(tmp_path)
     ticks.join(timeout=30)
     assert not ticks.is_alive(), "the lines stop once the op is built"
+
+
+def test_the_heartbeat_reports_steps_evaluations_and_saves_until_training_ends(capsys):
+    from types import SimpleNamespace
+
+    from textsql.launching.stall import HEARTBEAT_LINE
+    from textsql.training.progress import Heartbeat
+
+    heartbeat, args, state = (
+        Heartbeat(interval_s=0.05),
+        SimpleNamespace(process_index=1),
+        SimpleNamespace(global_step=2),
+    )
+    heartbeat.on_train_begin(args, state, None)
+    state.global_step = 3
+    heartbeat.on_step_end(args, state, None)
+    heartbeat.on_prediction_step(args, state, None)
+    heartbeat.on_save(args, state, None)
+    seen = ""
+    deadline = time.monotonic() + 30
+    while "progress 3" not in seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen += capsys.readouterr().out
+    last = HEARTBEAT_LINE.match(seen.splitlines()[-1])
+    assert (last["rank"], last["step"], last["progress"]) == ("1", "3", "3"), seen
+    heartbeat.on_train_end(args, state, None)
+    heartbeat.thread.join(timeout=30)
+    assert not heartbeat.thread.is_alive(), "the heartbeat stops when training ends"

@@ -1,5 +1,6 @@
 """Recovery with real training: a rank SIGKILLed on one of two `local` worker pods, after a checkpoint
-and in the middle of one; the supervisor relaunches and the run finishes by itself.
+and in the middle of one, or stopped with SIGSTOP after one; the supervisor relaunches and the run
+finishes by itself.
 
 Each test is one supervised run of the embedded small T5 (zero1, one rank per pod, 6 steps, a
 checkpoint every 2, every step logged, no evaluation). The kills are deterministic, never after a
@@ -37,6 +38,9 @@ pytestmark = pytest.mark.slow
 MAX_STEPS, SAVE_STEPS = 6, 2
 # Both runs log the loss rounded to 4 decimals (the trainer's rounding): equal runs differ by at most that.
 LOSS_TOLERANCE = 2e-4
+# Seconds without progress that make a stall here: the shortest allowed, so the stopped run ends soon.
+STALL_TIMEOUT_S = 20.0
+STOPPED_RUN_BOUND_S = 480
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,9 @@ def train_data(tmp_path_factory) -> Path:
     return train_only(str(work / "data"), work)
 
 
-def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStream) -> dict:
-    """The supervised run to the end; supervisor.json's events. No rank is left behind."""
+def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStream, **options) -> dict:
+    """The supervised run to the end (``options``: more arguments of ``supervise``); supervisor.json's events.
+    No rank is left behind."""
     arguments = supervised_arguments(
         cluster.run_dir,
         data,
@@ -62,7 +67,7 @@ def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStre
         seed=7,
     )
     try:
-        code = supervise(arguments, cluster, max_restarts=2, stream=stream)
+        code = supervise(arguments, cluster, max_restarts=2, stream=stream, **options)
     finally:
         stream.close()
         print(stream.text[-8000:])
@@ -72,13 +77,17 @@ def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStre
     return json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text())
 
 
-def assert_resumed_to_the_end(output: Path, record: dict, checkpoint: str) -> dict:
-    """One worker lost, relaunched and resumed from ``checkpoint`` to an uninterrupted run's last step."""
+def assert_resumed_to_the_end(
+    output: Path, record: dict, checkpoint: str, failure: FailureKind = FailureKind.WORKER_LOST
+) -> dict:
+    """One ``failure`` on 127.0.0.3, relaunched and resumed from ``checkpoint`` to an uninterrupted run's last step."""
     events = record["events"]
-    assert [event["event"] for event in events] == [FailureKind.WORKER_LOST, "relaunch", "resumed", "finished"]
+    assert [event["event"] for event in events] == [failure, "relaunch", "resumed", "finished"]
     lost, relaunch, resumed = events[0], events[1], events[2]
-    assert lost["host"] == "127.0.0.3" and "SIGKILL" in lost["message"]
-    assert lost["line"].startswith(f"worker lost at step {lost['step']} (") and ", detected after " in lost["line"]
+    assert lost["host"] == "127.0.0.3"
+    if failure is FailureKind.WORKER_LOST:
+        assert "SIGKILL" in lost["message"]
+        assert lost["line"].startswith(f"worker lost at step {lost['step']} (") and ", detected after " in lost["line"]
     assert Path(relaunch["checkpoint"]).name == checkpoint == Path(resumed["checkpoint"]).name
     assert 1 <= lost["step"] - int(checkpoint.split("-")[1]) <= SAVE_STEPS, "more than save_steps steps repeated"
     assert resumed["line"].startswith(f"resumed from {checkpoint}: step {int(checkpoint.split('-')[1]) + 1} done")
@@ -118,6 +127,38 @@ def test_a_rank_killed_after_a_checkpoint_resumes_from_it_with_the_uninterrupted
         f"rank SIGKILL after checkpoint-{SAVE_STEPS}: {lost['line']}; {repeated} step(s) repeated; "
         f"losses at steps {overlap}: uninterrupted {[first[s] for s in overlap]}, resumed {[resumed_losses[s] for s in overlap]}"
     )
+
+
+# Without the stall detector the stopped rank holds the run for the process-group timeout (30 minutes):
+# the bound makes that a failure here.
+@pytest.mark.timeout(STOPPED_RUN_BOUND_S)
+def test_a_rank_stopped_after_a_checkpoint_is_a_stall_and_resumes_from_it(two_local_workers, train_data, tmp_path):
+    output, tag, stopped = tmp_path / "out", uuid.uuid4().hex, {}
+    stream = StepStream(tmp_path / "output.log")
+    # SIGSTOP: the rank is alive and holds its sockets, so nothing fails; only the stall detector can end it.
+    stopper = kill_after(stream, SAVE_STEPS + 1, output / f"checkpoint-{SAVE_STEPS}", tag, stopped, kill=stop_rank)
+    record = run_supervised(two_local_workers, train_data, output, tag, stream, stall_timeout=STALL_TIMEOUT_S)
+    stopper.join(timeout=5)
+    assert "at" in stopped, stopped
+
+    assert_resumed_to_the_end(output, record, f"checkpoint-{SAVE_STEPS}", failure=FailureKind.STALL)
+    stall = record["events"][0]
+    assert stall["message"].endswith("stalled: 127.0.0.3"), stall["message"]
+    assert stall["line"].startswith(f"stall at step {stall['step']}: no rank advanced for ")
+    assert f"[supervisor] {stall['line']}" in stream.text
+    summary = json.loads((output / RUN_SUMMARY_NAME).read_text())
+    assert summary["recovery"]["events"][0]["event"] == FailureKind.STALL == "stall"
+    print(
+        f"rank SIGSTOP after checkpoint-{SAVE_STEPS}: {stall['line']}; noticed {stall['aware_at'] - stopped['at']:.1f} s after the stop"
+    )
+
+
+def stop_rank(tag: str) -> float:
+    """SIGSTOP rank 1's training process; the time of the stop."""
+    process = rank_process(tag)
+    stopped_at = time.time()
+    process.suspend()
+    return stopped_at
 
 
 def test_a_rank_killed_while_saving_resumes_from_the_previous_checkpoint(two_local_workers, train_data, tmp_path):

@@ -25,6 +25,7 @@ from textsql.constants import (
     DEFAULT_MAX_SOURCE_LENGTH,
     DEFAULT_MAX_TARGET_LENGTH,
     DEFAULT_REPLACE_TIMEOUT_S,
+    DEFAULT_STALL_TIMEOUT_S,
     INPUT_FORMATS,
 )
 from textsql.data.wikisql import SAMPLE_SOURCE
@@ -290,6 +291,7 @@ def notebook_defaults() -> dict[str, Any]:
         # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.supervisor).
         "min_workers": None,
         "replace_timeout": DEFAULT_REPLACE_TIMEOUT_S,
+        "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
     }
 
 

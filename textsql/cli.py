@@ -15,7 +15,7 @@ import click
 
 from textsql.arguments import GenerationOptions, PrepareArguments, argument_field
 from textsql.console import configure_cli
-from textsql.constants import DEFAULT_MAX_RESTARTS, INPUT_FORMATS
+from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_STALL_TIMEOUT_S, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
 from textsql.launching.command import LAUNCHERS, TRAIN_MODULE, LaunchArguments
 from textsql.launching.preflight import STAGES
@@ -268,8 +268,17 @@ def train(args: tuple[str, ...]) -> None:
     show_default=True,
     help="Relaunches after a failure, from the newest complete checkpoint (0: the first failure ends the run).",
 )
+@click.option(
+    "--stall-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_STALL_TIMEOUT_S,
+    help="Seconds no rank may advance before every rank is ended and the run relaunched "
+    "[default: 4 x the slowest step seen, at least 120].",
+)
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
-def launch(env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, **options: Any) -> None:
+def launch(
+    env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, stall_timeout: float | None, **options: Any
+) -> None:
     """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
 
     The training arguments are checked here first (profile, model, data_dir, flags), so a mistake is
@@ -284,7 +293,7 @@ def launch(env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int,
         from textsql.training.train import check_train_args
 
         check_train_args(arguments.train_args)
-    raise SystemExit(supervise(arguments, max_restarts=max_restarts))
+    raise SystemExit(supervise(arguments, max_restarts=max_restarts, stall_timeout=stall_timeout))
 
 
 @cli.group()

@@ -64,3 +64,6 @@ LABEL_PAD_TOKEN_ID = -100
 DEFAULT_MAX_RESTARTS = 3
 # Seconds a lost worker's replacement has to register (or a static host to answer again).
 DEFAULT_REPLACE_TIMEOUT_S = 300.0
+# Seconds no rank may advance before the supervisor ends and relaunches the run; None: a few times the
+# slowest step seen, at least 2 minutes (textsql.launching.stall).
+DEFAULT_STALL_TIMEOUT_S: float | None = None

@@ -17,6 +17,8 @@ What this module adds to DeepSpeed's runner:
 - the exit code of the first host whose ranks failed, and the other hosts' ranks ended at once
   (a rank that dies before the process group forms would otherwise leave the rest waiting for
   torch's 30-minute rendezvous timeout);
+- every rank ended on every host as soon as the caller's ``should_stop`` says so (the supervisor's stall
+  detector, :mod:`textsql.launching.stall`), checked every :data:`STOP_POLL_S` seconds;
 - on KeyboardInterrupt or SIGTERM, every rank of this launch ended on every host. DeepSpeed's own
   interrupt handler runs ``pkill -f`` on a command-line pattern that matches every DeepSpeed launch
   of the same interpreter on the host, other users' included, so its runner is never sent
@@ -43,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn, TextIO
@@ -73,18 +75,24 @@ logger = logging.getLogger(__name__)
 LOCAL_HOSTFILE_NAME = "hostfile.local"
 # How long DeepSpeed's runner gets to exit once its ranks have ended.
 RUNNER_EXIT_S = 20.0
+# Seconds between two looks at the caller's should_stop.
+STOP_POLL_S = 1.0
 # What pdsh prints when the command on one host ended with a non-zero status.
 PDSH_HOST_FAILED = re.compile(r"^pdsh@[^:]+: (?P<host>\S+): ssh exited with exit code (?P<code>\d+)")
 # What preparing a launch gives its run: the hostfile, its hosts, the runner's environment, and the ranks to end.
 Prepared = tuple[Path, list[str], dict[str, str], RemoteRanks | LocalRanks]
 
 
-def launch(arguments: LaunchArguments, stream: TextSink | None = None) -> int:
+def launch(
+    arguments: LaunchArguments, stream: TextSink | None = None, should_stop: Callable[[], bool] | None = None
+) -> int:
     """Run ``arguments.module`` on every rank through DeepSpeed's launcher and wait for it.
 
     :param arguments: hosts, ssh settings and the training arguments.
     :param stream: where the ranks' output goes live (default: sys.stdout); it is also appended to
         RUN_DIR/launch.log.
+    :param should_stop: called every second while the launch runs; once it returns True every rank is ended
+        and the launch returns the runner's non-zero exit code.
     :rtype: int
     :returns: 0, or the exit code of the first host whose ranks failed.
     :raises LaunchError: if pdsh, ssh or the hostfile is not ready (the message says what to fix).
@@ -101,7 +109,7 @@ def launch(arguments: LaunchArguments, stream: TextSink | None = None) -> int:
         log.write(
             mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
         )
-        return _run(command, env, ranks, stream or ShownLines(sys.stdout), log)
+        return _run(command, env, ranks, stream or ShownLines(sys.stdout), log, should_stop)
 
 
 def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> Prepared:
@@ -143,9 +151,14 @@ def parse_env(entries: Iterable[str]) -> dict[str, str]:
 
 
 def _run(
-    command: list[str], env: dict[str, str], ranks: RemoteRanks | LocalRanks, stream: TextSink, log: TextIO
+    command: list[str],
+    env: dict[str, str],
+    ranks: RemoteRanks | LocalRanks,
+    stream: TextSink,
+    log: TextIO,
+    should_stop: Callable[[], bool] | None = None,
 ) -> int:
-    """Run the launcher, tee its output, end every rank once one host fails or on interrupt."""
+    """Run the launcher, tee its output, end every rank once one host fails, the caller says stop, or on interrupt."""
     started = time.monotonic()
     first_failure: tuple[str, int] | None = None
     # A session of its own: a terminal's Ctrl-C reaches only us, never DeepSpeed's runner (whose
@@ -161,6 +174,10 @@ def _run(
         bufsize=1,
         start_new_session=True,
     )
+    ended = threading.Event()
+    if should_stop is not None:
+        # A stalled launch prints nothing, so the lines below never come: a thread of its own watches.
+        threading.Thread(target=_stop_when, args=(should_stop, ranks, ended), name="launch-stop", daemon=True).start()
     assert runner.stdout is not None  # stdout=PIPE
     try:
         with _sigterm_as_interrupt():
@@ -181,6 +198,7 @@ def _run(
         _stop_runner(runner)
         raise
     finally:
+        ended.set()
         log.flush()
     code = first_failure[1] if first_failure else runner.returncode
     if code != 0 and first_failure is None:
@@ -189,6 +207,15 @@ def _run(
     logger.info("launch ended after %.1f s with exit code %d", elapsed, code)
     log.write(f"# exit code {code} after {elapsed:.1f} s\n")
     return code
+
+
+def _stop_when(should_stop: Callable[[], bool], ranks: RemoteRanks | LocalRanks, ended: threading.Event) -> None:
+    """End every rank once ``should_stop()`` is true; the runner and pdsh then exit by themselves."""
+    while not ended.wait(STOP_POLL_S):
+        if should_stop():
+            logger.warning("the launch is to stop: ending every rank of this launch")
+            ranks.end()
+            return
 
 
 def _stop_runner(runner: subprocess.Popen[str]) -> None:

@@ -15,6 +15,12 @@ failure is classified:
 - **application error**: a rank raised (its traceback's last line) or exited non-zero by itself. It
   is retried once, in case it was a consequence of something passing; the same error twice ends the
   run with that error.
+- **stall**: no rank advanced for ``stall_timeout`` seconds (:mod:`textsql.launching.stall`: by default a few
+  times the slowest step seen, at least 2 minutes, never counting the first step). Every rank is ended at
+  once and the run is relaunched as for a lost worker; the event names the hosts whose ranks stopped
+  beating (all of them when every rank is alive but none advances). The ranks' process-group timeout
+  (``ddp_timeout``) is bounded too (:func:`process_group_timeout`), so a collective gives up soon after
+  the stall is seen rather than 30 minutes later.
 
 **Shrinking.** ``min_workers`` below the number of workers lets a run continue on fewer: the lost
 worker is dropped (:meth:`worker.cluster.Cluster.without_worker`), the newest complete checkpoint is
@@ -55,12 +61,18 @@ from typing import Any
 
 from textsql.arguments import train_argv
 from textsql.console import STEP_LINE, ShownLines, TextSink
-from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, RUN_SUMMARY_NAME
+from textsql.constants import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_REPLACE_TIMEOUT_S,
+    DEFAULT_STALL_TIMEOUT_S,
+    RUN_SUMMARY_NAME,
+)
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
 from textsql.launching.cluster_check import check_cluster
 from textsql.launching.command import TRAIN_MODULE, LaunchArguments
 from textsql.launching.launch import PDSH_HOST_FAILED, launch
+from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S, StallDetector
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.training.universal import convert, needs_conversion
 from worker.cluster import Cluster
@@ -72,6 +84,8 @@ from worker.hostfile import read_hostfile
 logger = logging.getLogger(__name__)
 
 SUPERVISOR_FILE = "supervisor.json"
+# The ranks' process-group timeout with the default stall timeout (torch's own is 30 minutes).
+PROCESS_GROUP_TIMEOUT_S = 600
 # Seconds an ssh check of a suspect worker may take.
 SSH_CHECK_S = 15.0
 # pdsh's exit code when ssh itself failed: the host is unreachable or its sshd is gone.
@@ -101,6 +115,7 @@ class FailureKind(str, Enum):
 
     WORKER_LOST = "worker lost"
     APPLICATION_ERROR = "application error"
+    STALL = "stall"
 
 
 @dataclass(frozen=True)
@@ -118,6 +133,8 @@ class Failure:
         at = f"at step {step}" if step is not None else "before the first step"
         if self.kind is FailureKind.WORKER_LOST:
             return f"worker lost {at} ({self.message}), detected after {detected:.1f} s"
+        if self.kind is FailureKind.STALL:
+            return f"stall {at}: {self.message}; every rank ended"
         return f"application error {at} on {self.host or 'this machine'}: {self.message} (exit code {self.code})"
 
 
@@ -141,13 +158,23 @@ class LaunchWatch:
     """The stream :func:`textsql.launching.launch.launch` writes to: passes every line on, and keeps what tells
     one failure from another (per host: exit codes, killing signals, the last exception line)."""
 
-    def __init__(self, stream: TextSink, hosts: list[str], on_first_step: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        stream: TextSink,
+        hosts: list[str],
+        on_first_step: Callable[[int], None] | None = None,
+        detector: StallDetector | None = None,
+    ) -> None:
         """
         :param stream: where the lines go on to.
         :param hosts: the launch's hosts (pdsh prefixes each line with ``host: ``); empty for the local launcher.
         :param on_first_step: called with the step number of the launch's first ``step N/M`` line.
+        :param detector: reads every line for progress; :meth:`stalled` asks it.
         """
         self.stream, self.hosts, self.on_first_step = stream, set(hosts), on_first_step
+        self.detector = detector or StallDetector()
+        # When this side found the launch stalled (and told it to stop), and the stall's failure.
+        self.stall: Failure | None = None
         self.exits: list[tuple[str | None, int]] = []
         self.errors: dict[str | None, str] = {}
         self.last: dict[str | None, str] = {}
@@ -169,7 +196,25 @@ class LaunchWatch:
     def flush(self) -> None:
         self.stream.flush()
 
+    def stalled(self) -> bool:
+        """Whether the launch has stalled (the launch's ``should_stop``); the first time, the stall is recorded.
+
+        :rtype: bool
+        """
+        if self.stall is None and self.detector.stalled():
+            hosts = [host or "this machine" for host in self.detector.stalled_hosts()] or ["this machine"]
+            self.first_failure_at = time.time()
+            self.stall = Failure(
+                FailureKind.STALL,
+                hosts[0],
+                0,
+                f"no rank advanced for {self.detector.idle():.0f} s (stall timeout {self.detector.limit():.0f} s); "
+                f"stalled: {', '.join(hosts)}",
+            )
+        return self.stall is not None
+
     def _read(self, line: str) -> None:
+        self.detector.read(line)
         failed = PDSH_HOST_FAILED.match(line)
         if failed:
             self._exit(failed["host"], int(failed["code"]))
@@ -215,6 +260,9 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
     :param lost: workers the rendezvous or the backend know to be gone (address -> why).
     :rtype: Failure
     """
+    if watch.stall is not None:
+        # The ranks were ended by this side because they stalled: whatever they said on the way out is no cause.
+        return replace(watch.stall, code=code)
     host: str | None
     if lost:
         host, reason = next(iter(sorted(lost.items())))
@@ -258,6 +306,7 @@ class TrainingPlan:
     max_tokens_per_batch: int | None = None
     length_group_size: int | None = None
     model: str | None = None
+    ddp_timeout: int | None = None
 
     @classmethod
     def read(cls, arguments: LaunchArguments) -> TrainingPlan:
@@ -277,6 +326,7 @@ class TrainingPlan:
             data_args.max_tokens_per_batch,
             data_args.length_group_size,
             model_args.model,
+            training["ddp_timeout"],
         )
 
     def batch_for(self, first_world: int, world: int) -> dict[str, Any]:
@@ -321,7 +371,8 @@ class Supervisor:
     ``max_restarts`` times after the first launch (0: the first failure ends the run, as without it).
 
     ``min_workers`` (default: all the workers) is the fewest the run may go on with when a lost worker's
-    replacement does not register within ``replace_timeout`` seconds.
+    replacement does not register within ``replace_timeout`` seconds. ``stall_timeout`` (None: the
+    default of :mod:`textsql.launching.stall`) is how long no rank may advance before the run counts as stalled.
 
     Methods that may be overridden: :meth:`recover` (what to do about a failure before the relaunch).
     """
@@ -331,6 +382,7 @@ class Supervisor:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S
     min_workers: int | None = None
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT_S
     stream: TextSink = field(default_factory=lambda: ShownLines(sys.stdout))
     events: list[dict] = field(default_factory=list)
 
@@ -351,10 +403,18 @@ class Supervisor:
             raise LaunchError(f"--min-workers {self.min_workers!r} must be from 1 to the number of workers ({workers})")
         if self.replace_timeout < 0:
             raise LaunchError(f"--replace-timeout {self.replace_timeout!r} must be 0 or more seconds")
+        if self.stall_timeout is not None and self.stall_timeout < SHORTEST_STALL_TIMEOUT_S:
+            raise LaunchError(
+                f"--stall-timeout {self.stall_timeout!r} must be at least {SHORTEST_STALL_TIMEOUT_S:g} seconds "
+                "(or left out for the default)"
+            )
         self.plan = TrainingPlan.read(self.arguments)
         self.first_world = self._world()
         # Training arguments on top of the user's for the next launch (the last of a flag wins).
         self.overrides: dict[str, Any] = {}
+        bound = process_group_timeout(self.stall_timeout)
+        if self.plan.ddp_timeout is not None and self.plan.ddp_timeout > bound:
+            self.overrides["ddp_timeout"] = bound
 
     def run(self) -> int:
         """Launch, and relaunch after each recoverable failure.
@@ -373,8 +433,9 @@ class Supervisor:
                 self.stream,
                 self._hosts(),
                 on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None,
+                detector=StallDetector(self.stall_timeout, hosts=self._hosts()),
             )
-            code = launch(self._launch_arguments(), stream=watch)
+            code = launch(self._launch_arguments(), stream=watch, should_stop=watch.stalled)
             if code == 0:
                 if attempt:
                     self._event("finished", attempt, f"run finished after {attempt} restart(s)")
@@ -411,7 +472,7 @@ class Supervisor:
         """Replace the failed worker when it is gone or does not answer (a worker whose rank alone was
         killed is reused); without a replacement in time, go on without it when ``min_workers`` allows."""
         if (
-            failure.kind is not FailureKind.WORKER_LOST
+            failure.kind not in (FailureKind.WORKER_LOST, FailureKind.STALL)
             or self.cluster is None
             or failure.host not in self.cluster.hosts
         ):
@@ -562,6 +623,7 @@ def supervise(
     stream: TextSink | None = None,
     min_workers: int | None = None,
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S,
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT_S,
 ) -> int:
     """Run the launch under a :class:`Supervisor` (see the module docstring).
 
@@ -571,6 +633,8 @@ def supervise(
     :param stream: where the ranks' output and the supervisor's lines go (default: sys.stdout).
     :param min_workers: the fewest workers to go on with when a lost one is not replaced in time (None: all).
     :param replace_timeout: seconds a replacement has to register.
+    :param stall_timeout: seconds no rank may advance before the run is relaunched (None: the default, see
+        :mod:`textsql.launching.stall`).
     :rtype: int
     :raises ClusterError: before anything is launched, when the workers cannot train together.
     """
@@ -582,8 +646,19 @@ def supervise(
         max_restarts,
         replace_timeout=replace_timeout,
         min_workers=min_workers,
+        stall_timeout=stall_timeout,
         stream=stream or ShownLines(sys.stdout),
     ).run()
+
+
+def process_group_timeout(stall_timeout: float | None) -> int:
+    """The ranks' ``ddp_timeout`` under the supervisor: twice a given stall timeout (a collective that gave up
+    first would read as a crash, and a rank's wait starts only after its last progress), else
+    :data:`PROCESS_GROUP_TIMEOUT_S`, which still ends a default-timeout stall long before torch's 30 minutes.
+
+    :rtype: int
+    """
+    return math.ceil(2 * stall_timeout) if stall_timeout is not None else PROCESS_GROUP_TIMEOUT_S
 
 
 def _ssh_failed(host: str | None) -> Failure:

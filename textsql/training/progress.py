@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 from textsql.console import STAGE_PREFIX
+from textsql.launching.ranks import LAUNCH_ID_VAR
+from textsql.launching.stall import HEARTBEAT_INTERVAL_S, heartbeat_line
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +68,60 @@ class StepLines(TrainerCallback):
             print(f"step {state.global_step}/{state.max_steps}: eval {scores} ({elapsed})", flush=True)
 
 
+class Heartbeat(TrainerCallback):
+    """Every rank's heartbeat line (:func:`textsql.launching.stall.heartbeat_line`) every ``interval_s``, from a
+    thread of its own, so the supervisor can tell a stalled rank from one waiting for it
+    (:mod:`textsql.launching.stall`). The count goes up with every step, evaluation batch and save."""
+
+    def __init__(self, interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+        self.interval_s, self.step, self.progress = interval_s, 0, 0
+        self._done = threading.Event()
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.step = state.global_step
+        self.thread = threading.Thread(target=self._beat, args=(args.process_index,), name="heartbeat", daemon=True)
+        self.thread.start()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.step, self.progress = state.global_step, self.progress + 1
+
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.progress += 1
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.progress += 1
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._done.set()
+
+    def _beat(self, rank: int) -> None:
+        # The first at once: the supervisor then knows every rank, even one stopped before its second beat.
+        while True:
+            # One write, so the line never interleaves with the main thread's step lines.
+            sys.stdout.write(heartbeat_line(rank, self.step, self.progress) + "\n")
+            sys.stdout.flush()
+            if self._done.wait(self.interval_s):
+                return
+
+
 def use_step_lines(trainer: Trainer) -> None:
-    """Replace the Trainer's progress bar and dict printer with :class:`StepLines`.
+    """Replace the Trainer's progress bar and dict printer with :class:`StepLines`; add the :class:`Heartbeat` under
+    ``textsql launch``.
 
     :param trainer: a ``transformers.Trainer``.
     """
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(StepLines())
+    # Only a launch has a supervisor to read the heartbeat; `textsql train` in a terminal stays quiet.
+    if os.environ.get(LAUNCH_ID_VAR):
+        trainer.add_callback(Heartbeat())
 
 
 def announce_run(model: str, profile: str, auto: bool, world_size: int, precision: str) -> None:

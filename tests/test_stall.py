@@ -1,0 +1,162 @@
+"""The stall detector (textsql.launching.stall) on an injected clock, the heartbeat lines it reads, and the
+supervisor's stall settings; the real stall (a SIGSTOPped rank) is in tests/test_recovery.py."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from textsql.arguments import train_argv
+from textsql.errors import LaunchError
+from textsql.launching.command import LaunchArguments
+from textsql.launching.stall import (
+    HEARTBEAT_LINE,
+    MIN_STALL_TIMEOUT_S,
+    STALL_FACTOR,
+    StallDetector,
+    heartbeat_line,
+)
+from textsql.launching.supervisor import (
+    PROCESS_GROUP_TIMEOUT_S,
+    FailureKind,
+    LaunchWatch,
+    Supervisor,
+    classify,
+    process_group_timeout,
+)
+from textsql.training.train import parse_command_line
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def beat(detector: StallDetector, host: str, rank: int, step: int, progress: int) -> None:
+    detector.read(f"{host}: {heartbeat_line(rank, step, progress)}")
+
+
+def test_the_heartbeat_line_reads_back():
+    found = HEARTBEAT_LINE.match("127.0.0.3: " + heartbeat_line(1, 4, 9))
+    assert (found["host"], found["rank"], found["step"], found["progress"]) == ("127.0.0.3", "1", "4", "9")
+
+
+def test_nothing_stalls_before_the_first_progress_however_long_the_start_takes(clock):
+    detector = StallDetector(timeout=30, clock=clock)
+    beat(detector, "a", 0, 0, 0)
+    clock.now += 10_000
+    assert not detector.stalled()
+
+
+def test_a_given_timeout_counts_from_the_last_progress(clock):
+    detector = StallDetector(timeout=30, clock=clock)
+    beat(detector, "a", 0, 1, 1)
+    clock.now += 25
+    beat(detector, "a", 0, 2, 2)
+    clock.now += 29
+    beat(detector, "a", 0, 2, 2)  # alive, but no further
+    assert not detector.stalled()
+    clock.now += 2
+    assert detector.stalled() and detector.step == 2
+
+
+def test_the_default_timeout_is_a_multiple_of_the_slowest_step_and_never_below_the_minimum(clock):
+    detector = StallDetector(clock=clock)
+    detector.read("step 1/10: loss 1.000 (300 s)")  # the first step: compilation, never a step time
+    assert detector.limit() is None
+    clock.now += 10
+    detector.read("step 2/10: loss 0.900 (310 s)")
+    assert detector.limit() == MIN_STALL_TIMEOUT_S
+    clock.now += 50
+    detector.read("step 3/10: loss 0.800 (360 s)")
+    assert detector.limit() == STALL_FACTOR * 50
+    clock.now += STALL_FACTOR * 50 - 1
+    assert not detector.stalled()
+    clock.now += 2
+    assert detector.stalled()
+
+
+def test_an_evaluation_or_a_save_is_progress_without_a_new_step(clock):
+    detector = StallDetector(timeout=30, clock=clock)
+    for progress in range(1, 10):
+        beat(detector, "a", 0, 5, progress)
+        clock.now += 20
+    assert not detector.stalled()
+
+
+def test_the_stalled_host_is_the_one_whose_heartbeat_went_silent(clock):
+    detector = StallDetector(timeout=30, clock=clock)
+    beat(detector, "a", 0, 3, 3)
+    beat(detector, "b", 1, 3, 3)
+    for _ in range(7):  # b is stopped; a waits for it in a collective and goes on beating
+        clock.now += 5
+        beat(detector, "a", 0, 3, 3)
+    assert detector.stalled()
+    assert detector.stalled_hosts() == ["b"]
+
+
+def test_a_host_of_the_launch_never_heard_from_is_stalled(clock):
+    detector = StallDetector(timeout=30, clock=clock, hosts=["a", "b"])
+    beat(detector, "a", 0, 3, 3)
+    clock.now += 31
+    beat(detector, "a", 0, 3, 3)
+    assert detector.stalled() and detector.stalled_hosts() == ["b"]
+
+
+def test_when_every_host_still_beats_every_host_is_named(clock):
+    detector = StallDetector(timeout=30, clock=clock)
+    for _ in range(8):
+        beat(detector, "b", 1, 3, 3)
+        beat(detector, "a", 0, 3, 3)
+        clock.now += 5
+    assert detector.stalled_hosts() == ["a", "b"]
+
+
+def test_a_stalled_launch_is_classified_as_a_stall_naming_the_host_not_as_the_kill_that_ended_it(clock):
+    detector = StallDetector(timeout=30, clock=clock)
+    watch = LaunchWatch(io.StringIO(), ["a", "b"], detector=detector)
+    watch.write(f"a: {heartbeat_line(0, 3, 3)}\nb: {heartbeat_line(1, 3, 3)}\n")
+    clock.now += 31
+    watch.write(f"a: {heartbeat_line(0, 3, 3)}\n")
+    assert watch.stalled()
+    # How this side ended the stopped rank: SIGKILL after the grace, which alone would read as a lost worker.
+    watch.write("b: [2026-01-01 10:00:00,000] [ERROR] [launch.py:1:main] exits with return code = -9\n")
+    failure = classify(1, watch, {})
+    assert failure.kind is FailureKind.STALL and failure.host == "b"
+    assert failure.message == "no rank advanced for 31 s (stall timeout 30 s); stalled: b"
+
+
+def test_the_process_group_timeout_is_bounded_by_the_stall_timeout():
+    assert process_group_timeout(20.5) == 41
+    assert process_group_timeout(None) == PROCESS_GROUP_TIMEOUT_S < 1800
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+    return tmp_path
+
+
+def test_a_stall_timeout_too_short_for_the_heartbeat_is_refused_in_one_line(run_dir):
+    arguments = LaunchArguments(run_dir=run_dir, module="standin_rank")
+    with pytest.raises(LaunchError, match=r"^--stall-timeout 5 must be at least 20 seconds \(or left out"):
+        Supervisor(arguments, stall_timeout=5)
+
+
+def test_the_supervisor_lowers_the_ranks_process_group_timeout_to_the_bound(run_dir):
+    train_args = train_argv(data_dir=run_dir, output_dir=run_dir / "out", profile="zero1")
+    supervisor = Supervisor(LaunchArguments(run_dir=run_dir, train_args=train_args), stall_timeout=30)
+    assert supervisor.overrides == {"ddp_timeout": 60}
+    _, _, _, training = parse_command_line([*train_args, *train_argv(**supervisor.overrides)])
+    assert training["ddp_timeout"] == 60
+    user_shorter = [*train_args, "--ddp_timeout", "20"]
+    assert Supervisor(LaunchArguments(run_dir=run_dir, train_args=user_shorter), stall_timeout=30).overrides == {}

@@ -1,0 +1,139 @@
+"""Tell a stalled run from a slow one: no rank has advanced for the stall timeout.
+
+Every training rank prints a heartbeat line every :data:`HEARTBEAT_INTERVAL_S` seconds from a thread of its
+own (:class:`textsql.training.progress.Heartbeat`): its rank, its optimizer step and a count of everything it
+has finished (steps, evaluation batches, saves), so an evaluation or a save reads as progress too. The
+lines reach the supervisor on the launch's stream (pdsh prefixes each with ``host: ``), as the ``step N/M``
+lines do; :class:`StallDetector` reads both.
+
+- **Progress**: any rank's count or step went up. The gaps between progress are the run's step times; the
+  time to the first progress (start-up, DeepSpeed's op compilation, the first step) is never one of them.
+- **Stalled**: progress has been seen, and none for the stall timeout: the one given, or by default
+  :data:`STALL_FACTOR` times the slowest gap seen, at least :data:`MIN_STALL_TIMEOUT_S`. Before a gap has
+  been seen the default timeout has nothing to scale, so only a given timeout applies; the process-group
+  timeout bounds that stretch.
+- **Which host**: a rank stopped by SIGSTOP, or frozen with its whole process, stops its heartbeat too,
+  while ranks merely waiting for it in a collective go on beating (the wait releases the GIL). The stalled
+  hosts are those whose heartbeat has been silent for half the stall timeout, or never heard, among the
+  launch's hosts; when every host still beats (a collective that never returns), all of them.
+
+Usage::
+
+    >>> detector = StallDetector(timeout=60, hosts=["127.0.0.2", "127.0.0.3"])
+    >>> detector.read("127.0.0.3: heartbeat rank 1 step 4 progress 9")
+    >>> detector.stalled()
+    False
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from textsql.console import STEP_LINE
+
+# Seconds between a rank's heartbeat lines.
+HEARTBEAT_INTERVAL_S = 5.0
+# The default stall timeout: this many times the slowest gap between progress, and never below the minimum.
+STALL_FACTOR = 4.0
+MIN_STALL_TIMEOUT_S = 120.0
+# A given stall timeout must leave room for a few heartbeats, or every host would read as silent.
+SHORTEST_STALL_TIMEOUT_S = 4 * HEARTBEAT_INTERVAL_S
+HEARTBEAT_LINE = re.compile(
+    r"^(?:(?P<host>\S+): )?heartbeat rank (?P<rank>\d+) step (?P<step>\d+) progress (?P<progress>\d+)$"
+)
+
+
+def heartbeat_line(rank: int, step: int, progress: int) -> str:
+    """The line a rank prints (see the module docstring); :data:`HEARTBEAT_LINE` reads it.
+
+    :rtype: str
+    """
+    return f"heartbeat rank {rank} step {step} progress {progress}"
+
+
+@dataclass
+class StallDetector:
+    """Reads a launch's lines and says when it has stalled, and on which hosts (see the module docstring).
+
+    :param timeout: seconds without progress that make a stall (None: the default, from the step times).
+    :param clock: seconds, monotonic; injected by tests.
+    :param hosts: the launch's hosts (pdsh's line prefixes; empty for the local launcher).
+    """
+
+    timeout: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    hosts: list[str] = field(default_factory=list)
+    # Per (host, rank): the last count of finished work, and when its heartbeat was last read.
+    counts: dict[tuple[str | None, int], int] = field(default_factory=dict)
+    beats: dict[tuple[str | None, int], float] = field(default_factory=dict)
+    last_progress_at: float | None = None
+    slowest_gap: float | None = None
+    step: int | None = None
+
+    def read(self, line: str) -> None:
+        """Take one line of the launch's stream (other lines are ignored).
+
+        :param line: the line without its newline.
+        """
+        beat = HEARTBEAT_LINE.match(line)
+        if beat:
+            rank = beat["host"], int(beat["rank"])
+            self.beats[rank] = self.clock()
+            count = int(beat["progress"])
+            if count > self.counts.get(rank, 0):
+                self.counts[rank] = count
+                self._advanced(int(beat["step"]))
+            return
+        stepped = STEP_LINE.match(line)
+        if stepped and (self.step is None or int(stepped["step"]) > self.step):
+            self._advanced(int(stepped["step"]))
+
+    def limit(self) -> float | None:
+        """Seconds without progress that make a stall now; None while there is nothing to scale the default by.
+
+        :rtype: float | None
+        """
+        if self.timeout is not None:
+            return self.timeout
+        if self.slowest_gap is None:
+            return None
+        return max(MIN_STALL_TIMEOUT_S, STALL_FACTOR * self.slowest_gap)
+
+    def idle(self) -> float:
+        """Seconds since the last progress (0 before the first).
+
+        :rtype: float
+        """
+        return 0.0 if self.last_progress_at is None else self.clock() - self.last_progress_at
+
+    def stalled(self) -> bool:
+        """Whether no rank has advanced for the stall timeout, once the run has made progress.
+
+        :rtype: bool
+        """
+        limit = self.limit()
+        return self.last_progress_at is not None and limit is not None and self.idle() > limit
+
+    def stalled_hosts(self) -> list[str | None]:
+        """The hosts whose heartbeat has been silent for half the stall timeout; all of them when every one
+        still beats (None: the local launcher's one machine).
+
+        :rtype: list[str | None]
+        """
+        now, quiet = self.clock(), (self.limit() or MIN_STALL_TIMEOUT_S) / 2
+        # A copy: the launch's stop thread asks while the stream's thread reads lines.
+        beats = dict(self.beats)
+        heard = {host for host, _ in beats}
+        hosts = sorted(heard | set(self.hosts), key=str)
+        silent = {host for (host, _), at in beats.items() if now - at > quiet} | (set(self.hosts) - heard)
+        return sorted(silent, key=str) or hosts
+
+    def _advanced(self, step: int) -> None:
+        now = self.clock()
+        if self.last_progress_at is not None:
+            self.slowest_gap = max(self.slowest_gap or 0.0, now - self.last_progress_at)
+        self.last_progress_at = now
+        self.step = max(self.step or 0, step)
