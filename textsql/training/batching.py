@@ -32,6 +32,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
+from textsql.training.clipping import clip_before_each_step
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +210,8 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training batches are filled to ``max_tokens_per_batch`` from length buckets.
 
     With ``max_tokens_per_batch`` unset it is the plain trainer (``per_device_train_batch_size`` examples a batch).
-    With ``optimizer_max_grad_norm`` the optimizer clips the gradients to that norm itself, right before each step, with torch's foreach norm (a few ops for all tensors, no host read): for DeepSpeed configs
+    With ``optimizer_max_grad_norm`` the optimizer clips the gradients to that norm itself, right before each
+    step (:mod:`textsql.training.clipping`: a fixed handful of ops for all tensors, no host read): for DeepSpeed configs
     that leave clipping out (:func:`textsql.training.profiles.autocast_bf16`), where the engine steps the
     optimizer inside the backward call and the trainer's own clipping would come too late.
     """
@@ -242,13 +244,7 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         created = self.optimizer is None
         optimizer = super().create_optimizer(*args, **kwargs)
         if created and self.optimizer_max_grad_norm > 0:
-            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
-            max_norm = self.optimizer_max_grad_norm
-
-            def clip(*_: Any) -> None:
-                torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=True)
-
-            optimizer.register_step_pre_hook(clip)
+            clip_before_each_step(optimizer, self.optimizer_max_grad_norm)
         return optimizer
 
     def _get_train_sampler(self, train_dataset: Dataset | None = None) -> Sampler | None:
