@@ -51,6 +51,7 @@ from textsql.training.hardware import device_facts, fast_defaults, teardown_dist
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
+from textsql.training.schedule import TimedSchedule
 from textsql.training.trainer import GrammarSeq2SeqTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
@@ -133,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if training_args.predict_with_generate
         else None,
-        callbacks=[KeepGenerationBound(), MarkComplete()],
+        callbacks=[
+            KeepGenerationBound(),
+            MarkComplete(),
+            TimedSchedule(run_args.eval_share, run_args.save_every_minutes),
+        ],
     )
     use_step_lines(trainer)
     use_run_events(trainer)
