@@ -3,7 +3,7 @@
 :func:`fast_defaults` turns :class:`DeviceFacts` into ``textsql train`` defaults (every one can still be
 overridden on the command line). On CUDA: the fused AdamW kernel (one launch for all parameters
 instead of several per tensor), ``torch.compile`` through the DeepSpeed engine, TF32 matmuls on Ampere
-and newer, pinned memory and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a token
+and newer, pinned memory (copied to the GPU without blocking) and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a token
 budget sized from the GPU's memory, and evaluation and checkpoints spaced by time (their step grid alone
 would run them every few seconds of training). On a CPU the defaults stay as they were. Precision is not here:
 ``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.train.resolve_precision``).

@@ -256,7 +256,9 @@ def parse_command_line(
         # Under torch autocast the weights stay fp32: the trainer's bf16 flag would ask DeepSpeed for bf16 weights.
         "bf16": model_args.precision == "bf16" and not autocast,
         "fp16": model_args.precision == "fp16",
-        "accelerator_config": {"use_configured_state": True},
+        # Pinned batches (on CUDA) are copied to the device without waiting: the step's first kernels queue
+        # behind the copy on the GPU instead of the host blocking on it.
+        "accelerator_config": {"use_configured_state": True, "non_blocking": training_values["dataloader_pin_memory"]},
     }
     return model_args, data_args, run_args, training_values
 
