@@ -42,7 +42,7 @@ ALIGN = 8  # tensor cores want dimensions in multiples of 8
 DEFAULT_BUCKETS = 4  # per side, plus the overflow bucket: at most 5 x 5 (source, target) buckets, a few dozen shapes
 # The quantile of the top bucket's bound; longer examples go to the overflow bucket. On the shipped sample's
 # schema input the targets reach 87 tokens but 98 % stay within 34: a top bound at the longest padded
-# a third of every batch (bench/README.md's padding figures; tests/test_batching.py compares).
+# a third of every batch (tests/test_batching.py measures both).
 TOP_QUANTILE = 0.98
 SOURCE_KEYS = ("input_ids", "attention_mask")
 TARGET_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
