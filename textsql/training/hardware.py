@@ -105,6 +105,20 @@ def fast_defaults(facts: DeviceFacts) -> dict[str, Any]:
     return defaults
 
 
+def token_budget_record(max_tokens_per_batch: int | None) -> dict[str, Any]:
+    """The token budget a run trained with beside the GPU memory it had and the most torch allocated (GiB; ``None``
+    on CPUs): what run.json keeps so :data:`TOKENS_PER_GIB`, a first guess, can be checked on the GPUs that ran.
+
+    :rtype: dict[str, typing.Any]
+    """
+    cuda = torch.cuda.is_available()
+    return {
+        "max_tokens_per_batch": max_tokens_per_batch,
+        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 1024**3, 1) if cuda else None,
+        "cuda_max_memory_allocated_gib": round(torch.cuda.max_memory_allocated() / 1024**3, 3) if cuda else None,
+    }
+
+
 def teardown_distributed() -> None:
     """Wait for every rank, then destroy the process group (NCCL warns at exit when it was never destroyed).
 

@@ -47,7 +47,7 @@ from textsql.training.checkpoints import (
 from textsql.training.collective import exit_on_failure
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.events import close_run_events, events_dir, use_run_events
-from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
+from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed, token_budget_record
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
@@ -433,6 +433,9 @@ def _write_summary(
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
+        "eval_share_limit": run_args.eval_share,
+        "save_every_minutes": run_args.save_every_minutes,
+        "token_budget": token_budget_record(getattr(trainer, "max_tokens_per_batch", None)),
         "log_history": trainer.state.log_history,
     }
     write_json(output_path(trainer.args) / RUN_SUMMARY_NAME, summary)
