@@ -249,7 +249,7 @@ def parse_command_line(
         config, autocast = autocast_bf16(config)
     training_values = _field_values(Seq2SeqTrainingArguments, values)
     if autocast:
-        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (a foreach norm, not a loop per tensor).
+        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (textsql.training.clipping: no loop per tensor).
         run_args.optimizer_max_grad_norm, training_values["max_grad_norm"] = training_values["max_grad_norm"], 0.0
     training_values |= {
         "deepspeed": config,
