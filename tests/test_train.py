@@ -61,7 +61,7 @@ def test_the_profile_and_overlay_become_the_deepspeed_config():
     assert run_args.profile == "zero3"
     assert training["deepspeed"]["zero_optimization"]["stage"] == 3
     assert training["deepspeed"]["flops_profiler"]["enabled"] is True
-    assert training["accelerator_config"] == {"use_configured_state": True}
+    assert training["accelerator_config"]["use_configured_state"] is True
 
 
 def test_unknown_profile_fails_before_anything_starts():

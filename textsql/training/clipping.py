@@ -4,8 +4,8 @@
 moves each norm to the first tensor's device (``norm.to(first_device)``), one dispatched op per tensor
 (131 for t5-small) even when all share a device. Here the gradients of one device and dtype (what a rank's
 trainer optimizer holds under torch autocast: fp32 weights on one accelerator) go through eight ops:
-foreach norm, stack, norm, add, reciprocal and mul (the division), clamp, foreach mul. Like torch's own, it never reads the
-norm on the host (the scale is clamped to 1 instead of branching), so a step has no host sync.
+foreach norm, stack, norm, add, reciprocal and mul (the division), clamp, foreach mul. Like torch's own,
+it never reads the norm on the host (the scale is clamped to 1 instead of branching): no host sync.
 
 Usage::
 
