@@ -102,3 +102,27 @@ def test_an_impossible_schedule_is_refused_naming_the_flag(tmp_path, flag, value
 
     with pytest.raises(LaunchError, match=f"pass --{flag}"):
         parse_command_line(train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path)) + [f"--{flag}", value])
+
+
+def _decide(rank: int, port: int, results) -> None:
+    import torch
+
+    from textsql.training.schedule import agreed
+
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        # Each rank's clock says something else; rank 0's word holds on both.
+        results[rank] = agreed(rank == 0, rank == 1, torch.device("cpu"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_every_rank_takes_rank_0s_decision():
+    import torch.multiprocessing as mp
+
+    from worker.network import free_port
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_decide, args=(free_port(), results), nprocs=2, join=True)
+        assert dict(results) == {0: (True, False), 1: (True, False)}

@@ -55,7 +55,8 @@ class TimedSchedule(TrainerCallback):
         self.last_save = self.clock()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if not (control.should_evaluate or control.should_save) or state.global_step >= state.max_steps:
+        timed = self.eval_share or self.save_every_minutes  # else the step grid rules, with no broadcast
+        if not timed or not (control.should_evaluate or control.should_save) or state.global_step >= state.max_steps:
             return
         now = self.clock()
         evaluate = control.should_evaluate and self.evaluation_due(now)
