@@ -47,10 +47,11 @@ from textsql.training.checkpoints import (
 from textsql.training.collective import exit_on_failure
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.events import close_run_events, events_dir, use_run_events
-from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
+from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed, token_budget_record
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
+from textsql.training.schedule import TimedSchedule
 from textsql.training.trainer import GrammarSeq2SeqTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
@@ -133,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if training_args.predict_with_generate
         else None,
-        callbacks=[KeepGenerationBound(), MarkComplete()],
+        callbacks=[
+            KeepGenerationBound(),
+            MarkComplete(),
+            TimedSchedule(run_args.eval_share, run_args.save_every_minutes),
+        ],
     )
     use_step_lines(trainer)
     use_run_events(trainer)
@@ -244,14 +249,16 @@ def parse_command_line(
         config, autocast = autocast_bf16(config)
     training_values = _field_values(Seq2SeqTrainingArguments, values)
     if autocast:
-        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (a foreach norm, not a loop per tensor).
+        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (textsql.training.clipping: no loop per tensor).
         run_args.optimizer_max_grad_norm, training_values["max_grad_norm"] = training_values["max_grad_norm"], 0.0
     training_values |= {
         "deepspeed": config,
         # Under torch autocast the weights stay fp32: the trainer's bf16 flag would ask DeepSpeed for bf16 weights.
         "bf16": model_args.precision == "bf16" and not autocast,
         "fp16": model_args.precision == "fp16",
-        "accelerator_config": {"use_configured_state": True},
+        # Pinned batches (on CUDA) are copied to the device without waiting: the step's first kernels queue
+        # behind the copy on the GPU instead of the host blocking on it.
+        "accelerator_config": {"use_configured_state": True, "non_blocking": training_values["dataloader_pin_memory"]},
     }
     return model_args, data_args, run_args, training_values
 
@@ -426,6 +433,9 @@ def _write_summary(
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
+        "eval_share_limit": run_args.eval_share,
+        "save_every_minutes": run_args.save_every_minutes,
+        "token_budget": token_budget_record(getattr(trainer, "max_tokens_per_batch", None)),
         "log_history": trainer.state.log_history,
     }
     write_json(output_path(trainer.args) / RUN_SUMMARY_NAME, summary)
