@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import Counter
 from collections.abc import Callable
 
 from textsql.constants import AGG_OPS, COND_OPS, RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS
