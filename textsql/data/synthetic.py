@@ -473,7 +473,8 @@ def split_headers() -> dict[str, list[tuple[list[str], list[str]]]]:
     chosen = rng.sample(candidates, 2 * HELD_OUT_HEADERS)
     held_out = {"validation": chosen[:HELD_OUT_HEADERS], "test": chosen[HELD_OUT_HEADERS:]}
     unseen.update(name.lower() for headers in held_out.values() for header in headers for name in header)
-    words = sorted({word for header in types for name in header for word in name.split()})
+    # Words, not fragments such as "(2008)" or "[e": names a question can say, as WikiSQL's columns mostly are.
+    words = sorted({word for header in types for name in header for word in name.split() if word.isalpha() and len(word) > 1})
     return {
         "train": _recombined_headers(words, unseen, rng),
         **{split: [(list(header), types[header]) for header in headers] for split, headers in held_out.items()},
