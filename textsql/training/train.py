@@ -38,7 +38,6 @@ from textsql.files import write_json, write_jsonl
 from textsql.model import load_config, load_model, load_tokenizer
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.checkpoints import (
-    MarkComplete,
     incomplete_reason,
     newest_complete_checkpoint,
     output_path,
@@ -48,6 +47,7 @@ from textsql.training.collective import exit_on_failure
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.events import close_run_events, events_dir, use_run_events
 from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed
+from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
