@@ -137,6 +137,32 @@ def test_a_run_shows_the_hosts_it_checked_and_the_all_reduce_bandwidth(tmp_path)
     assert lines[5] == "training: 106 s, 0.30 samples/s, train loss 9.420"
 
 
+def test_a_run_shows_the_collective_figures_per_host_from_its_summary(tmp_path):
+    from textsql.training.collective import figures
+
+    timings = [[(0.0, 1.51), (1.5, 0.01)]] * 3  # the ranks on 127.0.0.3 joined 1.5 s late on every size
+    write_json(tmp_path / "run.json", RUN | {"collective": figures(["127.0.0.2", "127.0.0.3"], timings, "gloo")})
+    write_json(tmp_path / "collective.json", {"world_size": 9, "backend": "old", "sizes": []})  # run.json's come first
+    lines = format_run(tmp_path).splitlines()
+    assert lines[1].startswith("all-reduce on 2 ranks (gloo), bus bandwidth: 4 KiB ")
+    assert lines[2].split() == [
+        "127.0.0.2",
+        "ok",
+        "0.00556",
+        "GB/s",
+        "at",
+        "8",
+        "MiB,",
+        "others",
+        "waited",
+        "0",
+        "s",
+        "for",
+        "it",
+    ]
+    assert lines[3].split()[:2] == ["127.0.0.3", "slow"] and lines[3].endswith("others waited 1.5 s for it")
+
+
 def test_a_run_that_wrote_no_summary_points_at_its_log(tmp_path):
     with pytest.raises(TextSQLError, match="no run.json in .*the training did not finish; see .*launch.log"):
         format_run(tmp_path)

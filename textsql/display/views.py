@@ -61,7 +61,7 @@ def format_run(run_dir: str | Path) -> str:
     ]
     if run.get("resumed_from"):
         lines.append(f"resumed from {run['resumed_from']}")
-    lines += _cluster_lines(Path(run_dir))
+    lines += _cluster_lines(Path(run_dir), run.get("collective"))
     history = run.get("log_history", [])
     for entry in history:
         if "train_runtime" in entry:
@@ -86,8 +86,9 @@ def format_run(run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def _cluster_lines(run_dir: Path) -> list[str]:
-    """The hosts the master checked (``cluster.json``) and the ranks' all-reduce figures (``collective.json``)."""
+def _cluster_lines(run_dir: Path, collective: dict | None = None) -> list[str]:
+    """The hosts the master checked (``cluster.json``) and the ranks' all-reduce figures (``run.json``'s, else
+    ``collective.json``, which a run stopped by the check leaves)."""
     lines = []
     cluster = run_dir / CLUSTER_FILE_NAME
     if cluster.is_file():
@@ -106,12 +107,30 @@ def _cluster_lines(run_dir: Path) -> list[str]:
                 f"{host['address']:<16} {host['pod']:<14} {found.get('torch') or '?':<14} {found.get('deepspeed') or '?':<10} "
                 f"{devices:<22} {host.get('socket_ifname') or '?':<10} {'?' if free is None else f'{free / 1024**3:.1f} GiB'}"
             )
-    collective = run_dir / COLLECTIVE_FILE_NAME
-    if collective.is_file():
-        figures = read_json(collective)
+    if not collective and (run_dir / COLLECTIVE_FILE_NAME).is_file():
+        collective = read_json(run_dir / COLLECTIVE_FILE_NAME)
+    if collective:
+        lines += collective_lines(collective)
+    return lines
+
+
+def collective_lines(figures: dict) -> list[str]:
+    """The collective check's figures (:func:`textsql.training.collective.figures`): bus bandwidth per size, then
+    each host's result, bandwidth at the largest size and how long the others waited for it.
+
+    :rtype: list[str]
+    """
+    lines = [
+        f"all-reduce on {figures['world_size']} ranks ({figures['backend']}), bus bandwidth: "
+        + ", ".join(f"{size['bytes'] / 1024:g} KiB {size['bus_gbps']:.3g} GB/s" for size in figures["sizes"])
+    ]
+    slow = {entry["host"] for entry in figures.get("slow_hosts", [])}
+    for host in figures.get("per_host", []):
+        largest = host["sizes"][-1]
         lines.append(
-            f"all-reduce on {figures['world_size']} ranks ({figures['backend']}), bus bandwidth: "
-            + ", ".join(f"{size['bytes'] / 1024:g} KiB {size['bus_gbps']:.3g} GB/s" for size in figures["sizes"])
+            f"  {host['host']:<16} {'slow' if host['host'] in slow else host['result']:<5} "
+            f"{largest['bus_gbps']:.3g} GB/s at {largest['bytes'] / 1024**2:g} MiB, "
+            f"others waited {max(host['waited_for_s']):.2g} s for it"
         )
     return lines
 

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             model_args.precision,
         )
     # Before anything slow: ranks that cannot all-reduce end here, naming the host, in seconds.
-    exit_on_failure(output_path(training_args))
+    collective = exit_on_failure(output_path(training_args))
     checkpoint = prepare_output_dir(training_args, run_args)
     set_seed(training_args.seed)
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     close_run_events(trainer)
     export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
-        _write_summary(trainer, model_args, run_args, checkpoint)
+        _write_summary(trainer, model_args, run_args, checkpoint, collective)
     teardown_distributed()
     return 0
 
@@ -412,7 +412,11 @@ def export_model(trainer: Seq2SeqTrainer, target: Path, prepare_record: Path | N
 
 
 def _write_summary(
-    trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args: RunArguments, checkpoint: str | None
+    trainer: Seq2SeqTrainer,
+    model_args: ModelArguments,
+    run_args: RunArguments,
+    checkpoint: str | None,
+    collective: dict,
 ) -> None:
     engine = trainer.model_wrapped
     summary = {
@@ -427,6 +431,8 @@ def _write_summary(
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
         "log_history": trainer.state.log_history,
+        # The collective check of this launch (empty for a single rank): result and bandwidth per host.
+        "collective": collective,
     }
     write_json(output_path(trainer.args) / RUN_SUMMARY_NAME, summary)
 
