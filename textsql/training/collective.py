@@ -141,8 +141,13 @@ def figures(hosts: list[str], timings: list[list[tuple[float, float]]], backend:
         gbps = 2 * (world - 1) / world * moved / seconds / 1e9 if seconds > 0 else 0.0
         return {"bytes": moved, "seconds": round(seconds, 6), "bus_gbps": float(f"{gbps:.3g}")}
 
-    # The all-reduce's own time: the last rank to join waited for no one.
-    own = [min(seconds for _, seconds in per_rank) for per_rank in timings]
+    # Each rank's all-reduce time once every rank had joined (what it spent waiting for later ones taken off), and
+    # the all-reduce's own time: the fastest of those.
+    effective = [
+        [max(seconds - (max(lag for lag, _ in per_rank) - joined_after), 0.0) for joined_after, seconds in per_rank]
+        for per_rank in timings
+    ]
+    own = [min(per_rank) for per_rank in effective]
     per_host = []
     slow_hosts = []
     for host in dict.fromkeys(hosts):
@@ -154,7 +159,7 @@ def figures(hosts: list[str], timings: list[list[tuple[float, float]]], backend:
                 "result": "ok",
                 "waited_for_s": [round(seconds, 6) for seconds in waited],
                 "sizes": [
-                    size_figure(4 * size, max(timings[index][rank][1] for rank in ranks))
+                    size_figure(4 * size, max(effective[index][rank] for rank in ranks))
                     for index, size in enumerate(SIZES)
                 ],
             }
