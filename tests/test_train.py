@@ -15,7 +15,8 @@ from textsql.training.checkpoints import (
     newest_complete_checkpoint,
     set_aside_incomplete,
 )
-from textsql.training.train import _prepare_on_saving_rank, check_train_args, parse_command_line, resolve_precision
+from textsql.training.command_line import check_train_args, parse_command_line, resolve_precision
+from textsql.training.train import _prepare_on_saving_rank
 
 REQUIRED = train_argv(data_dir="data", output_dir="out")
 

@@ -290,7 +290,7 @@ def launch(
     given = {name: value for name, value in options.items() if value is not None}
     arguments = LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)
     if arguments.module == TRAIN_MODULE:
-        from textsql.training.train import check_train_args
+        from textsql.training.command_line import check_train_args
 
         check_train_args(arguments.train_args)
     raise SystemExit(supervise(arguments, max_restarts=max_restarts, stall_timeout=stall_timeout))

@@ -5,7 +5,7 @@ overridden on the command line). On CUDA: the fused AdamW kernel (one launch for
 instead of several per tensor), ``torch.compile`` through the DeepSpeed engine, TF32 matmuls on Ampere
 and newer, pinned memory and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), and batches filled to a token
 budget sized from the GPU's memory. On a CPU the defaults stay as they were. Precision is not here:
-``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.train.resolve_precision``).
+``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.command_line.resolve_precision``).
 
 Already fast in transformers 5.23 and left alone: the training loss is accumulated on the device and
 read with ``.item()`` only when it is logged.
