@@ -88,6 +88,7 @@ def test_a_host_the_others_wait_for_on_every_all_reduce_is_slow():
 
     slow = figures(["a", "b"], timings([2.0, 2.1, 2.0]), "gloo")
     assert [host["host"] for host in slow["slow_hosts"]] == ["b"]
+    assert [host["result"] for host in slow["per_host"]] == ["ok", "slow"]
     assert slow["per_host"][1]["waited_for_s"] == [2.0, 2.1, 2.0] and slow["per_host"][0]["waited_for_s"] == [0, 0, 0]
     assert [size["seconds"] for size in slow["sizes"]] == [0.01] * 3  # the all-reduce's own time, not the wait
     # Once late (a hiccup) is not slow, nor a wait under the floor however many times the all-reduce it is.

@@ -129,10 +129,11 @@ def cluster_table(record: dict, collective: dict | None = None) -> list[str]:
 
     :rtype: list[str]
     """
+    # A host's bandwidth at the largest size, and "slow" where the check found it so.
     bandwidth = {
-        host["host"]: f"{host['sizes'][-1]['bus_gbps']:.3g} GB/s" for host in (collective or {}).get("per_host", [])
+        host["host"]: f"{host['sizes'][-1]['bus_gbps']:.3g} GB/s" + (" slow" if host["result"] == "slow" else "")
+        for host in (collective or {}).get("per_host", [])
     }
-    slow = {entry["host"] for entry in (collective or {}).get("slow_hosts", [])}
     columns = ("host", "pod", "python", "torch", "deepspeed", "transformers", "accelerators", "interface", "all-reduce")
     widths = (16, 14, 7, 14, 10, 13, 22, 10, 14)
     lines = [" ".join(f"{name:<{width}}" for name, width in zip(columns, widths)) + " free disk"]
@@ -142,7 +143,7 @@ def cluster_table(record: dict, collective: dict | None = None) -> list[str]:
             host["pod"],
             host.get("socket_ifname") or "?",
             host.get("inventory") or {},
-            bandwidth.get(host["address"], "?") + (" slow" if host["address"] in slow else ""),
+            bandwidth.get(host["address"], "?"),
         )
         for host in record["hosts"]
     ]
@@ -180,11 +181,10 @@ def collective_lines(figures: dict) -> list[str]:
         f"all-reduce on {figures['world_size']} ranks ({figures['backend']}), bus bandwidth: "
         + ", ".join(f"{size['bytes'] / 1024:g} KiB {size['bus_gbps']:.3g} GB/s" for size in figures["sizes"])
     ]
-    slow = {entry["host"] for entry in figures.get("slow_hosts", [])}
     for host in figures.get("per_host", []):
         largest = host["sizes"][-1]
         lines.append(
-            f"  {host['host']:<16} {'slow' if host['host'] in slow else host['result']:<5} "
+            f"  {host['host']:<16} {host['result']:<5} "
             f"{largest['bus_gbps']:.3g} GB/s at {largest['bytes'] / 1024**2:g} MiB, "
             f"others waited {max(host['waited_for_s']):.2g} s for it"
         )

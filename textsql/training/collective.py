@@ -153,10 +153,11 @@ def figures(hosts: list[str], timings: list[list[tuple[float, float]]], backend:
     for host in dict.fromkeys(hosts):
         ranks = [rank for rank, name in enumerate(hosts) if name == host]
         waited = [max(timings[index][rank][0] for rank in ranks) for index in range(len(SIZES))]
+        slow = all(wait > max(SLOW_FACTOR * seconds, SLOW_MIN_S) for wait, seconds in zip(waited, own))
         per_host.append(
             {
                 "host": host,
-                "result": "ok",
+                "result": "slow" if slow else "ok",
                 "waited_for_s": [round(seconds, 6) for seconds in waited],
                 "sizes": [
                     size_figure(4 * size, max(effective[index][rank] for rank in ranks))
@@ -164,7 +165,7 @@ def figures(hosts: list[str], timings: list[list[tuple[float, float]]], backend:
                 ],
             }
         )
-        if all(wait > max(SLOW_FACTOR * seconds, SLOW_MIN_S) for wait, seconds in zip(waited, own)):
+        if slow:
             slow_hosts.append(
                 {"host": host, "waited_s": statistics.median(waited), "all_reduce_s": statistics.median(own)}
             )
