@@ -173,8 +173,8 @@ def test_a_run_shows_the_collective_figures_per_host_from_its_summary(tmp_path):
     lines = format_run(tmp_path).splitlines()
     assert lines[1].startswith("all-reduce on 2 ranks (gloo), bus bandwidth: 4 KiB ")
     # Both hosts' bandwidth once both had joined (the 1.5 s rank 0 waited is not the network's).
-    assert lines[2] == "  127.0.0.2        ok    0.839 GB/s at 8 MiB, others waited 0 s for it"
-    assert lines[3].split()[:2] == ["127.0.0.3", "slow"] and lines[3].endswith("others waited 1.5 s for it")
+    assert lines[2] == "  127.0.0.2        ok    0.839 GB/s at 8 MiB, others waited 0.00 s for it"
+    assert lines[3].split()[:2] == ["127.0.0.3", "slow"] and lines[3].endswith("others waited 1.50 s for it")
 
 
 def test_a_run_that_wrote_no_summary_points_at_its_log(tmp_path):

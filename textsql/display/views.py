@@ -186,7 +186,7 @@ def collective_lines(figures: dict) -> list[str]:
         lines.append(
             f"  {host['host']:<16} {host['result']:<5} "
             f"{largest['bus_gbps']:.3g} GB/s at {largest['bytes'] / 1024**2:g} MiB, "
-            f"others waited {max(host['waited_for_s']):.2g} s for it"
+            f"others waited {max(host['waited_for_s']):.2f} s for it"
         )
     return lines
 
