@@ -392,6 +392,7 @@ def run(
         max_eval_samples=sizes.eval_questions,
         per_device_eval_batch_size=EVAL_BATCH,
         probe_env={STOP_BELOW_VAR: str(target)},
+        eval_share=0,  # every eval_steps, as the old recipe: both arms check the target at the same steps
         **evaluate,
     )
     ours_loss = read_json(ours_dir / "probe" / "rank0.json")
@@ -401,7 +402,8 @@ def run(
         "defaults": _rounded(training_seconds_to(ours_loss, target), 1),
         "defaults_evaluation_share": read_json(ours_dir / "out" / "run.json")["evaluation_share"],
         "how": "training time from the first step to the end of the step whose loss-only evaluation reached the "
-        f"target, evaluations subtracted; every {sizes.eval_steps} steps, at most {sizes.loss_steps} steps",
+        f"target, evaluations subtracted; every {sizes.eval_steps} steps in both arms (ours with --eval_share 0; "
+        "its evaluation share is this run's, not the default schedule's), at most {sizes.loss_steps} steps",
     }
     save(section)
 

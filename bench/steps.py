@@ -26,6 +26,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -143,23 +144,32 @@ def count_ops(events) -> dict:
             parent = parent.cpu_parent
 
     counts = {"ops": 0, "host_syncs": 0, "reduce_calls": 0, "optimizer_ops": 0, "optimizer_host_syncs": 0}
+    optimizer_names: Counter[str] = Counter()
+    sync_places: Counter[str] = Counter()
     for event in events:
         names = [parent.name for parent in ancestors(event)]
         in_optimizer = OPTIMIZER_PHASE in names
         from_python = all(name in HOST_READS for name in names if name.startswith("aten::"))
         if event.name == SYNC_CALLS or (event.name in HOST_SYNC_OPS and from_python):
             counts["host_syncs"] += 1
+            sync_places[" < ".join(name for name in names if not name.startswith("aten::")) or "(top level)"] += 1
             counts["optimizer_host_syncs"] += in_optimizer
         if event.name.startswith("aten::") and not any(name.startswith("aten::") for name in names):
             counts["ops"] += 1
             counts["optimizer_ops"] += in_optimizer
+            if in_optimizer:
+                optimizer_names[event.name] += 1
         if (
             event.name.startswith("c10d::")
             and "reduce" in event.name
             and not any(name.startswith("c10d::") for name in names)
         ):
             counts["reduce_calls"] += 1
-    return counts
+    return {
+        **counts,
+        "optimizer_ops_by_name": dict(optimizer_names.most_common()),
+        "host_syncs_under": dict(sync_places.most_common()),
+    }
 
 
 def _marked(method, name: str = OPTIMIZER_PHASE):

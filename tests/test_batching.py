@@ -29,7 +29,7 @@ def sampler(lengths, **kwargs) -> TokenBudgetBatchSampler:
 
 def test_bounds_are_multiples_of_8_and_cover_the_longest(lengths):
     bounds = bucket_bounds(lengths[0], buckets=4)
-    assert len(bounds) <= 4 and all(bound % 8 == 0 for bound in bounds)
+    assert len(bounds) <= 5 and all(bound % 8 == 0 for bound in bounds)  # 4 quantile buckets and the overflow one
     assert bounds[-1] == round_up(max(lengths[0])) and list(bounds) == sorted(bounds)
     assert padded_length(bounds[0] + 1, bounds) == bounds[1]
 
@@ -92,7 +92,7 @@ def test_distinct_shapes_are_bounded_and_predicted(lengths):
                 )
             )
     assert seen <= padder.shapes()
-    assert len(padder.shapes()) <= 2 * 4 * 4
+    assert len(padder.shapes()) <= 2 * 5 * 5  # two per bucket: 4 quantile buckets and the overflow one a side
 
 
 def test_an_example_over_the_budget_names_the_flag():
@@ -121,6 +121,38 @@ def test_bucket_padding_pads_to_the_bucket_bounds(tmp_path):
     assert (batch["labels"][:, 10:] == LABEL_PAD_TOKEN_ID).all()
     assert (batch["input_ids"][0, 17:] == tokenizer.pad_token_id).all()
     assert isinstance(batch["input_ids"], torch.Tensor)
+
+
+@pytest.fixture(scope="module")
+def sample_lengths(tmp_path_factory) -> tuple[list[int], list[int]]:
+    """(source, target) lengths of the shipped sample's 1,000 training questions, prepared as training is (schema input)."""
+    import datasets
+
+    from textsql.data.prepare import PrepareArguments, prepare
+
+    out = tmp_path_factory.mktemp("sample") / "data"
+    prepare(PrepareArguments(out=str(out)))
+    train = datasets.load_from_disk(str(out))["train"]
+    return [len(ids) for ids in train["input_ids"]], [len(ids) for ids in train["labels"]]
+
+
+def padding_share(lengths, source_bounds, target_bounds) -> float:
+    real = sum(lengths[0]) + sum(lengths[1])
+    padded = sum(padded_length(s, source_bounds) + padded_length(t, target_bounds) for s, t in zip(*lengths))
+    return 1 - real / padded
+
+
+def test_an_overflow_bucket_for_the_longest_2_percent_cuts_the_samples_padding(sample_lengths):
+    sources, targets = sample_lengths
+    # The bounds before: the top bucket reached the longest example (top quantile 1), so the targets had two
+    # buckets, 24 and 88 tokens, for queries of 9 to 87 tokens, 98 % of them within 34.
+    before = padding_share(sample_lengths, bucket_bounds(sources, top=1.0), bucket_bounds(targets, top=1.0))
+    now = sampler(sample_lengths)
+    after = padding_share(sample_lengths, now.source_bounds, now.target_bounds)
+    assert before > 0.3 and after < 0.2, (before, after)
+    assert now.target_bounds[-1] == round_up(max(targets)) and len(now.target_bounds) > 2
+    # Still a fixed, small set of shapes: at most two per (source, target) bucket, 5 x 5 buckets.
+    assert len(now.shapes()) <= 2 * len(now.groups) <= 2 * 5 * 5
 
 
 @pytest.mark.parametrize("max_norm", [0.01, 0.0])

@@ -1,10 +1,9 @@
 """The GPU bench section: its arithmetic on the CPU, its clean absence without CUDA, the real thing marked gpu."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from bench_runs import run_bench
 
 from bench.flops import T5Shape, training_flops
 from bench.gpu import OPS_KEYS, ROW_KEYS, SECTION_KEYS, Sizes, available, curves_match, step_samples
@@ -101,25 +100,7 @@ def test_step_samples_rebuild_every_epoch_of_the_seeded_sampler():
 def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(tmp_path):
     before = json.loads((PROJECT_DIR / "bench" / "results.json").read_text())
     (tmp_path / "results.json").write_text(json.dumps(before))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--smoke",
-            "--only",
-            "gpu",
-            "--out",
-            str(tmp_path),
-            "--work",
-            str(tmp_path / "work"),
-        ],
-        cwd=PROJECT_DIR,
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = run_bench(tmp_path, "--only", "gpu", timeout=300)
     assert "gpu" not in results
     figures = [key for key in before if key not in ("machine", "releases", "started", "finished")]
     assert figures and all(results[key] == before[key] for key in figures)
@@ -128,27 +109,9 @@ def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(tmp_pa
 @pytest.mark.slow
 def test_the_gpu_section_runs_on_the_cpu_at_smoke_size_and_writes_every_key(tmp_path):
     """The same code as on a GPU, with the tiny T5, a few steps and the CPU's nominal peak."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "gpu",
-            "--device",
-            "cpu",
-            "--smoke",
-            "--out",
-            str(tmp_path),
-            "--work",
-            str(tmp_path / "work"),
-        ],
-        cwd=PROJECT_DIR,
-        check=True,
-        # 10.5 to 23 minutes on this project's 2 shared cores (load average 12-15): four DeepSpeed
-        # launches, each paying the launcher's and the rank's start-up.
-        timeout=1800,
-    )
-    figure = json.loads((tmp_path / "results.json").read_text())["gpu"]
+    # 10.5 to 23 minutes on this project's 2 shared cores (load average 12-15): four DeepSpeed
+    # launches, each paying the launcher's and the rank's start-up.
+    figure = run_bench(tmp_path, "gpu", "--device", "cpu", timeout=1800, capture_output=False)["gpu"]
     assert set(SECTION_KEYS) <= set(figure), set(SECTION_KEYS) - set(figure)
     assert set(figure["profiles"]) == {"default", "zero1"} and figure["profiles"]["default"]["profile"] == "zero1"
     for row in figure["profiles"].values():
@@ -166,24 +129,6 @@ def test_the_gpu_section_runs_on_the_cpu_at_smoke_size_and_writes_every_key(tmp_
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_the_gpu_section_runs_at_smoke_size(tmp_path):
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--smoke",
-            "--only",
-            "gpu",
-            "--out",
-            str(tmp_path),
-            "--work",
-            str(tmp_path / "work"),
-        ],
-        cwd=PROJECT_DIR,
-        check=True,
-        timeout=900,
-        capture_output=True,
-    )
-    figure = json.loads((tmp_path / "results.json").read_text())["gpu"]
+    figure = run_bench(tmp_path, "--only", "gpu", timeout=900)["gpu"]
     assert figure["old_recipe_samples_per_s"] > 0 and figure["profiles"]["default"]["samples_per_s"] > 0
     assert figure["device"] and figure["versions"]["cuda"]

@@ -97,6 +97,8 @@ def test_the_cli_trains_with_the_same_defaults(tmp_path):
         training["eval_steps"],
         training["save_steps"],
         training["max_steps"],
+        run_args.eval_share,
+        run_args.save_every_minutes,
         run_args.overwrite_output_dir,
     ) == (
         defaults["per_device_batch_size"],
@@ -104,6 +106,8 @@ def test_the_cli_trains_with_the_same_defaults(tmp_path):
         defaults["eval_steps"],
         defaults["eval_steps"],
         defaults["max_steps"],
+        defaults["eval_share"],
+        defaults["save_every_minutes"],
         defaults["overwrite"],
     )
 

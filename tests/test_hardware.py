@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from textsql.training.command_line import parse_command_line
-from textsql.training.hardware import DeviceFacts, device_facts, fast_defaults, teardown_distributed
+from textsql.training.hardware import (
+    DeviceFacts,
+    device_facts,
+    fast_defaults,
+    teardown_distributed,
+    token_budget_record,
+)
 from worker.network import free_port
 
 H100 = DeviceFacts(cuda=True, compute_capability=(9, 0), memory_gib=79.2, gpus=1, cpu_cores=16)
@@ -51,6 +57,15 @@ def test_this_machine_is_described_and_its_defaults_reach_the_trainer():
 def test_the_token_budget_flag_reaches_the_data_arguments():
     _, data, *_ = parse_command_line(["--data_dir", "data", "--output_dir", "out", "--max_tokens_per_batch", "4096"])
     assert data.max_tokens_per_batch == 4096
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the record holds its memory figures")
+def test_run_json_keeps_the_token_budget_and_no_gpu_figures_on_a_cpu():
+    assert token_budget_record(2048) == {
+        "max_tokens_per_batch": 2048,
+        "gpu_memory_gib": None,
+        "cuda_max_memory_allocated_gib": None,
+    }
 
 
 def test_teardown_destroys_the_group_and_forgets_accelerates_state(monkeypatch):

@@ -83,6 +83,7 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
     summary = json.loads((out / "run.json").read_text())
     assert summary["resumed_from"] == checkpoint and summary["global_step"] == MAX_STEPS
     assert summary["world_size"] == 2 and summary["engine"].endswith("DeepSpeedEngine")
+    assert summary["token_budget"]["cuda_max_memory_allocated_gib"] is None  # CPU ranks: no GPU peak to report
     # The resumed launch's collective check: its result and bandwidth per host.
     per_host = summary["collective"]["per_host"]
     assert [(host["host"], host["result"]) for host in per_host] == [("127.0.0.2", "ok"), ("127.0.0.3", "ok")]

@@ -64,7 +64,7 @@ def test_the_profile_and_overlay_become_the_deepspeed_config():
     assert run_args.profile == "zero3"
     assert training["deepspeed"]["zero_optimization"]["stage"] == 3
     assert training["deepspeed"]["flops_profiler"]["enabled"] is True
-    assert training["accelerator_config"] == {"use_configured_state": True}
+    assert training["accelerator_config"]["use_configured_state"] is True
 
 
 def test_unknown_profile_fails_before_anything_starts():
@@ -289,3 +289,21 @@ def test_evaluation_share_counts_the_evaluations_inside_the_training_loop_only()
     ]
     assert evaluation_share(history) == 0.05
     assert evaluation_share(history[:3]) is None
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_pinned_batches_reach_the_device_without_blocking(tmp_path, pinned):
+    """accelerate copies a prepared loader's batches with non_blocking only when told; pinning is what makes that
+    asynchronous, so the two go together (pinned on CUDA by default, not on CPUs)."""
+    from transformers import Seq2SeqTrainingArguments
+
+    from textsql.model import load_model
+    from textsql.training.batching import TokenBudgetTrainer
+
+    *_, values = parse("--eval_strategy", "no", *(["--dataloader_pin_memory", "true"] if pinned else []))
+    # The run's own values, less DeepSpeed (its config needs the launcher's world) and the shared state.
+    values.pop("deepspeed")
+    values["accelerator_config"].pop("use_configured_state")
+    trainer = TokenBudgetTrainer(model=load_model(), args=Seq2SeqTrainingArguments(**values))
+    loader = trainer.accelerator.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=2))
+    assert trainer.accelerator.non_blocking is pinned and loader._non_blocking is pinned

@@ -223,6 +223,21 @@ class RunArguments:
         default=False,
         metadata={"help": "Delete the checkpoints and model/ of a previous run in --output_dir before training."},
     )
+    eval_share: float | None = field(
+        default=None,
+        metadata={
+            "help": "Largest share of training time evaluation may take: an --eval_steps boundary evaluates only once "
+            "training has run the last evaluation's duration x (1 - share) / share since it; 0 evaluates at every "
+            "boundary (default: 0.05 on a GPU, where steps are large; 0 on CPUs)."
+        },
+    )
+    save_every_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Least training time between checkpoints: a --save_steps boundary saves only once this many "
+            "minutes passed since the last checkpoint; 0 saves at every boundary (default: 10 on a GPU; 0 on CPUs)."
+        },
+    )
     # Set once --profile auto is resolved (textsql.training.train), for run.json and the stage line.
     auto_profile: bool = field(default=False, init=False)
     # Set with the DeepSpeed config (textsql.training.profiles.autocast_bf16): the norm the optimizer clips
@@ -232,6 +247,12 @@ class RunArguments:
     def __post_init__(self) -> None:
         if self.resume and self.overwrite_output_dir:
             raise LaunchError("--resume and --overwrite_output_dir contradict each other; pass only one")
+        if self.eval_share is not None and not 0 <= self.eval_share < 1:
+            raise LaunchError(f"eval_share must be in [0, 1), got {self.eval_share!r}; pass --eval_share 0.05 or 0")
+        if self.save_every_minutes is not None and self.save_every_minutes < 0:
+            raise LaunchError(
+                f"save_every_minutes must be 0 or more, got {self.save_every_minutes!r}; pass --save_every_minutes 10 or 0"
+            )
 
 
 @dataclass
@@ -286,6 +307,8 @@ def notebook_defaults() -> dict[str, Any]:
         "per_device_batch_size": TRAINING_DEFAULTS["per_device_train_batch_size"],
         "learning_rate": TRAINING_DEFAULTS["learning_rate"],
         "eval_steps": TRAINING_DEFAULTS["eval_steps"],
+        "eval_share": argument_field(RunArguments, "eval_share").default,
+        "save_every_minutes": argument_field(RunArguments, "save_every_minutes").default,
         "overwrite": argument_field(RunArguments, "overwrite_output_dir").default,
         "max_restarts": DEFAULT_MAX_RESTARTS,
         # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.supervisor).

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import Counter
 from collections.abc import Callable
 
 from textsql.constants import AGG_OPS, COND_OPS, RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS
@@ -47,9 +46,10 @@ MAX_CONDITIONS = 4
 # Questions per split and how many distinct headers each held-out split uses.
 QUESTIONS = {"train": 12000, "validation": 200, "test": 200}
 HELD_OUT_HEADERS = 15
-# Copies of each training header, each with its columns in another order and its own rows, so a
-# column's position says nothing and each header is seen with many values.
-TRAIN_COPIES = 4
+# Training tables, their column counts (WikiSQL's headers mostly have 4 to 8), and how many columns are numbers.
+TRAIN_TABLES = 3000
+TRAIN_COLUMNS = (4, 8)
+REAL_SHARE = 0.35
 ROWS_PER_TABLE = 12
 # How often a query has 0..4 conditions (WikiSQL: almost all have one or two).
 CONDITION_WEIGHTS = (2, 60, 28, 7, 3)
@@ -418,12 +418,10 @@ def load_synthetic_split(split: str = "train", limit: int | None = None) -> tupl
         raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     rng = random.Random(f"{SEED}-{split}")
     headers = split_headers()[split]
-    copies = TRAIN_COPIES if split == "train" else 1
     tables = {}
-    for copy in range(copies):
-        for number, (header, types) in enumerate(headers):
-            table_id = f"{ID_PREFIX}-{split}-{copy * len(headers) + number}"
-            tables[table_id] = _table(table_id, header, types, rng, shuffle=copy > 0)
+    for number, (header, types) in enumerate(headers):
+        table_id = f"{ID_PREFIX}-{split}-{number}"
+        tables[table_id] = _table(table_id, header, types, rng)
     table_list = list(tables.values())
     count = QUESTIONS[split] if limit is None else min(limit, QUESTIONS[split])
     records = []
@@ -446,50 +444,61 @@ def load_synthetic_split(split: str = "train", limit: int | None = None) -> tupl
 
 
 def split_headers() -> dict[str, list[tuple[list[str], list[str]]]]:
-    """The distinct ``(header, types)`` of the sample's tables that each split synthesises questions over.
+    """The ``(header, types)`` of the tables each split synthesises questions over.
 
-    A column is ``real`` where any sample table with that header says so. Validation and test take the
-    :data:`HELD_OUT_HEADERS` headers each whose most common column name is rarest; training takes the
-    headers of the sample's train tables that share no column name with them.
+    Validation and test take :data:`HELD_OUT_HEADERS` real headers each from the sample's train tables, drawn
+    from :data:`SEED`, with the sample's column types (``real`` where any sample table with that header says so).
+    Training takes :data:`TRAIN_TABLES` recombined headers (:func:`_recombined_headers`): column names written
+    from the words of the sample's column names, none of which (case-insensitively) is a held-out column name
+    or a column name of the sample's dev and test tables, so held-out and real validation columns are unseen.
 
     :rtype: dict[str, list[tuple[list[str], list[str]]]]
     """
     types: dict[tuple[str, ...], list[str]] = {}
-    sample_split: dict[tuple[str, ...], str] = {}
+    unseen: set[str] = set()
     for split, stem in RELEASE_SPLIT_FILES.items():
         for table in load_tables(SAMPLE_DATA_DIR / f"{stem}{TABLES_SUFFIX}").values():
             header = tuple(table["header"])
             known = types.setdefault(header, list(table["types"]))
             types[header] = ["real" if "real" in pair else "text" for pair in zip(known, table["types"])]
-            # A header of a real dev or test table stays out of training even when a train table has it too.
-            sample_split[header] = split if sample_split.get(header, "train") == "train" else sample_split[header]
-    frequency = Counter(name.lower() for header in types for name in set(header))
+            if split != "train":
+                unseen.update(name.lower() for name in header)
     rng = random.Random(SEED)
     # A query names a column by its name, so a header naming two columns alike cannot be asked about both.
-    order = sorted(
-        (header for header in types if len({name.lower() for name in header}) == len(header)),
-        key=lambda header: (max(frequency[name.lower()] for name in header), rng.random()),
-    )
-    held_out = {"validation": order[:HELD_OUT_HEADERS], "test": order[HELD_OUT_HEADERS : 2 * HELD_OUT_HEADERS]}
-    held_names = {name.lower() for headers in held_out.values() for header in headers for name in header}
-    train = [
+    candidates = sorted(
         header
         for header in types
-        if sample_split[header] == "train"
-        and len({name.lower() for name in header}) == len(header)
-        and header not in order[: 2 * HELD_OUT_HEADERS]
-        and not {name.lower() for name in header} & held_names
-    ]
-    chosen = {"train": train, **held_out}
-    return {split: [(list(header), types[header]) for header in chosen[split]] for split in SPLITS}
+        if len({name.lower() for name in header}) == len(header) and not {name.lower() for name in header} & unseen
+    )
+    chosen = rng.sample(candidates, 2 * HELD_OUT_HEADERS)
+    held_out = {"validation": chosen[:HELD_OUT_HEADERS], "test": chosen[HELD_OUT_HEADERS:]}
+    unseen.update(name.lower() for headers in held_out.values() for header in headers for name in header)
+    words = sorted({word for header in types for name in header for word in name.split()})
+    return {
+        "train": _recombined_headers(words, unseen, rng),
+        **{split: [(list(header), types[header]) for header in headers] for split, headers in held_out.items()},
+    }
 
 
-def _table(table_id: str, header: list[str], types: list[str], rng: random.Random, shuffle: bool) -> dict:
-    """A table with this header (columns in a random order when ``shuffle``) and rows drawn for each column."""
-    order = list(range(len(header)))
-    if shuffle:
-        rng.shuffle(order)
-    header, types = [header[i] for i in order], [types[i] for i in order]
+def _recombined_headers(words: list[str], unseen: set[str], rng: random.Random) -> list[tuple[list[str], list[str]]]:
+    """:data:`TRAIN_TABLES` headers of new column names, each a few of ``words`` in a row, none in ``unseen``.
+
+    Far more column names than a small model can memorise, written from the same words as real headers: the
+    model learns to copy the name a question mentions rather than to recall the names of the tables it saw.
+    """
+    headers = []
+    while len(headers) < TRAIN_TABLES:
+        names: list[str] = []
+        while len(names) < rng.randint(*TRAIN_COLUMNS):
+            name = " ".join(rng.sample(words, rng.choices((1, 2, 3), (4, 4, 2))[0]))
+            if name.lower() not in unseen and name.lower() not in {known.lower() for known in names}:
+                names.append(name)
+        headers.append((names, ["real" if rng.random() < REAL_SHARE else "text" for _ in names]))
+    return headers
+
+
+def _table(table_id: str, header: list[str], types: list[str], rng: random.Random) -> dict:
+    """A table with this header and rows drawn for each column."""
     makers = [_value_maker(name, kind) for name, kind in zip(header, types)]
     rows = [[make(rng) for make in makers] for _ in range(ROWS_PER_TABLE)]
     return {"id": table_id, "header": header, "types": types, "rows": rows}

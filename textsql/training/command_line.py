@@ -77,14 +77,16 @@ def parse_command_line(
         config, autocast = autocast_bf16(config)
     training_values = _field_values(Seq2SeqTrainingArguments, values)
     if autocast:
-        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (a foreach norm, not a loop per tensor).
+        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (textsql.training.clipping: no loop per tensor).
         run_args.optimizer_max_grad_norm, training_values["max_grad_norm"] = training_values["max_grad_norm"], 0.0
     training_values |= {
         "deepspeed": config,
         # Under torch autocast the weights stay fp32: the trainer's bf16 flag would ask DeepSpeed for bf16 weights.
         "bf16": model_args.precision == "bf16" and not autocast,
         "fp16": model_args.precision == "fp16",
-        "accelerator_config": {"use_configured_state": True},
+        # Pinned batches (on CUDA) are copied to the device without waiting: the step's first kernels queue
+        # behind the copy on the GPU instead of the host blocking on it.
+        "accelerator_config": {"use_configured_state": True, "non_blocking": training_values["dataloader_pin_memory"]},
     }
     return model_args, data_args, run_args, training_values
 

@@ -3,8 +3,9 @@
 :func:`fast_defaults` turns :class:`DeviceFacts` into ``textsql train`` defaults (every one can still be
 overridden on the command line). On CUDA: the fused AdamW kernel (one launch for all parameters
 instead of several per tensor), ``torch.compile`` through the DeepSpeed engine, TF32 matmuls on Ampere
-and newer, pinned memory and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), and batches filled to a token
-budget sized from the GPU's memory. On a CPU the defaults stay as they were. Precision is not here:
+and newer, pinned memory (copied to the GPU without blocking) and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a token
+budget sized from the GPU's memory, and evaluation and checkpoints spaced by time (their step grid alone
+would run them every few seconds of training). On a CPU the defaults stay as they were. Precision is not here:
 ``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.command_line.resolve_precision``).
 
 Already fast in transformers 5.23 and left alone: the training loss is accumulated on the device and
@@ -33,6 +34,8 @@ MAX_LOADER_WORKERS = 4
 # an 80 GB H100 with room to spare; not yet measured for larger models, hence the cap.
 TOKENS_PER_GIB = 256
 MAX_TOKENS_PER_BATCH = 32768
+EVAL_SHARE = 0.05
+SAVE_EVERY_MINUTES = 10.0
 
 
 @dataclass(frozen=True)
@@ -90,12 +93,30 @@ def fast_defaults(facts: DeviceFacts) -> dict[str, Any]:
         # accelerate compiles the DeepSpeed engine itself (engine.compile in Accelerator._prepare_deepspeed);
         # the token-budget buckets bound the shapes it compiles for. --torch_compile false turns it off.
         "torch_compile": True,
+        # Large token batches make a step-based schedule evaluate and checkpoint every few seconds
+        # (textsql.training.schedule): evaluation kept to 5 % of the run, a checkpoint every 10 minutes.
+        "eval_share": EVAL_SHARE,
+        "save_every_minutes": SAVE_EVERY_MINUTES,
     }
     if facts.compute_capability and facts.compute_capability >= AMPERE:
         defaults["tf32"] = True
     if facts.memory_gib:
         defaults["max_tokens_per_batch"] = min(MAX_TOKENS_PER_BATCH, int(facts.memory_gib * TOKENS_PER_GIB) // 8 * 8)
     return defaults
+
+
+def token_budget_record(max_tokens_per_batch: int | None) -> dict[str, Any]:
+    """The token budget a run trained with beside the GPU memory it had and the most torch allocated (GiB; ``None``
+    on CPUs): what run.json keeps so :data:`TOKENS_PER_GIB`, a first guess, can be checked on the GPUs that ran.
+
+    :rtype: dict[str, typing.Any]
+    """
+    cuda = torch.cuda.is_available()
+    return {
+        "max_tokens_per_batch": max_tokens_per_batch,
+        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 1024**3, 1) if cuda else None,
+        "cuda_max_memory_allocated_gib": round(torch.cuda.max_memory_allocated() / 1024**3, 3) if cuda else None,
+    }
 
 
 def teardown_distributed() -> None:

@@ -296,8 +296,8 @@ def autocast_bf16(config: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     tensor by tensor, each with a host read: hundreds of ops and a sync per tensor every step. Under
     ``torch_autocast`` the weights stay fp32, the forward runs in bf16, and the engine steps the fused
     optimizer itself, unwrapped. DeepSpeed's own clipping (``clip_fp32_gradients``) also loops per tensor,
-    so the run gives DeepSpeed a clipping of 0 and the optimizer clips with torch's foreach norm before
-    each step instead (``textsql.training.train``, :class:`textsql.training.batching.TokenBudgetTrainer`).
+    so the run gives DeepSpeed a clipping of 0 and the optimizer clips by a foreach norm before each step
+    instead (``textsql.training.train``, :mod:`textsql.training.clipping`).
     Other stages, and profiles that name a DeepSpeed optimizer, keep DeepSpeed's bf16.
 
     :returns: ``(config, clip_in_optimizer)``; the input config is left alone.

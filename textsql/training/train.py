@@ -43,10 +43,11 @@ from textsql.training.collective import exit_on_failure
 from textsql.training.command_line import parse_command_line
 from textsql.training.estimate import AUTO_PROFILE
 from textsql.training.events import close_run_events, events_dir, use_run_events
-from textsql.training.hardware import teardown_distributed
+from textsql.training.hardware import teardown_distributed, token_budget_record
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
+from textsql.training.schedule import TimedSchedule
 from textsql.training.trainer import GrammarSeq2SeqTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
@@ -121,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if training_args.predict_with_generate
         else None,
-        callbacks=[KeepGenerationBound(), MarkComplete()],
+        callbacks=[
+            KeepGenerationBound(),
+            MarkComplete(),
+            TimedSchedule(run_args.eval_share, run_args.save_every_minutes),
+        ],
     )
     use_step_lines(trainer)
     use_run_events(trainer)
@@ -335,6 +340,9 @@ def _write_summary(
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
+        "eval_share_limit": run_args.eval_share,
+        "save_every_minutes": run_args.save_every_minutes,
+        "token_budget": token_budget_record(getattr(trainer, "max_tokens_per_batch", None)),
         "log_history": trainer.state.log_history,
         # The collective check of this launch (empty for a single rank): result and bandwidth per host.
         "collective": collective,

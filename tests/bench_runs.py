@@ -1,0 +1,32 @@
+"""How the bench tests run the bench: ``python -m bench --smoke`` in a subprocess, writing into a test's directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from textsql.constants import PROJECT_DIR
+
+
+def run_bench(tmp_path: Path, *args: str, timeout: float, capture_output: bool = True) -> dict:
+    """Run ``python -m bench --smoke ARGS`` from the project with ``--out tmp_path`` and ``--work tmp_path/work``;
+    the results.json it wrote.
+
+    :param capture_output: ``False`` lets a long run's progress reach the terminal (``pytest -s``).
+    :raises subprocess.CalledProcessError: the bench failed; ``subprocess.TimeoutExpired``: it ran past ``timeout``.
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--smoke",
+        *args,
+        "--out",
+        str(tmp_path),
+        "--work",
+        str(tmp_path / "work"),
+    ]
+    subprocess.run(command, cwd=PROJECT_DIR, check=True, timeout=timeout, capture_output=capture_output)
+    return json.loads((tmp_path / "results.json").read_text())
