@@ -85,3 +85,24 @@ def test_no_module_imports_a_private_name_of_another():
                         if alias.name.startswith("_")
                     ]
     assert offenders == []
+
+
+# What runs on the launching machine before the ranks start: none of it may import the training stack,
+# whose import (2-5 s each) lies on the way to the first training step.
+MASTER_MODULES = (
+    "textsql.cli",
+    "textsql.launching.launch",
+    "textsql.launching.supervisor",
+    "textsql.launching.cluster_check",
+    "worker.cluster",
+    "worker.rendezvous.server",
+    "worker.agent",
+)
+TRAINING_STACK = ("torch", "transformers", "datasets", "deepspeed", "accelerate")
+
+
+@pytest.mark.parametrize("module", MASTER_MODULES)
+def test_the_launching_path_imports_no_training_stack(module):
+    script = f"import sys, {module}\nprint(' '.join(name for name in {TRAINING_STACK!r} if name in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=PROJECT_DIR)
+    assert done.stdout.split() == [], f"importing {module} imports {done.stdout.strip()}"

@@ -12,10 +12,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from textsql.launching.cluster_check import CHECKPOINTS_KEPT, ClusterError, checkpoint_size, cluster_problems
+from textsql.cli import cli
+from textsql.files import write_json
+from textsql.launching.cluster_check import (
+    CHECKPOINTS_KEPT,
+    ClusterError,
+    check_cluster,
+    checkpoint_size,
+    cluster_problems,
+)
 from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import supervise
+from textsql.training.collective import figures
 from worker import constants as c
 from worker.cluster import start_workers
 from worker.inventory import InvalidInventory, Inventory, collect, interface_of, overrides_for
@@ -116,6 +126,35 @@ def test_slots_must_match_the_gpus_and_disk_must_hold_two_checkpoints():
 def test_hosts_that_report_nothing_are_not_judged():
     attached = Registration("10.0.0.2", 8, "gpu1", "gpu1")
     assert cluster_problems([attached], MASTER) == []
+
+
+def test_preflight_shows_a_runs_hosts_bandwidth_and_problems_one_line_each(tmp_path):
+    workers = [
+        worker("local-0", "127.0.0.2", interface="lo"),
+        worker(
+            "local-1", "127.0.0.3", torch="2.0.0", interface="eth1", accelerators=2, accelerator_model="NVIDIA A10G"
+        ),
+    ]
+    with pytest.raises(ClusterError) as refused:
+        check_cluster(workers, tmp_path, model="default")
+    # The ranks on 127.0.0.3 joined each all-reduce 2 s after the others.
+    timings = [[(0.0, 2.01), (2.0, 0.01)]] * 3
+    write_json(tmp_path / "collective.json", figures(["127.0.0.2", "127.0.0.3"], timings, "gloo"))
+    result = CliRunner().invoke(cli, ["preflight", "--require", "prepare", "--run-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    table = result.output[result.output.index("host ") :].splitlines()
+    assert table[0].split() == [
+        "host", "pod", "python", "torch", "deepspeed", "transformers", "accelerators", "interface", "all-reduce", "free", "disk",
+    ]  # fmt: skip
+    assert table[1].split()[:2] == ["master", "-"] and table[1].split()[-4:-2] == ["-", "-"]
+    assert table[2].split() == [
+        "127.0.0.2", "local-0", "3.11.7", "2.13.0+cpu", "0.19.8", "5.23.0", "none", "(CPU)", "lo", "0.839", "GB/s", "?",
+    ]  # fmt: skip
+    assert table[3].split() == [
+        "127.0.0.3", "local-1", "3.11.7", "2.0.0", "0.19.8", "5.23.0", "2", "x", "NVIDIA", "A10G", "eth1", "0.839", "GB/s", "slow", "?",
+    ]  # fmt: skip
+    # The check's problems, the same lines it refused the cluster with.
+    assert table[4:] == [f"problem: {line}" for line in str(refused.value).splitlines()[1:]] and len(table) == 6
 
 
 @pytest.mark.slow

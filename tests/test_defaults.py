@@ -27,7 +27,7 @@ from textsql.arguments import (
 from textsql.cli import cli
 from textsql.jobs import ENV_PREFIX, NOTEBOOKS, demo_parameters, notebook_path
 from textsql.launching.command import LaunchArguments
-from textsql.training.train import parse_command_line
+from textsql.training.command_line import parse_command_line
 from worker.backends.base import Resources
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

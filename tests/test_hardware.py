@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from textsql.training.command_line import parse_command_line
 from textsql.training.hardware import (
     DeviceFacts,
     device_facts,
@@ -10,7 +11,6 @@ from textsql.training.hardware import (
     teardown_distributed,
     token_budget_record,
 )
-from textsql.training.train import parse_command_line
 from worker.network import free_port
 
 H100 = DeviceFacts(cuda=True, compute_capability=(9, 0), memory_gib=79.2, gpus=1, cpu_cores=16)

@@ -23,6 +23,7 @@ from textsql.errors import LaunchError
 from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
+    local_command,
     mask_credentials,
     rank_environment,
     without_secrets,
@@ -114,6 +115,29 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
         "textsql.training.train",
         ["--output_dir", "out dir", "--resume", "auto"],
     )
+
+
+def test_local_command_is_what_deepspeeds_runner_would_run(tmp_path: Path) -> None:
+    """--launcher local skips DeepSpeed's runner: its per-node launcher gets the command line the runner builds."""
+    from deepspeed.launcher.launch import parse_args
+    from deepspeed.launcher.runner import encode_world_info
+
+    arguments = LaunchArguments(run_dir=tmp_path, launcher="local", master_port=29600, train_args=["--output_dir", "o"])
+    command = local_command(arguments, 2)
+    assert command[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.launch"]
+    sys_argv, sys.argv = sys.argv, ["launch.py", *command[4:]]
+    try:
+        parsed = parse_args()
+    finally:
+        sys.argv = sys_argv
+    assert parsed.world_info == encode_world_info({"localhost": [0, 1]})
+    assert (parsed.master_addr, parsed.master_port, parsed.module, parsed.no_local_rank) == (
+        "127.0.0.1",
+        29600,
+        True,
+        True,
+    )
+    assert (parsed.training_script, parsed.training_script_args) == ("textsql.training.train", ["--output_dir", "o"])
 
 
 def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
@@ -282,5 +306,6 @@ def test_local_launcher_needs_no_ssh(tmp_path: Path, standin_env: dict[str, str]
     result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "stand-in rank 0/2 node 0 sum 2" in result.stdout and "stand-in rank 1/2 node 0 sum 2" in result.stdout
-    assert (tmp_path / "run" / "hostfile.local").read_text() == "localhost slots=2\n"
+    # DeepSpeed's per-node launcher started the ranks itself: no runner, no hostfile.
+    assert "runner.py" not in result.stdout and not (tmp_path / "run" / "hostfile.local").exists()
     assert tagged_processes(standin_env["LAUNCH_TEST_TAG"]) == []

@@ -84,6 +84,10 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
     assert summary["resumed_from"] == checkpoint and summary["global_step"] == MAX_STEPS
     assert summary["world_size"] == 2 and summary["engine"].endswith("DeepSpeedEngine")
     assert summary["token_budget"]["cuda_max_memory_allocated_gib"] is None  # CPU ranks: no GPU peak to report
+    # The resumed launch's collective check: its result and bandwidth per host.
+    per_host = summary["collective"]["per_host"]
+    assert [(host["host"], host["result"]) for host in per_host] == [("127.0.0.2", "ok"), ("127.0.0.3", "ok")]
+    assert all(host["sizes"][-1]["bus_gbps"] > 0 for host in per_host)
     logged_steps = [entry["step"] for entry in summary["log_history"] if "loss" in entry]
     assert logged_steps == list(range(1, MAX_STEPS + 1)), "steps were repeated or skipped across the resume"
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {

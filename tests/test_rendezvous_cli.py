@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from rendezvous_commands import TEXTSQL, serve_command
 
 from textsql.cli import cli
 from worker.network import free_port
 from worker.rendezvous.token import new_token
 
 pytestmark = pytest.mark.slow
-
-TEXTSQL = shutil.which("textsql", path=str(Path(sys.executable).parent))
 
 
 def test_serve_writes_the_hostfile_once_every_worker_registered(tmp_path):
@@ -27,23 +23,7 @@ def test_serve_writes_the_hostfile_once_every_worker_registered(tmp_path):
     key_file = tmp_path / "host_key.pub"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
     serve = subprocess.Popen(
-        [
-            TEXTSQL,
-            "rendezvous",
-            "serve",
-            "--expect",
-            "2",
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--token-file",
-            str(token_file),
-            "--hostfile",
-            str(hostfile),
-            "--timeout",
-            "60",
-        ],
+        serve_command(2, port, token_file, hostfile, "--timeout", "60"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -76,23 +56,7 @@ def test_register_with_the_wrong_token_exits_1_with_the_masters_reason(tmp_path)
     new_token(token_file)
     new_token(wrong)
     serve = subprocess.Popen(
-        [
-            TEXTSQL,
-            "rendezvous",
-            "serve",
-            "--expect",
-            "1",
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--token-file",
-            str(token_file),
-            "--hostfile",
-            str(tmp_path / "hostfile"),
-            "--timeout",
-            "30",
-        ],
+        serve_command(1, port, token_file, tmp_path / "hostfile", "--timeout", "30"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -128,23 +92,7 @@ def test_register_with_the_wrong_token_exits_1_with_the_masters_reason(tmp_path)
 def test_serve_timeout_is_one_line_and_writes_nothing(tmp_path):
     started = time.monotonic()
     result = subprocess.run(
-        [
-            TEXTSQL,
-            "rendezvous",
-            "serve",
-            "--expect",
-            "3",
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-            "--token-file",
-            str(tmp_path / "token"),
-            "--hostfile",
-            str(tmp_path / "hostfile"),
-            "--timeout",
-            "1",
-        ],
+        serve_command(3, 0, tmp_path / "token", tmp_path / "hostfile", "--timeout", "1"),
         check=False,
         capture_output=True,
         text=True,
@@ -196,8 +144,7 @@ def test_serve_listens_on_this_machine_only_unless_told_and_keeps_its_files_priv
     hostfile = tmp_path / "run" / "hostfile"
     result = CliRunner().invoke(
         cli,
-        ["rendezvous", "serve", "--expect", "1", "--port", "0", "--timeout", "0.2"]
-        + ["--token-file", str(tmp_path / "token"), "--hostfile", str(hostfile)],
+        serve_command(1, 0, tmp_path / "token", hostfile, "--timeout", "0.2")[1:],
     )
     assert result.exit_code == 1 and "only 0 of 1 workers registered" in result.output
     assert "rendezvous listening on 127.0.0.1:" in caplog.text

@@ -83,22 +83,22 @@ def test_checkpoints_wait_for_their_minutes_and_the_last_step_always_saves(args)
 
 def test_gpus_get_the_timed_schedule_and_cpus_the_step_grid(tmp_path, monkeypatch):
     from textsql.arguments import train_argv
-    from textsql.training import train
+    from textsql.training import command_line
 
     gpu = DeviceFacts(cuda=True, memory_gib=80, gpus=1, cpu_cores=8)
     assert "eval_share" not in fast_defaults(DeviceFacts(cuda=False, cpu_cores=2))
     argv = train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path))
-    monkeypatch.setattr(train, "device_facts", lambda: gpu)
-    _, _, run_args, _ = train.parse_command_line(argv)
+    monkeypatch.setattr(command_line, "device_facts", lambda: gpu)
+    _, _, run_args, _ = command_line.parse_command_line(argv)
     assert (run_args.eval_share, run_args.save_every_minutes) == (0.05, 10.0)
-    _, _, run_args, _ = train.parse_command_line(argv + ["--eval_share", "0", "--save_every_minutes", "0"])
+    _, _, run_args, _ = command_line.parse_command_line(argv + ["--eval_share", "0", "--save_every_minutes", "0"])
     assert (run_args.eval_share, run_args.save_every_minutes) == (0, 0)
 
 
 @pytest.mark.parametrize(("flag", "value"), [("eval_share", "1"), ("eval_share", "-0.1"), ("save_every_minutes", "-1")])
 def test_an_impossible_schedule_is_refused_naming_the_flag(tmp_path, flag, value):
     from textsql.arguments import train_argv
-    from textsql.training.train import parse_command_line
+    from textsql.training.command_line import parse_command_line
 
     with pytest.raises(LaunchError, match=f"pass --{flag}"):
         parse_command_line(train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path)) + [f"--{flag}", value])

@@ -25,7 +25,7 @@ from textsql.launching.supervisor import (
     classify,
     process_group_timeout,
 )
-from textsql.training.train import parse_command_line
+from textsql.training.command_line import parse_command_line
 
 
 class Clock:

@@ -29,7 +29,7 @@ from textsql.launching.supervisor import (
     killing_signal,
     supervise,
 )
-from textsql.training.train import parse_command_line
+from textsql.training.command_line import parse_command_line
 
 # A rank program: forms the gloo group; rank 1 of the first launch (no --resume yet) fails as asked.
 RANK_MODULE = """

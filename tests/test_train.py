@@ -8,12 +8,15 @@ import torch
 from textsql.arguments import RunArguments, train_argv
 from textsql.errors import DataError, LaunchError, ModelError, ProfileError
 from textsql.training.checkpoints import (
+    CHECKPOINT_PREFIX,
     COMPLETE_MARKER,
+    checkpoint_dirs,
     is_complete_checkpoint,
     newest_complete_checkpoint,
     set_aside_incomplete,
 )
-from textsql.training.train import _prepare_on_saving_rank, check_train_args, parse_command_line, resolve_precision
+from textsql.training.command_line import check_train_args, parse_command_line, resolve_precision
+from textsql.training.train import _prepare_on_saving_rank
 
 REQUIRED = train_argv(data_dir="data", output_dir="out")
 
@@ -134,6 +137,20 @@ def test_newest_complete_checkpoint_skips_one_cut_off_while_saving(tmp_path):
     cut_off = fake_checkpoint(tmp_path, 15, complete=False)
     assert not is_complete_checkpoint(cut_off)
     assert newest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+def test_checkpoints_are_listed_in_the_trainers_own_order(tmp_path):
+    """checkpoints.py lists them without transformers (the supervisor's import stays light): the same dirs, same order."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
+
+    for step in (100, 9, 20):
+        fake_checkpoint(tmp_path, step)
+    (tmp_path / "checkpoint-7").write_text("a file, not a checkpoint")
+    (tmp_path / "incomplete-checkpoint-50").mkdir()
+    (tmp_path / "checkpoint-x").mkdir()
+    assert CHECKPOINT_PREFIX == PREFIX_CHECKPOINT_DIR
+    assert [str(path) for path in checkpoint_dirs(tmp_path)] == sort_checkpoints(str(tmp_path))
+    assert [path.name for path in checkpoint_dirs(tmp_path)] == ["checkpoint-9", "checkpoint-20", "checkpoint-100"]
 
 
 def test_a_checkpoint_not_every_rank_finished_is_set_aside(tmp_path, caplog):

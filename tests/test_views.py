@@ -130,11 +130,51 @@ def test_a_run_shows_the_hosts_it_checked_and_the_all_reduce_bandwidth(tmp_path)
     ]
     write_json(tmp_path / "collective.json", {"world_size": 2, "backend": "gloo", "hosts": [], "sizes": sizes})
     lines = format_run(tmp_path).splitlines()
-    assert lines[1].split() == ["host", "pod", "torch", "deepspeed", "accelerators", "interface", "free", "disk"]
-    assert lines[2].split() == ["127.0.0.2", "local-0", "2.13.0+cpu", "0.19.8", "none", "(CPU)", "lo", "3.0", "GiB"]
-    assert lines[3].split() == ["10.0.0.3", "gpu-1", "?", "?", "none", "(CPU)", "eth0", "?"]
-    assert lines[4] == "all-reduce on 2 ranks (gloo), bus bandwidth: 4 KiB 1.83e-05 GB/s, 8192 KiB 0.0877 GB/s"
-    assert lines[5] == "training: 106 s, 0.30 samples/s, train loss 9.420"
+    assert lines[1].split()[:6] == ["host", "pod", "python", "torch", "deepspeed", "transformers"]
+    assert lines[2].split() == [
+        "master",
+        "-",
+        "3.11.7",
+        "2.13.0+cpu",
+        "0.19.8",
+        "?",
+        "none",
+        "(CPU)",
+        "-",
+        "-",
+        "3.0",
+        "GiB",
+    ]
+    assert lines[3].split() == [
+        "127.0.0.2",
+        "local-0",
+        "3.11.7",
+        "2.13.0+cpu",
+        "0.19.8",
+        "?",
+        "none",
+        "(CPU)",
+        "lo",
+        "?",
+        "3.0",
+        "GiB",
+    ]
+    assert lines[4].split() == ["10.0.0.3", "gpu-1", "?", "?", "?", "?", "none", "(CPU)", "eth0", "?", "?"]
+    assert lines[5] == "all-reduce on 2 ranks (gloo), bus bandwidth: 4 KiB 1.83e-05 GB/s, 8192 KiB 0.0877 GB/s"
+    assert lines[6] == "training: 106 s, 0.30 samples/s, train loss 9.420"
+
+
+def test_a_run_shows_the_collective_figures_per_host_from_its_summary(tmp_path):
+    from textsql.training.collective import figures
+
+    timings = [[(0.0, 1.51), (1.5, 0.01)]] * 3  # the ranks on 127.0.0.3 joined 1.5 s late on every size
+    write_json(tmp_path / "run.json", RUN | {"collective": figures(["127.0.0.2", "127.0.0.3"], timings, "gloo")})
+    write_json(tmp_path / "collective.json", {"world_size": 9, "backend": "old", "sizes": []})  # run.json's come first
+    lines = format_run(tmp_path).splitlines()
+    assert lines[1].startswith("all-reduce on 2 ranks (gloo), bus bandwidth: 4 KiB ")
+    # Both hosts' bandwidth once both had joined (the 1.5 s rank 0 waited is not the network's).
+    assert lines[2] == "  127.0.0.2        ok    0.839 GB/s at 8 MiB, others waited 0.00 s for it"
+    assert lines[3].split()[:2] == ["127.0.0.3", "slow"] and lines[3].endswith("others waited 1.50 s for it")
 
 
 def test_a_run_that_wrote_no_summary_points_at_its_log(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from rendezvous_commands import serve_command
 
 from worker import constants as c
 from worker.backends.local import LocalBackend
@@ -161,22 +161,7 @@ def test_agent_exits_cleanly_on_sigterm_and_when_the_master_dies(tmp_path):
     token_file, hostfile = tmp_path / "token", tmp_path / "hostfile"
     port = free_port()  # any free port for the master
     serve = subprocess.Popen(
-        [
-            shutil.which("textsql", path=VENV_BIN),
-            "rendezvous",
-            "serve",
-            "--expect",
-            "2",
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--token-file",
-            str(token_file),
-            "--hostfile",
-            str(hostfile),
-            "--hold",
-        ],
+        serve_command(2, port, token_file, hostfile, "--hold"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -333,7 +333,7 @@ def train_argv(**values: Any) -> list[str]:
     Names are fields of :class:`ModelArguments`, :class:`DataArguments`, :class:`RunArguments` or
     ``Seq2SeqTrainingArguments``; ``None`` and empty lists leave a flag out, booleans are written
     ``true``/``false`` and lists give one value each. The list is what the ranks parse, so checking it
-    with :func:`textsql.training.train.check_train_args` checks the run.
+    with :func:`textsql.training.command_line.check_train_args` checks the run.
 
     Usage::
 

@@ -290,7 +290,7 @@ def launch(
     given = {name: value for name, value in options.items() if value is not None}
     arguments = LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)
     if arguments.module == TRAIN_MODULE:
-        from textsql.training.train import check_train_args
+        from textsql.training.command_line import check_train_args
 
         check_train_args(arguments.train_args)
     raise SystemExit(supervise(arguments, max_restarts=max_restarts, stall_timeout=stall_timeout))
@@ -438,13 +438,22 @@ def estimate(
     metavar="[NOTEBOOK.]NAME=VALUE",
     help="Notebook parameter to check with, as `textsql demo -p` [default: the notebooks' own and TEXTSQL_<NAME>].",
 )
-def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...]) -> None:
-    """Say what this runtime lacks for the notebooks (pdsh, sshd, GPUs, model hub), one line each with its fix."""
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    help="A run whose workers registered: its cluster check's hosts, all-reduce bandwidth and problems [default: this machine only].",
+)
+def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run_dir: str | None) -> None:
+    """Say what this runtime lacks for the notebooks (pdsh, sshd, GPUs, model hub), one line each with its fix,
+    then the cluster check's table: this machine, and a run's hosts with their versions, accelerators,
+    interfaces and all-reduce bandwidth."""
+    from textsql.display.views import format_cluster
     from textsql.jobs import job_parameters, parse_overrides, runtime_checks
     from textsql.launching.preflight import format_checks, missing_for
 
     checks = runtime_checks(job_parameters(parse_overrides(list(parameters))))
     click.echo(format_checks(checks))
+    click.echo(format_cluster(run_dir))
     missing = missing_for(checks, require or STAGES)
     if missing:
         stages = sorted({stage for check in missing for stage in check.needed_by if stage in (require or STAGES)})

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 # The release layout keeps each question file's tables beside it: dev.jsonl, dev.tables.jsonl.
 TABLES_SUFFIX = ".tables.jsonl"
+# What datasets' save_to_disk writes beside the splits of a DatasetDict: their names.
+DATASET_DICT_FILE = "dataset_dict.json"
 
 
 def read_json(path: str | Path) -> Any:
@@ -186,3 +188,25 @@ def prepared_tables_path(data_dir: str | Path, split: str) -> Path:
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, text)
+
+
+def check_prepared(data_dir: str | Path) -> None:
+    """Refuse, in milliseconds and before any worker starts, a directory that holds no prepared train split.
+
+    Only the split list ``save_to_disk`` wrote is read; the ranks load the data themselves.
+
+    :param data_dir: what training will read (``--data_dir``, notebook 02's ``data_dir``).
+    :raises DataError: naming the step that writes one.
+    """
+    fix = "run notebook 01 or `textsql prepare --out DIR` first and pass that DIR as data_dir (--data_dir)"
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise DataError(f"no prepared dataset at {str(data_dir)!r} (no such directory); {fix}")
+    try:
+        splits = json.loads((path / DATASET_DICT_FILE).read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DataError(
+            f"{str(data_dir)!r} is not a prepared dataset (no readable {DATASET_DICT_FILE}); {fix}"
+        ) from None
+    if "train" not in splits:
+        raise DataError(f"prepared dataset {str(data_dir)!r} has no train split; {fix}")

@@ -330,7 +330,7 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
     profile = training.get("profile", argument_field(RunArguments, "profile").default)
     if profile != AUTO_PROFILE:
         get_profile(profile)
-    from textsql.data.prepare import check_prepared
+    from textsql.files import check_prepared
     from textsql.model import load_config
 
     load_config(training.get("model", argument_field(ModelArguments, "model").default))

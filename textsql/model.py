@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import (
-    AutoConfig,
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedTokenizerBase,
-    T5ForConditionalGeneration,
-)
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import T5ForConditionalGeneration
 
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.errors import ModelError
@@ -120,6 +117,11 @@ def load_model(name_or_dir: str | Path | None = None, *, seed: int = INIT_SEED) 
     :param seed: initialisation seed for a config-only model, so every rank builds the same weights.
     :rtype: transformers.T5ForConditionalGeneration
     """
+    # Here, not at the top: the model classes double the import time of what reads only configs and
+    # tokenizers (the launch's argument check among them).
+    import torch
+    from transformers import T5ForConditionalGeneration
+
     reference = resolve_model(name_or_dir)
     local = Path(reference).is_dir()
     try:

@@ -51,7 +51,6 @@ TEXT_FEATURES = Features(
 # kept only until the statistics are taken.
 STATISTICS_COLUMNS = ("source_length", "target_length", "target_unknown")
 # What save_to_disk writes for a DatasetDict: the split names, readable without loading anything.
-DATASET_DICT_FILE = "dataset_dict.json"
 
 
 def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[str, Any]:
@@ -111,28 +110,6 @@ def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[s
     _write(out, tokenized, {split: tables for split, (_, tables) in loaded.items()}, summary, arguments.overwrite)
     logger.info("wrote %s in %.1fs", out, summary["seconds"])
     return {**summary, "out": str(out)}
-
-
-def check_prepared(data_dir: str | Path) -> None:
-    """Refuse, in milliseconds and before any worker starts, a directory that holds no prepared train split.
-
-    Only the split list ``save_to_disk`` wrote is read; the ranks load the data themselves.
-
-    :param data_dir: what training will read (``--data_dir``, notebook 02's ``data_dir``).
-    :raises DataError: naming the step that writes one.
-    """
-    fix = "run notebook 01 or `textsql prepare --out DIR` first and pass that DIR as data_dir (--data_dir)"
-    path = Path(data_dir).expanduser()
-    if not path.is_dir():
-        raise DataError(f"no prepared dataset at {str(data_dir)!r} (no such directory); {fix}")
-    try:
-        splits = json.loads((path / DATASET_DICT_FILE).read_text())["splits"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise DataError(
-            f"{str(data_dir)!r} is not a prepared dataset (no readable {DATASET_DICT_FILE}); {fix}"
-        ) from None
-    if "train" not in splits:
-        raise DataError(f"prepared dataset {str(data_dir)!r} has no train split; {fix}")
 
 
 def format_summary(summary: dict) -> str:

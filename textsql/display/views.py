@@ -61,7 +61,7 @@ def format_run(run_dir: str | Path) -> str:
     ]
     if run.get("resumed_from"):
         lines.append(f"resumed from {run['resumed_from']}")
-    lines += _cluster_lines(Path(run_dir))
+    lines += _cluster_lines(Path(run_dir), run.get("collective"))
     history = run.get("log_history", [])
     for entry in history:
         if "train_runtime" in entry:
@@ -86,32 +86,107 @@ def format_run(run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def _cluster_lines(run_dir: Path) -> list[str]:
-    """The hosts the master checked (``cluster.json``) and the ranks' all-reduce figures (``collective.json``)."""
-    lines = []
-    cluster = run_dir / CLUSTER_FILE_NAME
-    if cluster.is_file():
-        lines.append(
-            f"{'host':<16} {'pod':<14} {'torch':<14} {'deepspeed':<10} {'accelerators':<22} {'interface':<10} free disk"
+def _cluster_lines(run_dir: Path, collective: dict | None = None) -> list[str]:
+    """The cluster check's table when the run has one, then the ranks' all-reduce figures (``run.json``'s, else
+    ``collective.json``, which a run stopped by the check leaves)."""
+    collective = collective or _read_collective(run_dir)
+    lines = (
+        cluster_table(read_json(run_dir / CLUSTER_FILE_NAME), collective)
+        if (run_dir / CLUSTER_FILE_NAME).is_file()
+        else []
+    )
+    return lines + (collective_lines(collective) if collective else [])
+
+
+def format_cluster(run_dir: str | Path | None = None) -> str:
+    """The cluster check as a short table: this machine (the master every worker is compared with) and, for a
+    run the check has seen, each host with its versions, accelerators, interface and all-reduce bandwidth, then
+    each problem the check found, one line each.
+
+    Usage::
+
+        >>> print(format_cluster("runs/notebook"))                # doctest: +SKIP
+        host             pod            python  torch          deepspeed  transformers  accelerators  interface  all-reduce     free disk
+        master           -              3.11.7  2.13.0+cpu     0.19.8     5.23.0        none (CPU)    -          -              40.1 GiB
+        127.0.0.2        local-0        3.11.7  2.13.0+cpu     0.19.8     5.23.0        none (CPU)    lo         0.376 GB/s     40.1 GiB
+
+    :param run_dir: a run directory (its ``cluster.json``, ``run.json`` or ``collective.json``); None: this machine only.
+    :rtype: str
+    """
+    from worker.inventory import collect
+
+    path = Path(run_dir) / CLUSTER_FILE_NAME if run_dir is not None else None
+    if path is not None and path.is_file():
+        record = read_json(path)
+    else:
+        record = {"master": collect(None, Path(run_dir) if run_dir is not None else Path.cwd()).to_dict(), "hosts": []}
+    return "\n".join(cluster_table(record, _read_collective(Path(run_dir)) if run_dir is not None else None))
+
+
+def cluster_table(record: dict, collective: dict | None = None) -> list[str]:
+    """``cluster.json``'s master and hosts, one row each, with each host's all-reduce bandwidth at the largest size
+    from ``collective`` (:func:`textsql.training.collective.figures`), then its problems, one line each.
+
+    :rtype: list[str]
+    """
+    # A host's bandwidth at the largest size, and "slow" where the check found it so.
+    bandwidth = {
+        host["host"]: f"{host['sizes'][-1]['bus_gbps']:.3g} GB/s" + (" slow" if host["result"] == "slow" else "")
+        for host in (collective or {}).get("per_host", [])
+    }
+    columns = ("host", "pod", "python", "torch", "deepspeed", "transformers", "accelerators", "interface", "all-reduce")
+    widths = (16, 14, 7, 14, 10, 13, 22, 10, 14)
+    lines = [" ".join(f"{name:<{width}}" for name, width in zip(columns, widths)) + " free disk"]
+    rows = [("master", "-", "-", record["master"], "-")] + [
+        (
+            host["address"],
+            host["pod"],
+            host.get("socket_ifname") or "?",
+            host.get("inventory") or {},
+            bandwidth.get(host["address"], "?"),
         )
-        for host in read_json(cluster)["hosts"]:
-            found = host.get("inventory") or {}
-            devices = (
-                f"{found.get('accelerators', 0)} x {found['accelerator_model']}"
-                if found.get("accelerators")
-                else "none (CPU)"
-            )
-            free = found.get("free_disk_bytes")
-            lines.append(
-                f"{host['address']:<16} {host['pod']:<14} {found.get('torch') or '?':<14} {found.get('deepspeed') or '?':<10} "
-                f"{devices:<22} {host.get('socket_ifname') or '?':<10} {'?' if free is None else f'{free / 1024**3:.1f} GiB'}"
-            )
-    collective = run_dir / COLLECTIVE_FILE_NAME
-    if collective.is_file():
-        figures = read_json(collective)
+        for host in record["hosts"]
+    ]
+    for address, pod, interface, found, all_reduce in rows:
+        devices = (
+            f"{found.get('accelerators', 0)} x {found['accelerator_model']}"
+            if found.get("accelerators")
+            else "none (CPU)"
+        )
+        free = found.get("free_disk_bytes")
+        versions = [found.get(name) or "?" for name in ("python", "torch", "deepspeed", "transformers")]
+        cells = [address, pod, *versions, devices, interface, all_reduce]
         lines.append(
-            f"all-reduce on {figures['world_size']} ranks ({figures['backend']}), bus bandwidth: "
-            + ", ".join(f"{size['bytes'] / 1024:g} KiB {size['bus_gbps']:.3g} GB/s" for size in figures["sizes"])
+            " ".join(f"{cell:<{width}}" for cell, width in zip(cells, widths))
+            + f" {'?' if free is None else f'{free / 1024**3:.1f} GiB'}"
+        )
+    return lines + [f"problem: {problem}" for problem in record.get("problems", [])]
+
+
+def _read_collective(run_dir: Path) -> dict | None:
+    """The collective check's figures: ``run.json``'s, else ``collective.json`` (a run the check stopped), else None."""
+    summary = run_dir / RUN_SUMMARY_NAME
+    if summary.is_file() and read_json(summary).get("collective"):
+        return read_json(summary)["collective"]
+    return read_json(run_dir / COLLECTIVE_FILE_NAME) if (run_dir / COLLECTIVE_FILE_NAME).is_file() else None
+
+
+def collective_lines(figures: dict) -> list[str]:
+    """The collective check's figures (:func:`textsql.training.collective.figures`): bus bandwidth per size, then
+    each host's result, bandwidth at the largest size and how long the others waited for it.
+
+    :rtype: list[str]
+    """
+    lines = [
+        f"all-reduce on {figures['world_size']} ranks ({figures['backend']}), bus bandwidth: "
+        + ", ".join(f"{size['bytes'] / 1024:g} KiB {size['bus_gbps']:.3g} GB/s" for size in figures["sizes"])
+    ]
+    for host in figures.get("per_host", []):
+        largest = host["sizes"][-1]
+        lines.append(
+            f"  {host['host']:<16} {host['result']:<5} "
+            f"{largest['bus_gbps']:.3g} GB/s at {largest['bytes'] / 1024**2:g} MiB, "
+            f"others waited {max(host['waited_for_s']):.2f} s for it"
         )
     return lines
 

@@ -5,7 +5,8 @@ others': versions that differ (Python, torch and its CUDA, DeepSpeed, transforme
 that differ from a GPU host's GPU count, and a checkpoint volume with room for fewer than two checkpoints.
 Every problem is one line naming the pod, its address and the fix; all of them are raised together, so
 one look fixes the cluster. Workers that reported no inventory (attached ``static`` hosts) are not judged.
-``RUN_DIR/cluster.json`` records every host's inventory and the network interface its ranks use.
+``RUN_DIR/cluster.json`` records every host's inventory, the network interface its ranks use, and the problems
+found (``textsql preflight --run-dir`` and notebook 02 show it: :func:`textsql.display.views.format_cluster`).
 
 Usage::
 
@@ -113,11 +114,14 @@ def check_cluster(
     :raises ClusterError: one line per problem.
     """
     master = collect(None, run_dir)
-    write_json(Path(run_dir) / CLUSTER_FILE_NAME, cluster_record(workers, master, socket_ifname))
-    if not any(worker.inventory is not None for worker in workers):
+    judged = any(worker.inventory is not None for worker in workers)
+    problems = cluster_problems(workers, master, checkpoint_size(model)) if judged else []
+    write_json(
+        Path(run_dir) / CLUSTER_FILE_NAME, cluster_record(workers, master, socket_ifname) | {"problems": problems}
+    )
+    if not judged:
         logger.info("no worker reported an inventory (attached hosts); the cluster check is skipped")
         return
-    problems = cluster_problems(workers, master, checkpoint_size(model))
     if problems:
         raise ClusterError(
             f"this cluster cannot train ({len(problems)} problem(s)), nothing was launched:\n" + "\n".join(problems)

@@ -2,7 +2,7 @@
 
 ``deepspeed --launcher pdsh`` for the hosts of a run (over ssh with the run's ssh_config: per-run
 identity, host keys verified against the run's known_hosts), or ``--launcher local`` for the ranks
-of one machine. This module puts the steps together; each lives in its own module:
+of one machine (DeepSpeed's per-node launcher, ``deepspeed.launcher.launch``, started directly). This module puts the steps together; each lives in its own module:
 
 - :mod:`textsql.launching.preflight`: pdsh installed, each host reachable with its host key verified, before
   anything starts;
@@ -58,6 +58,7 @@ from textsql.errors import LaunchError
 from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
+    local_command,
     local_device_count,
     mask_credentials,
     rank_environment,
@@ -68,19 +69,18 @@ from textsql.launching.preflight import preflight
 from textsql.launching.ranks import LocalRanks, RemoteRanks
 from worker.constants import HOSTFILE_NAME
 from worker.files import private_opener
-from worker.hostfile import read_hostfile, write_hostfile
+from worker.hostfile import read_hostfile
 
 logger = logging.getLogger(__name__)
 
-LOCAL_HOSTFILE_NAME = "hostfile.local"
 # How long DeepSpeed's runner gets to exit once its ranks have ended.
 RUNNER_EXIT_S = 20.0
 # Seconds between two looks at the caller's should_stop.
 STOP_POLL_S = 1.0
 # What pdsh prints when the command on one host ended with a non-zero status.
 PDSH_HOST_FAILED = re.compile(r"^pdsh@[^:]+: (?P<host>\S+): ssh exited with exit code (?P<code>\d+)")
-# What preparing a launch gives its run: the hostfile, its hosts, the runner's environment, and the ranks to end.
-Prepared = tuple[Path, list[str], dict[str, str], RemoteRanks | LocalRanks]
+# What preparing a launch gives its run: the launcher's command and environment, and the ranks to end.
+Prepared = tuple[list[str], dict[str, str], RemoteRanks | LocalRanks]
 
 
 def launch(
@@ -102,8 +102,7 @@ def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     launch_id = secrets.token_hex(8)
     prepare = _prepare_pdsh if arguments.launcher == "pdsh" else _prepare_local
-    hostfile, hosts, env, ranks = prepare(arguments, run_dir, launch_id)
-    command = deepspeed_command(arguments, hostfile, hosts)
+    command, env, ranks = prepare(arguments, run_dir, launch_id)
     logger.info("cmd = %s", shlex.join(command))
     with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
         log.write(
@@ -121,17 +120,15 @@ def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> 
     # pdsh's command line shows in `ps` and the runner exports PYTHON*/MLFLOW*/... variables on it,
     # so credentials stay out of the runner's environment.
     env = without_secrets(os.environ) | {"DS_ENV_FILE": str(env_file), "PDSH_SSH_ARGS_APPEND": shlex.join(options)}
-    return hostfile, hosts, env, RemoteRanks(options, hosts, launch_id)
+    return deepspeed_command(arguments, hostfile, hosts), env, RemoteRanks(options, hosts, launch_id)
 
 
 def _prepare_local(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> Prepared:
-    """A ``localhost slots=N`` hostfile; the ranks' variables go straight into the runner's environment."""
-    hostfile = write_hostfile(run_dir / LOCAL_HOSTFILE_NAME, [("localhost", arguments.ranks or local_device_count())])
-    hosts = ["localhost"]
-    # No shell between the runner and the ranks here: expand $VAR as the hosts' shell would.
-    rank_env = rank_environment(arguments, hosts, launch_id)
+    """DeepSpeed's per-node launcher; the ranks' variables go straight into its environment."""
+    # No shell between the launcher and the ranks here: expand $VAR as the hosts' shell would.
+    rank_env = rank_environment(arguments, ["localhost"], launch_id)
     env = os.environ | {key: string.Template(value).safe_substitute(os.environ) for key, value in rank_env.items()}
-    return hostfile, hosts, env, LocalRanks(launch_id)
+    return local_command(arguments, arguments.ranks or local_device_count()), env, LocalRanks(launch_id)
 
 
 def parse_env(entries: Iterable[str]) -> dict[str, str]:

@@ -298,7 +298,7 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
 @dataclass(frozen=True)
 class TrainingPlan:
     """What the supervisor reads of the ranks' training arguments, parsed by the ranks' own parser
-    (:func:`textsql.training.train.parse_command_line`); None fields for another module."""
+    (:func:`textsql.training.command_line.parse_command_line`); None fields for another module."""
 
     output_dir: Path | None = None
     per_device_train_batch_size: int = 1
@@ -316,7 +316,7 @@ class TrainingPlan:
         """
         if arguments.module != TRAIN_MODULE:
             return cls()
-        from textsql.training.train import parse_command_line
+        from textsql.training.command_line import parse_command_line
 
         model_args, data_args, _, training = parse_command_line(arguments.train_args)
         return cls(

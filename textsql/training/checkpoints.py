@@ -4,21 +4,23 @@ The trainer writes ``checkpoint-N/`` and DeepSpeed its engine state inside it; a
 saving leaves one without the last pieces, and ``--resume auto`` must skip it rather than fail.
 DeepSpeed's ``save_checkpoint`` lets rank 0 write ``latest`` with no barrier before it, while other
 ranks may still be writing their shards, so ``latest`` proves nothing on its own: a checkpoint
-counts only once :class:`MarkComplete` wrote its marker, after every rank had finished saving.
+counts only once :class:`textsql.training.mark_complete.MarkComplete` wrote its marker, after every rank had
+finished saving.
+
+No torch or transformers here: the supervisor on the launching machine reads checkpoints too, and its start is
+on the way to the first training step.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -30,19 +32,32 @@ DEEPSPEED_LATEST_FILE = "latest"
 COMPLETE_MARKER = "textsql-complete"
 # What an incomplete checkpoint is renamed to, out of the trainer's sight (its glob is checkpoint-*).
 SET_ASIDE_PREFIX = "incomplete-"
+# The trainer's checkpoint-N directories (transformers' PREFIX_CHECKPOINT_DIR; tests/test_train.py checks they agree).
+CHECKPOINT_PREFIX = "checkpoint"
+_CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}-(\d+)")
 
 
-class MarkComplete(TrainerCallback):
-    """Marks each checkpoint complete once every rank has saved its part (a barrier, then rank 0 writes the marker)."""
+def checkpoint_dirs(output: Path) -> list[Path]:
+    """The ``checkpoint-N`` directories in ``output``, oldest step first (the order of transformers' ``sort_checkpoints``).
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        from accelerate import PartialState
+    :rtype: list[pathlib.Path]
+    """
+    if not output.is_dir():
+        return []
+    steps = [
+        (int(match[1]), path)
+        for path in output.iterdir()
+        if (match := _CHECKPOINT_NAME.fullmatch(path.name)) and path.is_dir()
+    ]
+    return [path for _, path in sorted(steps)]
 
-        # Each rank is here only after its own save returned: once all are, every shard is on disk.
-        PartialState().wait_for_everyone()
-        if state.is_world_process_zero:
-            checkpoint = output_path(args) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            (checkpoint / COMPLETE_MARKER).write_text(f"global step {state.global_step}\n", encoding="utf-8")
+
+def checkpoint_dir(output: Path, step: int) -> Path:
+    """Where the trainer saves the checkpoint of ``step``.
+
+    :rtype: pathlib.Path
+    """
+    return output / f"{CHECKPOINT_PREFIX}-{step}"
 
 
 def output_path(args: TrainingArguments) -> Path:
@@ -94,12 +109,10 @@ def newest_complete_checkpoint(output: Path) -> str | None:
 
     :rtype: str | None
     """
-    if not output.is_dir():
-        return None
-    for checkpoint in reversed(sort_checkpoints(str(output))):
-        reason = incomplete_reason(Path(checkpoint))
+    for checkpoint in reversed(checkpoint_dirs(output)):
+        reason = incomplete_reason(checkpoint)
         if reason is None:
-            return checkpoint
+            return str(checkpoint)
         logger.warning("skipping checkpoint %s: %s (cut off while saving?)", checkpoint, reason)
     return None
 
@@ -112,11 +125,11 @@ def incomplete_newer(output: Path) -> list[tuple[Path, str]]:
     :rtype: list[tuple[pathlib.Path, str]]
     """
     found = []
-    for checkpoint in reversed(sort_checkpoints(str(output)) if output.is_dir() else []):
-        reason = incomplete_reason(Path(checkpoint))
+    for checkpoint in reversed(checkpoint_dirs(output)):
+        reason = incomplete_reason(checkpoint)
         if reason is None:
             break
-        found.append((Path(checkpoint), reason))
+        found.append((checkpoint, reason))
     return found
 
 

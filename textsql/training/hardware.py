@@ -6,7 +6,7 @@ instead of several per tensor), ``torch.compile`` through the DeepSpeed engine, 
 and newer, pinned memory (copied to the GPU without blocking) and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a token
 budget sized from the GPU's memory, and evaluation and checkpoints spaced by time (their step grid alone
 would run them every few seconds of training). On a CPU the defaults stay as they were. Precision is not here:
-``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.train.resolve_precision``).
+``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.command_line.resolve_precision``).
 
 Already fast in transformers 5.23 and left alone: the training loss is accumulated on the device and
 read with ``.item()`` only when it is logged.

@@ -13,43 +13,39 @@ batch-size check, or silently trains with plain DDP instead of a DeepSpeed engin
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import shutil
 import sys
-from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
 
 import datasets
 import torch
 import transformers
-from transformers import DataCollatorForSeq2Seq, HfArgumentParser, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
-from transformers.hf_argparser import DataClassType
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 
-from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
+from textsql.arguments import DataArguments, ModelArguments, RunArguments
 from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME
-from textsql.data.prepare import check_prepared
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
-from textsql.model import load_config, load_model, load_tokenizer
+from textsql.model import load_model, load_tokenizer
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.checkpoints import (
-    MarkComplete,
     incomplete_reason,
     newest_complete_checkpoint,
     output_path,
     set_aside_incomplete,
 )
 from textsql.training.collective import exit_on_failure
-from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
+from textsql.training.command_line import parse_command_line
+from textsql.training.estimate import AUTO_PROFILE
 from textsql.training.events import close_run_events, events_dir, use_run_events
-from textsql.training.hardware import device_facts, fast_defaults, teardown_distributed, token_budget_record
+from textsql.training.hardware import teardown_distributed, token_budget_record
+from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
-from textsql.training.profiles import autocast_bf16, get_profile, load_profile
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
 from textsql.training.schedule import TimedSchedule
 from textsql.training.trainer import GrammarSeq2SeqTrainer
@@ -57,7 +53,6 @@ from textsql.training.universal import load_universal
 from worker.network import free_port
 
 if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
     from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
@@ -65,13 +60,6 @@ logger = logging.getLogger(__name__)
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
 MODEL_SUBDIR = "model"
 PREDICTIONS_FILE = "eval_predictions.jsonl"
-
-
-class _StrictParser(HfArgumentParser):
-    """HfArgumentParser whose errors are one line (a LaunchError) instead of the full usage text."""
-
-    def error(self, message: str) -> NoReturn:
-        raise LaunchError(f"{message.rstrip('.')}; see `textsql train --help`")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             model_args.precision,
         )
     # Before anything slow: ranks that cannot all-reduce end here, naming the host, in seconds.
-    exit_on_failure(output_path(training_args))
+    collective = exit_on_failure(output_path(training_args))
     checkpoint = prepare_output_dir(training_args, run_args)
     set_seed(training_args.seed)
 
@@ -152,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     close_run_events(trainer)
     export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
-        _write_summary(trainer, model_args, run_args, checkpoint)
+        _write_summary(trainer, model_args, run_args, checkpoint, collective)
     teardown_distributed()
     return 0
 
@@ -206,91 +194,6 @@ def parse_arguments(
         logger.warning("%s was written by another number of ranks: loading its universal conversion", checkpoint)
     init_distributed(timedelta(seconds=training_values["ddp_timeout"]))
     return model_args, data_args, run_args, Seq2SeqTrainingArguments(**training_values)
-
-
-def parse_command_line(
-    argv: list[str] | None = None,
-) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
-    """Parse strictly: typos and unknown flags fail (no abbreviations), booleans take ``true``/``false``.
-
-    The profile becomes the ``deepspeed`` config and ``--precision`` sets ``bf16``/``fp16``, so those
-    trainer flags are refused to keep one way of saying each thing. Nothing distributed starts here.
-
-    :returns: the three argument dataclasses and the keyword arguments of ``Seq2SeqTrainingArguments``.
-    :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
-    """
-    parser = _StrictParser(
-        [DataClassType(cls) for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)],
-        prog="textsql train",
-        allow_abbrev=False,
-    )
-    parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
-    namespace, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if unknown:
-        raise LaunchError(
-            f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`"
-        )
-    values = vars(namespace)
-    model_args = ModelArguments(**_field_values(ModelArguments, values))
-    data_args = DataArguments(**_field_values(DataArguments, values))
-    run_args = RunArguments(**_field_values(RunArguments, values))
-    for flag, replacement in REPLACED_FLAGS.items():
-        if values[flag]:
-            raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
-    if values["output_dir"] is None:
-        raise LaunchError("no output directory; pass --output_dir DIR")
-    model_args.precision = resolve_precision(model_args.precision)
-    # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
-    run_args.auto_profile = run_args.profile == AUTO_PROFILE
-    run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
-    get_profile(run_args.profile).check_precision(model_args.precision)
-    config, autocast = load_profile(run_args.profile, run_args.overlay), False
-    if model_args.precision == "bf16":
-        config, autocast = autocast_bf16(config)
-    training_values = _field_values(Seq2SeqTrainingArguments, values)
-    if autocast:
-        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (textsql.training.clipping: no loop per tensor).
-        run_args.optimizer_max_grad_norm, training_values["max_grad_norm"] = training_values["max_grad_norm"], 0.0
-    training_values |= {
-        "deepspeed": config,
-        # Under torch autocast the weights stay fp32: the trainer's bf16 flag would ask DeepSpeed for bf16 weights.
-        "bf16": model_args.precision == "bf16" and not autocast,
-        "fp16": model_args.precision == "fp16",
-        # Pinned batches (on CUDA) are copied to the device without waiting: the step's first kernels queue
-        # behind the copy on the GPU instead of the host blocking on it.
-        "accelerator_config": {"use_configured_state": True, "non_blocking": training_values["dataloader_pin_memory"]},
-    }
-    return model_args, data_args, run_args, training_values
-
-
-def check_train_args(argv: list[str]) -> None:
-    """Check a training command line on the launching machine, before any worker or rank starts.
-
-    It is parsed exactly as every rank will parse it (flags, profile, precision, output directory), and
-    the model's config and the prepared dataset it names are read; nothing distributed starts.
-
-    Usage::
-
-        >>> check_train_args(train_argv(data_dir="runs/data", output_dir="runs/r1", profile="zero9"))
-        Traceback (most recent call last):
-        textsql.errors.ProfileError: unknown profile 'zero9'; pass --profile one of zero0, ...
-
-    :param argv: the arguments of ``textsql train`` (see :func:`textsql.arguments.train_argv`).
-    :raises TextSQLError: a ProfileError, ModelError, DataError or LaunchError naming the fix.
-    """
-    model_args, data_args, _, _ = parse_command_line(argv)
-    load_config(model_args.model)
-    check_prepared(data_args.prepared_dir())
-
-
-def resolve_precision(precision: str) -> str:
-    """Turn ``auto`` into ``bf16`` where the GPU supports it, else ``fp32``; other values pass through.
-
-    :rtype: str
-    """
-    if precision != "auto":
-        return precision
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
 def init_distributed(timeout: timedelta) -> None:
@@ -419,7 +322,11 @@ def export_model(trainer: Seq2SeqTrainer, target: Path, prepare_record: Path | N
 
 
 def _write_summary(
-    trainer: Seq2SeqTrainer, model_args: ModelArguments, run_args: RunArguments, checkpoint: str | None
+    trainer: Seq2SeqTrainer,
+    model_args: ModelArguments,
+    run_args: RunArguments,
+    checkpoint: str | None,
+    collective: dict,
 ) -> None:
     engine = trainer.model_wrapped
     summary = {
@@ -437,6 +344,8 @@ def _write_summary(
         "save_every_minutes": run_args.save_every_minutes,
         "token_budget": token_budget_record(getattr(trainer, "max_tokens_per_batch", None)),
         "log_history": trainer.state.log_history,
+        # The collective check of this launch (empty for a single rank): result and bandwidth per host.
+        "collective": collective,
     }
     write_json(output_path(trainer.args) / RUN_SUMMARY_NAME, summary)
 
@@ -453,17 +362,6 @@ def evaluation_share(log_history: list[dict]) -> float | None:
             evaluating = sum(earlier.get("eval_runtime", 0.0) for earlier in log_history[:index])
             return round(evaluating / entry["train_runtime"], 4)
     return None
-
-
-def _field_values(cls: type[DataclassInstance], values: dict[str, Any]) -> dict[str, Any]:
-    """The parsed values that belong to one argument dataclass (as HfArgumentParser splits them)."""
-    return {f.name: values[f.name] for f in fields(cls) if f.init}
-
-
-def _suggestion(parser: HfArgumentParser, argument: str) -> str:
-    flags = [option for action in parser._actions for option in action.option_strings]
-    close = difflib.get_close_matches(argument.split("=", 1)[0], flags, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _configure_logging(args: Seq2SeqTrainingArguments) -> None:

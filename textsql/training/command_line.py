@@ -1,0 +1,132 @@
+"""The training command line, parsed as every rank parses it: strict flags, the profile as the ``deepspeed``
+config, the precision resolved; and :func:`check_train_args`, the same parse on the launching machine.
+
+Only the argument classes are imported here (transformers' ``Seq2SeqTrainingArguments`` and torch under it),
+not the trainer, datasets or the models: ``textsql launch`` and notebook 02 check a command line before any
+rank starts, and that check lies on the way to the first training step.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+from transformers.hf_argparser import DataClassType
+
+from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
+from textsql.errors import LaunchError
+from textsql.files import check_prepared
+from textsql.model import load_config
+from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
+from textsql.training.hardware import device_facts, fast_defaults
+from textsql.training.profiles import autocast_bf16, get_profile, load_profile
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+class _StrictParser(HfArgumentParser):
+    """HfArgumentParser whose errors are one line (a LaunchError) instead of the full usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise LaunchError(f"{message.rstrip('.')}; see `textsql train --help`")
+
+
+def parse_command_line(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
+    """Parse strictly: typos and unknown flags fail (no abbreviations), booleans take ``true``/``false``.
+
+    The profile becomes the ``deepspeed`` config and ``--precision`` sets ``bf16``/``fp16``, so those
+    trainer flags are refused to keep one way of saying each thing. Nothing distributed starts here.
+
+    :returns: the three argument dataclasses and the keyword arguments of ``Seq2SeqTrainingArguments``.
+    :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
+    """
+    parser = _StrictParser(
+        [DataClassType(cls) for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)],
+        prog="textsql train",
+        allow_abbrev=False,
+    )
+    parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
+    namespace, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if unknown:
+        raise LaunchError(
+            f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`"
+        )
+    values = vars(namespace)
+    model_args = ModelArguments(**_field_values(ModelArguments, values))
+    data_args = DataArguments(**_field_values(DataArguments, values))
+    run_args = RunArguments(**_field_values(RunArguments, values))
+    for flag, replacement in REPLACED_FLAGS.items():
+        if values[flag]:
+            raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
+    if values["output_dir"] is None:
+        raise LaunchError("no output directory; pass --output_dir DIR")
+    model_args.precision = resolve_precision(model_args.precision)
+    # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
+    run_args.auto_profile = run_args.profile == AUTO_PROFILE
+    run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
+    get_profile(run_args.profile).check_precision(model_args.precision)
+    config, autocast = load_profile(run_args.profile, run_args.overlay), False
+    if model_args.precision == "bf16":
+        config, autocast = autocast_bf16(config)
+    training_values = _field_values(Seq2SeqTrainingArguments, values)
+    if autocast:
+        # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (textsql.training.clipping: no loop per tensor).
+        run_args.optimizer_max_grad_norm, training_values["max_grad_norm"] = training_values["max_grad_norm"], 0.0
+    training_values |= {
+        "deepspeed": config,
+        # Under torch autocast the weights stay fp32: the trainer's bf16 flag would ask DeepSpeed for bf16 weights.
+        "bf16": model_args.precision == "bf16" and not autocast,
+        "fp16": model_args.precision == "fp16",
+        # Pinned batches (on CUDA) are copied to the device without waiting: the step's first kernels queue
+        # behind the copy on the GPU instead of the host blocking on it.
+        "accelerator_config": {"use_configured_state": True, "non_blocking": training_values["dataloader_pin_memory"]},
+    }
+    return model_args, data_args, run_args, training_values
+
+
+def check_train_args(argv: list[str]) -> None:
+    """Check a training command line on the launching machine, before any worker or rank starts.
+
+    It is parsed exactly as every rank will parse it (flags, profile, precision, output directory), and
+    the model's config and the prepared dataset it names are read; nothing distributed starts.
+
+    Usage::
+
+        >>> check_train_args(train_argv(data_dir="runs/data", output_dir="runs/r1", profile="zero9"))
+        Traceback (most recent call last):
+        textsql.errors.ProfileError: unknown profile 'zero9'; pass --profile one of zero0, ...
+
+    :param argv: the arguments of ``textsql train`` (see :func:`textsql.arguments.train_argv`).
+    :raises TextSQLError: a ProfileError, ModelError, DataError or LaunchError naming the fix.
+    """
+    model_args, data_args, _, _ = parse_command_line(argv)
+    load_config(model_args.model)
+    check_prepared(data_args.prepared_dir())
+
+
+def resolve_precision(precision: str) -> str:
+    """Turn ``auto`` into ``bf16`` where the GPU supports it, else ``fp32``; other values pass through.
+
+    :rtype: str
+    """
+    if precision != "auto":
+        return precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def _field_values(cls: type[DataclassInstance], values: dict[str, Any]) -> dict[str, Any]:
+    """The parsed values that belong to one argument dataclass (as HfArgumentParser splits them)."""
+    return {f.name: values[f.name] for f in fields(cls) if f.init}
+
+
+def _suggestion(parser: HfArgumentParser, argument: str) -> str:
+    flags = [option for action in parser._actions for option in action.option_strings]
+    close = difflib.get_close_matches(argument.split("=", 1)[0], flags, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
