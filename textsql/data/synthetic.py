@@ -474,7 +474,9 @@ def split_headers() -> dict[str, list[tuple[list[str], list[str]]]]:
     held_out = {"validation": chosen[:HELD_OUT_HEADERS], "test": chosen[HELD_OUT_HEADERS:]}
     unseen.update(name.lower() for headers in held_out.values() for header in headers for name in header)
     # Words, not fragments such as "(2008)" or "[e": names a question can say, as WikiSQL's columns mostly are.
-    words = sorted({word for header in types for name in header for word in name.split() if word.isalpha() and len(word) > 1})
+    words = sorted(
+        {word for header in types for name in header for word in name.split() if word.isalpha() and len(word) > 1}
+    )
     return {
         "train": _recombined_headers(words, unseen, rng),
         **{split: [(list(header), types[header]) for header in headers] for split, headers in held_out.items()},
@@ -487,7 +489,7 @@ def _recombined_headers(words: list[str], unseen: set[str], rng: random.Random) 
     Far more column names than a small model can memorise, written from the same words as real headers: the
     model learns to copy the name a question mentions rather than to recall the names of the tables it saw.
     """
-    headers = []
+    headers: list[tuple[list[str], list[str]]] = []
     while len(headers) < TRAIN_TABLES:
         names: list[str] = []
         while len(names) < rng.randint(*TRAIN_COLUMNS):
