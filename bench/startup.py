@@ -44,7 +44,8 @@ PHASE_ENDS = {"master_s": "textsql.launching.launch: cmd = ", "ranks_start_s": f
 class Sizes:
     """Repetitions of the launch."""
 
-    repetitions: int = 2
+    # Five, so the median is one run's time and a single slow launch does not move it.
+    repetitions: int = 5
     warmup: int = 1
 
 
