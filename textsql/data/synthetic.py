@@ -7,8 +7,10 @@ databases (GAZP, Zhong et al. 2020; WikiSQL itself started from template questio
 
 What the questions are:
 
-- over the distinct headers of the sample's tables (train, dev and test files), with the sample's column
-  types (``real`` where a real question compares or aggregates the column as a number, else ``text``);
+- held out: over real headers of the sample's train tables, with the sample's column types (``real`` where
+  a real question compares or aggregates the column as a number, else ``text``); training: over
+  :data:`TRAIN_TABLES` recombined headers whose column names are new sequences of the words of the sample's
+  column names;
 - WikiSQL's grammar: one selected column, an aggregation that fits its type (``COUNT`` or none on any
   column, ``MAX``/``MIN``/``SUM``/``AVG`` on ``real`` ones), up to :data:`MAX_CONDITIONS` conditions on
   other columns, each column once, ``>`` and ``<`` on ``real`` columns only;
@@ -22,11 +24,10 @@ What they are not: WikiSQL's crowd-sourced paraphrases. Template English is far 
 questions, so scores on the held-out synthetic tables show that a pipeline learns to read a schema,
 not how it would do on WikiSQL.
 
-Splits: validation and test use headers none of whose column names (case-insensitively) appears in any
-training header, and training leaves out the headers of the sample's dev and test tables too, so the real
-validation questions are asked about tables the model has not seen. Held-out headers are the ones with the
-rarest column names (common names such as ``Date`` would empty the training split). Everything is drawn
-from :data:`SEED`: the same call gives the same questions on every machine.
+Splits: no training column name is (case-insensitively) a column name of a validation or test header, or
+of the sample's dev and test tables, so held-out and real validation questions ask about columns the model
+has not seen, made of words it has. Everything is drawn from :data:`SEED`: the same call gives the same
+questions on every machine.
 """
 
 from __future__ import annotations
