@@ -106,6 +106,9 @@ def test_on_cpus_auto_prefers_stage_1_where_it_fits_and_says_why():
     on_cpus = estimate(None, nodes=2, gpus_per_node=1, gpu_memory_gb=16, cpu=True)
     assert (on_gpus["recommended"], on_cpus["recommended"]) == ("zero0", "zero1")
     assert "on CPUs ZeRO-1 ran fastest" in format_estimate(on_cpus) and "CPUs" not in format_estimate(on_gpus)
+    # CPU ranks are not described as GPUs anywhere in the table.
+    assert "GPU" not in format_estimate(on_cpus) and "2 node(s) x 1 CPU rank(s), 16 GiB" in format_estimate(on_cpus)
+    assert "2 node(s) x 1 GPU(s) of 16 GiB" in format_estimate(on_gpus)
     # Where stage 1 does not fit, CPUs get the cheapest profile that does, as GPUs do.
     tight = estimate(
         None,

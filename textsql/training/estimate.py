@@ -126,19 +126,25 @@ def format_estimate(report: dict, requested: str | None = None) -> str:
     :param requested: the run's profile parameter (a name, a path, or :data:`AUTO_PROFILE`).
     :rtype: str
     """
+    rank_memory = "GiB/rank" if report.get("cpu") else "GPU GiB/rank"
     lines = [
         (
             f"{report['model']}: {report['parameters'] / 1e6:,.1f}M parameters (largest layer {report['largest_layer_parameters'] / 1e6:,.1f}M), "
-            f"{report['nodes']} node(s) x {report['gpus_per_node']} GPU(s) of {report['gpu_memory_gb']:g} GiB"
+            + (
+                f"{report['nodes']} node(s) x {report['gpus_per_node']} CPU rank(s), {report['gpu_memory_gb']:g} GiB of memory each"
+                if report.get("cpu")
+                else f"{report['nodes']} node(s) x {report['gpus_per_node']} GPU(s) of {report['gpu_memory_gb']:g} GiB"
+            )
         ),
-        f"{'profile':<14} {'ZeRO':>4}  {'offload':<16} {'GPU GiB/rank':>12} {'CPU GiB/node':>12}  fits",
+        f"{'profile':<14} {'ZeRO':>4}  {'offload':<16} {rank_memory:>12} {'CPU GiB/node':>12}  fits",
     ]
     for name, row in report["profiles"].items():
         lines.append(
             f"{name:<14} {row['zero_stage']:>4}  {row['offload'] or '-':<16} {row['gpu_gb_per_rank']:>12.2f} "
             f"{row['cpu_gb_per_node']:>12.2f}  {'yes' if row['fits'] else 'no'}"
         )
-    budget = f"{report['fit_fraction']:.0%} of GPU memory for model states, the rest for activations"
+    memory = "each rank's memory" if report.get("cpu") else "GPU memory"
+    budget = f"{report['fit_fraction']:.0%} of {memory} for model states, the rest for activations"
     if report["recommended"] is None:
         lines.append(f"recommended: none fits ({budget}); add GPUs or nodes, or use GPUs with more memory")
     else:
