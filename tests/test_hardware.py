@@ -8,6 +8,7 @@ from textsql.training.hardware import (
     DeviceFacts,
     device_facts,
     fast_defaults,
+    share_cpu_threads,
     teardown_distributed,
     token_budget_record,
 )
@@ -38,6 +39,30 @@ def test_tf32_only_from_ampere_on():
 
 def test_loader_workers_share_the_cores_among_the_ranks():
     assert fast_defaults(V100)["dataloader_num_workers"] == 1
+
+
+@pytest.fixture
+def torch_threads():
+    """Four torch threads for the test, torch's own count restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_cpu_ranks_of_one_node_share_its_threads(monkeypatch, torch_threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert share_cpu_threads(2) == 2
+    assert torch.get_num_threads() == 2
+    assert share_cpu_threads(8) == 1  # never none
+
+
+def test_an_explicit_omp_num_threads_is_left_alone(monkeypatch, torch_threads):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert share_cpu_threads(2) is None
+    assert torch.get_num_threads() == 4
 
 
 def test_the_token_budget_grows_with_gpu_memory_in_multiples_of_8():

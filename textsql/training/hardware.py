@@ -8,6 +8,10 @@ budget sized from the GPU's memory, and evaluation and checkpoints spaced by tim
 would run them every few seconds of training). On a CPU the defaults stay as they were. Precision is not here:
 ``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.command_line.resolve_precision``).
 
+:func:`share_cpu_threads` splits a CPU node's threads among its ranks: left at torch's default, every rank
+runs one thread per core, and N ranks' spinning OpenMP threads fight over the cores (the first step of 2 ranks on
+2 cores took 4.4 s instead of 1.1 s in about half the launches).
+
 Already fast in transformers 5.23 and left alone: the training loss is accumulated on the device and
 read with ``.item()`` only when it is logged.
 
@@ -103,6 +107,21 @@ def fast_defaults(facts: DeviceFacts) -> dict[str, Any]:
     if facts.memory_gib:
         defaults["max_tokens_per_batch"] = min(MAX_TOKENS_PER_BATCH, int(facts.memory_gib * TOKENS_PER_GIB) // 8 * 8)
     return defaults
+
+
+def share_cpu_threads(local_ranks: int) -> int | None:
+    """On a CPU, give each of this node's ``local_ranks`` ranks an equal share of torch's threads; the share, or
+    ``None`` on a GPU or where ``OMP_NUM_THREADS`` already says how many (as DeepSpeed's ``--bind_cores_to_rank``
+    and torchrun do).
+
+    :rtype: int | None
+    """
+    if torch.cuda.is_available() or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    threads = max(1, torch.get_num_threads() // max(1, local_ranks))
+    torch.set_num_threads(threads)
+    logger.info("%d torch thread(s) for each of %d rank(s) on this node", threads, local_ranks)
+    return threads
 
 
 def token_budget_record(max_tokens_per_batch: int | None) -> dict[str, Any]:

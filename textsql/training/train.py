@@ -43,7 +43,7 @@ from textsql.training.collective import exit_on_failure
 from textsql.training.command_line import parse_command_line
 from textsql.training.estimate import AUTO_PROFILE
 from textsql.training.events import close_run_events, events_dir, use_run_events
-from textsql.training.hardware import teardown_distributed, token_budget_record
+from textsql.training.hardware import share_cpu_threads, teardown_distributed, token_budget_record
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
@@ -210,6 +210,8 @@ def init_distributed(timeout: timedelta) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     backend = None if torch.cuda.is_available() else "gloo"
+    # DeepSpeed's per-node launcher tells each rank how many ranks share its node.
+    share_cpu_threads(int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     announce_op_build()
     PartialState(backend=backend, timeout=timeout)
 
