@@ -295,8 +295,10 @@ def test_import_as_cml_runs_it(tmp_path):
     assert "Would install textsql" in install.output
 
     lines = check.output.strip().splitlines()
-    assert [line.split()[1] for line in lines] == ["pdsh", "ssh", "sshd", "GPUs", "model"]
-    assert "model hub  not needed" in lines[-1]
+    # One line per check, then this machine's row of the cluster table.
+    assert [line.split()[1] for line in lines[:5]] == ["pdsh", "ssh", "sshd", "GPUs", "model"]
+    assert "model hub  not needed" in lines[4]
+    assert [line.split()[0] for line in lines[5:]] == ["host", "master"]
 
     assert (data_dir / "prepare.json").is_file() and (data_dir / "dataset_dict.json").is_file(), prepare.output[-2000:]
     assert [path.name.split("-")[0] for path in written] == ["01_prepare_dataset"]
