@@ -493,9 +493,12 @@ def _recombined_headers(words: list[str], unseen: set[str], rng: random.Random) 
     headers: list[tuple[list[str], list[str]]] = []
     while len(headers) < TRAIN_TABLES:
         names: list[str] = []
-        while len(names) < rng.randint(*TRAIN_COLUMNS):
+        taken = set(unseen)
+        columns = rng.randint(*TRAIN_COLUMNS)
+        while len(names) < columns:
             name = " ".join(rng.sample(words, rng.choices((1, 2, 3), (4, 4, 2))[0]))
-            if name.lower() not in unseen and name.lower() not in {known.lower() for known in names}:
+            if name.lower() not in taken:
+                taken.add(name.lower())
                 names.append(name)
         headers.append((names, ["real" if rng.random() < REAL_SHARE else "text" for _ in names]))
     return headers
