@@ -34,6 +34,8 @@ from textsql.errors import DataError, LaunchError, ModelError
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+# What the training loss normalises over (textsql.training.loss).
+LOSS_VOCABULARIES = ("auto", "full", "batch")
 # Trainer flags this program sets itself, and the flag to use instead.
 REPLACED_FLAGS = {
     "deepspeed": "--profile",
@@ -139,10 +141,23 @@ class ModelArguments:
         default=False,
         metadata={"help": "Allow --precision fp16 although T5 overflows in fp16 (inf/NaN losses)."},
     )
+    loss_vocabulary: str = field(
+        default="auto",
+        metadata={
+            "help": "What the training loss's softmax covers: full (T5's whole vocabulary), batch (the tokens of the "
+            "batch's questions, headers and queries: about 4x faster steps for a T5 trained from scratch on a CPU), "
+            "auto (batch for a model built from a config, full for one with weights).",
+            "choices": LOSS_VOCABULARIES,
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ModelError(f"unknown precision {self.precision!r}; pass --precision one of {', '.join(PRECISIONS)}")
+        if self.loss_vocabulary not in LOSS_VOCABULARIES:
+            raise ModelError(
+                f"unknown loss vocabulary {self.loss_vocabulary!r}; pass --loss_vocabulary one of {', '.join(LOSS_VOCABULARIES)}"
+            )
         if self.precision == "fp16" and not self.force_fp16:
             raise ModelError(
                 "T5 overflows in fp16 (inf/NaN loss); pass --precision bf16 or fp32, or add --force_fp16 true to insist"

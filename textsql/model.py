@@ -109,12 +109,18 @@ def load_tokenizer(name_or_dir: str | Path | None = None) -> PreTrainedTokenizer
     return tokenizer
 
 
-def load_model(name_or_dir: str | Path | None = None, *, seed: int = INIT_SEED) -> T5ForConditionalGeneration:
+def load_model(
+    name_or_dir: str | Path | None = None,
+    *,
+    seed: int = INIT_SEED,
+    model_class: type[T5ForConditionalGeneration] | None = None,
+) -> T5ForConditionalGeneration:
     """Load a T5 model, or build the embedded default from its config.
 
     :param name_or_dir: a hub id, a directory with weights, a directory with only ``config.json``
         (initialised from ``seed``), or ``None`` for the embedded small T5.
     :param seed: initialisation seed for a config-only model, so every rank builds the same weights.
+    :param model_class: a subclass of ``T5ForConditionalGeneration`` to build or load instead (the same weights).
     :rtype: transformers.T5ForConditionalGeneration
     """
     # Here, not at the top: the model classes double the import time of what reads only configs and
@@ -124,17 +130,18 @@ def load_model(name_or_dir: str | Path | None = None, *, seed: int = INIT_SEED) 
 
     reference = resolve_model(name_or_dir)
     local = Path(reference).is_dir()
+    model_class = model_class or T5ForConditionalGeneration
     try:
         if local and not has_weights(reference):
             config = AutoConfig.from_pretrained(reference)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                model = T5ForConditionalGeneration(config)
+                model = model_class(config)
             logger.info(
                 "built %s from its config (%.1fM parameters, seed %d)", reference, model.num_parameters() / 1e6, seed
             )
             return model
-        return T5ForConditionalGeneration.from_pretrained(reference)
+        return model_class.from_pretrained(reference)
     except (OSError, ValueError) as error:
         raise ModelError(
             f"cannot load model {reference!r} ({_first_line(error)}); pass --model a trained model/ directory, "

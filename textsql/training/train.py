@@ -44,6 +44,7 @@ from textsql.training.command_line import parse_command_line
 from textsql.training.estimate import AUTO_PROFILE
 from textsql.training.events import close_run_events, events_dir, use_run_events
 from textsql.training.hardware import share_cpu_threads, teardown_distributed, token_budget_record
+from textsql.training.loss import BatchVocabularyT5, resolve_loss_vocabulary
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
     splits = load_prepared(data_args)
     tokenizer = load_tokenizer(model_args.model)
-    model = load_model(model_args.model)
+    loss_vocabulary = resolve_loss_vocabulary(model_args.loss_vocabulary, model_args.model)
+    model = load_model(model_args.model, model_class=BatchVocabularyT5 if loss_vocabulary == "batch" else None)
     # T5's forward takes **kwargs but averages its loss itself, ignoring num_items_in_batch; left to
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
     model.accepts_loss_kwargs = False  # type: ignore[assignment]  # read by the trainer, undeclared on the model
@@ -339,6 +341,7 @@ def _write_summary(
         "profile_chosen_by": AUTO_PROFILE if run_args.auto_profile else "name",
         "precision": model_args.precision,
         "model": model_args.model,
+        "loss_vocabulary": resolve_loss_vocabulary(model_args.loss_vocabulary, model_args.model),
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
