@@ -158,6 +158,8 @@ def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tm
         1,
         2,
     )
+    # The embedded T5 is built from its config: its loss covers the batch's tokens (textsql.training.loss).
+    assert summary["loss_vocabulary"] == "batch"
 
     again = subprocess.run(
         command,
