@@ -11,7 +11,9 @@ than training losses under this choice, and free (unconstrained) decoding of suc
 meaningful.
 
 ``auto`` chooses ``batch`` for a model built from a config (trained from scratch, decoded with the grammar)
-and ``full`` for a model with weights: a pretrained T5 keeps the loss it was pretrained with.
+and ``full`` for a model with weights: a pretrained T5 keeps the loss it was pretrained with. Under ZeRO-3 the
+loss is the full one whatever the choice: there the output layer's weight is partitioned across ranks and
+gathered only inside that layer's own forward, which this loss does not call.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class BatchVocabularyT5(T5ForConditionalGeneration):
     """T5 whose training forward computes :func:`batch_vocabulary_loss` and no full logits; in evaluation mode,
     or without labels, it is T5 as transformers writes it. Its weights load into ``T5ForConditionalGeneration``."""
 
+    @property
+    def loss_vocabulary(self) -> str:
+        """``batch``, or ``full`` where ZeRO-3 has partitioned the output layer's weight (see the module's text)."""
+        return "full" if hasattr(self.lm_head.weight, "ds_id") else "batch"
+
     def forward(  # type: ignore[override]
         self,
         input_ids: torch.Tensor | None = None,
@@ -74,7 +81,13 @@ class BatchVocabularyT5(T5ForConditionalGeneration):
         labels: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Seq2SeqLMOutput:
-        if not self.training or labels is None or input_ids is None or kwargs.get("encoder_outputs") is not None:
+        if (
+            not self.training
+            or labels is None
+            or input_ids is None
+            or kwargs.get("encoder_outputs") is not None
+            or self.loss_vocabulary == "full"
+        ):
             return super().forward(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -341,7 +341,7 @@ def _write_summary(
         "profile_chosen_by": AUTO_PROFILE if run_args.auto_profile else "name",
         "precision": model_args.precision,
         "model": model_args.model,
-        "loss_vocabulary": resolve_loss_vocabulary(model_args.loss_vocabulary, model_args.model),
+        "loss_vocabulary": trainer.model.loss_vocabulary if isinstance(trainer.model, BatchVocabularyT5) else "full",
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
