@@ -179,7 +179,13 @@ def test_tensorboard_application_script_serves_on_the_application_port(tmp_path)
                 time.sleep(0.5)
     finally:
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=20)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            # A TensorBoard still loading its plugins on a loaded machine can outlast the interrupt; what is
+            # tested here is that it served.
+            process.kill()
+            process.wait()
 
 
 def test_job_paths_are_relative_to_the_project_root_not_to_notebooks():

@@ -23,7 +23,8 @@ from test_launch import HOSTS, tagged_processes, textsql_launch
 from textsql.arguments import train_argv
 from textsql.training.checkpoints import is_complete_checkpoint, newest_complete_checkpoint
 
-MAX_STEPS = 6
+# Enough steps after checkpoint-2 that the interrupt lands mid-run (a step takes about 0.1 s here).
+MAX_STEPS = 30
 TRAIN_ARGS = {
     "max_steps": MAX_STEPS,
     "per_device_train_batch_size": 4,

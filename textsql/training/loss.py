@@ -73,7 +73,7 @@ class BatchVocabularyT5(T5ForConditionalGeneration):
         """``batch``, or ``full`` where ZeRO-3 has partitioned the output layer's weight (see the module's text)."""
         return "full" if hasattr(self.lm_head.weight, "ds_id") else "batch"
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
