@@ -4,9 +4,10 @@ The embedded small T5 scores all 32,128 tokens of T5's vocabulary at every targe
 output layer is about three quarters of a training step (0.44 s of a 16-question step on one core, 0.11 s
 with the batch's tokens only). Normalising the softmax over the tokens that occur in the batch's inputs
 and targets instead is a target-vocabulary subset in the manner of Jean et al. 2015 ("On Using Very Large
-Target Vocabulary for Neural Machine Translation"). It asks of the model what constrained decoding does:
-the grammar lets through only the question's words, the header's column names and SQL's keywords, all of
-which are in the batch. Evaluation and generation use the full vocabulary, so evaluation losses are larger
+Target Vocabulary for Neural Machine Translation"). It asks of the model about what constrained decoding
+does: the grammar lets through only the question's words, the header's column names and SQL's keywords, all
+in the batch but for the other-case spellings of question words (``MANY`` for ``many``) that the grammar
+also allows for values. Evaluation and generation use the full vocabulary, so evaluation losses are larger
 than training losses under this choice, and free (unconstrained) decoding of such a model is not
 meaningful.
 
