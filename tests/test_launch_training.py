@@ -23,11 +23,14 @@ from test_launch import HOSTS, tagged_processes, textsql_launch
 from textsql.arguments import train_argv
 from textsql.training.checkpoints import newest_complete_checkpoint
 
-# Enough steps after the first checkpoint that the interrupt lands mid-run (a step takes a fraction of a second).
+# Enough steps after the first checkpoint that the interrupt lands mid-run.
 MAX_STEPS = 30
 TRAIN_ARGS = {
     "max_steps": MAX_STEPS,
     "per_device_train_batch_size": 4,
+    # Steps of the full loss, about 4x longer than over the batch's tokens: the interrupt must land mid-run
+    # even when the poll that sees the first checkpoint comes late on a loaded machine.
+    "loss_vocabulary": "full",
     "save_steps": 2,
     "eval_steps": 1000,
     "logging_steps": 1,
