@@ -1,5 +1,6 @@
 """Shared fixtures. Paths to the project, its assets and the shared real data."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -46,6 +47,14 @@ def prepared_sample(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
     prepare(PrepareArguments(out=str(out), limit=64))
     return out
+
+
+def pytest_sessionstart(session):
+    """Deliver SIGINT to what the tests start: a shell starts a background job with SIGINT ignored, and a
+    child keeps an ignored signal across exec, so a suite run in the background would start launches and
+    servers that the tests' interrupts cannot stop."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):

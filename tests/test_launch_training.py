@@ -37,15 +37,8 @@ TRAIN_ARGS = {
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen:
-    # A shell starts a background job with SIGINT ignored, and an ignored signal stays ignored across exec:
-    # the launch starts with Python's own handler, so the interrupt this test sends reaches it however the
-    # suite was started.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with open(log, "w") as out:
-            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with open(log, "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_for(condition, process: subprocess.Popen, log: Path, timeout: float = 900) -> float:

@@ -75,6 +75,13 @@ def has_weights(model_dir: str | Path) -> bool:
     return path.is_dir() and any((path / name).exists() for name in WEIGHT_FILES)
 
 
+def builds_from_config(name_or_dir: str | Path | None) -> bool:
+    """Whether :func:`load_model` builds this model from its config (a local directory without weights, the
+    embedded default among them) rather than loading trained weights."""
+    reference = resolve_model(name_or_dir)
+    return Path(reference).is_dir() and not has_weights(reference)
+
+
 def load_tokenizer(name_or_dir: str | Path | None = None) -> PreTrainedTokenizerBase:
     """Load the fast tokenizer of a T5 model.
 
@@ -129,10 +136,9 @@ def load_model(
     from transformers import T5ForConditionalGeneration
 
     reference = resolve_model(name_or_dir)
-    local = Path(reference).is_dir()
     model_class = model_class or T5ForConditionalGeneration
     try:
-        if local and not has_weights(reference):
+        if builds_from_config(reference):
             config = AutoConfig.from_pretrained(reference)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)

@@ -27,7 +27,7 @@ from transformers import T5ForConditionalGeneration
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
-from textsql.model import has_weights, resolve_model
+from textsql.model import builds_from_config
 
 
 def resolve_loss_vocabulary(choice: str, model: str | Path | None) -> str:
@@ -39,8 +39,7 @@ def resolve_loss_vocabulary(choice: str, model: str | Path | None) -> str:
     """
     if choice != "auto":
         return choice
-    reference = resolve_model(model)
-    return "batch" if Path(reference).is_dir() and not has_weights(reference) else "full"
+    return "batch" if builds_from_config(model) else "full"
 
 
 def batch_vocabulary_loss(
