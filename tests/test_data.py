@@ -244,5 +244,9 @@ def test_input_formats():
         == "translate to SQL: How many schools? columns: No. | School/Club Team"
     )
     assert source_text("How many schools?", header, "question") == "translate to SQL: How many schools?"
-    with pytest.raises(DataError, match="--input-format schema or question"):
+    assert (
+        source_text("How many Schools?", header, "uncased")
+        == "translate to SQL: how many schools? columns: no. | school/club team"
+    )
+    with pytest.raises(DataError, match="--input-format schema or question or uncased"):
         source_text("x", header, "sql")

@@ -9,8 +9,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from textsql.cli import cli
 from textsql.constants import MAX_CONDITIONS
-from textsql.data.sql import parse_sql
-from textsql.data.wikisql import load_split, read_source_text, source_text, target_text
+from textsql.data.sql import parse_sql, render_sql
+from textsql.data.wikisql import cased_sql, load_split, read_source_text, source_text, target_text
 from textsql.decoding.grammar import QueryAutomaton, compile_automata
 from textsql.decoding.processor import grammar_processor, processor_for_inputs
 from textsql.inference.predict import GenerationOptions, Predictor
@@ -311,3 +311,39 @@ def test_no_aggregation_beats_an_aggregation_that_beats_each_column_alone(tokeni
     assert kept[1, count]
     assert not kept[1, list(columns)].any()
     assert processor(input_ids, scores.clone())[0].argmax().item() in columns
+
+
+def test_the_uncased_grammar_writes_the_lower_case_queries_it_was_trained_on(tokenizer, records):
+    """The uncased input format trains on lower-case queries: the grammar takes them, not the cased ones, and what
+    it writes reads back over the table's header in the header's case."""
+    questions = [source_text(item["question"], item["header"], "uncased") for item in records]
+    read_back = [read_source_text(text) for text in questions]
+    automata = compile_automata(
+        tokenizer, [question for question, _ in read_back], [header for _, header in read_back], uncased=True
+    )
+    inside = 0
+    for item, automaton in zip(records, automata):
+        assert refused(tokenizer, automaton, target_text(item)), "the cased query is outside the uncased grammar"
+        try:
+            walk(tokenizer, automaton, target_text(item, "uncased"))
+            inside += 1
+        except AssertionError:
+            pass
+    assert inside / len(records) >= 0.9
+    rng = random.Random(0)
+    for item, automaton in zip(records, automata):
+        text = random_query(tokenizer, automaton, rng, 48)
+        assert text == text.lower()
+        cased = cased_sql(text, item["question"], item["header"])
+        query = parse_sql(cased, item["header"])
+        assert cased == render_sql(query, item["header"]) and cased.startswith("SELECT ")
+        # Each value comes back as the question writes it.
+        assert all(value in " ".join(item["question"].split()) for _, _, value in query["conds"])
+
+
+def test_an_uncased_predictor_answers_in_the_headers_case(tokenizer):
+    torch.manual_seed(0)
+    predictor = Predictor.load(None, input_format="uncased", device="cpu")
+    answer = predictor.ask("How many schools did player number 3 play at?", PLAYERS, GenerationOptions(max_new_tokens=32))
+    assert answer["error"] is None and answer["sql"].startswith("SELECT ")
+    assert answer["sql"] == render_sql(answer["query"], PLAYERS)

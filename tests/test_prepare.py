@@ -15,7 +15,7 @@ from transformers import DataCollatorForSeq2Seq
 from textsql.cli import cli
 from textsql.constants import LABEL_PAD_TOKEN_ID, SPLITS
 from textsql.data.prepare import PrepareArguments, prepare
-from textsql.data.wikisql import load_split
+from textsql.data.wikisql import load_split, recorded_input_format
 from textsql.errors import DataError
 from textsql.model import load_tokenizer
 
@@ -131,6 +131,15 @@ def test_num_proc_and_input_format(tmp_path):
     for split in SPLITS:
         assert one[split].to_list() == two[split].to_list()
     assert one["train"][0]["source_text"] == "translate to SQL: Tell me what the notes are for South Australia"
+
+
+def test_the_uncased_format_lowers_input_and_target_and_is_recorded(tmp_path):
+    out = prepare(out=str(tmp_path / "data"), limit=5, input_format="uncased")["out"]
+    row = load_from_disk(out)["train"][0]
+    body = row["source_text"].removeprefix("translate to SQL: ")
+    assert body == body.lower() and row["header"][0].lower() in body and body != row["source_text"]
+    assert row["target"] == row["target"].lower() and row["target"].startswith("select ")
+    assert recorded_input_format(out) == "uncased" and recorded_input_format(tmp_path) == "schema"
 
 
 def test_overwrite_replaces_and_refuses_without_the_flag(tmp_path):

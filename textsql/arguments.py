@@ -86,7 +86,10 @@ class PrepareArguments:
     )
     input_format: str = field(
         default="schema",
-        metadata={"help": "schema: the question and the table's column names; question: the question alone."},
+        metadata={
+            "help": "schema: the question and the table's column names; question: the question alone; "
+            "uncased: schema in lower case, and the query written in lower case (for a model from random weights)."
+        },
     )
     num_proc: int = field(default=1, metadata={"help": "Processes for tokenization (datasets map num_proc)."})
     max_source_length: int = field(

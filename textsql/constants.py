@@ -47,8 +47,12 @@ COND_OP_TEXT = ("=", ">", "LT")
 # The most conditions a WikiSQL query has (dev and test: 66 and 148 questions have 4, none more).
 MAX_CONDITIONS = 4
 SQL_TABLE_NAME = "table"
-# Model input forms: the question with the table's column headers (default), or the question alone.
-INPUT_FORMATS = ("schema", "question")
+# Model input forms: the question with the table's column headers (default), the question alone, or
+# "uncased": the question and headers in lower case, and the query written in lower case, so a column
+# the question names tokenizes alike in question, header and query (what a model from random weights
+# must learn to copy; the product's scores compare case-insensitively already).
+INPUT_FORMATS = ("schema", "question", "uncased")
+UNCASED_FORMAT = "uncased"
 SQL_TASK_PREFIX = "translate to SQL: "
 COLUMNS_MARKER = " columns: "
 COLUMN_SEPARATOR = " | "

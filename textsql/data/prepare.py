@@ -143,7 +143,7 @@ def _text_row(record: dict, input_format: str) -> dict:
         "question": record["question"],
         "header": record["header"],
         "sql": json.dumps(record["sql"]),
-        "target": target_text(record),
+        "target": target_text(record, input_format),
         "source_text": source_text(record["question"], record["header"], input_format),
     }
 

@@ -28,15 +28,17 @@ from textsql.constants import (
     HUB_DATASET,
     HUB_REVISION,
     INPUT_FORMATS,
+    PREPARE_JSON_NAME,
     RELEASE_SPLIT_FILES,
     SAMPLE_DATA_DIR,
     SPLITS,
     SQL_TASK_PREFIX,
+    UNCASED_FORMAT,
 )
-from textsql.data.sql import render_sql
+from textsql.data.sql import parse_sql, render_sql
 from textsql.data.synthetic import load_synthetic_split
-from textsql.errors import DataError
-from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_jsonl_located
+from textsql.errors import DataError, SQLParseError
+from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_json, read_jsonl_located
 
 logger = logging.getLogger(__name__)
 
@@ -98,16 +100,22 @@ def source_text(question: str, header: list[str], input_format: str = "schema") 
 
         >>> source_text("How many schools?", ["No.", "School/Club Team"])
         'translate to SQL: How many schools? columns: No. | School/Club Team'
+        >>> source_text("How many schools?", ["No.", "School/Club Team"], "uncased")
+        'translate to SQL: how many schools? columns: no. | school/club team'
 
     :param question: the English question.
     :param header: the table's column names.
-    :param input_format: ``schema`` (question and columns) or ``question`` (the seed's question-only form).
+    :param input_format: ``schema`` (question and columns), ``question`` (the seed's question-only form) or
+        ``uncased`` (question and columns in lower case).
     :rtype: str
     """
     if input_format not in INPUT_FORMATS:
         raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
-    text = SQL_TASK_PREFIX + " ".join(question.split())
-    if input_format == "schema":
+    question = " ".join(question.split())
+    if input_format == UNCASED_FORMAT:
+        question, header = question.lower(), [name.lower() for name in header]
+    text = SQL_TASK_PREFIX + question
+    if input_format != "question":
         text += COLUMNS_MARKER + COLUMN_SEPARATOR.join(header)
     return text
 
@@ -132,12 +140,50 @@ def read_source_text(text: str) -> tuple[str, list[str] | None]:
     return question, columns.split(COLUMN_SEPARATOR)
 
 
-def target_text(record: dict) -> str:
-    """The model's output for a record: its query as SQL text (:func:`textsql.data.sql.render_sql`).
+def target_text(record: dict, input_format: str = "schema") -> str:
+    """The model's output for a record: its query as SQL text (:func:`textsql.data.sql.render_sql`), in lower
+    case for the ``uncased`` input format.
 
     :rtype: str
     """
-    return render_sql(record["sql"], record["header"])
+    text = render_sql(record["sql"], record["header"])
+    return text.lower() if input_format == UNCASED_FORMAT else text
+
+
+def cased_sql(text: str, question: str, header: list[str]) -> str:
+    """A query the ``uncased`` input format wrote, in the header's case, with each value as the question writes it.
+
+    Usage::
+
+        >>> cased_sql("select count no. from table where player = john smith", "Which No. had John Smith?", ["Player", "No."])
+        'SELECT COUNT No. FROM table WHERE Player = John Smith'
+
+    :param text: the model's lower-case query; returned as it is when it does not read as a query over ``header``.
+    :rtype: str
+    """
+    try:
+        query = parse_sql(text, header)
+    except SQLParseError:
+        return text
+    question = " ".join(question.split())
+    folded = question.lower()
+    for condition in query["conds"]:
+        start = folded.find(condition[2].lower())
+        # Lowercasing keeps positions only when it keeps the length.
+        if condition[2] and start >= 0 and len(folded) == len(question):
+            condition[2] = question[start : start + len(condition[2])]
+    return render_sql(query, header)
+
+
+def recorded_input_format(directory: str | Path) -> str:
+    """The input format recorded in a prepared dataset's or model directory's ``prepare.json``, else ``schema``.
+
+    :rtype: str
+    """
+    record = Path(directory) / PREPARE_JSON_NAME
+    if record.is_file():
+        return str(read_json(record).get("input_format", INPUT_FORMATS[0]))
+    return INPUT_FORMATS[0]
 
 
 def records_from_hub(rows: Iterable[dict], split: str, limit: int | None = None) -> tuple[list[dict], dict[str, dict]]:

@@ -281,16 +281,17 @@ class QueryAutomaton:
 class _Phrases:
     """Token sequences of the phrases of one batch, tokenized in one call, keeping only those that decode back."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: set[str]):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: set[str], uncased: bool = False):
         ordered = sorted(texts)
-        encoded = tokenizer(ordered, add_special_tokens=False)["input_ids"] if ordered else []
+        written = [text.lower() for text in ordered] if uncased else ordered
+        encoded = tokenizer(written, add_special_tokens=False)["input_ids"] if ordered else []
         decoded = tokenizer.batch_decode(encoded, skip_special_tokens=True) if ordered else []
         # A phrase with a character the vocabulary lacks decodes to other text, which the parser
         # would not find in the header; such a phrase is left out of the grammar.
         self.tokens = {
             text: tuple(ids)
-            for text, ids, back in zip(ordered, encoded, decoded)
-            if ids and tokenizer.unk_token_id not in ids and back.strip() == " ".join(text.split())
+            for text, form, ids, back in zip(ordered, written, encoded, decoded)
+            if ids and tokenizer.unk_token_id not in ids and back.strip() == " ".join(form.split())
         }
 
     def add(
@@ -301,19 +302,24 @@ class _Phrases:
         target: int,
         label: str | None = None,
     ) -> None:
-        for text in texts:
-            if text in self.tokens:
-                automaton.add(source, self.tokens[text], target, label)
+        # Spellings that differ only in case are one phrase in lower case.
+        for tokens in dict.fromkeys(self.tokens[text] for text in texts if text in self.tokens):
+            automaton.add(source, tokens, target, label)
 
 
 def compile_automata(
-    tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], headers: Sequence[list[str] | None]
+    tokenizer: PreTrainedTokenizerBase,
+    questions: Sequence[str],
+    headers: Sequence[list[str] | None],
+    uncased: bool = False,
 ) -> list[QueryAutomaton | None]:
     """One :class:`QueryAutomaton` per question (``None`` without a header or with no writable column).
 
     :param tokenizer: the model's tokenizer.
     :param questions: the questions, in batch order.
     :param headers: each question's column names (``None`` when unknown: that question is unconstrained).
+    :param uncased: the query is written in lower case (keywords, columns and values), as the ``uncased``
+        input format trains a model to write it.
     :rtype: list[QueryAutomaton | None]
     """
     keywords = ["SELECT", f"FROM {SQL_TABLE_NAME}", "WHERE", "AND", *filter(None, AGG_OPS), *COND_OP_TEXT]
@@ -321,7 +327,7 @@ def compile_automata(
     values = [[value_spellings(word) for word in question_words] for question_words in words]
     texts = set(keywords) | {name for header in headers for name in header or []}
     texts |= {form for question in values for spellings in question for forms in spellings for form in forms}
-    phrases = _Phrases(tokenizer, texts)
+    phrases = _Phrases(tokenizer, texts, uncased)
     automata: list[QueryAutomaton | None] = []
     for header, question_values in zip(headers, values):
         columns = [name for name in header or [] if name in phrases.tokens]

@@ -118,6 +118,7 @@ def grammar_processor(
     questions: Sequence[str],
     headers: Sequence[list[str] | None],
     max_new_tokens: int,
+    uncased: bool = False,
 ) -> GrammarLogitsProcessor:
     """A processor for one batch of questions, each over its own header.
 
@@ -126,13 +127,14 @@ def grammar_processor(
         >>> processor = grammar_processor(tokenizer, ["Who is number 3?"], [["Player", "No."]], 64)  # doctest: +SKIP
         >>> model.generate(**batch, logits_processor=LogitsProcessorList([processor]), max_new_tokens=64)  # doctest: +SKIP
 
+    :param uncased: the model writes its queries in lower case (the ``uncased`` input format).
     :rtype: GrammarLogitsProcessor
     """
-    return GrammarLogitsProcessor(compile_automata(tokenizer, questions, headers), max_new_tokens)
+    return GrammarLogitsProcessor(compile_automata(tokenizer, questions, headers, uncased), max_new_tokens)
 
 
 def processor_for_inputs(
-    tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int
+    tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, max_new_tokens: int, uncased: bool = False
 ) -> GrammarLogitsProcessor:
     """A processor for a batch of tokenized model inputs, reading each question and header back from
     its input text (:func:`textsql.data.wikisql.read_source_text`): what the trainer's evaluation has.
@@ -143,5 +145,5 @@ def processor_for_inputs(
     if not any(header for _, header in sources):
         logger.debug("the inputs carry no table header (question-only input format): generation is not constrained")
     return grammar_processor(
-        tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens
+        tokenizer, [question for question, _ in sources], [header for _, header in sources], max_new_tokens, uncased
     )

@@ -36,12 +36,13 @@ from textsql.constants import (
     METRICS_NAME,
     PREDICTIONS_NAME,
     PREPARE_JSON_NAME,
+    UNCASED_FORMAT,
 )
 from textsql.data.sql import parsed, render_sql
-from textsql.data.wikisql import load_split, source_text
+from textsql.data.wikisql import cased_sql, load_split, recorded_input_format, source_text
 from textsql.decoding.processor import grammar_processor, processor_for_inputs
 from textsql.errors import DataError, ModelError
-from textsql.files import load_tables, prepared_tables_path, read_json, read_jsonl, write_json, write_jsonl
+from textsql.files import load_tables, prepared_tables_path, read_jsonl, write_json, write_jsonl
 from textsql.inference.evaluate import evaluate, format_report
 from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
@@ -74,6 +75,7 @@ class Predictor:
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.input_format = input_format
+        self.uncased = input_format == UNCASED_FORMAT
 
     @classmethod
     def load(
@@ -82,7 +84,7 @@ class Predictor:
         """Load a trained model directory (weights, config, tokenizer).
 
         :param model_dir: ``from_pretrained`` directory or hub id; ``None`` is the untrained embedded T5.
-        :param input_format: ``schema`` or ``question``; by default the one recorded in the model
+        :param input_format: ``schema``, ``question`` or ``uncased``; by default the one recorded in the model
             directory's ``prepare.json``, else ``schema``.
         :param device: ``cuda``, ``cpu``, ...; by default CUDA when present.
         :rtype: Predictor
@@ -146,6 +148,8 @@ class Predictor:
                         if guided and items
                         else beams[0]
                     )
+                    if self.uncased and items:
+                        texts[index] = cased_sql(texts[index], items[index]["question"], items[index]["header"])
                 bar.update(len(chunk))
         return texts
 
@@ -156,12 +160,15 @@ class Predictor:
         if not options.constrained:
             return None
         if items is None:
-            return LogitsProcessorList([processor_for_inputs(self.tokenizer, input_ids, options.max_new_tokens)])
+            return LogitsProcessorList(
+                [processor_for_inputs(self.tokenizer, input_ids, options.max_new_tokens, self.uncased)]
+            )
         processor = grammar_processor(
             self.tokenizer,
             [item["question"] for item in items],
             [item["header"] for item in items],
             options.max_new_tokens,
+            self.uncased,
         )
         return LogitsProcessorList([processor])
 
@@ -213,17 +220,6 @@ def _device(name: str | torch.device | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelError(f"device {str(name)!r} asked for but this machine has no CUDA GPU; pass --device cpu")
     return device
-
-
-def recorded_input_format(model_dir: str | Path) -> str:
-    """The input format recorded in a model directory's ``prepare.json``, else the default.
-
-    :rtype: str
-    """
-    record = Path(model_dir) / PREPARE_JSON_NAME
-    if record.is_file():
-        return read_json(record).get("input_format", INPUT_FORMATS[0])
-    return INPUT_FORMATS[0]
 
 
 def ask(model: str | Path | Predictor | None, question: str, header: list[str], **options: Any) -> dict:

@@ -27,7 +27,8 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 
 from textsql.arguments import DataArguments, ModelArguments, RunArguments
-from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME
+from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME, UNCASED_FORMAT
+from textsql.data.wikisql import recorded_input_format
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
@@ -108,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
     # Evaluation writes only WikiSQL queries over each question's table unless --constrained false.
-    trainer_class = GrammarSeq2SeqTrainer if data_args.constrained else TokenBudgetTrainer
-    trainer = trainer_class(
+    grammar = (
+        {"uncased": recorded_input_format(data_args.prepared_dir()) == UNCASED_FORMAT} if data_args.constrained else {}
+    )
+    trainer = (GrammarSeq2SeqTrainer if data_args.constrained else TokenBudgetTrainer)(
+        **grammar,
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         optimizer_max_grad_norm=run_args.optimizer_max_grad_norm,
         length_group_size=data_args.length_group_size,

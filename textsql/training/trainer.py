@@ -40,7 +40,13 @@ class GrammarSeq2SeqTrainer(TokenBudgetTrainer):
     Usage::
 
         >>> trainer = GrammarSeq2SeqTrainer(model=model, args=training_args, processing_class=tokenizer, ...)  # doctest: +SKIP
+
+    :param uncased: the model writes its queries in lower case (the ``uncased`` input format).
     """
+
+    def __init__(self, *args: Any, uncased: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.uncased = uncased
 
     # transformers' own Seq2SeqTrainer returns a float | None loss where Trainer declares a Tensor | None:
     # this follows its direct parent, which it calls.
@@ -57,6 +63,6 @@ class GrammarSeq2SeqTrainer(TokenBudgetTrainer):
             gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
             budget = generation_budget(gen_kwargs, self.model.generation_config)
             gen_kwargs["logits_processor"] = LogitsProcessorList(
-                [processor_for_inputs(self.processing_class, inputs["input_ids"], budget)]
+                [processor_for_inputs(self.processing_class, inputs["input_ids"], budget, self.uncased)]
             )
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
