@@ -344,6 +344,8 @@ def test_the_uncased_grammar_writes_the_lower_case_queries_it_was_trained_on(tok
 def test_an_uncased_predictor_answers_in_the_headers_case(tokenizer):
     torch.manual_seed(0)
     predictor = Predictor.load(None, input_format="uncased", device="cpu")
-    answer = predictor.ask("How many schools did player number 3 play at?", PLAYERS, GenerationOptions(max_new_tokens=32))
+    answer = predictor.ask(
+        "How many schools did player number 3 play at?", PLAYERS, GenerationOptions(max_new_tokens=32)
+    )
     assert answer["error"] is None and answer["sql"].startswith("SELECT ")
     assert answer["sql"] == render_sql(answer["query"], PLAYERS)

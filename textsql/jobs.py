@@ -264,7 +264,8 @@ def check_parameters(name: str, parameters: Mapping[str, Any]) -> None:
 
 
 def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
-    """The embedded-default run: the WikiSQL sample, the small T5, two local worker pods, the default profile.
+    """The embedded-default run: questions synthesised over the sample's tables, the small T5, two local worker
+    pods, the default profile; then the sample's real validation questions answered beside the synthetic ones.
 
     Model and profile are left to notebook 02's defaults (:func:`textsql.arguments.notebook_defaults`):
     the profile ``auto`` is what the notebook's estimate recommends.
@@ -274,19 +275,27 @@ def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
     """
     data_dir = str(out_dir / "data")
     return {
-        "01_prepare_dataset": {"source": "sample", "model": "default", "data_dir": data_dir},
+        # The small T5 starts from random weights: trained on the sample's 1,000 questions it memorises their
+        # 250 tables; synthetic questions vary the names it must copy more than it can memorise, and the
+        # uncased form spells a column alike in question, header and query (README, "What `make demo` does").
+        "01_prepare_dataset": {
+            "source": "synthetic",
+            "input_format": "uncased",
+            "model": "default",
+            "data_dir": data_dir,
+        },
         "02_train_distributed": {
             "data_dir": data_dir,
             "run_dir": str(out_dir),
             "backend": "local",
             "workers": 2,
-            # The small T5 starts from random weights: a high rate and a short schedule show the loss
-            # falling within the demo's time on two CPU cores.
-            "learning_rate": 3e-3,
-            "max_steps": 200,
-            "eval_steps": 50,
+            # About 5.5 minutes of steps on two CPU cores: held-out select accuracy leaves the baseline
+            # between steps 1,000 and 2,000 (1e-3 learns faster here than 2e-3 or 3e-3).
+            "learning_rate": 1e-3,
+            "max_steps": 2000,
+            "eval_steps": 500,
         },
-        "03_inference": {"data_dir": data_dir, "run_dir": str(out_dir)},
+        "03_inference": {"data_dir": data_dir, "run_dir": str(out_dir), "real_source": "sample"},
     }
 
 
