@@ -479,7 +479,8 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
     help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.",
 )
 def demo(out: str, parameters: tuple[str, ...]) -> None:
-    """Run the three notebooks with papermill on the embedded default: sample, small T5, two local workers, profile auto."""
+    """Run the three notebooks with papermill on the embedded default: synthetic questions over the sample's
+    tables (uncased), small T5, two local workers, profile auto; then the sample's real questions too."""
     from textsql.jobs import format_summary, parse_overrides, run_demo
 
     click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)))))
