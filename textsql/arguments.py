@@ -75,6 +75,7 @@ class PrepareArguments:
         default=SAMPLE_SOURCE,
         metadata={
             "help": "sample (the shipped real sample), synthetic (template questions over its tables, with rows), "
+            "synthetic-select (no conditions, four-column training tables: the learning check), "
             "sample+synthetic, hub (Salesforce/wikisql), or a directory in the WikiSQL release layout."
         },
     )

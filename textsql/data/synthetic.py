@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from textsql.constants import AGG_OPS, COND_OPS, RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS
 from textsql.errors import DataError
@@ -54,7 +55,22 @@ REAL_SHARE = 0.35
 ROWS_PER_TABLE = 12
 # How often a query has 0..4 conditions (WikiSQL: almost all have one or two).
 CONDITION_WEIGHTS = (2, 60, 28, 7, 3)
-ID_PREFIX = "synthetic"
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """One synthetic source: its name (the records' id prefix), its training tables' column counts, and how
+    often a query has 0..4 conditions."""
+
+    name: str = "synthetic"
+    columns: tuple[int, int] = TRAIN_COLUMNS
+    condition_weights: tuple[int, ...] = CONDITION_WEIGHTS
+
+
+FULL = Synthesis()
+# The learning check's source (``synthetic-select``): four-column training tables and no conditions, so a
+# model from random weights learns within minutes to copy the column a question names; held out as FULL's.
+SELECT_ONLY = Synthesis("synthetic-select", (4, 4), (1, 0, 0, 0, 0))
 
 _AGG = {name: index for index, name in enumerate(AGG_OPS)}
 _OP = {name: index for index, name in enumerate(COND_OPS)}
@@ -402,7 +418,9 @@ _CLAUSE_JOINERS = ("when", "where", "for", "with", "if")
 _CONDITION_JOINERS = (" and ", ", ", " and also ")
 
 
-def load_synthetic_split(split: str = "train", limit: int | None = None) -> tuple[list[dict], dict[str, dict]]:
+def load_synthetic_split(
+    split: str = "train", limit: int | None = None, synthesis: Synthesis = FULL
+) -> tuple[list[dict], dict[str, dict]]:
     """Synthesised questions of one split, as records, and their tables in the release form (with rows).
 
     Usage::
@@ -413,25 +431,26 @@ def load_synthetic_split(split: str = "train", limit: int | None = None) -> tupl
 
     :param split: one of ``train``, ``validation``, ``test``.
     :param limit: keep only the first ``limit`` questions (``None`` keeps all).
+    :param synthesis: :data:`FULL` (``--source synthetic``) or :data:`SELECT_ONLY` (``synthetic-select``).
     :rtype: tuple[list[dict], dict[str, dict]]
     """
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     rng = random.Random(f"{SEED}-{split}")
-    headers = split_headers()[split]
+    headers = split_headers(synthesis)[split]
     tables = {}
     for number, (header, types) in enumerate(headers):
-        table_id = f"{ID_PREFIX}-{split}-{number}"
+        table_id = f"{synthesis.name}-{split}-{number}"
         tables[table_id] = _table(table_id, header, types, rng)
     table_list = list(tables.values())
     count = QUESTIONS[split] if limit is None else min(limit, QUESTIONS[split])
     records = []
     for index in range(count):
         table = table_list[index % len(table_list)]
-        question, sql = _question(table, rng)
+        question, sql = _question(table, rng, synthesis.condition_weights)
         records.append(
             {
-                "id": f"{ID_PREFIX}-{split}-{index}",
+                "id": f"{synthesis.name}-{split}-{index}",
                 "table_id": table["id"],
                 "question": question,
                 "header": table["header"],
@@ -444,7 +463,7 @@ def load_synthetic_split(split: str = "train", limit: int | None = None) -> tupl
     return records, {table_id: table for table_id, table in tables.items() if table_id in used}
 
 
-def split_headers() -> dict[str, list[tuple[list[str], list[str]]]]:
+def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str], list[str]]]]:
     """The ``(header, types)`` of the tables each split synthesises questions over.
 
     Validation and test take :data:`HELD_OUT_HEADERS` real headers each from the sample's train tables, drawn
@@ -479,12 +498,14 @@ def split_headers() -> dict[str, list[tuple[list[str], list[str]]]]:
         {word for header in types for name in header for word in name.split() if word.isalpha() and len(word) > 1}
     )
     return {
-        "train": _recombined_headers(words, unseen, rng),
+        "train": _recombined_headers(words, unseen, rng, synthesis.columns),
         **{split: [(list(header), types[header]) for header in headers] for split, headers in held_out.items()},
     }
 
 
-def _recombined_headers(words: list[str], unseen: set[str], rng: random.Random) -> list[tuple[list[str], list[str]]]:
+def _recombined_headers(
+    words: list[str], unseen: set[str], rng: random.Random, column_counts: tuple[int, int]
+) -> list[tuple[list[str], list[str]]]:
     """:data:`TRAIN_TABLES` headers of new column names, each a few of ``words`` in a row, none in ``unseen``.
 
     Far more column names than a small model can memorise, written from the same words as real headers: the
@@ -494,7 +515,7 @@ def _recombined_headers(words: list[str], unseen: set[str], rng: random.Random) 
     while len(headers) < TRAIN_TABLES:
         names: list[str] = []
         taken = set(unseen)
-        columns = rng.randint(*TRAIN_COLUMNS)
+        columns = rng.randint(*column_counts)
         while len(names) < columns:
             name = " ".join(rng.sample(words, rng.choices((1, 2, 3), (4, 4, 2))[0]))
             if name.lower() not in taken:
@@ -511,14 +532,14 @@ def _table(table_id: str, header: list[str], types: list[str], rng: random.Rando
     return {"id": table_id, "header": header, "types": types, "rows": rows}
 
 
-def _question(table: dict, rng: random.Random) -> tuple[str, dict]:
+def _question(table: dict, rng: random.Random, condition_weights: tuple[int, ...]) -> tuple[str, dict]:
     """One question and its gold query, written from one row of ``table`` so the query finds that row."""
     header, types, row = table["header"], table["types"], rng.choice(table["rows"])
     columns = list(range(len(header)))
     sel = rng.choice(columns)
     agg = _aggregation(types[sel], rng)
     others = [column for column in columns if column != sel]
-    count = min(rng.choices(range(MAX_CONDITIONS + 1), CONDITION_WEIGHTS)[0], len(others))
+    count = min(rng.choices(range(MAX_CONDITIONS + 1), condition_weights)[0], len(others))
     conds, phrases = [], []
     for column in rng.sample(others, count):
         op = rng.choice(("=", ">", "<")) if types[column] == "real" and rng.random() < 0.5 else "="

@@ -36,7 +36,7 @@ from textsql.constants import (
     UNCASED_FORMAT,
 )
 from textsql.data.sql import parse_sql, render_sql
-from textsql.data.synthetic import load_synthetic_split
+from textsql.data.synthetic import FULL, SELECT_ONLY, load_synthetic_split
 from textsql.errors import DataError, SQLParseError
 from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_json, read_jsonl_located
 
@@ -44,12 +44,14 @@ logger = logging.getLogger(__name__)
 
 SAMPLE_SOURCE = "sample"
 HUB_SOURCE = "hub"
-SYNTHETIC_SOURCE = "synthetic"
+SYNTHETIC_SOURCE = FULL.name
+# Questions without conditions over four-column training tables: the learning check's quick source.
+SYNTHETIC_SELECT_SOURCE = SELECT_ONLY.name
 # The sample's real questions and the synthetic ones together, in each split.
 MIXED_SOURCE = f"{SAMPLE_SOURCE}+{SYNTHETIC_SOURCE}"
 # Sources given by name; any other source is a directory.
-NAMED_SOURCES = (SAMPLE_SOURCE, SYNTHETIC_SOURCE, MIXED_SOURCE, HUB_SOURCE)
-_SOURCE_HELP = f"pass --source {SAMPLE_SOURCE}, {SYNTHETIC_SOURCE}, {MIXED_SOURCE}, {HUB_SOURCE}, or a directory holding {{train,dev,test}}.jsonl and {{train,dev,test}}.tables.jsonl"
+NAMED_SOURCES = (SAMPLE_SOURCE, SYNTHETIC_SOURCE, SYNTHETIC_SELECT_SOURCE, MIXED_SOURCE, HUB_SOURCE)
+_SOURCE_HELP = f"pass --source {', '.join(NAMED_SOURCES)}, or a directory holding {{train,dev,test}}.jsonl and {{train,dev,test}}.tables.jsonl"
 
 
 def load_split(
@@ -75,6 +77,8 @@ def load_split(
         return records_from_hub(_load_hub_split(split), split, limit)
     if str(source) == SYNTHETIC_SOURCE:
         return load_synthetic_split(split, limit)
+    if str(source) == SYNTHETIC_SELECT_SOURCE:
+        return load_synthetic_split(split, limit, SELECT_ONLY)
     if str(source) == MIXED_SOURCE:
         records, tables = _load_release_split(SAMPLE_DATA_DIR, split, limit)
         synthetic_records, synthetic_tables = load_synthetic_split(split, limit)

@@ -1,0 +1,79 @@
+"""The learning check: the product's own pipeline teaches the small T5 to read a table's header.
+
+Nothing else on a CPU tells a working pipeline from a broken one: a model from random weights trained on
+the real sample stays at the trivial baseline either way. Here ``textsql prepare`` writes the quick
+synthetic source (``synthetic-select``: 12,000 questions without conditions over 3,000 recombined
+four-column tables) in the ``uncased`` form, ``textsql train`` trains one DeepSpeed rank, and the predictor answers
+the held-out questions, whose 15 real headers hold column names training never saw. Writing the right query
+over such a table takes reading its header from the input: given another table's header, the model still finds
+the column a question names part of the time (the grammar offers only this table's columns), but far less
+often writes the whole query right.
+
+Shown when the check was written (figures below, and in the closing note of issue 28): a loss whose targets are
+shifted by one token, or each question given another table's header, fails it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from textsql.arguments import train_argv
+from textsql.data.prepare import PrepareArguments, prepare
+from textsql.inference.predict import predict
+
+pytestmark = pytest.mark.slow
+
+TEXTSQL = Path(sys.executable).with_name("textsql")
+STEPS = 700
+# Measured 2026-11-25 on this project's 2-core machine (batch 64, 700 steps, 1 min 57 s for the whole test), on the
+# 200 held-out questions: select 0.485 against the first-column baseline 0.170, logical form 0.415 against 0.160.
+# Broken on purpose: the loss comparing each position's output with the next position's target gave select
+# 0.400, logical form 0.000; each question given the next question's (another table's) header gave 0.340 and
+# 0.260. Grammar-constrained decoding still writes a column the question names, so select alone moves little.
+SELECT_MARGIN = 0.20
+QUERY_MARGIN = 0.15
+RUN_TIMEOUT_S = 600
+
+
+def test_the_pipeline_teaches_the_small_t5_to_read_a_header(tmp_path):
+    data = tmp_path / "data"
+    prepare(PrepareArguments(out=str(data), source="synthetic-select", input_format="uncased"))
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [
+            str(TEXTSQL),
+            "train",
+            *train_argv(
+                data_dir=data,
+                output_dir=run,
+                max_steps=STEPS,
+                per_device_train_batch_size=64,
+                learning_rate=1e-3,
+                eval_strategy="no",
+                save_strategy="no",
+                logging_steps=100,
+                disable_tqdm=True,
+            ),
+        ],
+        check=False,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["global_step"] == STEPS and summary["loss_vocabulary"] == "batch"
+
+    metrics = predict(run / "model", data, "validation", out=tmp_path / "predictions.jsonl", progress=False)["metrics"]
+    selected, first_column = metrics["components"]["sel"], metrics["baseline"]["components"]["sel"]
+    exact, trivial = metrics["lf_accuracy"], metrics["baseline"]["lf_accuracy"]
+    assert selected >= first_column + SELECT_MARGIN and exact >= trivial + QUERY_MARGIN, (
+        f"held-out select accuracy {selected:.3f} (first-column baseline {first_column:.3f}), logical form {exact:.3f} "
+        f"(baseline {trivial:.3f}): the model did not learn to read the header (targets misaligned with the "
+        "model's outputs, or another table's header in the input?)"
+    )
