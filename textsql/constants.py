@@ -51,8 +51,8 @@ SQL_TABLE_NAME = "table"
 # "uncased": the question and headers in lower case, and the query written in lower case, so a column
 # the question names tokenizes alike in question, header and query (what a model from random weights
 # must learn to copy; the product's scores compare case-insensitively already).
-INPUT_FORMATS = ("schema", "question", "uncased")
 UNCASED_FORMAT = "uncased"
+INPUT_FORMATS = ("schema", "question", UNCASED_FORMAT)
 SQL_TASK_PREFIX = "translate to SQL: "
 COLUMNS_MARKER = " columns: "
 COLUMN_SEPARATOR = " | "

@@ -75,7 +75,11 @@ class Predictor:
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.input_format = input_format
-        self.uncased = input_format == UNCASED_FORMAT
+
+    @property
+    def uncased(self) -> bool:
+        """Whether the model writes its queries in lower case (the ``uncased`` input format)."""
+        return self.input_format == UNCASED_FORMAT
 
     @classmethod
     def load(

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,11 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
     # Evaluation writes only WikiSQL queries over each question's table unless --constrained false.
-    grammar = (
-        {"uncased": recorded_input_format(data_args.prepared_dir()) == UNCASED_FORMAT} if data_args.constrained else {}
+    trainer_class = (
+        partial(GrammarSeq2SeqTrainer, uncased=recorded_input_format(data_args.prepared_dir()) == UNCASED_FORMAT)
+        if data_args.constrained
+        else TokenBudgetTrainer
     )
-    trainer = (GrammarSeq2SeqTrainer if data_args.constrained else TokenBudgetTrainer)(
-        **grammar,
+    trainer = trainer_class(
         max_tokens_per_batch=data_args.max_tokens_per_batch,
         optimizer_max_grad_norm=run_args.optimizer_max_grad_norm,
         length_group_size=data_args.length_group_size,
