@@ -65,6 +65,8 @@ def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStre
         save_steps=SAVE_STEPS,
         per_device_train_batch_size=4,
         seed=7,
+        # Decaying, so a schedule restarted from its start shows in the rate (a constant one reads the same).
+        lr_scheduler_type="linear",
     )
     try:
         code = supervise(arguments, cluster, max_restarts=2, stream=stream, **options)

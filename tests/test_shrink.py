@@ -91,6 +91,8 @@ def test_a_lost_pod_without_replacement_leaves_two_workers_that_finish_the_run(
         # Over the batch's tokens the loss would depend on how the batch splits across ranks; over the whole
         # vocabulary three and two workers compute the same step's loss.
         loss_vocabulary="full",
+        # Decaying, so a schedule restarted from its start shows in the rate (a constant one reads the same).
+        lr_scheduler_type="linear",
     )
     try:
         code = supervise(arguments, cluster, max_restarts=2, stream=stream, min_workers=2, replace_timeout=30)

@@ -49,6 +49,10 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "predict_with_generate": True,
     "generation_max_length": 64,
     "learning_rate": 1e-3,
+    # T5's authors fine-tune it at a constant 1e-3 (Raffel et al. 2020). The small T5 from random weights
+    # first memorises its training questions and only then reads their headers: decayed linearly to 0 over the
+    # demo's 2,000 steps, it stopped at 6.5 % held-out logical form; held constant, 52.5 % (README, the demo).
+    "lr_scheduler_type": "constant",
     # Per rank; on a GPU batches are filled to a token budget instead (textsql.training.hardware.fast_defaults).
     "per_device_train_batch_size": 16,
     "eval_strategy": "steps",

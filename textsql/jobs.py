@@ -289,8 +289,8 @@ def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
             "run_dir": str(out_dir),
             "backend": "local",
             "workers": 2,
-            # About 5.5 minutes of steps on two CPU cores: held-out select accuracy leaves the baseline
-            # between steps 1,000 and 2,000 (1e-3 learns faster here than 2e-3 or 3e-3).
+            # About 5.5 minutes of steps on two CPU cores, at the constant rate of TRAINING_DEFAULTS: held-out
+            # logical form rises from 6 % at step 1,000 to 33 % at 1,500 and past 50 % at 2,000.
             "learning_rate": 1e-3,
             "max_steps": 2000,
             "eval_steps": 500,
