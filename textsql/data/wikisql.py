@@ -171,11 +171,12 @@ def cased_sql(text: str, question: str, header: list[str]) -> str:
         return text
     question = " ".join(question.split())
     folded = question.lower()
-    for condition in query["conds"]:
-        start = folded.find(condition[2].lower())
-        # Lowercasing keeps positions only when it keeps the length.
-        if condition[2] and start >= 0 and len(folded) == len(question):
-            condition[2] = question[start : start + len(condition[2])]
+    # Lowercasing keeps positions only when it keeps the length.
+    if len(folded) == len(question):
+        for condition in query["conds"]:
+            start = folded.find(condition[2].lower())
+            if condition[2] and start >= 0:
+                condition[2] = question[start : start + len(condition[2])]
     return render_sql(query, header)
 
 
