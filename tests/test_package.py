@@ -10,11 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from zipfile import ZipFile
 
 import pytest
-import tomllib
 from conftest import PROJECT_DIR
 from packaging.markers import default_environment
 from packaging.requirements import Requirement

@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Self
 
 from worker.constants import (
     FORWARDED_ENV,
@@ -40,9 +40,6 @@ from worker.constants import (
 from worker.errors import WorkerError
 from worker.files import last_line, private_dir, private_opener
 from worker.registration import InvalidRegistration, check_host_key
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 

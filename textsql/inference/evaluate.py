@@ -27,14 +27,11 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 from textsql.constants import AGG_OPS, COND_OPS
 from textsql.errors import DataError
 from textsql.files import load_tables, read_jsonl
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 

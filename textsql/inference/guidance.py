@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Self
 
 from textsql.data.sql import parse_sql
 from textsql.errors import SQLParseError
 from textsql.inference.evaluate import ExecutionError, TableEngine
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 

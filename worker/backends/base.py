@@ -11,14 +11,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import WorkerError
 from worker.registration import Registration
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 

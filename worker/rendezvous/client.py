@@ -13,16 +13,13 @@ import random
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Self
 
 from worker.constants import BACKOFF_MAX_S, BACKOFF_START_S, MASTER_GONE_AFTER_S, PROTOCOL_VERSION, READ_TIMEOUT_S
 from worker.errors import RendezvousError
 from worker.protocol import FrameError, is_nonce, new_nonce, recv_frame, send_frame, sign, verify
 from worker.registration import Registration
 from worker.rendezvous.token import read_token, signing_key
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 

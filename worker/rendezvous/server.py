@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 from worker.constants import (
     DEFAULT_RENDEZVOUS_PORT,
@@ -41,9 +41,6 @@ from worker.rendezvous.handler import RegistrationHandler
 from worker.rendezvous.registry import Accepted, Refused, Registry
 from worker.rendezvous.token import new_token, read_token
 from worker.runfiles import RunFiles, write_run_files
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self once the package needs Python 3.11
 
 logger = logging.getLogger(__name__)
 
