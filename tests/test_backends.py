@@ -4,18 +4,22 @@ kubernetes (pod specs, a recording API stand-in) and static (real sshd) backends
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 import sys
 import types
 from pathlib import Path
 
 import pytest
-from fakes.kubernetes_api import RecordingCoreV1
+from fakes.kubernetes_api import KubeletCoreV1, RecordingCoreV1, RecordingNetworkingV1
+from kubernetes.client.exceptions import ApiException
 
 from worker import constants as c
 from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_backend
 from worker.backends.cml import CMLBackend
-from worker.backends.kubernetes import KubernetesBackend
+from worker.backends.kubernetes import KubernetesApis, KubernetesBackend, cleanup
+from worker.backends.kubernetes_manifests import secret_manifest
+from worker.backends.kubernetes_policy import network_policy_manifest
 from worker.cluster import start_workers
 from worker.errors import WorkerError
 from worker.registration import Registration
@@ -93,7 +97,7 @@ def k8s_backend() -> KubernetesBackend:
         node_selector={"gpu": "a100"},
         api=object(),
     )
-    backend.run_id = "demo-abc123"
+    backend.run_id, backend.workdir = "demo-abc123", Path("/home/cdsw/runs/demo/workers")  # as start_workers sets it
     return backend
 
 
@@ -131,13 +135,14 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert values[c.ENV_TOKEN_FILE] == "/var/run/textsql/token" and values[c.ENV_SLOTS] == "4"
     assert values[c.ENV_RENDEZVOUS] == "10.0.0.4:29400"
     assert refs == {"POD_IP": "status.podIP", c.ENV_POD: "metadata.name"}
-    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {
-        "token": "/var/run/textsql",
-        "project": "/home/cdsw",
-        "shm": "/dev/shm",
-        "tmp": "/tmp",
-        "cache": "/home/textsql/.cache",
-    }
+    assert [(m["name"], m["mountPath"], m.get("readOnly"), m.get("subPath")) for m in container["volumeMounts"]] == [
+        ("token", "/var/run/textsql", True, None),
+        ("shm", "/dev/shm", None, None),
+        ("tmp", "/tmp", None, None),
+        ("cache", "/home/textsql/.cache", None, None),
+        ("project", "/home/cdsw", True, None),  # the code the master imports: read-only
+        ("project", "/home/cdsw/runs/demo", False, "runs/demo"),  # the run directory: read-write
+    ]
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["token"]["secret"] == {"secretName": "textsql-demo-abc123-1-key", "defaultMode": 0o440}
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
@@ -160,25 +165,38 @@ def test_kubernetes_pod_spec_through_the_clients_models():
     assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
     assert token not in str(pod)
     key = pod_key(token, "textsql-demo-abc123-1")
-    secret = ApiClient().sanitize_for_serialization(k8s_backend().secret_spec("textsql-demo-abc123-1", key))
+    secret = ApiClient().sanitize_for_serialization(secret_manifest("demo-abc123", "textsql-demo-abc123-1", key))
     assert secret["stringData"] == {"token": key} and secret["metadata"]["name"] == "textsql-demo-abc123-1-key"
 
 
-def test_kubernetes_network_policy_admits_sshd_from_the_master_alone():
+def test_kubernetes_network_policy_admits_sshd_from_the_master_alone_and_lets_out_what_a_run_needs():
     from kubernetes.client import ApiClient
 
-    policy = ApiClient().sanitize_for_serialization(k8s_backend().network_policy("10.0.0.4", 2222))
+    policy = ApiClient().sanitize_for_serialization(
+        network_policy_manifest("ml", "demo-abc123", "10.0.0.4", 29400, 2222)
+    )
     run = {"app.kubernetes.io/name": "textsql-worker", "textsql/run": "demo-abc123"}
     assert policy["metadata"] == {"name": "textsql-demo-abc123-workers", "namespace": "ml", "labels": run}
-    assert policy["spec"]["podSelector"] == {"matchLabels": run} and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": run}
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    all_but_sshd = [
+        {"protocol": "TCP", "port": 1, "endPort": 2221},
+        {"protocol": "TCP", "port": 2223, "endPort": 65535},
+    ]
     ssh, ranks = policy["spec"]["ingress"]
     assert ssh == {"from": [{"ipBlock": {"cidr": "10.0.0.4/32"}}], "ports": [{"protocol": "TCP", "port": 2222}]}
-    assert ranks == {
-        "from": [{"podSelector": {"matchLabels": run}}],
-        "ports": [
-            {"protocol": "TCP", "port": 1, "endPort": 2221},
-            {"protocol": "TCP", "port": 2223, "endPort": 65535},
+    assert ranks == {"from": [{"podSelector": {"matchLabels": run}}], "ports": all_but_sshd}
+    rendezvous, to_ranks, dns = policy["spec"]["egress"]
+    assert rendezvous == {"to": [{"ipBlock": {"cidr": "10.0.0.4/32"}}], "ports": [{"protocol": "TCP", "port": 29400}]}
+    assert to_ranks == {"to": [{"podSelector": {"matchLabels": run}}], "ports": all_but_sshd}
+    assert dns == {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
         ],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
     }
 
 
@@ -258,8 +276,8 @@ def test_static_host_with_unknown_key_is_refused_with_the_fix(static_host, tmp_p
 def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secrets(tmp_path):
     token_file = tmp_path / "token"
     new_token(token_file)
-    api = RecordingCoreV1()
-    backend = KubernetesBackend(image="img", api=api, poll_s=0.01)
+    api, networking = RecordingCoreV1(), RecordingNetworkingV1()
+    backend = KubernetesBackend(image="img", api=api, networking_api=networking, poll_s=0.01)
     handles = backend.launch(
         2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:29400"}
     )
@@ -269,32 +287,101 @@ def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secrets(tmp_path):
     assert [api.secrets[f"{h.pod}-key"].string_data for h in handles] == [
         {"token": pod_key(token, h.pod)} for h in handles
     ]
-    assert sorted(api.policies) == [f"textsql-{backend.run_id}-workers"]
+    assert sorted(networking.policies) == [f"textsql-{backend.run_id}-workers"]
     backend.wait(timeout=5)
     backend.stop()
-    assert api.pods == {} and api.secrets == {} and api.policies == {}
+    assert api.pods == {} and api.secrets == {} and networking.policies == {}
 
 
-def test_workers_cleanup_deletes_a_dead_runs_pods_and_secrets_by_label(tmp_path, monkeypatch):
-    """The kernel died without stop(): `textsql workers cleanup --run` finds its Pods and Secrets by label."""
+def launched_runs(tmp_path, count: int, api=None) -> tuple[KubernetesApis, list[KubernetesBackend]]:
+    """``count`` runs of two pods each, launched on stand-ins for the API server."""
+    token_file = tmp_path / "token"
+    new_token(token_file)
+    apis = KubernetesApis(api or RecordingCoreV1(), RecordingNetworkingV1())
+    runs = [KubernetesBackend(image="img", api=apis.core, networking_api=apis.networking) for _ in range(count)]
+    for backend in runs:
+        backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:1"})
+    return apis, runs
+
+
+def test_workers_cleanup_deletes_a_dead_runs_pods_secrets_and_policy_by_label(tmp_path, monkeypatch):
+    """The kernel died without stop(): `textsql workers cleanup --run` finds its objects by label."""
     from click.testing import CliRunner
 
     from textsql.cli import cli
     from worker.backends import kubernetes
 
-    token_file = tmp_path / "token"
-    new_token(token_file)
-    api = RecordingCoreV1()
-    dead, alive = (KubernetesBackend(image="img", api=api) for _ in range(2))
-    for backend in (dead, alive):
-        backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:1"})
-    monkeypatch.setattr(kubernetes, "connect", lambda: api)
+    apis, (dead, alive) = launched_runs(tmp_path, 2)
+    monkeypatch.setattr(kubernetes, "connect", lambda: apis)
     result = CliRunner().invoke(cli, ["workers", "cleanup", "--namespace", "default", "--run", dead.run_id])
     assert result.exit_code == 0, result.output
-    assert "deleted 2 pods and 2 secrets" in result.output
-    assert sorted(api.pods) == [p.pod for p in alive.pods] and len(api.secrets) == 2
+    assert result.output == "deleted 2 pods, 2 secrets and 1 network policy in namespace default\n"
+    assert sorted(apis.core.pods) == [p.pod for p in alive.pods] and len(apis.core.secrets) == 2
+    assert list(apis.networking.policies) == [f"textsql-{alive.run_id}-workers"]
     result = CliRunner().invoke(cli, ["workers", "cleanup"])
-    assert result.exit_code == 0 and api.pods == {} and api.secrets == {} and api.policies == {}, result.output
+    assert result.exit_code == 0 and apis.core.pods == {} and apis.core.secrets == {}, result.output
+    assert apis.networking.policies == {}
+    result = CliRunner().invoke(cli, ["workers", "cleanup"])
+    assert result.output == "deleted 0 pods, 0 secrets and 0 network policies in namespace default\n"
+
+
+class PodsGoingAway(RecordingCoreV1):
+    """Pods that finish terminating (stop() of a kernel still dying) while cleanup runs: listed, then gone."""
+
+    def list_namespaced_pod(self, namespace, label_selector=None):
+        listed = super().list_namespaced_pod(namespace, label_selector=label_selector)
+        self.pods.pop(listed.items[0].metadata.name)
+        return listed
+
+
+def test_cleanup_counts_only_what_it_deleted_and_goes_on_past_what_is_already_gone(tmp_path):
+    apis, (run,) = launched_runs(tmp_path, 1, api=PodsGoingAway())
+    gone, left = (pod.pod for pod in run.pods)
+    removed = cleanup(apis, "default", run.run_id)
+    assert removed.pods == (left,) and removed.secrets == (f"{gone}-key", f"{left}-key")
+    assert removed.network_policies == (f"textsql-{run.run_id}-workers",)
+    assert str(removed) == "1 pod, 2 secrets and 1 network policy"
+    assert apis.core.pods == {} and apis.core.secrets == {} and apis.networking.policies == {}
+
+
+class ForbiddenSecrets(RecordingCoreV1):
+    def delete_namespaced_secret(self, name, namespace):
+        raise ApiException(status=403, reason="Forbidden")
+
+
+def test_cleanup_names_what_it_could_not_delete_after_deleting_the_rest(tmp_path):
+    apis, (run,) = launched_runs(tmp_path, 1, api=ForbiddenSecrets())
+    first, second = (f"{pod.pod}-key" for pod in run.pods)
+    with pytest.raises(
+        WorkerError,
+        match=rf"deleted 2 pods, 0 secrets and 1 network policy in namespace default but not secret {first} "
+        rf"\(403 Forbidden\), secret {second} \(403 Forbidden\); check that you may delete them \(kubectl auth can-i",
+    ):
+        cleanup(apis, "default", run.run_id)
+    assert apis.core.pods == {} and apis.networking.policies == {} and len(apis.core.secrets) == 2
+
+
+@pytest.mark.parametrize(
+    "fake, real",
+    [(RecordingCoreV1, "CoreV1Api"), (KubeletCoreV1, "CoreV1Api"), (RecordingNetworkingV1, "NetworkingV1Api")],
+)
+def test_the_kubernetes_stand_ins_have_only_the_clients_own_methods(fake, real):
+    """The backend calls a stand-in exactly as it calls the pinned client: the same methods, parameter names
+    and required parameters (so no production branch can tell them apart)."""
+    import inspect
+
+    from kubernetes import client
+
+    real_class = getattr(client, real)
+    calls = [name for name in vars(fake) if re.match(r"(create|list|read|patch|replace|delete)_", name)]
+    assert calls
+    for name in calls:
+        ours = inspect.signature(getattr(fake, name)).parameters
+        theirs = inspect.signature(getattr(real_class, name)).parameters
+        assert list(ours) == [p for p in theirs if p in ours], name  # same names, same order
+        assert [p for p in ours if ours[p].default is inspect.Parameter.empty] == [
+            p for p in theirs if theirs[p].default is inspect.Parameter.empty and p != "kwargs"
+        ], name
 
 
 def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):
@@ -322,7 +409,12 @@ def each_backend(request, cml_emulator, static_hosts_file, monkeypatch):
     options = {
         "local": {"sshd": False},
         "cml": {},
-        "kubernetes": {"image": "img", "api": RecordingCoreV1(), "poll_s": 0.01},
+        "kubernetes": {
+            "image": "img",
+            "api": RecordingCoreV1(),
+            "networking_api": RecordingNetworkingV1(),
+            "poll_s": 0.01,
+        },
         "static": {"hosts": static_hosts_file, "known_hosts": static_hosts_file.with_name("known_hosts")},
     }
     backend = make_backend(request.param, **options[request.param])

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 from conftest import PROJECT_DIR
-from fakes.kubernetes_api import KubeletCoreV1
+from fakes.kubernetes_api import KubeletCoreV1, RecordingNetworkingV1
 from kubernetes.client import ApiClient
 
 from worker.backends.kubernetes import APP_LABEL, KubernetesBackend
@@ -70,7 +70,9 @@ def kubernetes_cluster(tmp_path, monkeypatch):
     """Two pods on the emulated API server; yields (cluster, api)."""
     monkeypatch.setenv("POD_IP", "127.0.0.1")  # the session's own pod, where the rendezvous listens
     api = KubeletCoreV1(tmp_path / "kubelet")
-    backend = KubernetesBackend(image="img", api=api, poll_s=0.05, project_path=str(PROJECT_DIR))
+    backend = KubernetesBackend(
+        image="img", api=api, networking_api=RecordingNetworkingV1(), poll_s=0.05, project_path=str(PROJECT_DIR)
+    )
     try:
         with start_workers(backend, 2, tmp_path / "run", timeout=60, ssh_port=0) as cluster:
             yield cluster, api

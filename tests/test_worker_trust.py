@@ -95,10 +95,11 @@ def test_a_registered_worker_cannot_be_registered_again(two_local_workers):
 
 
 def test_kubernetes_workers_get_no_master_secret_through_the_project_volume(tmp_path, monkeypatch):
-    """Weak point 6: with the project on a shared volume (the pods mount it read-write as the master's user),
+    """Weak point 6: with the project on a shared volume (the pods mount it read-only, their run directory
+    read-write, as the master's user),
     the run's client key, token, ssh_config, known_hosts and hostfile are not on it, and each pod's Secret
     holds its own key, not the run token. Pods are local agents on an emulated API server."""
-    from fakes.kubernetes_api import KubeletCoreV1
+    from fakes.kubernetes_api import KubeletCoreV1, RecordingNetworkingV1
 
     from worker.backends.kubernetes import KubernetesBackend
     from worker.cluster import start_workers
@@ -108,7 +109,14 @@ def test_kubernetes_workers_get_no_master_secret_through_the_project_volume(tmp_
     project = tmp_path / "project"
     project.mkdir()
     api = KubeletCoreV1(tmp_path / "kubelet")
-    backend = KubernetesBackend(image="img", api=api, poll_s=0.05, project_claim="pvc", project_path=str(project))
+    backend = KubernetesBackend(
+        image="img",
+        api=api,
+        networking_api=RecordingNetworkingV1(),
+        poll_s=0.05,
+        project_claim="pvc",
+        project_path=str(project),
+    )
     try:
         with start_workers(backend, 2, project / "runs" / "r1", timeout=60, ssh_port=0) as cluster:
             secrets = [cluster.identity_file, cluster.ssh_config, cluster.known_hosts, cluster.hostfile]
@@ -117,7 +125,7 @@ def test_kubernetes_workers_get_no_master_secret_through_the_project_volume(tmp_
             spec = api.pods[cluster.workers[0].pod].spec
             claims = {v.name for v in spec.volumes if v.persistent_volume_claim is not None}
             shared = [Path(m.mount_path) for m in spec.containers[0].volume_mounts if m.name in claims]
-            assert shared == [project]
+            assert shared == [project, project / "runs" / "r1"]
             for path in [*secrets, cluster.hostfile.parent / c.TOKEN_NAME]:
                 assert not any(path.is_relative_to(mount) for mount in shared), path
             assert not [p.name for p in (project / "runs" / "r1").iterdir() if p.is_file()]

@@ -370,15 +370,13 @@ def workers() -> None:
 
 @workers.command()
 @click.option("--namespace", default="default", show_default=True, help="Namespace the worker pods ran in.")
-@click.option(
-    "--run", "run_id", help="Only this run's pods and Secret (the `textsql/run` label) [default: every textsql run]."
-)
+@click.option("--run", "run_id", help="Only this run's objects (the `textsql/run` label) [default: every textsql run].")
 def cleanup(namespace: str, run_id: str | None) -> None:
-    """Delete the Kubernetes worker Pods and token Secrets of a run, found by their labels."""
+    """Delete the Kubernetes worker Pods, token Secrets and NetworkPolicy of a run, found by their labels."""
     from worker.backends import kubernetes
 
-    pods, secrets = kubernetes.cleanup(kubernetes.connect(), namespace, run_id)
-    click.echo(f"deleted {len(pods)} pods and {len(secrets)} secrets in namespace {namespace}")
+    removed = kubernetes.cleanup(kubernetes.connect(), namespace, run_id)
+    click.echo(f"deleted {removed} in namespace {namespace}")
 
 
 @cli.command()

@@ -1,14 +1,19 @@
 """Stand-ins for a Kubernetes API server, for tests on a machine where no cluster runs.
 
-``RecordingCoreV1`` keeps the objects it is given and reports one set phase for every pod: enough to
-check the objects and the calls. ``KubeletCoreV1`` is an EMULATOR of an API server with a kubelet
-behind it: each Pod it is given runs its container's ``args`` as a local process, with what the
-kubelet would provide emulated (a new loopback address as the pod IP, the downward-API fields, the
-Secret volume as files), so the backend's real agents, sshd and rendezvous run against it. It emulates
-only the ``CoreV1Api`` (and ``NetworkingV1Api``) calls the backend makes, with the client's own models and ``ApiException``.
-What it does not do: scheduling, image pulls (``image_pull_fails`` leaves new pods Pending the way
-a failed pull does), user and group ids (test_worker_kubernetes.py checks the mount's ownership as
-root), resource limits, network namespaces, ``activeDeadlineSeconds``.
+Each stands in for one of the official client's API classes and has only methods of that class, with its
+parameter names, return types and exceptions (``NotFoundException``, a 404 ``ApiException``), so the
+backend calls them exactly as it calls the real ones (tests/test_backends.py holds them to the pinned
+client's signatures). ``RecordingCoreV1`` (``CoreV1Api``) keeps the objects it is given and reports one
+set phase for every pod: enough to check the objects and the calls. ``RecordingNetworkingV1``
+(``NetworkingV1Api``) keeps NetworkPolicies; nothing enforces them (no network namespaces here: the
+policy's effect is checked on the object, tests/test_worker_kubernetes.py). ``KubeletCoreV1`` is an
+EMULATOR of an API server with a kubelet behind it: each Pod it is given runs its container's ``args``
+as a local process, with what the kubelet would provide emulated (a new loopback address as the pod IP,
+the downward-API fields, the Secret volume as files), so the backend's real agents, sshd and rendezvous
+run against it. What it does not do: namespaces (one for all), scheduling, image pulls
+(``image_pull_fails`` leaves new pods Pending the way a failed pull does), user and group ids
+(test_worker_kubernetes.py checks the mount's ownership as root), read-only and subPath mounts (the
+project is the same directory here), resource limits, network namespaces, ``activeDeadlineSeconds``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import sys
 from pathlib import Path
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from kubernetes.client.exceptions import NotFoundException
 
 from worker.files import atomic_write
 
@@ -29,51 +34,66 @@ from worker.files import atomic_write
 _HOST_ONLY = ("CDSW_IP_ADDRESS", "CDSW_ENGINE_ID", "POD_IP", "HOSTNAME")
 
 
-class RecordingCoreV1:
-    """Stand-in for a Kubernetes API server (none runs here): keeps created objects, reports a set phase."""
+def selected(body, label_selector) -> bool:
+    """Whether ``body``'s labels match an equality ``label_selector`` (``a=b,c=d``), as the API server matches."""
+    wanted = dict(term.split("=", 1) for term in label_selector.split(",")) if label_selector else {}
+    return wanted.items() <= (body.metadata.labels or {}).items()
 
-    def __init__(self, phase="Running", reason=None):
-        self.phase, self.reason = phase, reason
-        self.pods, self.secrets, self.policies = {}, {}, {}
 
-    # NetworkingV1Api's calls: the policies are kept, not enforced (no network namespaces here).
+def not_found(kind: str, name: str) -> NotFoundException:
+    """What the client raises for a 404."""
+    return NotFoundException(status=404, reason=f'{kind} "{name}" not found')
+
+
+class RecordingNetworkingV1:
+    """Stand-in for ``NetworkingV1Api``: keeps the NetworkPolicies it is given (see the module docstring)."""
+
+    def __init__(self):
+        self.policies = {}
+
     def create_namespaced_network_policy(self, namespace, body):
         self.policies[body.metadata.name] = body
+        return body
 
-    def list_namespaced_network_policy(self, namespace, label_selector):
+    def list_namespaced_network_policy(self, namespace, label_selector=None):
         return client.V1NetworkPolicyList(
-            items=[body for body in self.policies.values() if self.selected(body, label_selector)]
+            items=[body for body in self.policies.values() if selected(body, label_selector)]
         )
 
     def delete_namespaced_network_policy(self, name, namespace):
-        if name not in self.policies:
-            raise ApiException(status=404, reason="Not Found")
-        del self.policies[name]
+        if self.policies.pop(name, None) is None:
+            raise not_found("networkpolicies", name)
+        return client.V1Status(status="Success")
+
+
+class RecordingCoreV1:
+    """Stand-in for ``CoreV1Api`` (no API server runs here): keeps created objects, reports a set phase."""
+
+    def __init__(self, phase="Running", reason=None):
+        self.phase, self.reason = phase, reason
+        self.pods, self.secrets = {}, {}
+
+    selected = staticmethod(selected)
 
     def create_namespaced_secret(self, namespace, body):
         self.secrets[body.metadata.name] = body
+        return body
 
     def create_namespaced_pod(self, namespace, body):
         self.pods[body.metadata.name] = body
+        return body
 
-    @staticmethod
-    def selected(body, label_selector):
-        wanted = dict(term.split("=", 1) for term in label_selector.split(","))
-        return wanted.items() <= (body.metadata.labels or {}).items()
-
-    def list_namespaced_secret(self, namespace, label_selector):
-        return client.V1SecretList(
-            items=[body for body in self.secrets.values() if self.selected(body, label_selector)]
-        )
+    def list_namespaced_secret(self, namespace, label_selector=None):
+        return client.V1SecretList(items=[body for body in self.secrets.values() if selected(body, label_selector)])
 
     def status_of(self, name):
         """(phase, waiting reason or None) of pod ``name``."""
         return self.phase, self.reason
 
-    def list_namespaced_pod(self, namespace, label_selector):
+    def list_namespaced_pod(self, namespace, label_selector=None):
         items = []
         for name, pod in self.pods.items():
-            if not self.selected(pod, label_selector):
+            if not selected(pod, label_selector):
                 continue
             phase, reason = self.status_of(name)
             waiting = client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason=reason)) if reason else None
@@ -96,13 +116,13 @@ class RecordingCoreV1:
 
     def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
         if name not in self.pods:
-            raise ApiException(status=404, reason="Not Found")
-        del self.pods[name]
+            raise not_found("pods", name)
+        return self.pods.pop(name)
 
     def delete_namespaced_secret(self, name, namespace):
-        if name not in self.secrets:
-            raise ApiException(status=404, reason="Not Found")
-        del self.secrets[name]
+        if self.secrets.pop(name, None) is None:
+            raise not_found("secrets", name)
+        return client.V1Status(status="Success")
 
 
 class KubeletCoreV1(RecordingCoreV1):
@@ -178,16 +198,16 @@ class KubeletCoreV1(RecordingCoreV1):
             )
 
     def delete_namespaced_pod(self, name, namespace, grace_period_seconds=None):
-        super().delete_namespaced_pod(name, namespace, grace_period_seconds)
+        body = super().delete_namespaced_pod(name, namespace, grace_period_seconds=grace_period_seconds)
         process = self.processes.pop(name, None)
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()  # the kubelet's SIGTERM, then SIGKILL to the container after the grace period
-        try:
-            process.wait(timeout=30 if grace_period_seconds is None else grace_period_seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process is not None and process.poll() is None:
+            process.terminate()  # the kubelet's SIGTERM, then SIGKILL to the container after the grace period
+            try:
+                process.wait(timeout=30 if grace_period_seconds is None else grace_period_seconds)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        return body
 
     def close(self) -> None:
         """Delete every pod still there (a test's teardown)."""

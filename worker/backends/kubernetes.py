@@ -1,21 +1,16 @@
 """``kubernetes``: worker pods through the official ``kubernetes`` client.
 
-Per pod: a Secret holding that pod's own rendezvous key (mounted read-only as a file into that pod only;
-the pod spec never holds the value; the run token stays with the master), and the pod running ``python -m worker.agent`` with the project's shared volume
-mounted at the same path as on the master (DeepSpeed's pdsh launcher ``cd``s there on every worker),
-``POD_IP`` and the pod name from the downward API, and ``nvidia.com/gpu`` limits. ``wait`` polls
-until every pod is Running; ``replace`` deletes a lost pod (if it is still there) and creates one
-like it (same spec and labels, name ``...-N-rK``); ``stop`` deletes the pods and the Secret; :func:`cleanup`
-(``textsql workers cleanup``) deletes them by label when the kernel that started them died.
+Per run a NetworkPolicy (:mod:`~worker.backends.kubernetes_policy`), per pod a Secret holding that pod's
+own rendezvous key and the pod running ``python -m worker.agent`` (:mod:`~worker.backends.kubernetes_manifests`
+says what they hold). This module talks to the API server: ``launch`` creates them, ``wait`` polls until
+every pod is Running, ``replace`` deletes a lost pod (if it is still there) and creates one like it (same
+spec and labels, name ``...-N-rK``), ``stop`` deletes what it created; :func:`cleanup`
+(``textsql workers cleanup``) deletes them by label when the kernel that started them died. Deleting
+what is already gone (404) is what was wanted, everywhere.
 
-Pods run as the image's non-root user with no privilege escalation, no capabilities and the
-runtime's default seccomp profile, for at most ``max_runtime_s``. The Secret is mounted 0440 with
-the pod's ``fsGroup`` as its group, so that user can read it and nobody else; the agent is told
-that group (``TEXTSQL_RENDEZVOUS_TOKEN_GROUP``) so its token check accepts exactly that.
-
-No cluster runs in this project's tests: they check the Pod and Secret objects through the
-client's own (validating) models, and run the backend against an emulated API server whose pods are
-local agent processes (tests/fakes/kubernetes_api.py), not a live cluster.
+No cluster runs in this project's tests: they check the objects through the client's own (validating)
+models, and run the backend against stand-ins with the client's ``CoreV1Api`` and ``NetworkingV1Api``
+methods whose pods are local agent processes (tests/fakes/kubernetes_api.py), not a live cluster.
 """
 
 from __future__ import annotations
@@ -26,66 +21,73 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.backends.kubernetes_manifests import (
+    APP_LABEL,
+    RUN_LABEL,
+    PodTemplate,
+    dns_name,
+    pod_manifest,
+    secret_manifest,
+    secret_name,
+)
+from worker.backends.kubernetes_policy import network_policy_manifest
 from worker.errors import WorkerError
 from worker.network import route_address
 from worker.rendezvous.token import pod_key, read_token
 
 logger = logging.getLogger(__name__)
 
-TOKEN_MOUNT = "/var/run/textsql"
-# Every worker Pod and token Secret carries the app label and its run's label: cleanup finds them by these.
-APP_LABELS = {"app.kubernetes.io/name": "textsql-worker"}
-RUN_LABEL = "textsql/run"
-APP_LABEL = ",".join(f"{key}={value}" for key, value in APP_LABELS.items())
-_SECRET_KEY = "token"
 _ENDED = {"Failed", "Succeeded"}
-_TMP = "/tmp"  # an emptyDir: the pod's root filesystem is read-only
 
 
-def _dns_name(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "run"
+class KubernetesApis(NamedTuple):
+    """The two APIs the backend calls, on one configured client."""
+
+    core: Any  # kubernetes.client.CoreV1Api
+    networking: Any  # kubernetes.client.NetworkingV1Api
 
 
-def secret_name(pod: str) -> str:
-    """The name of the Secret holding ``pod``'s key.
+def connect() -> KubernetesApis:
+    """The APIs on in-cluster config inside a pod, else ~/.kube/config.
 
-    :param pod: the pod's name.
-    :rtype: str
+    :rtype: KubernetesApis
     """
-    return f"{pod}-key"
-
-
-def _client() -> Any:
-    from kubernetes import client
-
-    return client
-
-
-def connect() -> Any:
-    """A CoreV1Api: in-cluster config inside a pod, else ~/.kube/config.
-
-    :rtype: kubernetes.client.CoreV1Api
-    """
-    from kubernetes import config
-
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return _client().CoreV1Api()
+    api_client = client.ApiClient()
+    return KubernetesApis(client.CoreV1Api(api_client), client.NetworkingV1Api(api_client))
+
+
+def _deleted(delete: Callable[..., Any], name: str, namespace: str, **options: Any) -> bool:
+    """Delete one object; False when it was already gone (404: what deleting it wanted)."""
+    try:
+        delete(name, namespace, **options)
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
 
 
 class KubernetesBackend(Backend):
     """Worker pods in one namespace."""
 
     name = "kubernetes"
-    shares_run_dir = True  # with project_claim the pods mount the run dir, read-write as the same user
+    # With project_claim the pods mount the run dir read-write (as the same user), the rest of the project read-only.
+    shares_run_dir = True
 
     def __init__(
         self,
@@ -106,8 +108,9 @@ class KubernetesBackend(Backend):
     ) -> None:
         """
         :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
-        :param namespace: namespace for pods and the Secret.
-        :param project_claim: PersistentVolumeClaim holding the project (None: the image has it).
+        :param namespace: namespace for pods, Secrets and the NetworkPolicy.
+        :param project_claim: PersistentVolumeClaim holding the project (None: the image has it). The pods mount
+            it read-only, and the run directory (which must lie inside it) read-write.
         :param project_path: where the project is mounted (default: this process's working directory).
         :param service_account: pod service account.
         :param node_selector: pod node selector (e.g. a GPU node pool).
@@ -120,18 +123,20 @@ class KubernetesBackend(Backend):
         :param ephemeral_storage_gb: each pod's limit on node-local disk (its writable volumes and logs).
         :param networking_api: a ``NetworkingV1Api`` for the run's NetworkPolicy (default: one on ``api``'s client).
         """
-        self.image = image
-        self.namespace = namespace
-        self.project_claim = project_claim
-        self.project_path = project_path or str(Path.cwd())
-        self.service_account = service_account
-        self.node_selector = node_selector
+        self.template = PodTemplate(
+            image=image,
+            namespace=namespace,
+            project_claim=project_claim,
+            project_path=project_path or str(Path.cwd()),
+            service_account=service_account,
+            node_selector=node_selector,
+            user_id=user_id,
+            group_id=group_id,
+            max_runtime_s=max_runtime_s,
+            home=home,
+            ephemeral_storage_gb=ephemeral_storage_gb,
+        )
         self.poll_s = poll_s
-        self.user_id = user_id
-        self.group_id = group_id
-        self.max_runtime_s = max_runtime_s
-        self.home = home
-        self.ephemeral_storage_gb = ephemeral_storage_gb
         self._api = api
         self._networking = networking_api
         self._policy: str | None = None
@@ -144,13 +149,18 @@ class KubernetesBackend(Backend):
         self._secrets: list[str] = []
 
     @property
+    def namespace(self) -> str:
+        return self.template.namespace
+
+    @property
     def api(self) -> Any:
         """The CoreV1Api, configured on first use.
 
         :rtype: kubernetes.client.CoreV1Api
         """
         if self._api is None:
-            self._api = connect()
+            self._api, networking = connect()
+            self._networking = self._networking or networking
         return self._api
 
     @property
@@ -160,11 +170,7 @@ class KubernetesBackend(Backend):
         :rtype: kubernetes.client.NetworkingV1Api
         """
         if self._networking is None:
-            # The stand-ins in the tests serve both APIs; a real CoreV1Api's client serves NetworkingV1Api too.
-            api = self.api
-            self._networking = (
-                api if hasattr(api, "create_namespaced_network_policy") else _client().NetworkingV1Api(api.api_client)
-            )
+            self._networking = client.NetworkingV1Api(self.api.api_client)
         return self._networking
 
     def advertised_address(self) -> str:
@@ -174,198 +180,42 @@ class KubernetesBackend(Backend):
     def pods(self) -> list[WorkerHandle]:
         return [WorkerHandle(name) for name in self._pods]
 
-    def _labels(self) -> dict[str, str]:
-        return {**APP_LABELS, RUN_LABEL: self.run_id}
-
-    def secret_spec(self, pod: str, key: str) -> Any:
-        """The Secret holding one pod's rendezvous key, mounted by that pod only.
-
-        :param pod: the pod's name.
-        :param key: its key (:func:`~worker.rendezvous.token.pod_key`).
-        :rtype: kubernetes.client.V1Secret
-        """
-        client = _client()
-        return client.V1Secret(
-            api_version="v1",
-            kind="Secret",
-            type="Opaque",
-            string_data={_SECRET_KEY: key},
-            metadata=client.V1ObjectMeta(name=secret_name(pod), labels=self._labels()),
-        )
-
     def pod_spec(self, index: int, resources: Resources, env: dict[str, str]) -> Any:
-        """The Pod for worker ``index``.
+        """The Pod for worker ``index`` of this run (:func:`~worker.backends.kubernetes_manifests.pod_manifest`);
+        its run directory is :attr:`workdir`'s parent, where ``start_workers`` put it.
 
-        :param index: the worker's index.
-        :param resources: CPU, memory, GPUs.
-        :param env: the agent's environment (any token is replaced by the pod's own Secret, mounted).
         :rtype: kubernetes.client.V1Pod
         """
-        client = _client()
-        name = f"textsql-{self.run_id}-{index}"
-        plain = {
-            **env,
-            c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{_SECRET_KEY}",
-            c.ENV_TOKEN_GROUP: str(self.group_id),
-            c.ENV_SLOTS: str(max(1, resources.gpus)),
-            c.ENV_SSHD_KEYS_DIR: f"{_TMP}/textsql-sshd",  # the home directory is read-only
-        }
-        plain.pop(c.ENV_TOKEN, None)
-        variables = [client.V1EnvVar(name=key, value=value) for key, value in sorted(plain.items())]
-        variables += [
-            client.V1EnvVar(
-                name="POD_IP",
-                value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path="status.podIP")),
-            ),
-            client.V1EnvVar(
-                name=c.ENV_POD,
-                value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path="metadata.name")),
-            ),
-        ]
-        limits = {
-            "cpu": str(resources.cpu),
-            "memory": f"{resources.memory_gb:g}Gi",
-            "ephemeral-storage": f"{self.ephemeral_storage_gb:g}Gi",
-        }
-        if resources.gpus:
-            limits["nvidia.com/gpu"] = str(resources.gpus)
-        mounts = [
-            client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True),
-            client.V1VolumeMount(name="shm", mount_path="/dev/shm"),
-            # The root filesystem is read-only: the agent's and sshd's files go to /tmp, the ranks' caches
-            # (torch extensions, Hugging Face) to ~/.cache.
-            client.V1VolumeMount(name="tmp", mount_path=_TMP),
-            client.V1VolumeMount(name="cache", mount_path=f"{self.home}/.cache"),
-        ]
-        # 0440: with an fsGroup the kubelet makes the files group-readable anyway; say so, and check it.
-        volumes = [
-            client.V1Volume(
-                name="token",
-                secret=client.V1SecretVolumeSource(secret_name=secret_name(name), default_mode=0o440),
-            ),
-            # NCCL's shared-memory transport needs more than the runtime's 64 MB /dev/shm.
-            client.V1Volume(
-                name="shm",
-                empty_dir=client.V1EmptyDirVolumeSource(
-                    medium="Memory", size_limit=f"{max(1.0, resources.memory_gb / 2):g}Gi"
-                ),
-            ),
-            client.V1Volume(name="tmp", empty_dir=client.V1EmptyDirVolumeSource(size_limit="1Gi")),
-            client.V1Volume(
-                name="cache",
-                empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{max(1.0, self.ephemeral_storage_gb / 2):g}Gi"),
-            ),
-        ]
-        if self.project_claim:
-            mounts.append(client.V1VolumeMount(name="project", mount_path=self.project_path))
-            volumes.append(
-                client.V1Volume(
-                    name="project",
-                    persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=self.project_claim),
-                )
-            )
-        seccomp = client.V1SeccompProfile(type="RuntimeDefault")
-        container = client.V1Container(
-            # args, not command: the image's entrypoint (tini) stays pid 1 and reaps sshd's children.
-            name="agent",
-            image=self.image,
-            args=["python", "-m", "worker.agent"],
-            env=variables,
-            working_dir=self.project_path,
-            volume_mounts=mounts,
-            resources=client.V1ResourceRequirements(requests=dict(limits), limits=limits),
-            security_context=client.V1SecurityContext(
-                run_as_non_root=True,
-                allow_privilege_escalation=False,
-                read_only_root_filesystem=True,
-                capabilities=client.V1Capabilities(drop=["ALL"]),
-                seccomp_profile=seccomp,
-            ),
-        )
-        return client.V1Pod(
-            api_version="v1",
-            kind="Pod",
-            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace, labels=self._labels()),
-            spec=client.V1PodSpec(
-                containers=[container],
-                volumes=volumes,
-                restart_policy="Never",
-                service_account_name=self.service_account,
-                node_selector=self.node_selector,
-                automount_service_account_token=False,
-                active_deadline_seconds=self.max_runtime_s,
-                security_context=client.V1PodSecurityContext(
-                    run_as_non_root=True,
-                    run_as_user=self.user_id,
-                    run_as_group=self.group_id,
-                    fs_group=self.group_id,
-                    seccomp_profile=seccomp,
-                ),
-            ),
-        )
-
-    def network_policy(self, master_address: str, ssh_port: int) -> Any:
-        """The run's NetworkPolicy: its pods admit sshd's port from the master alone, and every other port
-        (the ranks' torch.distributed store, gloo and NCCL) from the run's own pods; nothing else comes in.
-
-        :param master_address: the master's pod IP (where pdsh and the probes come from).
-        :param ssh_port: the workers' sshd port.
-        :rtype: kubernetes.client.V1NetworkPolicy
-        """
-        client = _client()
-        prefix = 128 if ":" in master_address else 32
-        ranges = [(first, last) for first, last in ((1, ssh_port - 1), (ssh_port + 1, 65535)) if first <= last]
-        run_pods = client.V1NetworkPolicyPeer(pod_selector=client.V1LabelSelector(match_labels=self._labels()))
-        return client.V1NetworkPolicy(
-            api_version="networking.k8s.io/v1",
-            kind="NetworkPolicy",
-            metadata=client.V1ObjectMeta(
-                name=f"textsql-{self.run_id}-workers", namespace=self.namespace, labels=self._labels()
-            ),
-            spec=client.V1NetworkPolicySpec(
-                pod_selector=client.V1LabelSelector(match_labels=self._labels()),
-                policy_types=["Ingress"],
-                ingress=[
-                    client.V1NetworkPolicyIngressRule(
-                        _from=[
-                            client.V1NetworkPolicyPeer(ip_block=client.V1IPBlock(cidr=f"{master_address}/{prefix}"))
-                        ],
-                        ports=[client.V1NetworkPolicyPort(protocol="TCP", port=ssh_port)],
-                    ),
-                    client.V1NetworkPolicyIngressRule(
-                        _from=[run_pods],
-                        ports=[
-                            client.V1NetworkPolicyPort(protocol="TCP", port=first, end_port=last)
-                            for first, last in ranges
-                        ],
-                    ),
-                ],
-            ),
-        )
+        run_dir = self.workdir.parent if self.workdir else None
+        return pod_manifest(self.template, self.run_id, index, resources, env, run_dir)
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         run_name = self.workdir.parent.name if self.workdir else "run"
-        self.run_id = self.run_id or f"{_dns_name(run_name)}-{secrets.token_hex(3)}"
+        self.run_id = self.run_id or f"{dns_name(run_name)}-{secrets.token_hex(3)}"
         if self.pod_key is None:  # called with the run's token rather than by start_workers
             self.pod_key = partial(pod_key, env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE])))
-        if self._policy is None and env.get(c.ENV_RENDEZVOUS):
-            master = env[c.ENV_RENDEZVOUS].rpartition(":")[0].strip("[]")
-            policy = self.network_policy(master, int(env.get(c.ENV_SSH_PORT, c.DEFAULT_SSH_PORT)))
-            self.networking.create_namespaced_network_policy(self.namespace, policy)
-            self._policy = policy.metadata.name
         start = len(self._pods)
-        for index in range(start, start + count):
-            pod = self.pod_spec(index, resources, env)
+        bodies = [self.pod_spec(index, resources, env) for index in range(start, start + count)]  # refusals first
+        if self._policy is None and env.get(c.ENV_RENDEZVOUS):
+            self._create_policy(env[c.ENV_RENDEZVOUS], int(env.get(c.ENV_SSH_PORT, c.DEFAULT_SSH_PORT)))
+        for pod in bodies:
             self._create(pod)
             self._pods.append(pod.metadata.name)
         logger.info("created %d pods in namespace %s (run %s)", count, self.namespace, self.run_id)
         return self.pods[start:]
 
+    def _create_policy(self, rendezvous: str, ssh_port: int) -> None:
+        """The run's NetworkPolicy, before its first pod: no pod of the run ever runs unrestricted."""
+        master, _, port = rendezvous.rpartition(":")
+        policy = network_policy_manifest(self.namespace, self.run_id, master.strip("[]"), int(port), ssh_port)
+        self.networking.create_namespaced_network_policy(self.namespace, policy)
+        self._policy = policy.metadata.name
+
     def _create(self, pod: Any) -> None:
         """Create ``pod``'s Secret (its own key), then the pod that mounts it."""
         name = pod.metadata.name
         assert self.pod_key is not None, "start_workers gives the backend its pod_key before any launch"
-        self.api.create_namespaced_secret(self.namespace, self.secret_spec(name, self.pod_key(name)))
+        self.api.create_namespaced_secret(self.namespace, secret_manifest(self.run_id, name, self.pod_key(name)))
         self._secrets.append(secret_name(name))
         self.api.create_namespaced_pod(self.namespace, pod)
         self._bodies[name] = pod
@@ -422,7 +272,7 @@ class KubernetesBackend(Backend):
         """
         if pod not in self._bodies:
             raise WorkerError(f"no pod {pod!r} of this run to replace; pods: {', '.join(self._pods) or 'none'}")
-        self._delete_pod(pod, grace_s=max(1.0, min(c.STOP_GRACE_S, timeout)))
+        self._delete("pod", self.api.delete_namespaced_pod, pod, grace_s=max(1.0, min(c.STOP_GRACE_S, timeout)))
         body = copy.deepcopy(self._bodies.pop(pod))
         self._replaced += 1
         # textsql-RUN-N, or textsql-RUN-N-rJ when a replacement is lost in turn: the new one is textsql-RUN-N-rK.
@@ -435,74 +285,85 @@ class KubernetesBackend(Backend):
         logger.info("replaced pod %s with %s in namespace %s", pod, body.metadata.name, self.namespace)
         return WorkerHandle(body.metadata.name, f"replaces {pod}")
 
-    def _delete_pod(self, name: str, grace_s: float = c.STOP_GRACE_S) -> None:
-        from kubernetes.client.exceptions import ApiException
-
+    def _delete(self, kind: str, delete: Callable[..., Any], name: str, grace_s: float | None = None) -> None:
+        """Delete one object of the run; any failure but "already gone" is logged, not raised."""
+        options = {} if grace_s is None else {"grace_period_seconds": int(grace_s)}
         try:
-            self.api.delete_namespaced_pod(name, self.namespace, grace_period_seconds=int(grace_s))
+            _deleted(delete, name, self.namespace, **options)
         except ApiException as error:
-            if error.status != 404:  # already gone is what we wanted
-                logger.warning(
-                    "could not delete pod %s: %s; `textsql workers cleanup` deletes it by its labels",
-                    name,
-                    error.reason,
-                )
+            logger.warning(
+                "could not delete %s %s: %s; `textsql workers cleanup` deletes it by its labels",
+                kind,
+                name,
+                error.reason,
+            )
 
     def stop(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         for name in self._pods:
-            self._delete_pod(name)
+            self._delete("pod", self.api.delete_namespaced_pod, name, grace_s=c.STOP_GRACE_S)
         for name in self._secrets:
-            try:
-                self.api.delete_namespaced_secret(name, self.namespace)
-            except ApiException as error:
-                if error.status != 404:
-                    logger.warning("could not delete secret %s: %s", name, error.reason)
+            self._delete("secret", self.api.delete_namespaced_secret, name)
         if self._policy:
-            try:
-                self.networking.delete_namespaced_network_policy(self._policy, self.namespace)
-            except ApiException as error:
-                if error.status != 404:
-                    logger.warning("could not delete network policy %s: %s", self._policy, error.reason)
+            self._delete("network policy", self.networking.delete_namespaced_network_policy, self._policy)
         if self._pods:
             logger.info("deleted %d pods in namespace %s", len(self._pods), self.namespace)
         self._pods, self._bodies, self._secrets, self._policy = [], {}, [], None
 
 
-def cleanup(api: Any, namespace: str, run_id: str | None = None) -> tuple[list[str], list[str]]:
+@dataclass(frozen=True)
+class Removed:
+    """What :func:`cleanup` deleted, by kind (what was already gone is not counted)."""
+
+    pods: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
+    network_policies: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        """``2 pods, 2 secrets and 1 network policy``."""
+        counts = [(len(self.pods), "pod", "pods"), (len(self.secrets), "secret", "secrets")]
+        counts.append((len(self.network_policies), "network policy", "network policies"))
+        parts = [f"{count} {one if count == 1 else many}" for count, one, many in counts]
+        return f"{', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def cleanup(apis: KubernetesApis, namespace: str, run_id: str | None = None) -> Removed:
     """Delete the worker Pods, key Secrets and NetworkPolicy of one run (or of every run) by their labels.
 
-    For runs whose kernel died before ``stop``: the labels are all that is left to find them by.
+    For runs whose kernel died before ``stop``: the labels are all that is left to find them by. An object
+    gone between listing and deleting it (a pod that finished terminating, a second cleanup) is skipped.
 
-    :param api: a ``CoreV1Api``.
+    :param apis: the APIs (:func:`connect`).
     :param namespace: the namespace the workers ran in.
     :param run_id: the run's id (the ``textsql/run`` label; None: every textsql run in the namespace).
-    :rtype: tuple[list[str], list[str]]
-    :returns: names of the deleted Pods and Secrets.
+    :rtype: Removed
+    :raises WorkerError: naming what could not be deleted and why, after deleting everything else.
     """
     selector = APP_LABEL + (f",{RUN_LABEL}={run_id}" if run_id else "")
-    pod_names = [pod.metadata.name for pod in api.list_namespaced_pod(namespace, label_selector=selector).items]
-    secret_names = [
-        secret.metadata.name for secret in api.list_namespaced_secret(namespace, label_selector=selector).items
-    ]
-    for name in pod_names:
-        api.delete_namespaced_pod(name, namespace, grace_period_seconds=int(c.STOP_GRACE_S))
-    for name in secret_names:
-        api.delete_namespaced_secret(name, namespace)
-    # The stand-ins in the tests serve both APIs; a real CoreV1Api's client serves NetworkingV1Api too.
-    networking = api if hasattr(api, "list_namespaced_network_policy") else _client().NetworkingV1Api(api.api_client)
-    policies = [
-        p.metadata.name for p in networking.list_namespaced_network_policy(namespace, label_selector=selector).items
-    ]
-    for name in policies:
-        networking.delete_namespaced_network_policy(name, namespace)
-    logger.info(
-        "deleted %d pods, %d secrets and %d network policies labelled %s in namespace %s",
-        len(pod_names),
-        len(secret_names),
-        len(policies),
-        selector,
-        namespace,
-    )
-    return pod_names, secret_names
+    kinds = {
+        "pod": (
+            apis.core.list_namespaced_pod,
+            partial(apis.core.delete_namespaced_pod, grace_period_seconds=int(c.STOP_GRACE_S)),
+        ),
+        "secret": (apis.core.list_namespaced_secret, apis.core.delete_namespaced_secret),
+        "network policy": (
+            apis.networking.list_namespaced_network_policy,
+            apis.networking.delete_namespaced_network_policy,
+        ),
+    }
+    removed: dict[str, list[str]] = {kind: [] for kind in kinds}
+    failed = []
+    for kind, (list_objects, delete) in kinds.items():
+        for item in list_objects(namespace, label_selector=selector).items:
+            try:
+                if _deleted(delete, item.metadata.name, namespace):
+                    removed[kind].append(item.metadata.name)
+            except ApiException as error:
+                failed.append(f"{kind} {item.metadata.name} ({error.status} {error.reason})")
+    result = Removed(*(tuple(names) for names in removed.values()))
+    logger.info("deleted %s labelled %s in namespace %s", result, selector, namespace)
+    if failed:
+        raise WorkerError(
+            f"deleted {result} in namespace {namespace} but not {', '.join(failed)}; "
+            f"check that you may delete them (kubectl auth can-i delete pods,secrets,networkpolicies -n {namespace})"
+        )
+    return result
