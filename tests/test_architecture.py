@@ -28,7 +28,7 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_import_contracts_hold():
     result = lint_imports(PROJECT_DIR)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 3 kept, 0 broken" in result.stdout
+    assert "Contracts: 4 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -51,6 +51,12 @@ def test_import_contracts_hold():
             "worker/backends/kubernetes.py",
             "from worker.agent import AgentConfig",
             "worker.backends.kubernetes -> worker.agent",
+        ),
+        # The kubernetes backend's manifests are built without its API calls.
+        (
+            "worker/backends/kubernetes_manifests.py",
+            "from worker.backends.kubernetes import connect",
+            "worker.backends.kubernetes_manifests -> worker.backends.kubernetes",
         ),
         ("worker/network.py", "from worker.registration import Registration", "worker.network -> worker.registration"),
         ("worker/hostfile.py", "from worker.runfiles import RunFiles", "worker.hostfile -> worker.runfiles"),

@@ -200,6 +200,15 @@ def test_kubernetes_network_policy_admits_sshd_from_the_master_alone_and_lets_ou
     }
 
 
+def test_kubernetes_network_policy_takes_the_master_by_its_ip_alone():
+    policy = network_policy_manifest("ml", "demo-abc123", "fd00::4", 29400, 2222)
+    assert policy.spec.egress[0].to[0].ip_block.cidr == "fd00::4/128"
+    with pytest.raises(
+        WorkerError, match="master address 'jupyter.ml.svc' is not an IP address.*; pass master_address="
+    ):
+        network_policy_manifest("ml", "demo-abc123", "jupyter.ml.svc", 29400, 2222)
+
+
 def test_kubernetes_cpu_pod_asks_for_no_gpu():
     pod = k8s_backend().pod_spec(0, Resources(cpu=2, memory_gb=8, gpus=0), {c.ENV_TOKEN_FILE: "/x"})
     assert "nvidia.com/gpu" not in pod.spec.containers[0].resources.limits

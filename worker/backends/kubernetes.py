@@ -44,6 +44,7 @@ from worker.backends.kubernetes_manifests import (
 from worker.backends.kubernetes_policy import network_policy_manifest
 from worker.errors import WorkerError
 from worker.network import route_address
+from worker.rendezvous.client import parse_endpoint
 from worker.rendezvous.token import pod_key, read_token
 
 logger = logging.getLogger(__name__)
@@ -206,8 +207,8 @@ class KubernetesBackend(Backend):
 
     def _create_policy(self, rendezvous: str, ssh_port: int) -> None:
         """The run's NetworkPolicy, before its first pod: no pod of the run ever runs unrestricted."""
-        master, _, port = rendezvous.rpartition(":")
-        policy = network_policy_manifest(self.namespace, self.run_id, master.strip("[]"), int(port), ssh_port)
+        master, port = parse_endpoint(rendezvous)
+        policy = network_policy_manifest(self.namespace, self.run_id, master, port, ssh_port)
         self.networking.create_namespaced_network_policy(self.namespace, policy)
         self._policy = policy.metadata.name
 
@@ -359,7 +360,7 @@ def cleanup(apis: KubernetesApis, namespace: str, run_id: str | None = None) -> 
                     removed[kind].append(item.metadata.name)
             except ApiException as error:
                 failed.append(f"{kind} {item.metadata.name} ({error.status} {error.reason})")
-    result = Removed(*(tuple(names) for names in removed.values()))
+    result = Removed(tuple(removed["pod"]), tuple(removed["secret"]), tuple(removed["network policy"]))
     logger.info("deleted %s labelled %s in namespace %s", result, selector, namespace)
     if failed:
         raise WorkerError(

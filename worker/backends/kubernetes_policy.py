@@ -14,11 +14,13 @@ The policy is only as good as the cluster's network plugin: one that does not en
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from kubernetes import client
 
 from worker.backends.kubernetes_manifests import run_labels
+from worker.errors import WorkerError
 
 # The cluster DNS: CoreDNS and kube-dns both carry this label in kube-system on kubeadm, GKE, EKS and AKS.
 DNS_NAMESPACE = "kube-system"
@@ -58,8 +60,14 @@ def network_policy_manifest(
 
 
 def _master(address: str) -> Any:
-    prefix = 128 if ":" in address else 32
-    return client.V1NetworkPolicyPeer(ip_block=client.V1IPBlock(cidr=f"{address}/{prefix}"))
+    try:
+        master = ipaddress.ip_address(address)
+    except ValueError:
+        raise WorkerError(
+            f"master address {address!r} is not an IP address, and the run's NetworkPolicy admits the master by "
+            "its IP; pass master_address=<the session pod's IP> or leave it out (POD_IP is used)"
+        ) from None
+    return client.V1NetworkPolicyPeer(ip_block=client.V1IPBlock(cidr=f"{master}/{master.max_prefixlen}"))
 
 
 def _tcp_ports_except(port: int) -> list[Any]:
