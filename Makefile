@@ -40,5 +40,5 @@ clean:
 
 # The documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every save.
 .PHONY: docs
-docs: setup-dev
+docs: $(DEV_STAMP)
 	$(BIN)/mkdocs serve
