@@ -37,3 +37,8 @@ bench: setup
 
 clean:
 	rm -rf runs .pytest_cache
+
+# The documentation site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every save.
+.PHONY: docs
+docs: $(DEV_STAMP)
+	$(BIN)/mkdocs serve

@@ -1,0 +1,114 @@
+"""The documentation site builds offline with ``--strict``, and its generated pages say what the code says."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import papermill
+import pytest
+
+from textsql.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# GitHub shows a README's first screen; past about 8 KB it is a manual, and the manual is the site.
+README_LIMIT_BYTES = 8192
+PROSE = [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
+    )
+    assert built.returncode == 0, f"mkdocs build --strict failed:\n{built.stderr[-4000:]}"
+    return out
+
+
+def command_paths(group: click.Group, prefix: tuple[str, ...] = ("textsql",)) -> Iterator[tuple[str, ...]]:
+    for name, command in group.commands.items():
+        yield (*prefix, name)
+        if isinstance(command, click.Group):
+            yield from command_paths(command, (*prefix, name))
+
+
+def command_at(path: tuple[str, ...]) -> click.Command:
+    command: click.Command = cli
+    for name in path[1:]:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    return command
+
+
+def test_the_cli_reference_has_every_subcommand_and_option(site: Path) -> None:
+    page = (site / "reference" / "cli.html").read_text()
+    paths = list(command_paths(cli))
+    assert len(paths) >= 10
+    missing = [" ".join(path) for path in paths if f'id="{"-".join(path)}"' not in page]
+    assert not missing, f"no section on the CLI reference page for: {missing}"
+    undocumented = [
+        f"{' '.join(path)} {option}"
+        for path in paths
+        for parameter in command_at(path).params
+        if isinstance(parameter, click.Option) and not parameter.hidden
+        for option in parameter.opts
+        if option.startswith("--") and option not in page
+    ]
+    assert not undocumented, f"options missing from the CLI reference page: {undocumented}"
+
+
+def test_the_notebooks_page_lists_every_parameter_with_its_default(site: Path) -> None:
+    page = (site / "notebooks.html").read_text()
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        section = page.split(f'id="{notebook.stem}"', 1)
+        assert len(section) == 2, f"no parameter table for {notebook.name}"
+        table = section[1].split("</table>", 1)[0]
+        for name in papermill.inspect_notebook(str(notebook)):
+            assert f"<code>{name}</code>" in table, f"{notebook.name}'s parameter {name} is not in its table"
+
+
+def test_the_site_loads_nothing_from_the_network(site: Path) -> None:
+    remote = re.compile(r"""<(?:link|script|img)\b[^>]*\b(?:href|src)=["'](?:https?:)?//""")
+    offenders = [
+        f"{page.relative_to(site)}: {match.group(0)}"
+        for page in site.rglob("*.html")
+        for match in remote.finditer(page.read_text())
+    ]
+    assert not offenders, offenders[:5]
+
+
+def test_the_readme_is_a_front_page() -> None:
+    assert len(README.read_bytes()) <= README_LIMIT_BYTES, "README.md grew past a front page: move detail to docs/"
+
+
+def test_relative_links_in_the_top_level_documents_resolve() -> None:
+    broken = [
+        f"{document.name}: {target}"
+        for document in (README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md")
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", document.read_text())
+        if "://" not in target and not target.startswith("mailto:") and not (document.parent / target).exists()
+    ]
+    assert not broken, broken
+
+
+def test_the_documents_cite_no_tracker_numbers() -> None:
+    # A reader has no tracker: "issue 25's first pass" says nothing to them.
+    cited = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in PROSE
+        for match in re.finditer(r"\bissues? #?\d+", path.read_text(), re.IGNORECASE)
+    ]
+    assert not cited, cited
