@@ -43,6 +43,12 @@ REPLACED_FLAGS = {
     "fp16": "--precision fp16",
     "resume_from_checkpoint": "--resume",
 }
+# How `textsql train` flags are spelled (its help says it; textsql.training.command_line parses both).
+TRAIN_SPELLING = (
+    "Flags are written in kebab-case (--per-device-train-batch-size), as every textsql command's; HuggingFace's "
+    "snake_case (--per_device_train_batch_size) is accepted too, so commands from transformers' docs work as they "
+    "are. Booleans are --x/--no-x (or --x true|false)."
+)
 # Defaults that differ from Seq2SeqTrainingArguments' own, for this task (every one can be overridden).
 TRAINING_DEFAULTS: dict[str, Any] = {
     "report_to": "tensorboard",
