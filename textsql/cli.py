@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from textsql.arguments import GenerationOptions, PrepareArguments, argument_field
-from textsql.cli_help import COMMAND_ORDER, SUBCOMMAND_ORDER, PipelineGroup, SectionedCommand, TrainCommand, kebab
+from textsql.arguments import GenerationOptions, PrepareArguments, argument_field, kebab_flag
+from textsql.cli_help import COMMAND_ORDER, SUBCOMMAND_ORDER, PipelineGroup, SectionedCommand, TrainCommand
 from textsql.console import configure_cli
 from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
@@ -74,7 +74,7 @@ def field_option(cls: type, name: str, flag: str | None = None, **attrs: Any) ->
     :rtype: typing.Callable
     """
     spec = argument_field(cls, name)
-    flag = flag or kebab(name)
+    flag = flag or kebab_flag(name)
     attrs.setdefault("help", spec.metadata["help"])
     if spec.default is not MISSING:
         attrs.setdefault("default", spec.default)
@@ -163,7 +163,8 @@ def evaluate(
 @click.option(
     "--model",
     required=True,
-    help="Trained model directory (OUTPUT_DIR/model of `textsql train`) or a hub id of a fine-tuned T5.",
+    help="Trained model directory (OUTPUT_DIR/model of `textsql train`) or a hub id of a fine-tuned T5 "
+    "(default: the untrained embedded T5, which only checks the pipeline).",
 )
 @click.option(
     "--data",

@@ -19,6 +19,7 @@ from textsql.arguments import (
     ModelArguments,
     RunArguments,
     argument_field,
+    kebab_flag,
 )
 
 # The order of `textsql --help`: the whole pipeline at once, then its stages as a run meets them, then cleanup.
@@ -64,14 +65,6 @@ TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (
     ("max_train_samples", DataArguments),
     ("max_tokens_per_batch", DataArguments),
 )
-
-
-def kebab(name: str) -> str:
-    """The flag of a field: ``--max-steps`` for ``max_steps``.
-
-    :rtype: str
-    """
-    return f"--{name.replace('_', '-')}"
 
 
 def _show_envvars(params: Sequence[click.Parameter]) -> None:
@@ -126,10 +119,10 @@ class TrainCommand(Command):
 
 def _train_flag(name: str, source: Any) -> tuple[str, str]:
     if isinstance(source, str):
-        return kebab(name), source
+        return kebab_flag(name), source
     spec = argument_field(source, name)
     default = "" if spec.default in (None, False) else f" [default: {spec.default}]"
-    return kebab(name), spec.metadata["help"] + default
+    return kebab_flag(name), spec.metadata["help"] + default
 
 
 class PipelineGroup(click.Group):

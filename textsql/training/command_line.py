@@ -25,6 +25,7 @@ from textsql.arguments import (
     DataArguments,
     ModelArguments,
     RunArguments,
+    kebab_flag,
 )
 from textsql.errors import LaunchError
 from textsql.files import check_prepared
@@ -54,7 +55,7 @@ class _StrictParser(HfArgumentParser):
         if field.default is not True and field.type in (bool, bool | None):
             parser.add_argument(
                 f"--no_{field.name}",
-                f"--no-{field.name.replace('_', '-')}",
+                "--no-" + kebab_flag(field.name)[2:],
                 action="store_false",
                 dest=field.name,
                 help=argparse.SUPPRESS,
@@ -93,9 +94,9 @@ def parse_command_line(
     run_args = RunArguments(**_field_values(RunArguments, values))
     for flag, replacement in REPLACED_FLAGS.items():
         if values[flag]:
-            raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
+            raise LaunchError(f"{kebab_flag(flag)} is set by this program; pass {replacement} instead")
     if values["output_dir"] is None:
-        raise LaunchError("no output directory; pass --output_dir DIR")
+        raise LaunchError("no output directory; pass --output-dir DIR")
     model_args.precision = resolve_precision(model_args.precision)
     # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
