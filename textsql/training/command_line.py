@@ -47,7 +47,7 @@ class _StrictParser(HfArgumentParser):
         super().__init__(dataclass_types, **kwargs)
         # Kebab-case is the spelling textsql documents (TRAIN_SPELLING): it comes first in the help and errors.
         for action in self._actions:
-            action.option_strings.sort(key=lambda option: "_" in option)
+            action.option_strings = sorted(action.option_strings, key=lambda option: "_" in option)
 
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: Field) -> None:
