@@ -169,6 +169,13 @@ def test_the_short_help_names_only_real_training_flags_in_either_spelling():
     assert (training["max_steps"], training["learning_rate"]) == (2, 0.01)
 
 
+def test_help_all_is_the_training_parsers_own_with_kebab_case_first():
+    result = CliRunner().invoke(cli, ["train", "--help-all"], terminal_width=400)
+    assert result.exit_code == 0
+    assert "--per-device-train-batch-size PER_DEVICE_TRAIN_BATCH_SIZE, --per_device_train_batch_size" in result.output
+    assert "kebab-case" in result.output and "--lr-scheduler-type" in result.output
+
+
 def test_infer_needs_a_model():
     result = CliRunner().invoke(cli, ["infer", "--data", "sample", "--limit", "1"])
     assert result.exit_code == 2 and "Missing option '--model'" in result.output
