@@ -138,10 +138,8 @@ def prepare(tokenizer: str, **options: Any) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].",
 )
-@click.option(
-    "--ordered/--no-ordered", is_flag=True, help="Conditions must come in the gold order (official --ordered)."
-)
-@click.option("--json/--no-json", "as_json", is_flag=True, help="Print the full JSON report instead of a table.")
+@click.option("--ordered/--no-ordered", help="Conditions must come in the gold order (official --ordered).")
+@click.option("--json/--no-json", "as_json", help="Print the full JSON report instead of a table.")
 @click.option("--report-file", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
 def evaluate(
     gold: str | None, pred: str, tables: str | None, ordered: bool, as_json: bool, report_file: str | None
@@ -164,7 +162,7 @@ def evaluate(
     "--model",
     required=True,
     help="Trained model directory (OUTPUT_DIR/model of `textsql train`) or a hub id of a fine-tuned T5 "
-    "(default: the untrained embedded T5, which only checks the pipeline).",
+    "(`default`: the untrained embedded T5, which only checks the pipeline).",
 )
 @click.option(
     "--data",
@@ -408,9 +406,7 @@ def rendezvous() -> None:
     type=click.Path(dir_okay=False),
     help="Private key named in ssh_config [default: id_ed25519 beside the hostfile].",
 )
-@click.option(
-    "--hold/--no-hold", is_flag=True, help="Keep holding the workers after writing the files, until interrupted."
-)
+@click.option("--hold/--no-hold", help="Keep holding the workers after writing the files, until interrupted.")
 def serve(**options: Any) -> None:
     """Wait for --expect workers, then write the hostfile, known_hosts and ssh_config atomically."""
     from worker.rendezvous.server import serve as serve_rendezvous
@@ -444,7 +440,7 @@ def serve(**options: Any) -> None:
     show_default=True,
     help="Seconds to retry an unreachable master.",
 )
-@click.option("--wait/--no-wait", is_flag=True, help="Hold the registration until the master releases it.")
+@click.option("--wait/--no-wait", help="Hold the registration until the master releases it.")
 def register(master: str, token_file: str, timeout: float, wait: bool, **fields: Any) -> None:
     """Register this worker; exit 0 once accepted, non-zero with the master's reason otherwise."""
     from worker.registration import registration_from_options
@@ -494,10 +490,8 @@ def cleanup(namespace: str, run_id: str | None) -> None:
     multiple=True,
     help="Only this profile (repeatable) [default: every one in dsconfig/].",
 )
-@click.option(
-    "--cpu/--no-cpu", is_flag=True, help="The ranks run on CPUs (--gpu-memory-gb is then host memory per rank)."
-)
-@click.option("--json/--no-json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+@click.option("--cpu/--no-cpu", help="The ranks run on CPUs (--gpu-memory-gb is then host memory per rank).")
+@click.option("--json/--no-json", "as_json", help="Print the estimate as JSON.")
 def estimate(
     model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], cpu: bool, as_json: bool
 ) -> None:
