@@ -17,6 +17,10 @@ from textsql.cli_help import COMMAND_ORDER, TRAIN_ESSENTIALS
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import Supervisor
+from worker.constants import MAX_EXPECTED_WORKERS, MAX_SLOTS
+from worker.errors import RendezvousError
+from worker.registration import check_slots
+from worker.rendezvous.server import RendezvousServer
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 
@@ -109,6 +113,39 @@ def test_launch_ranges_are_the_supervisors(tmp_path: Path, name: str, refused: f
     assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
     result = launch_options(tmp_path, flag, str(accepted))
     assert result.exit_code == 1 and "passwordless ssh failed for 127.0.0.2" in result.output, result.output
+
+
+def refuse_slots(count: int) -> None:
+    check_slots(count)
+
+
+def refuse_expected(count: int) -> None:
+    RendezvousServer(count, "t" * 32)
+
+
+@pytest.mark.parametrize(
+    "words, flag, bound, worker_check",
+    [
+        (
+            ["rendezvous", "register", "--master", "127.0.0.1:1", "--token-file", "t", "--address", "a"],
+            "--slots",
+            MAX_SLOTS,
+            refuse_slots,
+        ),
+        (
+            ["rendezvous", "serve", "--token-file", "t", "--hostfile", "h"],
+            "--expect",
+            MAX_EXPECTED_WORKERS,
+            refuse_expected,
+        ),
+    ],
+)
+def test_worker_counts_are_bounded_as_the_workers_check_them(words, flag, bound, worker_check):
+    with pytest.raises(RendezvousError, match=f"{flag}$"):
+        worker_check(bound + 1)
+    for value in (0, bound + 1):
+        result = CliRunner().invoke(cli, [*words, flag, str(value)])
+        assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
 
 
 def test_min_workers_reaches_the_supervisor(tmp_path: Path):
