@@ -96,7 +96,7 @@ def test_distinct_shapes_are_bounded_and_predicted(lengths):
 
 
 def test_an_example_over_the_budget_names_the_flag():
-    with pytest.raises(DataError, match="--max_tokens_per_batch"):
+    with pytest.raises(DataError, match="--max-tokens-per-batch"):
         TokenBudgetBatchSampler([100, 20], [40, 8], 64)
 
 

@@ -46,6 +46,8 @@ NOTEBOOK_COMMANDS = {
     "02_train_distributed": {"launch": LaunchArguments, "estimate": None},
     "03_inference": {"infer": GenerationOptions},
 }
+# Options a command names apart from their field (and the notebook's parameter): field -> the option's name.
+RENAMED_OPTIONS = {("prepare", "model"): "tokenizer"}
 # Notebook parameters whose default is a dataclass's though no command takes them.
 DATACLASS_ONLY = {
     ("02_train_distributed", "worker_cpu"): Resources().cpu,
@@ -58,6 +60,7 @@ NOTEBOOK_ONLY = {
     "log_level": "the CLI's --verbose sets the same level for a command",
     "data_dir": "paths relative to notebooks/: each command names its own (--out, --data, --run-dir)",
     "run_dir": "paths relative to notebooks/: each command names its own (--out, --data, --run-dir)",
+    "model_dir": "notebook 03 answers with its run's model (run_dir/model); `textsql infer --model` has no default",
     "backend": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
     "workers": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
     "backend_options": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
@@ -69,9 +72,14 @@ NOTEBOOK_ONLY = {
 
 
 def cli_defaults(command: str) -> dict:
-    """The command's options and their defaults (click's "no default" read as None)."""
+    """The command's options and their defaults (click's "no default" read as None), by their fields' names."""
+    fields_of = {option: name for (owner, name), option in RENAMED_OPTIONS.items() if owner == command}
     params = cli.commands[command].params
-    return {p.name: (None if p.default is click.core.UNSET else p.default) for p in params if p.name != "help"}
+    return {
+        fields_of.get(p.name, p.name): (None if p.default is click.core.UNSET else p.default)
+        for p in params
+        if p.name != "help"
+    }
 
 
 def notebook_parameter_defaults(name: str) -> dict:

@@ -274,11 +274,13 @@ def test_the_generation_budget_follows_generate():
 
 
 def test_cli_answers_one_question_constrained_and_free():
-    for flags, parses in (([], True), (["--constrained", "false"], False)):
+    for flags, parses in (([], True), (["--no-constrained"], False)):
         result = CliRunner().invoke(
             cli,
             [
                 "infer",
+                "--model",
+                "default",
                 "--question",
                 "How many schools did player number 3 play at?",
                 "--header",

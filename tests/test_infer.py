@@ -217,7 +217,7 @@ def test_cli_question_and_split(trained, prepared, tmp_path):
             str(trained),
             "--data",
             str(prepared),
-            "--out",
+            "--predictions-file",
             str(out),
             "--limit",
             "3",

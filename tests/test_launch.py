@@ -196,7 +196,7 @@ def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
         (["--ranks", "2"], "--ranks is for --launcher local"),
         (["--", "--output_dir", "$HOME/x"], "characters the hosts' shell would interpret"),
         (["--", "--run_name", "run-%h"], "characters the hosts' shell would interpret"),
-        ([], "no dataset given; pass --data_dir"),
+        ([], "no dataset given; pass --data-dir"),
         (["--", "--data_dir", "data", "--output_dir", "out"], "does not exist; start the workers first"),
     ],
 )

@@ -210,12 +210,12 @@ def broken_tokenizer(release, tmp_path):
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_text("garbage")
     (tmp_path / "tok" / "config.json").write_text('{"model_type": "t5"}')
-    return ["--model", str(tmp_path / "tok")]
+    return ["--tokenizer", str(tmp_path / "tok")]
 
 
 def no_tokenizer(release, tmp_path):
     (tmp_path / "empty").mkdir()
-    return ["--model", str(tmp_path / "empty")]
+    return ["--tokenizer", str(tmp_path / "empty")]
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,7 @@ def test_an_impossible_schedule_is_refused_naming_the_flag(tmp_path, flag, value
     from textsql.arguments import train_argv
     from textsql.training.command_line import parse_command_line
 
-    with pytest.raises(LaunchError, match=f"pass --{flag}"):
+    with pytest.raises(LaunchError, match=f"pass --{flag.replace('_', '-')}"):
         parse_command_line(train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path)) + [f"--{flag}", value])
 
 

@@ -86,14 +86,14 @@ def test_flags_this_program_sets_are_refused_with_the_one_to_use(flag, replaceme
 
 
 def test_missing_data_and_output_dirs_name_the_flag():
-    with pytest.raises(DataError, match="--data_dir"):
+    with pytest.raises(DataError, match="--data-dir"):
         parse_command_line(["--output_dir", "out"])
-    with pytest.raises(LaunchError, match="--output_dir"):
+    with pytest.raises(LaunchError, match="--output-dir"):
         parse_command_line(["--data_dir", "data"])
 
 
 def test_fp16_is_refused_for_t5_unless_forced():
-    with pytest.raises(ModelError, match="overflows in fp16.*--force_fp16") as error:
+    with pytest.raises(ModelError, match="overflows in fp16.*--force-fp16") as error:
         parse("--precision", "fp16")
     assert "\n" not in str(error.value)
     model_args, _, _, training = parse("--precision", "fp16", "--force_fp16", "true")
@@ -184,7 +184,7 @@ def test_a_checkpoint_with_a_broken_latest_tag_is_skipped_and_named(tmp_path, ca
 def test_a_previous_run_is_kept_unless_asked(tmp_path):
     fake_checkpoint(tmp_path, 5)
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(LaunchError, match="--resume auto.*--overwrite_output_dir"):
+    with pytest.raises(LaunchError, match="--resume auto.*--overwrite-output-dir"):
         _prepare_on_saving_rank(tmp_path, RunArguments())
     assert (tmp_path / "checkpoint-5").is_dir()
 
@@ -274,7 +274,7 @@ def test_train_argv_refuses_a_name_that_is_no_argument():
         LaunchError, match="unknown training argument 'lerning_rate' \\(did you mean learning_rate\\?\\)"
     ):
         train_argv(lerning_rate=1e-3)
-    assert train_argv(overlay=[], resume=None, overwrite_output_dir=False) == ["--overwrite_output_dir", "false"]
+    assert train_argv(overlay=[], resume=None, overwrite_output_dir=False) == ["--overwrite-output-dir", "false"]
 
 
 def test_evaluation_share_counts_the_evaluations_inside_the_training_loop_only():

@@ -43,6 +43,12 @@ REPLACED_FLAGS = {
     "fp16": "--precision fp16",
     "resume_from_checkpoint": "--resume",
 }
+# How `textsql train` flags are spelled (its help says it; textsql.training.command_line parses both).
+TRAIN_SPELLING = (
+    "Flags are written in kebab-case (--per-device-train-batch-size), as every textsql command's; HuggingFace's "
+    "snake_case (--per_device_train_batch_size) is accepted too, so commands from transformers' docs work as they "
+    "are. Booleans are --x/--no-x (or --x true|false)."
+)
 # Defaults that differ from Seq2SeqTrainingArguments' own, for this task (every one can be overridden).
 TRAINING_DEFAULTS: dict[str, Any] = {
     "report_to": "tensorboard",
@@ -122,7 +128,7 @@ class PrepareArguments:
         for name in ("max_source_length", "max_target_length"):
             if getattr(self, name) < 2:
                 raise DataError(
-                    f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)!r}; pass --{name.replace('_', '-')} N"
+                    f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)!r}; pass {kebab_flag(name)} N"
                 )
         if self.limit is not None and self.limit < 1:
             raise DataError(f"limit must be at least 1, got {self.limit!r}; pass --limit N or leave it out")
@@ -164,11 +170,11 @@ class ModelArguments:
             raise ModelError(f"unknown precision {self.precision!r}; pass --precision one of {', '.join(PRECISIONS)}")
         if self.loss_vocabulary not in LOSS_VOCABULARIES:
             raise ModelError(
-                f"unknown loss vocabulary {self.loss_vocabulary!r}; pass --loss_vocabulary one of {', '.join(LOSS_VOCABULARIES)}"
+                f"unknown loss vocabulary {self.loss_vocabulary!r}; pass --loss-vocabulary one of {', '.join(LOSS_VOCABULARIES)}"
             )
         if self.precision == "fp16" and not self.force_fp16:
             raise ModelError(
-                "T5 overflows in fp16 (inf/NaN loss); pass --precision bf16 or fp32, or add --force_fp16 true to insist"
+                "T5 overflows in fp16 (inf/NaN loss); pass --precision bf16 or fp32, or add --force-fp16 to insist"
             )
 
 
@@ -192,7 +198,7 @@ class DataArguments:
     constrained: bool = field(
         default=True,
         metadata={
-            "help": "Evaluation generates only WikiSQL queries over each question's table (textsql.decoding.grammar); false generates freely."
+            "help": "Evaluation generates only WikiSQL queries over each question's table (textsql.decoding.grammar); --no-constrained generates freely."
         },
     )
     max_tokens_per_batch: int | None = field(
@@ -218,7 +224,7 @@ class DataArguments:
         :rtype: str
         """
         if not self.data_dir:
-            raise DataError("no dataset given; pass --data_dir DIR written by `textsql prepare --out DIR`")
+            raise DataError("no dataset given; pass --data-dir DIR written by `textsql prepare --out DIR`")
         return self.data_dir
 
 
@@ -239,17 +245,17 @@ class RunArguments:
     resume: str | None = field(
         default=None,
         metadata={
-            "help": "'auto' continues from the newest complete checkpoint in --output_dir (fresh start if none); or a checkpoint path."
+            "help": "'auto' continues from the newest complete checkpoint in --output-dir (fresh start if none); or a checkpoint path."
         },
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Delete the checkpoints and model/ of a previous run in --output_dir before training."},
+        metadata={"help": "Delete the checkpoints and model/ of a previous run in --output-dir before training."},
     )
     eval_share: float | None = field(
         default=None,
         metadata={
-            "help": "Largest share of training time evaluation may take: an --eval_steps boundary evaluates only once "
+            "help": "Largest share of training time evaluation may take: an --eval-steps boundary evaluates only once "
             "training has run the last evaluation's duration x (1 - share) / share since it; 0 evaluates at every "
             "boundary (default: 0.05 on a GPU, where steps are large; 0 on CPUs)."
         },
@@ -257,7 +263,7 @@ class RunArguments:
     save_every_minutes: float | None = field(
         default=None,
         metadata={
-            "help": "Least training time between checkpoints: a --save_steps boundary saves only once this many "
+            "help": "Least training time between checkpoints: a --save-steps boundary saves only once this many "
             "minutes passed since the last checkpoint; 0 saves at every boundary (default: 10 on a GPU; 0 on CPUs)."
         },
     )
@@ -269,12 +275,12 @@ class RunArguments:
 
     def __post_init__(self) -> None:
         if self.resume and self.overwrite_output_dir:
-            raise LaunchError("--resume and --overwrite_output_dir contradict each other; pass only one")
+            raise LaunchError("--resume and --overwrite-output-dir contradict each other; pass only one")
         if self.eval_share is not None and not 0 <= self.eval_share < 1:
-            raise LaunchError(f"eval_share must be in [0, 1), got {self.eval_share!r}; pass --eval_share 0.05 or 0")
+            raise LaunchError(f"eval_share must be in [0, 1), got {self.eval_share!r}; pass --eval-share 0.05 or 0")
         if self.save_every_minutes is not None and self.save_every_minutes < 0:
             raise LaunchError(
-                f"save_every_minutes must be 0 or more, got {self.save_every_minutes!r}; pass --save_every_minutes 10 or 0"
+                f"save_every_minutes must be 0 or more, got {self.save_every_minutes!r}; pass --save-every-minutes 10 or 0"
             )
 
 
@@ -293,7 +299,7 @@ class GenerationOptions:
     constrained: bool = field(
         default=True,
         metadata={
-            "help": "Write only WikiSQL queries over the question's own table (textsql.decoding.grammar); false decodes freely."
+            "help": "Write only WikiSQL queries over the question's own table (textsql.decoding.grammar); --no-constrained decodes freely."
         },
     )
     execution_guided: bool = field(
@@ -307,8 +313,16 @@ class GenerationOptions:
         for name in ("batch_size", "num_beams", "max_new_tokens", "max_source_length"):
             if getattr(self, name) < 1:
                 raise DataError(
-                    f"{name} must be at least 1, got {getattr(self, name)!r}; pass --{name.replace('_', '-')} 1 or more"
+                    f"{name} must be at least 1, got {getattr(self, name)!r}; pass {kebab_flag(name)} 1 or more"
                 )
+
+
+def kebab_flag(name: str) -> str:
+    """The command-line flag of an argument field, in the spelling textsql documents: ``--max-steps`` for ``max_steps``.
+
+    :rtype: str
+    """
+    return f"--{name.replace('_', '-')}"
 
 
 def notebook_defaults() -> dict[str, Any]:
@@ -361,7 +375,7 @@ def train_argv(**values: Any) -> list[str]:
     Usage::
 
         >>> train_argv(data_dir="data", output_dir="out", profile="zero3", max_steps=10, overwrite_output_dir=True)
-        ['--data_dir', 'data', '--output_dir', 'out', '--profile', 'zero3', '--max_steps', '10', '--overwrite_output_dir', 'true']
+        ['--data-dir', 'data', '--output-dir', 'out', '--profile', 'zero3', '--max-steps', '10', '--overwrite-output-dir', 'true']
 
     :raises LaunchError: for a name that is no training argument (with the closest one).
     :rtype: list[str]
@@ -382,5 +396,5 @@ def train_argv(**values: Any) -> list[str]:
             )
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if value is not None and items:
-            argv += [f"--{name}", *(str(item).lower() if isinstance(item, bool) else str(item) for item in items)]
+            argv += [kebab_flag(name), *(str(item).lower() if isinstance(item, bool) else str(item) for item in items)]
     return argv

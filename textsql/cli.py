@@ -13,16 +13,27 @@ from typing import Any
 
 import click
 
-from textsql.arguments import GenerationOptions, PrepareArguments, argument_field
+from textsql.arguments import GenerationOptions, PrepareArguments, argument_field, kebab_flag
+from textsql.cli_help import COMMAND_ORDER, SUBCOMMAND_ORDER, PipelineGroup, SectionedCommand, TrainCommand
 from textsql.console import configure_cli
-from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_STALL_TIMEOUT_S, INPUT_FORMATS
+from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
 from textsql.launching.command import LAUNCHERS, TRAIN_MODULE, LaunchArguments
 from textsql.launching.preflight import STAGES
+from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S
 from textsql.training.profiles import available_profiles, profile_path
+from worker.constants import MAX_EXPECTED_WORKERS, MAX_SLOTS
+
+# `textsql launch --help`: its options by what they are about (click.Command lists them in one block).
+LAUNCH_SECTIONS = {
+    "Run": ("run_dir", "module", "env"),
+    "Hosts and ssh": ("launcher", "hostfile", "ssh_config", "ssh_port", "ranks"),
+    "Distributed": ("master_addr", "master_port", "socket_ifname"),
+    "Recovery": ("max_restarts", "stall_timeout", "min_workers", "replace_timeout"),
+}
 
 
-class _Group(click.Group):
+class _Group(PipelineGroup):
     """Turns the package's own errors into click's one-line error output (no traceback)."""
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -54,27 +65,37 @@ class ProfileType(click.ParamType):
         ]
 
 
-def field_option(cls: type, name: str, **attrs: Any) -> Callable[..., Any]:
+def field_option(cls: type, name: str, flag: str | None = None, **attrs: Any) -> Callable[..., Any]:
     """``--the-name`` for the field ``name`` of an arguments dataclass, its help and default taken from the
-    field, so the CLI and the dataclass cannot say different things; ``attrs`` add click's type and the like.
+    field, so the CLI and the dataclass cannot say different things; a boolean field is a ``--x/--no-x``
+    flag. ``flag`` names the option where the field's name would mean something else on the command line
+    (the function then gets it under the flag's name); ``attrs`` add click's type and the like.
 
     :rtype: typing.Callable
     """
     spec = argument_field(cls, name)
+    flag = flag or kebab_flag(name)
     attrs.setdefault("help", spec.metadata["help"])
     if spec.default is not MISSING:
         attrs.setdefault("default", spec.default)
         attrs.setdefault("show_default", spec.default not in (None, False))
     elif spec.default_factory is MISSING:
         attrs.setdefault("required", True)
-    return click.option(f"--{name.replace('_', '-')}", name, **attrs)
+    if spec.type in (bool, "bool"):
+        return click.option(f"{flag}/--no-{flag[2:]}", flag[2:].replace("-", "_"), **attrs)
+    return click.option(flag, flag[2:].replace("-", "_"), **attrs)
 
 
-@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "TEXTSQL", "help_option_names": ["-h", "--help"]})
+@click.group(
+    "textsql",
+    cls=_Group,
+    order=COMMAND_ORDER,
+    context_settings={"auto_envvar_prefix": "TEXTSQL", "help_option_names": ["-h", "--help"]},
+)
+@click.version_option(package_name="textsql", prog_name="textsql")
 @click.option(
     "-v",
-    "--verbose",
-    is_flag=True,
+    "--verbose/--no-verbose",
     help="Show third-party output (DeepSpeed, transformers, datasets, the notebooks' cells) and debug messages; the run's log files hold it either way.",
 )
 def cli(verbose: bool) -> None:
@@ -85,19 +106,19 @@ def cli(verbose: bool) -> None:
 @cli.command()
 @field_option(PrepareArguments, "source")
 @field_option(PrepareArguments, "out", type=click.Path(file_okay=False))
-@field_option(PrepareArguments, "model")
+@field_option(PrepareArguments, "model", flag="--tokenizer")
 @field_option(PrepareArguments, "input_format", type=click.Choice(INPUT_FORMATS))
 @field_option(PrepareArguments, "num_proc", type=click.IntRange(min=1))
 @field_option(PrepareArguments, "max_source_length", type=click.IntRange(min=2))
 @field_option(PrepareArguments, "max_target_length", type=click.IntRange(min=2))
 @field_option(PrepareArguments, "limit", type=click.IntRange(min=1))
-@field_option(PrepareArguments, "overwrite", is_flag=True)
-def prepare(**options: Any) -> None:
+@field_option(PrepareArguments, "overwrite")
+def prepare(tokenizer: str, **options: Any) -> None:
     """Load WikiSQL, render SQL targets, tokenize for T5 and save the splits with save_to_disk."""
     from textsql.data.prepare import format_summary
     from textsql.data.prepare import prepare as run_prepare
 
-    click.echo(format_summary(run_prepare(PrepareArguments(**options))))
+    click.echo(format_summary(run_prepare(PrepareArguments(model=tokenizer, **options))))
 
 
 @cli.command()
@@ -117,10 +138,12 @@ def prepare(**options: Any) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].",
 )
-@click.option("--ordered", is_flag=True, help="Conditions must come in the gold order (official --ordered).")
-@click.option("--json", "as_json", is_flag=True, help="Print the full JSON report instead of a table.")
-@click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
-def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_json: bool, out: str | None) -> None:
+@click.option("--ordered/--no-ordered", help="Conditions must come in the gold order (official --ordered).")
+@click.option("--json/--no-json", "as_json", help="Print the full JSON report instead of a table.")
+@click.option("--report-file", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
+def evaluate(
+    gold: str | None, pred: str, tables: str | None, ordered: bool, as_json: bool, report_file: str | None
+) -> None:
     """Score predictions with WikiSQL's logical-form and execution accuracy."""
     import json
 
@@ -129,16 +152,17 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
     from textsql.inference.evaluate import format_report
 
     report = score(gold, pred, tables or (gold and tables_beside(gold)), ordered=ordered)
-    if out:
-        write_json(out, report)
+    if report_file:
+        write_json(report_file, report)
     click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 
 @cli.command()
 @click.option(
     "--model",
-    "model_dir",
-    help="Trained model directory (OUTPUT_DIR/model of `textsql train`) [default: the untrained embedded T5].",
+    required=True,
+    help="Trained model directory (OUTPUT_DIR/model of `textsql train`) or a hub id of a fine-tuned T5 "
+    "(`default`: the untrained embedded T5, which only checks the pipeline).",
 )
 @click.option(
     "--data",
@@ -154,14 +178,16 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
     help="Split to answer.",
 )
 @click.option(
-    "--out",
+    "--predictions-file",
     default="predictions.jsonl",
     show_default=True,
     type=click.Path(dir_okay=False),
     help="Predictions file; metrics.json goes beside it.",
 )
 @click.option(
-    "--official-out", type=click.Path(dir_okay=False), help="Also write the official WikiSQL prediction format here."
+    "--official-file",
+    type=click.Path(dir_okay=False),
+    help="Also write the predictions in the official WikiSQL format to this file.",
 )
 @field_option(GenerationOptions, "batch_size", type=click.IntRange(min=1))
 @field_option(GenerationOptions, "num_beams", type=click.IntRange(min=1))
@@ -175,14 +201,14 @@ def evaluate(gold: str | None, pred: str, tables: str | None, ordered: bool, as_
     help="Model input form [default: as recorded with the model, else schema].",
 )
 @click.option("--device", help="cuda, cpu, ... [default: cuda when present].")
-@field_option(GenerationOptions, "constrained", type=bool)
-@field_option(GenerationOptions, "execution_guided", type=bool)
+@field_option(GenerationOptions, "constrained")
+@field_option(GenerationOptions, "execution_guided")
 def infer(
-    model_dir: str | None,
+    model: str,
     data: str,
     split: str,
-    out: str,
-    official_out: str | None,
+    predictions_file: str,
+    official_file: str | None,
     batch_size: int,
     num_beams: int,
     max_new_tokens: int,
@@ -208,11 +234,11 @@ def infer(
         constrained=constrained,
         execution_guided=execution_guided,
     )
-    predictor = Predictor.load(model_dir, input_format=input_format, device=device)
+    predictor = Predictor.load(model, input_format=input_format, device=device)
     if question is not None and header is not None:
         click.echo(json.dumps(predictor.ask(question, parse_header(header), options), ensure_ascii=False))
     else:
-        click.echo(format_summary(predict(predictor, data, split, out, options, limit, official_out)))
+        click.echo(format_summary(predict(predictor, data, split, predictions_file, options, limit, official_file)))
 
 
 @cli.command()
@@ -236,10 +262,25 @@ def tensorboard(logdir: str, host: str | None, port: int | None) -> None:
     serve_forever(logdir, host=host, port=port)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+def _help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from textsql.training.train import main
+
+        ctx.exit(main(["--help"]))
+
+
+@cli.command(cls=TrainCommand, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option(
+    "--help-all",
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_help_all,
+    help="Every flag (transformers' Seq2SeqTrainingArguments too) with its default, and exit.",
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def train(args: tuple[str, ...]) -> None:
-    """Fine-tune in this one process (`--help` lists the flags); `textsql launch` runs it on every rank.
+    """Fine-tune in this one process; `textsql launch` runs it on every rank.
 
     The flags are those of `python -m textsql.training.train`: HfArgumentParser over the model, data and run
     arguments plus Seq2SeqTrainingArguments, parsed strictly.
@@ -249,7 +290,11 @@ def train(args: tuple[str, ...]) -> None:
     raise SystemExit(main(list(args)))
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(
+    cls=SectionedCommand,
+    sections=LAUNCH_SECTIONS,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @field_option(LaunchArguments, "run_dir", type=click.Path(file_okay=False))
 @field_option(LaunchArguments, "launcher", type=click.Choice(LAUNCHERS))
 @field_option(LaunchArguments, "hostfile", type=click.Path(dir_okay=False))
@@ -270,14 +315,35 @@ def train(args: tuple[str, ...]) -> None:
 )
 @click.option(
     "--stall-timeout",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=SHORTEST_STALL_TIMEOUT_S),
     default=DEFAULT_STALL_TIMEOUT_S,
     help="Seconds no rank may advance before every rank is ended and the run relaunched "
     "[default: 4 x the slowest step seen, at least 120].",
 )
+@click.option(
+    "--min-workers",
+    type=click.IntRange(min=1),
+    help="Fewest workers the run may go on with when a lost worker is not replaced within --replace-timeout, "
+    "up to the hostfile's hosts [default: all]. Workers are replaced or left behind only where the same process "
+    "started them (notebook 02, `textsql demo`); over an existing hostfile the run is relaunched on its hosts.",
+)
+@click.option(
+    "--replace-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_REPLACE_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a lost worker's replacement has to register before the run ends or goes on with fewer "
+    "(see --min-workers).",
+)
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def launch(
-    env: tuple[str, ...], train_args: tuple[str, ...], max_restarts: int, stall_timeout: float | None, **options: Any
+    env: tuple[str, ...],
+    train_args: tuple[str, ...],
+    max_restarts: int,
+    stall_timeout: float | None,
+    min_workers: int | None,
+    replace_timeout: float,
+    **options: Any,
 ) -> None:
     """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
 
@@ -293,16 +359,29 @@ def launch(
         from textsql.training.command_line import check_train_args
 
         check_train_args(arguments.train_args)
-    raise SystemExit(supervise(arguments, max_restarts=max_restarts, stall_timeout=stall_timeout))
+    raise SystemExit(
+        supervise(
+            arguments,
+            max_restarts=max_restarts,
+            stall_timeout=stall_timeout,
+            min_workers=min_workers,
+            replace_timeout=replace_timeout,
+        )
+    )
 
 
-@cli.group()
+@cli.group(order=SUBCOMMAND_ORDER)
 def rendezvous() -> None:
     """Authenticated worker registration: `serve` on the master, `register` on each worker."""
 
 
 @rendezvous.command()
-@click.option("--expect", type=click.IntRange(1, 1024), required=True, help="Number of workers that complete the run.")
+@click.option(
+    "--expect",
+    type=click.IntRange(1, MAX_EXPECTED_WORKERS),
+    required=True,
+    help="Number of workers that complete the run.",
+)
 @click.option(
     "--token-file", type=click.Path(dir_okay=False), required=True, help="Per-run secret; created (0600) when missing."
 )
@@ -327,7 +406,7 @@ def rendezvous() -> None:
     type=click.Path(dir_okay=False),
     help="Private key named in ssh_config [default: id_ed25519 beside the hostfile].",
 )
-@click.option("--hold", is_flag=True, help="Keep holding the workers after writing the files, until interrupted.")
+@click.option("--hold/--no-hold", help="Keep holding the workers after writing the files, until interrupted.")
 def serve(**options: Any) -> None:
     """Wait for --expect workers, then write the hostfile, known_hosts and ssh_config atomically."""
     from worker.rendezvous.server import serve as serve_rendezvous
@@ -340,8 +419,16 @@ def serve(**options: Any) -> None:
 @click.option("--master", required=True, help="HOST:PORT of `textsql rendezvous serve`.")
 @click.option("--token-file", type=click.Path(dir_okay=False), required=True, help="File holding the run's token.")
 @click.option("--address", required=True, help="This worker's IP address, as other workers reach it.")
-@click.option("--slots", type=int, default=1, show_default=True, help="Ranks on this worker (its GPUs; 1 without).")
-@click.option("--ssh-port", type=int, help="Port of this worker's sshd (with --ssh-host-key-file).")
+@click.option(
+    "--slots",
+    type=click.IntRange(1, MAX_SLOTS),
+    default=1,
+    show_default=True,
+    help="Ranks on this worker (its GPUs; 1 without).",
+)
+@click.option(
+    "--ssh-port", type=click.IntRange(1, 65535), help="Port of this worker's sshd (with --ssh-host-key-file)."
+)
 @click.option(
     "--ssh-host-key-file", type=click.Path(exists=True, dir_okay=False), help="This sshd's host public key (.pub)."
 )
@@ -353,7 +440,7 @@ def serve(**options: Any) -> None:
     show_default=True,
     help="Seconds to retry an unreachable master.",
 )
-@click.option("--wait", is_flag=True, help="Hold the registration until the master releases it.")
+@click.option("--wait/--no-wait", help="Hold the registration until the master releases it.")
 def register(master: str, token_file: str, timeout: float, wait: bool, **fields: Any) -> None:
     """Register this worker; exit 0 once accepted, non-zero with the master's reason otherwise."""
     from worker.registration import registration_from_options
@@ -384,7 +471,8 @@ def cleanup(namespace: str, run_id: str | None) -> None:
     "--model",
     default="default",
     show_default=True,
-    help="Hub id, model directory or config.json file (only the config is read).",
+    help="The model to fine-tune, as `textsql train --model`: a hub id, a model directory or a config.json file "
+    "(only its config is read).",
 )
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Worker nodes.")
 @click.option(
@@ -400,8 +488,8 @@ def cleanup(namespace: str, run_id: str | None) -> None:
     multiple=True,
     help="Only this profile (repeatable) [default: every one in dsconfig/].",
 )
-@click.option("--cpu", is_flag=True, help="The ranks run on CPUs (--gpu-memory-gb is then host memory per rank).")
-@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+@click.option("--cpu/--no-cpu", help="The ranks run on CPUs (--gpu-memory-gb is then host memory per rank).")
+@click.option("--json/--no-json", "as_json", help="Print the estimate as JSON.")
 def estimate(
     model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], cpu: bool, as_json: bool
 ) -> None:

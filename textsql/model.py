@@ -35,10 +35,11 @@ WEIGHT_FILES = (
 INIT_SEED = 42
 
 
-def resolve_model(name_or_dir: str | Path | None) -> str:
+def resolve_model(name_or_dir: str | Path | None, flag: str = "--model") -> str:
     """Return the model reference to load: the embedded default when none is given.
 
     :param name_or_dir: a hub id (``t5-small``), a local directory, or ``None``/``"default"``.
+    :param flag: the option that named it, for the error (``--tokenizer`` in ``textsql prepare``).
     :rtype: str
     """
     if name_or_dir in (None, "", "default"):
@@ -49,7 +50,7 @@ def resolve_model(name_or_dir: str | Path | None) -> str:
             raise ModelError(f"model {str(name_or_dir)!r} is a file; pass the directory that holds config.json")
         return str(path.resolve())
     if str(name_or_dir).startswith((".", "/", "~")):
-        raise ModelError(f"model directory {str(name_or_dir)!r} does not exist; check --model")
+        raise ModelError(f"model directory {str(name_or_dir)!r} does not exist; check {flag}")
     return str(name_or_dir)
 
 
@@ -82,7 +83,7 @@ def builds_from_config(name_or_dir: str | Path | None) -> bool:
     return Path(reference).is_dir() and not has_weights(reference)
 
 
-def load_tokenizer(name_or_dir: str | Path | None = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_dir: str | Path | None = None, flag: str = "--model") -> PreTrainedTokenizerBase:
     """Load the fast tokenizer of a T5 model.
 
     Usage::
@@ -92,19 +93,20 @@ def load_tokenizer(name_or_dir: str | Path | None = None) -> PreTrainedTokenizer
         True
 
     :param name_or_dir: a hub id, a model directory, or ``None`` for the embedded default.
+    :param flag: the option that named it, for the errors (``--tokenizer`` in ``textsql prepare``).
     :rtype: transformers.PreTrainedTokenizerBase
     """
-    reference = resolve_model(name_or_dir)
+    reference = resolve_model(name_or_dir, flag)
     if Path(reference).is_dir() and not any((Path(reference) / name).exists() for name in TOKENIZER_FILES):
         raise ModelError(
             f"no tokenizer in {reference!r} (neither {' nor '.join(TOKENIZER_FILES)}); "
-            "copy the tokenizer files of the base model there, or pass --model a directory that has them"
+            f"copy the tokenizer files of the base model there, or pass {flag} a directory that has them"
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(reference)
     except (OSError, ValueError, TypeError) as error:
         raise ModelError(
-            f"cannot load a tokenizer from {reference!r} ({_first_line(error)}); pass --model a directory "
+            f"cannot load a tokenizer from {reference!r} ({_first_line(error)}); pass {flag} a directory "
             "with tokenizer.json or spiece.model, or a hub id on a connected machine"
         ) from None
     if len(tokenizer) < MIN_VOCABULARY:

@@ -36,6 +36,8 @@ from textsql.model import load_tokenizer, resolve_model
 logger = logging.getLogger(__name__)
 
 PERCENTILES = (50, 90, 95, 99)
+# The option that names the tokenizer in `textsql prepare` (the field and notebook 01's parameter are `model`).
+TOKENIZER_FLAG = "--tokenizer"
 TEXT_FEATURES = Features(
     {
         "id": Value("string"),
@@ -75,7 +77,7 @@ def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[s
             f"{str(out)!r} already exists; pass --overwrite (notebook: overwrite=True) to replace it, "
             "or another --out (notebook: data_dir)"
         )
-    tokenizer = load_tokenizer(arguments.model)
+    tokenizer = load_tokenizer(arguments.model, flag=TOKENIZER_FLAG)
     loaded = {split: load_split(arguments.source, split, arguments.limit) for split in SPLITS}
     texts = DatasetDict(
         {
@@ -98,7 +100,9 @@ def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[s
     )
     summary = {
         "source": arguments.source if arguments.source in NAMED_SOURCES else str(Path(arguments.source).resolve()),
-        "tokenizer": "default" if arguments.model in (None, "", "default") else resolve_model(arguments.model),
+        "tokenizer": "default"
+        if arguments.model in (None, "", "default")
+        else resolve_model(arguments.model, TOKENIZER_FLAG),
         "input_format": arguments.input_format,
         "counts": {split: len(tokenized[split]) for split in SPLITS},
         "tables": {split: len(tables) for split, (_, tables) in loaded.items()},

@@ -48,7 +48,7 @@ def bound_generation(
     if cap:
         bound = min(bound, cap)
     if not bound:
-        raise ValueError("no generation bound: pass --generation_max_length N or an evaluation split with labels")
+        raise ValueError("no generation bound: pass --generation-max-length N or an evaluation split with labels")
     model.generation_config.max_new_tokens = bound
     model.generation_config.max_length = None
     args.generation_max_length = None

@@ -134,7 +134,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if too_long:
             raise DataError(
                 f"examples padded to {too_long[-1][0]} + {too_long[-1][1]} tokens exceed the budget of {max_tokens}; "
-                f"pass --max_tokens_per_batch {sum(too_long[-1])} or more"
+                f"pass --max-tokens-per-batch {sum(too_long[-1])} or more"
             )
         self.global_batches = sum(math.ceil(len(group) / self.batch_sizes[key]) for key, group in self.groups.items())
         logger.info(

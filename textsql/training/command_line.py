@@ -8,16 +8,25 @@ rank starts, and that check lies on the way to the first training step.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
-from dataclasses import fields
+from dataclasses import Field, fields
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from transformers.hf_argparser import DataClassType
 
-from textsql.arguments import REPLACED_FLAGS, TRAINING_DEFAULTS, DataArguments, ModelArguments, RunArguments
+from textsql.arguments import (
+    REPLACED_FLAGS,
+    TRAIN_SPELLING,
+    TRAINING_DEFAULTS,
+    DataArguments,
+    ModelArguments,
+    RunArguments,
+    kebab_flag,
+)
 from textsql.errors import LaunchError
 from textsql.files import check_prepared
 from textsql.model import load_config
@@ -30,7 +39,27 @@ if TYPE_CHECKING:
 
 
 class _StrictParser(HfArgumentParser):
-    """HfArgumentParser whose errors are one line (a LaunchError) instead of the full usage text."""
+    """HfArgumentParser whose errors are one line (a LaunchError) instead of the full usage text, whose
+    every boolean has a ``--no-x`` (HfArgumentParser gives one only to booleans that default to true), and
+    whose help lists each flag's kebab-case spelling first."""
+
+    def __init__(self, dataclass_types: list[DataClassType], **kwargs: Any) -> None:
+        super().__init__(dataclass_types, **kwargs)
+        # Kebab-case is the spelling textsql documents (TRAIN_SPELLING): it comes first in the help and errors.
+        for action in self._actions:
+            action.option_strings = sorted(action.option_strings, key=lambda option: "_" in option)
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: Field) -> None:
+        HfArgumentParser._parse_dataclass_field(parser, field)
+        if field.default is not True and field.type in (bool, bool | None):
+            parser.add_argument(
+                f"--no_{field.name}",
+                "--no-" + kebab_flag(field.name)[2:],
+                action="store_false",
+                dest=field.name,
+                help=argparse.SUPPRESS,
+            )
 
     def error(self, message: str) -> NoReturn:
         raise LaunchError(f"{message.rstrip('.')}; see `textsql train --help`")
@@ -50,6 +79,7 @@ def parse_command_line(
     parser = _StrictParser(
         [DataClassType(cls) for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)],
         prog="textsql train",
+        description=TRAIN_SPELLING,
         allow_abbrev=False,
     )
     parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
@@ -64,9 +94,9 @@ def parse_command_line(
     run_args = RunArguments(**_field_values(RunArguments, values))
     for flag, replacement in REPLACED_FLAGS.items():
         if values[flag]:
-            raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
+            raise LaunchError(f"{kebab_flag(flag)} is set by this program; pass {replacement} instead")
     if values["output_dir"] is None:
-        raise LaunchError("no output directory; pass --output_dir DIR")
+        raise LaunchError("no output directory; pass --output-dir DIR")
     model_args.precision = resolve_precision(model_args.precision)
     # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
     run_args.auto_profile = run_args.profile == AUTO_PROFILE

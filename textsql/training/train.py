@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
-    # Evaluation writes only WikiSQL queries over each question's table unless --constrained false.
+    # Evaluation writes only WikiSQL queries over each question's table unless --no-constrained.
     trainer_class = (
         partial(GrammarSeq2SeqTrainer, uncased=recorded_input_format(data_args.prepared_dir()) == UNCASED_FORMAT)
         if data_args.constrained
@@ -273,11 +273,11 @@ def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
         if not run_args.overwrite_output_dir:
             raise LaunchError(
                 f"output directory {str(output)!r} holds a previous run ({previous[0].name}); "
-                "pass --resume auto to continue it, --overwrite_output_dir true to replace it, or another --output_dir "
+                "pass --resume auto to continue it, --overwrite-output-dir to replace it, or another --output-dir "
                 "(in notebook 02: resume='auto', overwrite=True, or another run_dir)"
             )
         for path in previous:
-            logger.warning("deleting %s of a previous run (--overwrite_output_dir)", path)
+            logger.warning("deleting %s of a previous run (--overwrite-output-dir)", path)
             shutil.rmtree(path)
     if run_args.resume == "auto":
         set_aside_incomplete(output)
