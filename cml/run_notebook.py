@@ -15,8 +15,9 @@ import time
 
 from textsql.constants import PROJECT_DIR
 from textsql.errors import TextSQLError
-from textsql.jobs import job_parameters, parameters_from_environ, run_notebook, runtime_checks
 from textsql.launching.preflight import TRAIN, missing_for
+from textsql.notebook_parameters import job_parameters, parameters_from_environ
+from textsql.notebook_runs import run_notebook, runtime_checks
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
 name = sys.argv[1]
