@@ -31,6 +31,7 @@ from textsql.notebook_parameters import (
     declared_defaults,
     declared_parameters,
     notebook_path,
+    parse_overrides,
 )
 from textsql.notebook_runs import run_notebook
 
@@ -306,6 +307,11 @@ def test_an_unknown_notebook_parameter_is_an_error_naming_the_known_ones(tmp_pat
     result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "demo"), "-p", "profil=zero1"])
     assert result.exit_code == 1 and "sets no notebook parameter" in result.output and "profile" in result.output
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_renamed_parameter_names_its_new_name():
+    with pytest.raises(NotebookError, match=r"'per_device_batch_size=4' .*did you mean per_device_train_batch_size\?"):
+        parse_overrides(["per_device_batch_size=4"])
 
 
 def test_cml_job_reports_a_failing_notebook_in_one_line(tmp_path):

@@ -8,6 +8,7 @@ from ``-p [NOTEBOOK.]NAME=VALUE``, and refuses a name no notebook declares befor
 from __future__ import annotations
 
 import ast
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -187,8 +188,11 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
         )
         if not separator or not targets or any(parameter not in declared[name] for name in targets):
             known = sorted(set().union(*declared.values()))
+            # Names that changed (per_device_batch_size, overwrite in notebook 02) are a typo away from the new ones.
+            close = difflib.get_close_matches(parameter, known, n=1)
             raise NotebookError(
-                f"-p {entry!r} sets no notebook parameter; write NAME=VALUE with NAME one of {', '.join(known)}"
+                f"-p {entry!r} sets no notebook parameter{f' (did you mean {close[0]}?)' if close else ''}; "
+                f"write NAME=VALUE with NAME one of {', '.join(known)}"
             )
         for name in targets:
             overrides[name][parameter] = yaml.safe_load(text)

@@ -69,7 +69,8 @@ def run_notebook(
 
 
 def runtime_checks(chosen: Mapping[str, Mapping[str, Any]]) -> list[Check]:
-    """What this runtime has and lacks for notebooks 01 and 02 with these parameters (:func:`textsql.launching.preflight.check_runtime`).
+    """What this runtime has and lacks for notebooks 01 and 02 with these parameters
+    (:func:`textsql.launching.preflight.check_runtime`).
 
     :param chosen: every notebook's parameters (:func:`job_parameters`).
     :rtype: list[textsql.launching.preflight.Check]
