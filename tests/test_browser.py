@@ -29,7 +29,7 @@ from test_tensorboard import serve, stop, wait_for_run
 
 from textsql.arguments import train_argv
 from textsql.display.tensorboard import read_scalars
-from textsql.jobs import check_parameters, notebook_path
+from textsql.notebook_parameters import check_parameters, notebook_path
 from worker.network import free_port
 
 CHROMIUM = shutil.which("chromium")
@@ -234,7 +234,7 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     assert [int(prompt[1:-2]) for prompt in state["prompts"]] == list(range(1, len(state["prompts"]) + 1)), (
         "each cell ran once, in order"
     )
-    assert f"wrote {data_dir} (schema input, tokenizer" in text
+    assert f"wrote {data_dir} (uncased input, tokenizer" in text
     for split in ("train", "validation", "test"):
         assert re.search(rf"{split}: {LIMIT} questions, \d+ tables", text), f"no {split} line in:\n{text}"
     assert (data_dir / "dataset_dict.json").is_file() and (data_dir / "prepare.json").is_file(), (

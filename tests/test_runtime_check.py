@@ -11,8 +11,8 @@ import torch
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from textsql.jobs import job_parameters
 from textsql.launching.preflight import PREPARE, TRAIN, check_runtime, missing_for
+from textsql.notebook_parameters import job_parameters
 from worker.network import free_port
 
 
@@ -142,6 +142,6 @@ def test_cli_reads_the_jobs_environment(monkeypatch):
     monkeypatch.setenv("TEXTSQL_BACKEND", "static")
     chosen = job_parameters({"01_prepare_dataset": {"limit": 5}})
     assert chosen["02_train_distributed"]["worker_gpus"] == 3 and chosen["02_train_distributed"]["backend"] == "static"
-    assert chosen["01_prepare_dataset"]["limit"] == 5 and chosen["01_prepare_dataset"]["source"] == "sample"
+    assert chosen["01_prepare_dataset"]["limit"] == 5 and chosen["01_prepare_dataset"]["source"] == "synthetic"
     result = CliRunner().invoke(cli, ["preflight", "--require", "prepare"])
     assert result.exit_code == 0 and "worker_gpus 3" in result.output and "static hosts" in result.output

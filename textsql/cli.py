@@ -534,8 +534,9 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
     then the cluster check's table: this machine, and a run's hosts with their versions, accelerators,
     interfaces and all-reduce bandwidth."""
     from textsql.display.views import format_cluster
-    from textsql.jobs import job_parameters, parse_overrides, runtime_checks
     from textsql.launching.preflight import format_checks, missing_for
+    from textsql.notebook_parameters import job_parameters, parse_overrides
+    from textsql.notebook_runs import runtime_checks
 
     checks = runtime_checks(job_parameters(parse_overrides(list(parameters))))
     click.echo(format_checks(checks))
@@ -567,6 +568,7 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
 def demo(out: str, parameters: tuple[str, ...]) -> None:
     """Run the three notebooks with papermill on the embedded default: synthetic questions over the sample's
     tables (uncased), small T5, two local workers, profile auto; then the sample's real questions too."""
-    from textsql.jobs import format_summary, parse_overrides, run_demo
+    from textsql.demo import format_summary, run_demo
+    from textsql.notebook_parameters import parse_overrides
 
     click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)))))

@@ -274,7 +274,7 @@ def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
             raise LaunchError(
                 f"output directory {str(output)!r} holds a previous run ({previous[0].name}); "
                 "pass --resume auto to continue it, --overwrite-output-dir to replace it, or another --output-dir "
-                "(in notebook 02: resume='auto', overwrite=True, or another run_dir)"
+                "(in notebook 02: resume='auto', overwrite_output_dir=True, or another run_dir)"
             )
         for path in previous:
             logger.warning("deleting %s of a previous run (--overwrite-output-dir)", path)

@@ -1,0 +1,87 @@
+"""Run one notebook headless with papermill, as ``textsql demo`` and a CML job do, and say first what the
+runtime lacks for the notebooks' parameters.
+
+The kernel runs in ``notebooks/`` (as in JupyterLab); a failing cell ends the run with one line naming the
+cell's error and the executed copy to open.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textsql.notebook_parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path
+
+if TYPE_CHECKING:
+    from textsql.launching.preflight import Check
+
+logger = logging.getLogger(__name__)
+
+KERNEL_NAME = "python3"
+# The kernel's own log is no concern of a user's: a start-up warning (TCP on loopback, which papermill
+# chose), and an ERROR line when the interrupt jupyter_client sends at every shutdown lands while the kernel
+# is still handling a message (a race, seen under load). A cell's error reaches the user through papermill.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+
+
+def run_notebook(
+    name: str, output: str | Path, parameters: Mapping[str, Any] | None = None, log_output: bool = True
+) -> Path:
+    """Execute one notebook with papermill and write the executed copy to ``output``.
+
+    The kernel runs in ``notebooks/`` (as in JupyterLab), with this Python's ``python3`` kernel.
+
+    Usage::
+
+        >>> run_notebook("01_prepare_dataset", "runs/x/01_prepare_dataset.ipynb", {"data_dir": "/abs/runs/x/data"})
+
+    :param name: the notebook.
+    :param output: path of the executed notebook.
+    :param parameters: values for the notebook's ``parameters`` cell.
+    :param log_output: stream the cells' output to this process's log as they run.
+    :rtype: pathlib.Path
+    """
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    check_parameters(name, parameters or {})
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    logger.debug("running %s -> %s with %s", name, output, dict(parameters or {}))
+    try:
+        papermill.execute_notebook(
+            str(notebook_path(name)),
+            str(output),
+            parameters=dict(parameters or {}),
+            kernel_name=KERNEL_NAME,
+            cwd=str(NOTEBOOKS_DIR),
+            log_output=log_output,
+            progress_bar=False,
+            extra_arguments=KERNEL_ARGUMENTS,
+        )
+    except PapermillExecutionError as error:
+        raise NotebookError(
+            f"notebook {name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}; open {output}"
+        ) from None
+    return output
+
+
+def runtime_checks(chosen: Mapping[str, Mapping[str, Any]]) -> list[Check]:
+    """What this runtime has and lacks for notebooks 01 and 02 with these parameters
+    (:func:`textsql.launching.preflight.check_runtime`).
+
+    :param chosen: every notebook's parameters (:func:`job_parameters`).
+    :rtype: list[textsql.launching.preflight.Check]
+    """
+    from textsql.launching.preflight import check_runtime
+
+    prepare, train = chosen["01_prepare_dataset"], chosen["02_train_distributed"]
+    return check_runtime(
+        model=prepare["model"],
+        source=prepare["source"],
+        backend=train["backend"],
+        worker_gpus=train["worker_gpus"],
+        training_model=train["model"],
+    )
