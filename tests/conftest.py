@@ -1,14 +1,12 @@
-"""Shared fixtures. Paths to the project, its assets and the shared real data."""
+"""Shared fixtures: the shared real data, local worker pods, a loopback sshd, the CML emulator. Helpers that are
+no fixtures live in tests/helpers/."""
 
 import signal
 import sys
 from pathlib import Path
 
 import pytest
-
-PROJECT_DIR = Path(__file__).resolve().parent.parent
-SHARED_DATA_DIR = PROJECT_DIR.parent / "shared" / "data"
-FAKES = Path(__file__).parent / "fakes"  # emulators of what cannot run here (cml.workers_v1, a Kubernetes API server)
+from helpers.paths import FAKES, SHARED_DATA_DIR
 
 
 @pytest.fixture(scope="session")
@@ -58,15 +56,18 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` on a machine without CUDA."""
+    """Skip the tests marked ``gpu`` on a machine without CUDA. torch is imported only when one is collected:
+    it takes seconds, which a run of the fast tests or of one worker module should not pay."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
     import torch
 
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu_tests:
+        item.add_marker(skip)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from bench_runs import run_bench
+from helpers.bench import run_bench
 
 from bench.flops import T5Shape, training_flops
 from bench.gpu import OPS_KEYS, ROW_KEYS, SECTION_KEYS, Sizes, available, curves_match, step_samples

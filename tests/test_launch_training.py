@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_launch import HOSTS, tagged_processes, textsql_launch
+from helpers.launch import HOSTS, tagged_processes, textsql_launch
 
 from textsql.arguments import train_argv
 from textsql.training.checkpoints import newest_complete_checkpoint

@@ -15,7 +15,7 @@ from zipfile import ZipFile
 
 import pytest
 import tomllib
-from conftest import PROJECT_DIR
+from helpers.paths import PROJECT_DIR
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROJECT_DIR
+from helpers.paths import PROJECT_DIR
 
 
 def mypy(*arguments: str, cwd: Path = PROJECT_DIR) -> subprocess.CompletedProcess:
