@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.markers import PROCESS_FIXTURES, unmarked_process_tests
 from helpers.paths import FAKES, SHARED_DATA_DIR
 
 
@@ -56,8 +57,14 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` on a machine without CUDA. torch is imported only when one is collected:
-    it takes seconds, which a run of the fast tests or of one worker module should not pay."""
+    """Refuse a test that starts real processes without the ``slow`` marker (`make test-fast` would start them).
+    Skip the tests marked ``gpu`` on a machine without CUDA; torch is imported only when one is collected: it
+    takes seconds, which a run of the fast tests or of one worker module should not pay."""
+    unmarked = unmarked_process_tests(items)
+    if unmarked:
+        raise pytest.UsageError(
+            f"mark these @pytest.mark.slow, they use {', '.join(sorted(PROCESS_FIXTURES))}: {', '.join(unmarked)}"
+        )
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

@@ -4,9 +4,11 @@ It measures nothing worth reading (speed claims live in bench/README.md, produce
 it checks that the figure runs end to end and that results.json and README.md carry its keys.
 """
 
+import pytest
 from helpers.bench import run_bench
 
 
+@pytest.mark.slow  # the rendezvous figure starts real worker agents
 def test_bench_smoke_writes_results_and_table(tmp_path):
     results = run_bench(tmp_path, "--only", "rendezvous", timeout=300)
     assert {"machine", "releases", "started", "finished"} <= set(results)

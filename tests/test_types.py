@@ -12,7 +12,7 @@ def mypy(*arguments: str, cwd: Path = PROJECT_DIR) -> subprocess.CompletedProces
     executable = shutil.which("mypy", path=str(Path(sys.executable).parent))
     assert executable, f"mypy is not installed next to {sys.executable}: run `make setup-dev`"
     # Its cache (.mypy_cache in the checkout) keeps a rerun to seconds; the first run reads torch's stubs.
-    return subprocess.run([executable, *arguments], check=False, cwd=cwd, capture_output=True, text=True, timeout=900)
+    return subprocess.run([executable, *arguments], check=False, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_mypy_passes():
