@@ -7,8 +7,10 @@ it checks that the figure runs end to end and that results.json and README.md ca
 import pytest
 from helpers.bench import run_bench
 
+# The bench in a fresh Python; its rendezvous figure starts real worker agents.
+pytestmark = pytest.mark.slow
 
-@pytest.mark.slow  # the rendezvous figure starts real worker agents
+
 def test_bench_smoke_writes_results_and_table(tmp_path):
     results = run_bench(tmp_path, "--only", "rendezvous", timeout=300)
     assert {"machine", "releases", "started", "finished"} <= set(results)

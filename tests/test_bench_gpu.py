@@ -96,6 +96,7 @@ def test_step_samples_rebuild_every_epoch_of_the_seeded_sampler():
     assert step_samples(lengths, 512, TINY, 3) == steps[:3]
 
 
+@pytest.mark.slow  # the bench in a fresh Python
 @pytest.mark.skipif(available(), reason="this machine has CUDA: the section is measured instead")
 def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(tmp_path):
     before = json.loads((PROJECT_DIR / "bench" / "results.json").read_text())

@@ -190,6 +190,7 @@ load_model(sys.argv[2])
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="DeepSpeed warns about its CPU accelerator only where there is no GPU"
 )
+@pytest.mark.slow  # a fresh Python that loads DeepSpeed and the model
 def test_deepspeeds_accelerator_warning_and_the_loading_bar_only_when_verbose(tmp_path):
     """What notebook 02's estimate cell and notebook 03's model load printed: gone at warning, back at info."""
     outputs = {}
