@@ -1,4 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both set up what they need first.
+# `make test-fast` is a contributor's loop: the tests not marked `slow` (no launches, sshd, browser or kernel).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ DEV_STAMP := $(VENV)/.setup-dev-stamp
 # ninja (the pinned one) builds DeepSpeed's ops, so the cached build is never invalidated by another.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup setup-dev demo test bench clean
+.PHONY: setup setup-dev demo test test-fast bench clean
 
 setup: $(STAMP)
 	@scripts/setup-system.sh
@@ -31,6 +32,9 @@ demo: setup
 
 test: setup-dev
 	$(BIN)/python -m pytest
+
+test-fast: setup-dev
+	$(BIN)/python -m pytest -m "not slow"
 
 bench: setup
 	$(BIN)/python -m bench

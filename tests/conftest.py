@@ -1,14 +1,13 @@
-"""Shared fixtures. Paths to the project, its assets and the shared real data."""
+"""Shared fixtures: the shared real data, local worker pods, a loopback sshd, the CML emulator. Helpers that are
+no fixtures live in tests/helpers/."""
 
 import signal
 import sys
 from pathlib import Path
 
 import pytest
-
-PROJECT_DIR = Path(__file__).resolve().parent.parent
-SHARED_DATA_DIR = PROJECT_DIR.parent / "shared" / "data"
-FAKES = Path(__file__).parent / "fakes"  # emulators of what cannot run here (cml.workers_v1, a Kubernetes API server)
+from helpers.markers import PROCESS_FIXTURES, unmarked_process_tests
+from helpers.paths import FAKES, SHARED_DATA_DIR
 
 
 @pytest.fixture(scope="session")
@@ -58,15 +57,24 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` on a machine without CUDA."""
+    """Refuse a test that starts real processes without the ``slow`` marker (`make test-fast` would start them).
+    Skip the tests marked ``gpu`` on a machine without CUDA; torch is imported only when one is collected: it
+    takes seconds, which a run of the fast tests or of one worker module should not pay."""
+    unmarked = unmarked_process_tests(items)
+    if unmarked:
+        raise pytest.UsageError(
+            f"mark these @pytest.mark.slow, they use {', '.join(sorted(PROCESS_FIXTURES))}: {', '.join(unmarked)}"
+        )
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
     import torch
 
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu_tests:
+        item.add_marker(skip)
 
 
 @pytest.fixture

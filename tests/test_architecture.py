@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_DIR
+from helpers.paths import PROJECT_DIR
 
 PACKAGES = ("textsql", "worker")
 

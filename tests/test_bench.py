@@ -4,7 +4,11 @@ It measures nothing worth reading (speed claims live in bench/README.md, produce
 it checks that the figure runs end to end and that results.json and README.md carry its keys.
 """
 
-from bench_runs import run_bench
+import pytest
+from helpers.bench import run_bench
+
+# The bench in a fresh Python; its rendezvous figure starts real worker agents.
+pytestmark = pytest.mark.slow
 
 
 def test_bench_smoke_writes_results_and_table(tmp_path):

@@ -24,8 +24,8 @@ import nbformat
 import papermill
 import psutil
 import pytest
+from helpers.tensorboard import serve, stop, wait_for_run
 from ipykernel.ipkernel import IPythonKernel
-from test_tensorboard import serve, stop, wait_for_run
 
 from textsql.arguments import train_argv
 from textsql.display.tensorboard import read_scalars

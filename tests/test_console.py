@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from helpers.terminal import pseudo_terminal
 
 from textsql.console import (
     LOG_LEVEL_VAR,
@@ -84,24 +85,19 @@ def test_ranks_show_only_their_own_and_error_lines_unless_verbose():
     assert all(shown_rank_line(line) for line in NOISE)
 
 
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
 def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
-    stream = Terminal()
-    view = StageView(total=2, stream=stream)
-    with view.stage("02_train_distributed"):
-        for step in range(10, 201, 10):
-            view.feed(f"127.0.0.2: step {step}/200: loss {5 - step / 100:.3f} ({step} s)")
-        view.feed(SHOWN[2])
-        view.feed(SHOWN[2].replace("127.0.0.2", "127.0.0.3"))  # the other node compiles its own copy
+    with pseudo_terminal(columns=120, rows=24) as terminal:
+        view = StageView(total=2, stream=terminal.stream)
+        with view.stage("02_train_distributed"):
+            for step in range(10, 201, 10):
+                view.feed(f"127.0.0.2: step {step}/200: loss {5 - step / 100:.3f} ({step} s)")
+            view.feed(SHOWN[2])
+            view.feed(SHOWN[2].replace("127.0.0.2", "127.0.0.3"))  # the other node compiles its own copy
     # Counted as a terminal (and `wc -l`) counts them: the bar redraws in place with \r.
-    lines = stream.getvalue().split("\n")
+    lines = terminal.output.split("\n")
     assert len(lines) <= 4, lines
-    assert stream.getvalue().count("compiling DeepSpeed's shared-memory communication op") == 1
-    assert "200/200 steps" in stream.getvalue() and "loss 3.000" in stream.getvalue()
+    assert terminal.output.count("compiling DeepSpeed's shared-memory communication op") == 1
+    assert "200/200 steps" in terminal.output and "loss 3.000" in terminal.output
     assert lines[-2].rpartition("\r")[2].startswith("[1/2] 02_train_distributed done in")
 
 
@@ -115,11 +111,8 @@ class Clock:
         return self.now
 
 
-def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals():
-    """A CI log or a pipe cannot redraw a bar: a plain line when the step moved (at most every PLAIN_EVERY_S,
-    10 s), and a heartbeat every PLAIN_HEARTBEAT_S (60 s) when it did not, never the same line every 10 s."""
-    clock, stream = Clock(), io.StringIO()
-    view = StageView(total=1, stream=stream, clock=clock, tick_s=None)
+def run_a_stage_of_two_steps_for_95_s(view: StageView, clock: Clock) -> None:
+    """Step 20 at once, step 40 at 15 s, the stage's end at 95 s, the view ticked every second."""
     start = clock.now
 
     def tick_until(second: int) -> None:
@@ -132,12 +125,30 @@ def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals(
         tick_until(15)  # a line at 10 s, none at 11-15 s: the step did not move
         view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s)")
         tick_until(95)  # the moved step at 20 s (10 s after the last line, not at once), a heartbeat at 80 s
-    assert stream.getvalue().splitlines() == [
-        "[1/1] 02_train_distributed: 10 s step 20/200: loss 3.120",
-        "[1/1] 02_train_distributed: 20 s step 40/200: loss 2.870",
-        "[1/1] 02_train_distributed: 80 s step 40/200: loss 2.870",
-        "[1/1] 02_train_distributed done in 95 s",
-    ]
+
+
+PLAIN_LINES = [
+    "[1/1] 02_train_distributed: 10 s step 20/200: loss 3.120",
+    "[1/1] 02_train_distributed: 20 s step 40/200: loss 2.870",
+    "[1/1] 02_train_distributed: 80 s step 40/200: loss 2.870",
+    "[1/1] 02_train_distributed done in 95 s",
+]
+
+
+def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals():
+    """A CI log or a pipe cannot redraw a bar: a plain line when the step moved (at most every PLAIN_EVERY_S,
+    10 s), and a heartbeat every PLAIN_HEARTBEAT_S (60 s) when it did not, never the same line every 10 s."""
+    clock, stream = Clock(), io.StringIO()
+    run_a_stage_of_two_steps_for_95_s(StageView(total=1, stream=stream, clock=clock, tick_s=None), clock)
+    assert stream.getvalue().splitlines() == PLAIN_LINES
+
+
+def test_stage_view_on_a_terminal_of_size_0x0_prints_the_plain_lines():
+    """A bare pty (some CI runners) is a terminal that says it is 0 columns wide: tqdm draws nothing there."""
+    clock = Clock()
+    with pseudo_terminal(columns=0, rows=0) as terminal:
+        run_a_stage_of_two_steps_for_95_s(StageView(total=1, stream=terminal.stream, clock=clock, tick_s=None), clock)
+    assert terminal.output.splitlines() == PLAIN_LINES
 
 
 def test_stage_view_ticks_on_its_own_while_a_stage_runs():
@@ -179,6 +190,7 @@ load_model(sys.argv[2])
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="DeepSpeed warns about its CPU accelerator only where there is no GPU"
 )
+@pytest.mark.slow  # a fresh Python that loads DeepSpeed and the model
 def test_deepspeeds_accelerator_warning_and_the_loading_bar_only_when_verbose(tmp_path):
     """What notebook 02's estimate cell and notebook 03's model load printed: gone at warning, back at info."""
     outputs = {}

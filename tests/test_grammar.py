@@ -184,7 +184,8 @@ def test_a_short_budget_still_ends_in_a_whole_query(tokenizer):
         parse_sql(random_query(tokenizer, automaton, rng, 12), PLAYERS)
 
 
-@pytest.mark.parametrize("num_beams", [1, 4])
+# Four constrained beams over twelve questions: a minute and a half here, so outside `make test-fast`.
+@pytest.mark.parametrize("num_beams", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_an_untrained_model_writes_only_queries_over_each_table(predictor, records, num_beams):
     """The hardest case: random weights, which unconstrained write no SQL at all."""
     items = records[:12]

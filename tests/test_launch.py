@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers.launch import BIN, HOSTS, tagged_processes, textsql_launch
+from helpers.paths import PROJECT_DIR
 
 from textsql.cli import cli
 from textsql.errors import LaunchError
@@ -30,10 +32,6 @@ from textsql.launching.command import (
 )
 from textsql.launching.launch import launch
 from worker.network import free_port
-
-PROJECT_DIR = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-HOSTS = ("127.0.0.2", "127.0.0.3")
 
 # A rank program: forms the gloo group, all-reduces, reports; fails or lingers when asked.
 RANK_MODULE = """
@@ -52,20 +50,6 @@ dist.destroy_process_group()
 """
 
 
-def tagged_processes(tag: str) -> list[int]:
-    """Pids of processes whose environment holds LAUNCH_TEST_TAG=tag (the ranks of one test)."""
-    entry = f"LAUNCH_TEST_TAG={tag}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if entry in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
-                    found.append(int(name))
-            except OSError:
-                pass
-    return found
-
-
 @pytest.fixture
 def standin_env(tmp_path: Path) -> dict[str, str]:
     """Rank variables that make the stand-in rank program (--module standin_rank) importable, and
@@ -77,20 +61,6 @@ def standin_env(tmp_path: Path) -> dict[str, str]:
 
 
 MODULE = ("--module", "standin_rank")
-
-
-def textsql_launch(run_dir: Path, *options: str, env: dict[str, str] | None = None) -> list[str]:
-    """The `textsql launch` command line for a run dir (the master port: a free one, by default), verbose:
-    these tests read the ranks' own output, which the default level keeps to launch.log."""
-    return [
-        str(BIN / "textsql"),
-        "--verbose",
-        "launch",
-        "--run-dir",
-        str(run_dir),
-        *[f"--env={key}={value}" for key, value in (env or {}).items()],
-        *options,
-    ]
 
 
 # ---- the command and environment DeepSpeed's runner gets ----------------------------------------

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_launch import HOSTS, tagged_processes, textsql_launch
+from helpers.launch import HOSTS, tagged_processes, textsql_launch
 
 from textsql.arguments import train_argv
 from textsql.training.checkpoints import newest_complete_checkpoint
@@ -52,6 +52,9 @@ def wait_for(condition, process: subprocess.Popen, log: Path, timeout: float = 9
 
 
 @pytest.mark.slow
+# The sum of its bounds: the workers (120 s), the first step and a checkpoint (900 s each), the interrupt (120 s)
+# and the resumed run (900 s); past the suite's 900 s, so each bound can fire, with the launch's log.
+@pytest.mark.timeout(120 + 900 + 900 + 120 + 900 + 60)
 def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
     two_local_workers, prepared_sample: Path, tmp_path: Path
 ) -> None:

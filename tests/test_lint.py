@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_DIR
+from helpers.paths import PROJECT_DIR
 
 
 def run_tool(*command: str) -> subprocess.CompletedProcess:

@@ -36,6 +36,7 @@ from textsql.notebook_parameters import (
 from textsql.notebook_runs import run_notebook
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
+DEMO_S = 1500
 # Code cells call the package in a few statements; only the imports and the parameters may be longer.
 MAX_CELL_STATEMENTS = 5
 # ruff formats the cells to this width; the parameters cells, which it leaves as they are, must keep to it too.
@@ -214,6 +215,7 @@ def test_training_notebook_refuses_a_bad_profile_before_any_worker(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(DEMO_S + 60)  # past the suite's 900 s, so the demo's own bound fires first, with its output
 def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     out = tmp_path / "demo"
     small = [
@@ -229,7 +231,7 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
         "03_inference.limit=6",
     ]
     result = subprocess.run(
-        [TEXTSQL, "demo", "--out", str(out), *small], check=False, capture_output=True, text=True, timeout=1500
+        [TEXTSQL, "demo", "--out", str(out), *small], check=False, capture_output=True, text=True, timeout=DEMO_S
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "MISSING" not in result.stdout and "textsql tensorboard --logdir" in result.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 from zipfile import ZipFile
 
 import pytest
-from conftest import PROJECT_DIR
+from helpers.paths import PROJECT_DIR
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -202,11 +202,13 @@ def run_fresh(venv: Path, *command: str) -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=300,
     )
 
 
 @pytest.mark.slow
+# The sum of its bounds: the wheel (300 s), the venv (120 + 300 + 300 s) and three commands in it (300 s each).
+@pytest.mark.timeout(300 + 120 + 300 + 300 + 3 * 300 + 60)
 def test_a_fresh_venv_runs_the_cli_and_every_notebook_import(fresh_venv):
     helped = run_fresh(fresh_venv, "textsql", "--help")
     assert helped.returncode == 0 and "estimate" in helped.stdout, helped.stderr

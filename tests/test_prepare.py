@@ -250,6 +250,7 @@ def test_cli_writes_and_summarises(tmp_path):
     assert json.loads((tmp_path / "out" / "prepare.json").read_text())["input_format"] == "question"
 
 
+@pytest.mark.slow  # a fresh Python that loads datasets (offline is read at import)
 def test_hub_source_reaches_the_network_edge_with_a_clear_error(tmp_path):
     """The real hub path, run offline: datasets refuses at the hub, and the command says what to do."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"}

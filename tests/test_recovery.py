@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_launch import tagged_processes
+from helpers.launch import tagged_processes
 
 from bench.events import scalars_per_file
 from bench.profiles import train_only

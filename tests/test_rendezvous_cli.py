@@ -8,7 +8,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from rendezvous_commands import TEXTSQL, serve_command
+from helpers.rendezvous import TEXTSQL, serve_command
 
 from textsql.cli import cli
 from worker.network import free_port

@@ -117,6 +117,7 @@ def _decide(rank: int, port: int, results) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two real gloo ranks
 def test_every_rank_takes_rank_0s_decision():
     import torch.multiprocessing as mp
 

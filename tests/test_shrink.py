@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_launch import tagged_processes
+from helpers.launch import tagged_processes
 
 from bench.events import scalars_per_file
 from bench.profiles import train_only

@@ -14,7 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_launch import HOSTS, PROJECT_DIR, tagged_processes
+from helpers.launch import HOSTS, tagged_processes
+from helpers.paths import PROJECT_DIR
 
 from textsql.arguments import train_argv
 from textsql.errors import LaunchError

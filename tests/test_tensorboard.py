@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import signal
 import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.tensorboard import TEXTSQL, serve, stop, wait_for_run
 
 from textsql.arguments import train_argv
 from textsql.display.tensorboard import Address, platform_address, plot_run, plot_scalars, read_scalars
 from textsql.errors import TextSQLError
 from textsql.training.events import ScalarsOnce
 from worker.network import free_port
-
-TEXTSQL = [str(Path(sys.executable).parent / "textsql")]
 
 
 def write_events(logdir: Path, losses: list[float], tag: str = "train/loss") -> None:
@@ -29,50 +23,6 @@ def write_events(logdir: Path, losses: list[float], tag: str = "train/loss") -> 
     with SummaryWriter(log_dir=str(logdir)) as writer:
         for step, loss in enumerate(losses, start=1):
             writer.add_scalar(tag, loss, global_step=step)
-
-
-def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response)
-
-
-def serve(logdir: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """Start `textsql tensorboard` and return it with the URL it printed."""
-    process = subprocess.Popen(
-        [*TEXTSQL, "tensorboard", "--logdir", str(logdir), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    deadline = time.monotonic() + 120
-    for line in process.stdout:
-        match = re.search(r"(http://\S+/)", line)
-        if match:
-            return process, match.group(1)
-        if time.monotonic() > deadline:
-            break
-    process.kill()
-    raise AssertionError(f"tensorboard printed no URL (exit {process.wait()})")
-
-
-def wait_for_run(url: str, run: str) -> list:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        runs = get_json(url + "data/runs")
-        if run in runs:
-            return runs
-        time.sleep(1)
-    raise AssertionError(f"run {run!r} never appeared at {url}data/runs (last: {runs})")
-
-
-def stop(process: subprocess.Popen, signum: int = signal.SIGINT) -> None:
-    process.send_signal(signum)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ DEEPSPEED = Path(sys.executable).with_name("deepspeed")
 RANKS = 2
 STEPS = 8
 RUN_TIMEOUT_S = 600
+REFUSAL_S = 240  # a second run refused before training: with a first run, under the suite's 900 s per test
 AUTO_ON_TWO_CPU_RANKS = "zero1"
 
 
@@ -169,7 +170,7 @@ def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tm
         env=os.environ | {"OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S,
+        timeout=REFUSAL_S,
     )
     assert again.returncode == 1
     assert "holds a previous run" in again.stderr and "--resume auto" in again.stderr

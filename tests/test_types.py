@@ -5,14 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROJECT_DIR
+from helpers.paths import PROJECT_DIR
 
 
 def mypy(*arguments: str, cwd: Path = PROJECT_DIR) -> subprocess.CompletedProcess:
     executable = shutil.which("mypy", path=str(Path(sys.executable).parent))
     assert executable, f"mypy is not installed next to {sys.executable}: run `make setup-dev`"
     # Its cache (.mypy_cache in the checkout) keeps a rerun to seconds; the first run reads torch's stubs.
-    return subprocess.run([executable, *arguments], check=False, cwd=cwd, capture_output=True, text=True, timeout=900)
+    return subprocess.run([executable, *arguments], check=False, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_mypy_passes():

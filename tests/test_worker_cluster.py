@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rendezvous_commands import serve_command
+from helpers.rendezvous import serve_command
 
 from worker import constants as c
 from worker.backends.local import LocalBackend

@@ -12,8 +12,8 @@ import time
 
 import psutil
 import pytest
-from conftest import PROJECT_DIR
 from fakes.kubernetes_api import KubeletCoreV1, RecordingNetworkingV1
+from helpers.paths import PROJECT_DIR
 from kubernetes.client import ApiClient
 
 from worker.backends.kubernetes import APP_LABEL, KubernetesBackend

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -43,7 +44,8 @@ class StageView:
     """Stage lines and one live bar on ``stream`` (stderr), fed with the running stage's output lines.
 
     With ``live`` false (``--verbose``, where the cells' output is shown as it comes) only the stage lines;
-    on a stream that is no terminal, a plain progress line every :data:`PLAIN_EVERY_S` instead of the bar.
+    on a stream that is no terminal, or a terminal of no known size, a plain progress line every
+    :data:`PLAIN_EVERY_S` instead of the bar.
 
     :param clock: seconds, monotonic; the times shown are differences of its readings.
     :param tick_s: seconds between the ticks of a thread that runs while a stage does (:meth:`tick`);
@@ -61,7 +63,6 @@ class StageView:
         self.total = total
         self.stream = stream or sys.stderr
         self.live = live
-        self.redraws = live and self.stream.isatty()
         self.clock = clock
         self.tick_s = tick_s
         self.done = 0
@@ -80,7 +81,7 @@ class StageView:
         label = self.label = f"[{self.done + 1}/{self.total}] {name}"
         self.started, self.progress, self.stage_lines = self.clock(), "", set()
         self._last_plain, self._shown = self.started, ""
-        if self.redraws:
+        if self.live and has_size(self.stream):
             # position 0: papermill's own (hidden) bar would otherwise push this one down a line per redraw.
             self.bar = tqdm(
                 desc=label, file=self.stream, bar_format=WAITING_FORMAT, leave=False, dynamic_ncols=True, position=0
@@ -139,6 +140,16 @@ class StageView:
         assert self.tick_s is not None
         while not stop.wait(self.tick_s):
             self.tick()
+
+
+def has_size(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal that knows its size. A bare pty (some CI runners) reports 0 x 0, where
+    tqdm draws nothing at all; a stream with no file descriptor has no size to ask for."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return False
+    return stream.isatty() and size.columns > 0 and size.lines > 0
 
 
 class CellOutput(logging.Handler):
