@@ -1,13 +1,18 @@
 """Tell a stalled run from a slow one: no rank has advanced for the stall timeout.
 
-Every training rank prints a heartbeat line every :data:`HEARTBEAT_INTERVAL_S` seconds from a thread of its
-own (:class:`textsql.training.progress.Heartbeat`): its rank, its optimizer step and a count of everything it
-has finished (steps, evaluation batches, saves), so an evaluation or a save reads as progress too. The
-lines reach the supervisor on the launch's stream (pdsh prefixes each with ``host: ``), as the ``step N/M``
-lines do; :class:`StallDetector` reads both.
+Every training rank prints a heartbeat line every :data:`~textsql.rank_lines.HEARTBEAT_INTERVAL_S` seconds from a
+thread of its own (:class:`textsql.training.progress.Heartbeat`, the line in :mod:`textsql.rank_lines`): its rank,
+its optimizer step and a count of everything it has finished (steps, evaluation batches, saves), so an
+evaluation or a save reads as progress too. The lines reach the supervisor on the launch's stream, where pdsh
+prefixes each with ``host: ``; :class:`StallDetector` reads them.
 
-- **Progress**: any rank's count or step went up. The gaps between progress are the run's step times; the
-  time to the first progress (start-up, DeepSpeed's op compilation, the first step) is never one of them.
+- **Whose word**: a heartbeat counts only for a rank its host runs (the hostfile's order and slots, as
+  DeepSpeed numbers the ranks), and a count only moves forward: a worker cannot speak for another host's ranks.
+- **Progress**: the slowest rank's count went up (every rank of a synchronous run advances together, so one
+  worker reporting its own ranks busy cannot keep a run alive whose other ranks are frozen). The gaps between
+  progress are the run's step times; the time to the first progress (start-up, DeepSpeed's op compilation,
+  the first step) is never one of them. The local launcher's one machine has no prefix and no other host:
+  there its ranks' heartbeats and rank 0's ``step N/M`` lines count as before.
 - **Stalled**: progress has been seen, and none for the stall timeout: the one given, or by default
   :data:`STALL_FACTOR` times the slowest gap seen, at least :data:`MIN_STALL_TIMEOUT_S`. Before a gap has
   been seen the default timeout has nothing to scale, so only a given timeout applies; the process-group
@@ -19,7 +24,7 @@ lines do; :class:`StallDetector` reads both.
 
 Usage::
 
-    >>> detector = StallDetector(timeout=60, hosts=["127.0.0.2", "127.0.0.3"])
+    >>> detector = StallDetector(timeout=60, hosts={"127.0.0.2": 1, "127.0.0.3": 1})
     >>> detector.read("127.0.0.3: heartbeat rank 1 step 4 progress 9")
     >>> detector.stalled()
     False
@@ -27,31 +32,17 @@ Usage::
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from textsql.console import STEP_LINE
+from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, STEP_LINE, attribute, ranks_by_host
 
-# Seconds between a rank's heartbeat lines.
-HEARTBEAT_INTERVAL_S = 5.0
 # The default stall timeout: this many times the slowest gap between progress, and never below the minimum.
 STALL_FACTOR = 4.0
 MIN_STALL_TIMEOUT_S = 120.0
 # A given stall timeout must leave room for a few heartbeats, or every host would read as silent.
 SHORTEST_STALL_TIMEOUT_S = 4 * HEARTBEAT_INTERVAL_S
-HEARTBEAT_LINE = re.compile(
-    r"^(?:(?P<host>\S+): )?heartbeat rank (?P<rank>\d+) step (?P<step>\d+) progress (?P<progress>\d+)$"
-)
-
-
-def heartbeat_line(rank: int, step: int, progress: int) -> str:
-    """The line a rank prints (see the module docstring); :data:`HEARTBEAT_LINE` reads it.
-
-    :rtype: str
-    """
-    return f"heartbeat rank {rank} step {step} progress {progress}"
 
 
 @dataclass
@@ -60,12 +51,13 @@ class StallDetector:
 
     :param timeout: seconds without progress that make a stall (None: the default, from the step times).
     :param clock: seconds, monotonic; injected by tests.
-    :param hosts: the launch's hosts (pdsh's line prefixes; empty for the local launcher).
+    :param hosts: the launch's hostfile, host to slots in its order (pdsh's line prefixes; empty for the local
+        launcher).
     """
 
     timeout: float | None = None
     clock: Callable[[], float] = time.monotonic
-    hosts: list[str] = field(default_factory=list)
+    hosts: dict[str, int] = field(default_factory=dict)
     # Per (host, rank): the last count of finished work, and when its heartbeat was last read.
     counts: dict[tuple[str | None, int], int] = field(default_factory=dict)
     beats: dict[tuple[str | None, int], float] = field(default_factory=dict)
@@ -73,22 +65,35 @@ class StallDetector:
     slowest_gap: float | None = None
     step: int | None = None
 
+    def __post_init__(self) -> None:
+        self.ranks = ranks_by_host(self.hosts)
+        # The slowest rank's count when progress was last seen.
+        self.slowest = 0
+
     def read(self, line: str) -> None:
-        """Take one line of the launch's stream (other lines are ignored).
+        """Take one line of the launch's stream (other lines, and what a host says for another's ranks, are
+        ignored).
 
         :param line: the line without its newline.
         """
-        beat = HEARTBEAT_LINE.match(line)
+        host, text = attribute(line, self.hosts)
+        if self.hosts and host is None:
+            return
+        beat = HEARTBEAT_LINE.match(text)
         if beat:
-            rank = beat["host"], int(beat["rank"])
-            self.beats[rank] = self.clock()
-            count = int(beat["progress"])
-            if count > self.counts.get(rank, 0):
-                self.counts[rank] = count
+            rank = int(beat["rank"])
+            if host is not None and rank not in self.ranks[host]:
+                return
+            self.beats[host, rank] = self.clock()
+            self.counts[host, rank] = max(self.counts.get((host, rank), 0), int(beat["progress"]))
+            slowest = min(self.counts.get(key, 0) for key in self._expected())
+            if slowest > self.slowest:
+                self.slowest = slowest
                 self._advanced(int(beat["step"]))
             return
-        stepped = STEP_LINE.match(line)
-        if stepped and (self.step is None or int(stepped["step"]) > self.step):
+        stepped = STEP_LINE.match(text)
+        # Rank 0's step lines are its own word only where no other host can print them.
+        if not self.hosts and stepped and (self.step is None or int(stepped["step"]) > self.step):
             self._advanced(int(stepped["step"]))
 
     def limit(self) -> float | None:
@@ -130,6 +135,12 @@ class StallDetector:
         hosts = sorted(heard | set(self.hosts), key=str)
         silent = {host for (host, _), at in beats.items() if now - at > quiet} | (set(self.hosts) - heard)
         return sorted(silent, key=str) or hosts
+
+    def _expected(self) -> list[tuple[str | None, int]]:
+        """Every rank of the launch (the local launcher's: those heard so far)."""
+        if not self.hosts:
+            return list(self.counts)
+        return [(host, rank) for host, ranks in self.ranks.items() for rank in ranks]
 
     def _advanced(self, step: int) -> None:
         now = self.clock()
