@@ -74,6 +74,7 @@ from textsql.launching.command import TRAIN_MODULE, LaunchArguments
 from textsql.launching.launch import PDSH_HOST_FAILED, launch
 from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S, StallDetector
 from textsql.rank_lines import STEP_LINE, attribute
+from textsql.shown_text import shown
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.training.universal import convert, needs_conversion
 from worker.cluster import Cluster
@@ -216,6 +217,8 @@ class LaunchWatch:
         return self.stall is not None
 
     def _read(self, line: str) -> None:
+        # What is kept from here (failure messages, events, supervisor.json) is shown to a person: inert.
+        line = shown(line)
         self.detector.read(line)
         failed = PDSH_HOST_FAILED.match(line)
         if failed:

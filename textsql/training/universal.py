@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from textsql.errors import LaunchError
-from textsql.training.checkpoints import DEEPSPEED_LATEST_FILE
+from textsql.training.checkpoints import DEEPSPEED_LATEST_FILE, latest_state
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -49,15 +49,13 @@ ZERO_SHARD_GLOB = "*zero_pp_rank_*_optim_states.pt"
 
 
 def state_dir(checkpoint: Path) -> Path | None:
-    """The DeepSpeed state directory that ``latest`` names in a ``checkpoint-N`` (None when it names none).
+    """The DeepSpeed state directory that ``latest`` names in a ``checkpoint-N`` (None when it names none inside
+    it): checked here, where the conversion uses it, as :func:`textsql.training.checkpoints.incomplete_reason`
+    checked it when the checkpoint was chosen.
 
     :rtype: pathlib.Path | None
     """
-    try:
-        tag = (checkpoint / DEEPSPEED_LATEST_FILE).read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, UnicodeDecodeError):
-        return None
-    return checkpoint / tag if tag and (checkpoint / tag).is_dir() else None
+    return latest_state(checkpoint)[0]
 
 
 def written_by(checkpoint: Path) -> int | None:
