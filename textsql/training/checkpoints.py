@@ -98,8 +98,10 @@ def latest_state(path: Path) -> tuple[Path | None, str | None]:
         tag = read_bounded(path / DEEPSPEED_LATEST_FILE, MAX_TAG_BYTES).decode("utf-8").strip()
     except FileNotFoundError:
         return None, f"no DeepSpeed '{DEEPSPEED_LATEST_FILE}' file"
-    except (UnicodeDecodeError, UnsafeRead, OSError):
-        return None, f"its '{DEEPSPEED_LATEST_FILE}' file is no short text file"
+    except UnicodeDecodeError:
+        return None, f"its '{DEEPSPEED_LATEST_FILE}' file is not text"
+    except (UnsafeRead, OSError):
+        return None, f"its '{DEEPSPEED_LATEST_FILE}' is a link, not a file, or longer than any tag"
     # An empty or path-like tag would name the checkpoint itself or a directory outside it, as would a link.
     if not tag or Path(tag).name != tag or tag in (".", ".."):
         return None, f"its '{DEEPSPEED_LATEST_FILE}' file names no state directory ({tag!r})"
