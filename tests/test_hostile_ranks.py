@@ -4,15 +4,20 @@ for another host (a forged pdsh exit line, another host's heartbeat) or keep a f
 from __future__ import annotations
 
 import io
+import json
 import os
+from functools import partial
+from pathlib import Path
 
 import pytest
 from test_launch import HOSTS, PROJECT_DIR
 
+from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.launch import launch
 from textsql.launching.stall import StallDetector
 from textsql.launching.supervisor import LaunchWatch
+from textsql.training.universal import convert, needs_conversion
 from worker.hostfile import read_hostfile
 
 pytestmark = pytest.mark.slow
@@ -50,3 +55,46 @@ def test_a_rank_cannot_forge_another_hosts_exit_or_heartbeat(two_local_workers, 
     assert code == 0 and watch.exits == []
     # 127.0.0.2's rank 0 said progress 1; what 127.0.0.3 printed in its name is not its word.
     assert detector.counts == {("127.0.0.2", 0): 1, ("127.0.0.3", 1): 1}
+
+
+class Planted:
+    """What a hostile worker pickles into a checkpoint shard: code that says where it ran when it is unpickled."""
+
+    def __init__(self, report: Path) -> None:
+        self.report = report
+
+    def __reduce__(self):
+        return exec, (PLANTED_CODE.format(report=str(self.report)),)
+
+
+PLANTED_CODE = """
+import json, os, psutil
+report = {{"ancestors": [" ".join(p.cmdline()) for p in psutil.Process().parents()],
+          "ssh": os.environ.get("SSH_CONNECTION")}}
+open({report!r}, "w").write(json.dumps(report))
+"""
+
+
+def test_a_planted_checkpoint_is_unpickled_on_a_worker_never_on_the_master(two_local_workers, tmp_path) -> None:
+    """ds_to_universal torch.loads the shards with weights_only=False: what a worker planted runs where it converts."""
+    import torch
+
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    (checkpoint / "global_step2").mkdir(parents=True)
+    (checkpoint / "latest").write_text("global_step2")
+    report = tmp_path / "unpickled.json"
+    for rank in range(3):
+        torch.save(
+            {"planted": Planted(report)},
+            checkpoint / "global_step2" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+        )
+    assert needs_conversion(checkpoint, 2)
+
+    with pytest.raises(LaunchError, match="checkpoint-2 is unchanged"):
+        convert(checkpoint, on_worker=partial(two_local_workers.ssh_command, two_local_workers.hosts[0]))
+
+    ran = json.loads(report.read_text())  # the real conversion did unpickle it...
+    # ...on the worker, over the run's ssh (a `local` pod's processes are its agent's, under the pod's own sshd).
+    assert ran["ssh"] and ran["ssh"].split()[2] == two_local_workers.hosts[0], ran
+    assert any("sshd" in command for command in ran["ancestors"]), ran
+    assert any("worker.agent" in command for command in ran["ancestors"]), ran

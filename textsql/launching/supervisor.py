@@ -56,6 +56,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -512,7 +513,10 @@ class Supervisor:
         converted_s = None
         if checkpoint is not None and needs_conversion(Path(checkpoint), after):
             try:
-                converted_s = convert(Path(checkpoint))
+                # On a worker that goes on, never here: see textsql.training.universal.
+                converted_s = convert(
+                    Path(checkpoint), on_worker=partial(self.cluster.ssh_command, self.cluster.hosts[0])
+                )
             except LaunchError as error:
                 self._event("gave up", attempt, str(error), checkpoint=checkpoint)
                 raise
