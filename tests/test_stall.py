@@ -112,15 +112,29 @@ def test_the_stalled_host_is_the_one_whose_heartbeat_went_silent(clock):
     assert detector.stalled_hosts() == ["b"]
 
 
+def test_a_host_of_the_launch_never_heard_from_is_stalled(clock):
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
+    beat(detector, "a", 0, 3, 3)
+    clock.now += 31
+    beat(detector, "a", 0, 3, 3)
+    assert detector.stalled() and detector.stalled_hosts() == ["b"]
+
+
 def test_one_host_reporting_progress_cannot_keep_a_run_alive_whose_other_host_is_frozen(clock):
-    """Every rank of a synchronous run advances together: one host's counts going up alone are no progress."""
+    """A host's word keeps only itself alive: b froze, a (hostile, or counting what it never finished) reports
+    ever more; once b has been silent for the stall timeout the run is stalled, on b."""
     detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
     beat(detector, "a", 0, 1, 1)
     beat(detector, "b", 1, 1, 1)
-    for count in range(2, 12):  # b froze; a (hostile, or merely counting) reports ever more
+    for count in range(2, 8):
+        clock.now += 5
+        beat(detector, "a", 0, count, count)
+    assert not detector.stalled()
+    for count in range(8, 12):
         clock.now += 5
         beat(detector, "a", 0, count, count)
     assert detector.stalled() and detector.stalled_hosts() == ["b"]
+    assert detector.summary() == "no heartbeat from b for over 30 s (the stall timeout)"
 
 
 def test_a_host_cannot_beat_for_another_hosts_rank_or_from_behind_no_prefix(clock):
@@ -132,7 +146,10 @@ def test_a_host_cannot_beat_for_another_hosts_rank_or_from_behind_no_prefix(cloc
     beat(detector, "a", 0, 1, 5)
     beat(detector, "b", 1, 1, 5)
     beat(detector, "b", 1, 1, 2)  # a count never goes back
-    assert detector.counts == {("a", 0): 5, ("b", 1): 5} and detector.slowest == 5
+    assert detector.counts == {("a", 0): 5, ("b", 1): 5}
+    # Rank 0's step lines only from rank 0's host.
+    detector.read("b: step 7/10: loss 1.000 (9 s)")
+    assert detector.step == 1
 
 
 def test_when_every_host_still_beats_every_host_is_named(clock):

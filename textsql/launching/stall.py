@@ -7,15 +7,16 @@ evaluation or a save reads as progress too. The lines reach the supervisor on th
 prefixes each with ``host: ``; :class:`StallDetector` reads them.
 
 - **Whose word**: a heartbeat counts only for a rank its host runs (the hostfile's order and slots, as
-  DeepSpeed numbers the ranks), and a count only moves forward: a worker cannot speak for another host's ranks.
-- **Progress**: the slowest rank's count went up (every rank of a synchronous run advances together, so one
-  worker reporting its own ranks busy cannot keep a run alive whose other ranks are frozen). The gaps between
-  progress are the run's step times; the time to the first progress (start-up, DeepSpeed's op compilation,
-  the first step) is never one of them. The local launcher's one machine has no prefix and no other host:
-  there its ranks' heartbeats and rank 0's ``step N/M`` lines count as before.
-- **Stalled**: progress has been seen, and none for the stall timeout: the one given, or by default
-  :data:`STALL_FACTOR` times the slowest gap seen, at least :data:`MIN_STALL_TIMEOUT_S`. Before a gap has
-  been seen the default timeout has nothing to scale, so only a given timeout applies; the process-group
+  DeepSpeed numbers the ranks), a count only moves forward, and ``step N/M`` lines only from rank 0's host:
+  a worker cannot speak for another host's ranks.
+- **Progress**: any rank's count or step went up. The gaps between progress are the run's step times; the
+  time to the first progress (start-up, DeepSpeed's op compilation, the first step) is never one of them.
+  (Not the slowest rank's count: a rank stopped a moment after a few fast steps may never have said so.)
+- **Stalled**: progress has been seen, and then either none for the stall timeout (the one given, or by
+  default :data:`STALL_FACTOR` times the slowest gap seen, at least :data:`MIN_STALL_TIMEOUT_S`), or a host
+  of the launch silent for that long while others report progress: a worker's word keeps only its own host
+  alive, so one that reports progress it has not made cannot hide another host's frozen ranks. Before a gap
+  has been seen the default timeout has nothing to scale, so only a given timeout applies; the process-group
   timeout bounds that stretch.
 - **Which host**: a rank stopped by SIGSTOP, or frozen with its whole process, stops its heartbeat too,
   while ranks merely waiting for it in a collective go on beating (the wait releases the GIL). The stalled
@@ -67,8 +68,8 @@ class StallDetector:
 
     def __post_init__(self) -> None:
         self.ranks = ranks_by_host(self.hosts)
-        # The slowest rank's count when progress was last seen.
-        self.slowest = 0
+        # When progress was first seen: a host never heard from is silent since then.
+        self.first_progress_at: float | None = None
 
     def read(self, line: str) -> None:
         """Take one line of the launch's stream (other lines, and what a host says for another's ranks, are
@@ -85,15 +86,14 @@ class StallDetector:
             if host is not None and rank not in self.ranks[host]:
                 return
             self.beats[host, rank] = self.clock()
-            self.counts[host, rank] = max(self.counts.get((host, rank), 0), int(beat["progress"]))
-            slowest = min(self.counts.get(key, 0) for key in self._expected())
-            if slowest > self.slowest:
-                self.slowest = slowest
+            count = int(beat["progress"])
+            if count > self.counts.get((host, rank), 0):
+                self.counts[host, rank] = count
                 self._advanced(int(beat["step"]))
             return
         stepped = STEP_LINE.match(text)
-        # Rank 0's step lines are its own word only where no other host can print them.
-        if not self.hosts and stepped and (self.step is None or int(stepped["step"]) > self.step):
+        rank_zero_host = next(iter(self.hosts), None)
+        if stepped and host == rank_zero_host and (self.step is None or int(stepped["step"]) > self.step):
             self._advanced(int(stepped["step"]))
 
     def limit(self) -> float | None:
@@ -115,12 +115,42 @@ class StallDetector:
         return 0.0 if self.last_progress_at is None else self.clock() - self.last_progress_at
 
     def stalled(self) -> bool:
-        """Whether no rank has advanced for the stall timeout, once the run has made progress.
+        """Whether, once the run has made progress, no rank has advanced for the stall timeout or a host has been
+        silent for it.
 
         :rtype: bool
         """
         limit = self.limit()
-        return self.last_progress_at is not None and limit is not None and self.idle() > limit
+        if self.last_progress_at is None or limit is None:
+            return False
+        return self.idle() > limit or bool(self.silent_hosts(limit))
+
+    def silent_hosts(self, quiet: float) -> list[str]:
+        """The launch's hosts whose heartbeat has not been heard for ``quiet`` seconds (one never heard: since the
+        first progress); none before the first progress.
+
+        :rtype: list[str]
+        """
+        if self.first_progress_at is None:
+            return []
+        heard: dict[str, float] = {}
+        # A copy: the launch's stop thread asks while the stream's thread reads lines.
+        for (host, _), at in dict(self.beats).items():
+            if host is not None:
+                heard[host] = max(heard.get(host, at), at)
+        now = self.clock()
+        return [host for host in self.hosts if now - heard.get(host, self.first_progress_at) > quiet]
+
+    def summary(self) -> str:
+        """What made the stall, for a person (see :meth:`stalled`).
+
+        :rtype: str
+        """
+        limit = self.limit() or MIN_STALL_TIMEOUT_S
+        silent = self.silent_hosts(limit)
+        if self.idle() > limit or not silent:
+            return f"no rank advanced for {self.idle():.0f} s (stall timeout {limit:.0f} s)"
+        return f"no heartbeat from {', '.join(silent)} for over {limit:.0f} s (the stall timeout)"
 
     def stalled_hosts(self) -> list[str | None]:
         """The hosts whose heartbeat has been silent for half the stall timeout; all of them when every one
@@ -136,15 +166,11 @@ class StallDetector:
         silent = {host for (host, _), at in beats.items() if now - at > quiet} | (set(self.hosts) - heard)
         return sorted(silent, key=str) or hosts
 
-    def _expected(self) -> list[tuple[str | None, int]]:
-        """Every rank of the launch (the local launcher's: those heard so far)."""
-        if not self.hosts:
-            return list(self.counts)
-        return [(host, rank) for host, ranks in self.ranks.items() for rank in ranks]
-
     def _advanced(self, step: int) -> None:
         now = self.clock()
         if self.last_progress_at is not None:
             self.slowest_gap = max(self.slowest_gap or 0.0, now - self.last_progress_at)
+        else:
+            self.first_progress_at = now
         self.last_progress_at = now
         self.step = max(self.step or 0, step)

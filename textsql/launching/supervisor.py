@@ -212,8 +212,7 @@ class LaunchWatch:
                 FailureKind.STALL,
                 hosts[0],
                 0,
-                f"no rank advanced for {self.detector.idle():.0f} s (stall timeout {self.detector.limit():.0f} s); "
-                f"stalled: {', '.join(hosts)}",
+                f"{self.detector.summary()}; stalled: {', '.join(hosts)}",
             )
         return self.stall is not None
 
