@@ -33,11 +33,11 @@ import psutil
 from bench.profiles import train_only
 from bench.timing import summary
 from textsql.arguments import train_argv
-from textsql.console import STEP_LINE
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
+from textsql.rank_lines import STEP_LINE
 from textsql.training.checkpoints import COMPLETE_MARKER
 
 logger = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from pathlib import Path
 from bench.events import step_wall_times
 from bench.profiles import train_args, train_only
 from bench.timing import summary
-from textsql.console import STAGE_PREFIX
 from textsql.constants import COLLECTIVE_FILE_NAME, DEFAULT_MODEL_DIR
 from textsql.files import read_json
+from textsql.rank_lines import STAGE_PREFIX
 from textsql.training.events import TENSORBOARD_SUBDIR
 from worker.network import free_port
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 
 import pytest
@@ -107,3 +108,27 @@ def test_last_line_of_a_log_quotes_the_failure(tmp_path):
     assert last_line(log) == "fatal: bad config \ufffd"
     log.write_text("")
     assert last_line(log) == "no output"
+
+
+# ---- JSON a worker can write: bounded, never through a link ---------------------------------------------
+
+
+def test_a_json_file_planted_as_a_link_is_refused_not_followed(tmp_path):
+    secret = tmp_path / "master-only.json"
+    secret.write_text('{"token": "do-not-show"}')
+    (tmp_path / "cluster.json").symlink_to(secret)
+    with pytest.raises(DataError, match=r"cluster.json' is a symbolic link.*remove it"):
+        read_json(tmp_path / "cluster.json")
+
+
+def test_a_json_file_too_large_or_not_a_file_is_refused_in_one_line(tmp_path, monkeypatch):
+    import textsql.files
+
+    monkeypatch.setattr(textsql.files, "MAX_JSON_BYTES", 1024)
+    (tmp_path / "run.json").write_text("[" + "0," * 1024 + "0]")
+    with pytest.raises(DataError, match=r"run.json' is larger than 1024 bytes"):
+        read_json(tmp_path / "run.json")
+    # A reader would wait forever on a pipe planted where a file goes.
+    os.mkfifo(tmp_path / "collective.json")
+    with pytest.raises(DataError, match=r"collective.json' is not a regular file"):
+        read_json(tmp_path / "collective.json")

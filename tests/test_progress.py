@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from textsql.console import STAGE_PREFIX
+from textsql.rank_lines import STAGE_PREFIX
 from textsql.training.progress import SHM_OP_NAME, op_built, tick_while_building
 
 
@@ -30,7 +30,7 @@ def test_a_compiling_op_is_reported_every_interval_until_it_is_in_the_cache(tmp_
 def test_the_heartbeat_reports_steps_evaluations_and_saves_until_training_ends(capsys):
     from types import SimpleNamespace
 
-    from textsql.launching.stall import HEARTBEAT_LINE
+    from textsql.rank_lines import HEARTBEAT_LINE
     from textsql.training.progress import Heartbeat
 
     heartbeat, args, state = (

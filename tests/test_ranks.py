@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from textsql.constants import PROJECT_DIR
-from textsql.launching.ranks import LAUNCH_ID_VAR, RemoteRanks, end_marked, marked_processes, remote_end_command
+from textsql.launching.ranks import RemoteRanks, end_marked, marked_processes, remote_end_command
+from textsql.rank_lines import LAUNCH_ID_VAR
 from worker.ssh import ssh_options
 
 # Reports that it is ready once its SIGTERM handling is in place, then sleeps.

@@ -146,7 +146,8 @@ def test_a_rank_stopped_after_a_checkpoint_is_a_stall_and_resumes_from_it(two_lo
     assert_resumed_to_the_end(output, record, f"checkpoint-{SAVE_STEPS}", failure=FailureKind.STALL)
     stall = record["events"][0]
     assert stall["message"].endswith("stalled: 127.0.0.3"), stall["message"]
-    assert stall["line"].startswith(f"stall at step {stall['step']}: no rank advanced for ")
+    # The stopped host falls silent before the others stop advancing, or at the same time.
+    assert stall["line"].startswith(f"stall at step {stall['step']}: no "), stall["line"]
     assert f"[supervisor] {stall['line']}" in stream.text
     summary = json.loads((output / RUN_SUMMARY_NAME).read_text())
     assert summary["recovery"]["events"][0]["event"] == FailureKind.STALL == "stall"

@@ -10,13 +10,7 @@ import pytest
 from textsql.arguments import train_argv
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
-from textsql.launching.stall import (
-    HEARTBEAT_LINE,
-    MIN_STALL_TIMEOUT_S,
-    STALL_FACTOR,
-    StallDetector,
-    heartbeat_line,
-)
+from textsql.launching.stall import MIN_STALL_TIMEOUT_S, STALL_FACTOR, StallDetector
 from textsql.launching.supervisor import (
     PROCESS_GROUP_TIMEOUT_S,
     FailureKind,
@@ -25,7 +19,12 @@ from textsql.launching.supervisor import (
     classify,
     process_group_timeout,
 )
+from textsql.rank_lines import HEARTBEAT_LINE, attribute, heartbeat_line, ranks_by_host
 from textsql.training.command_line import parse_command_line
+
+# Hostfiles: host to slots.
+ONE_HOST = {"a": 1}
+TWO_HOSTS = {"a": 1, "b": 1}
 
 
 class Clock:
@@ -46,19 +45,28 @@ def beat(detector: StallDetector, host: str, rank: int, step: int, progress: int
 
 
 def test_the_heartbeat_line_reads_back():
-    found = HEARTBEAT_LINE.match("127.0.0.3: " + heartbeat_line(1, 4, 9))
-    assert (found["host"], found["rank"], found["step"], found["progress"]) == ("127.0.0.3", "1", "4", "9")
+    host, text = attribute("127.0.0.3: " + heartbeat_line(1, 4, 9), ["127.0.0.2", "127.0.0.3"])
+    found = HEARTBEAT_LINE.match(text)
+    assert (host, found["rank"], found["step"], found["progress"]) == ("127.0.0.3", "1", "4", "9")
+    assert attribute("127.0.0.4: " + heartbeat_line(1, 4, 9), ["127.0.0.2"]) == (
+        None,
+        "127.0.0.4: " + heartbeat_line(1, 4, 9),
+    )
+
+
+def test_ranks_are_numbered_in_the_hostfiles_order_as_deepspeed_numbers_them():
+    assert ranks_by_host({"b": 2, "a": 1, "c": 3}) == {"b": range(2), "a": range(2, 3), "c": range(3, 6)}
 
 
 def test_nothing_stalls_before_the_first_progress_however_long_the_start_takes(clock):
-    detector = StallDetector(timeout=30, clock=clock)
+    detector = StallDetector(timeout=30, clock=clock, hosts=ONE_HOST)
     beat(detector, "a", 0, 0, 0)
     clock.now += 10_000
     assert not detector.stalled()
 
 
 def test_a_given_timeout_counts_from_the_last_progress(clock):
-    detector = StallDetector(timeout=30, clock=clock)
+    detector = StallDetector(timeout=30, clock=clock, hosts=ONE_HOST)
     beat(detector, "a", 0, 1, 1)
     clock.now += 25
     beat(detector, "a", 0, 2, 2)
@@ -86,7 +94,7 @@ def test_the_default_timeout_is_a_multiple_of_the_slowest_step_and_never_below_t
 
 
 def test_an_evaluation_or_a_save_is_progress_without_a_new_step(clock):
-    detector = StallDetector(timeout=30, clock=clock)
+    detector = StallDetector(timeout=30, clock=clock, hosts=ONE_HOST)
     for progress in range(1, 10):
         beat(detector, "a", 0, 5, progress)
         clock.now += 20
@@ -94,7 +102,7 @@ def test_an_evaluation_or_a_save_is_progress_without_a_new_step(clock):
 
 
 def test_the_stalled_host_is_the_one_whose_heartbeat_went_silent(clock):
-    detector = StallDetector(timeout=30, clock=clock)
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
     beat(detector, "a", 0, 3, 3)
     beat(detector, "b", 1, 3, 3)
     for _ in range(7):  # b is stopped; a waits for it in a collective and goes on beating
@@ -105,15 +113,47 @@ def test_the_stalled_host_is_the_one_whose_heartbeat_went_silent(clock):
 
 
 def test_a_host_of_the_launch_never_heard_from_is_stalled(clock):
-    detector = StallDetector(timeout=30, clock=clock, hosts=["a", "b"])
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
     beat(detector, "a", 0, 3, 3)
     clock.now += 31
     beat(detector, "a", 0, 3, 3)
     assert detector.stalled() and detector.stalled_hosts() == ["b"]
 
 
+def test_one_host_reporting_progress_cannot_keep_a_run_alive_whose_other_host_is_frozen(clock):
+    """A host's word keeps only itself alive: b froze, a (hostile, or counting what it never finished) reports
+    ever more; once b has been silent for the stall timeout the run is stalled, on b."""
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
+    beat(detector, "a", 0, 1, 1)
+    beat(detector, "b", 1, 1, 1)
+    for count in range(2, 8):
+        clock.now += 5
+        beat(detector, "a", 0, count, count)
+    assert not detector.stalled()
+    for count in range(8, 12):
+        clock.now += 5
+        beat(detector, "a", 0, count, count)
+    assert detector.stalled() and detector.stalled_hosts() == ["b"]
+    assert detector.summary() == "no heartbeat from b for over 30 s (the stall timeout)"
+
+
+def test_a_host_cannot_beat_for_another_hosts_rank_or_from_behind_no_prefix(clock):
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
+    beat(detector, "b", 0, 9, 9000)  # rank 0 runs on a
+    detector.read(heartbeat_line(0, 9, 9000))  # no host's prefix: not a rank's line at all
+    detector.read(f"c: {heartbeat_line(0, 9, 9000)}")  # not a host of the launch
+    assert detector.counts == {} and detector.beats == {}
+    beat(detector, "a", 0, 1, 5)
+    beat(detector, "b", 1, 1, 5)
+    beat(detector, "b", 1, 1, 2)  # a count never goes back
+    assert detector.counts == {("a", 0): 5, ("b", 1): 5}
+    # Rank 0's step lines only from rank 0's host.
+    detector.read("b: step 7/10: loss 1.000 (9 s)")
+    assert detector.step == 1
+
+
 def test_when_every_host_still_beats_every_host_is_named(clock):
-    detector = StallDetector(timeout=30, clock=clock)
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
     for _ in range(8):
         beat(detector, "b", 1, 3, 3)
         beat(detector, "a", 0, 3, 3)
@@ -122,7 +162,7 @@ def test_when_every_host_still_beats_every_host_is_named(clock):
 
 
 def test_a_stalled_launch_is_classified_as_a_stall_naming_the_host_not_as_the_kill_that_ended_it(clock):
-    detector = StallDetector(timeout=30, clock=clock)
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
     watch = LaunchWatch(io.StringIO(), ["a", "b"], detector=detector)
     watch.write(f"a: {heartbeat_line(0, 3, 3)}\nb: {heartbeat_line(1, 3, 3)}\n")
     clock.now += 31

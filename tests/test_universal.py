@@ -16,6 +16,7 @@ from textsql.training.universal import (
     converted,
     load_universal,
     needs_conversion,
+    state_dir,
     written_by,
 )
 
@@ -74,3 +75,17 @@ def test_a_conversion_counts_only_when_latest_universal_names_its_directory(tmp_
     path = checkpoint(tmp_path, 3)
     (path / UNIVERSAL_LATEST_FILE).write_text(tag)
     assert converted(path) is None and needs_conversion(path, 2)
+
+
+@pytest.mark.parametrize("tag", ["../elsewhere", "/tmp", ".", "linked"])
+def test_latest_is_checked_where_it_is_used_not_only_when_the_checkpoint_was_found_complete(tmp_path, tag):
+    """A worker rewrites ``latest`` after the completeness check: the conversion still reads nothing outside the
+    checkpoint (a tag with a path, the checkpoint itself, a link to a directory elsewhere)."""
+    path = checkpoint(tmp_path, 3)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for rank in range(5):
+        (elsewhere / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    (path / "linked").symlink_to(elsewhere)
+    (path / "latest").write_text(tag)
+    assert state_dir(path) is None and written_by(path) is None

@@ -24,6 +24,7 @@ import warnings
 from typing import Protocol, TextIO
 
 from textsql.errors import TextSQLError
+from textsql.shown_text import shown_lines
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,6 @@ QUIET_ENVIRONMENT = {
 QUIET_WARNINGS = {"DeepSpeed": ("Setting accelerator to CPU",)}
 # tqdm.auto in a kernel without ipywidgets warns on every import; the text progress bar works.
 IPROGRESS_WARNING = "IProgress not found"
-# Lines the ranks print for a person (textsql.training.progress); STAGE_PREFIX marks a stage of its own.
-STEP_LINE = re.compile(r"^(?:\S+: )?step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)(?: \(\d+ s\))?$")
-STAGE_PREFIX = "stage: "
 # Ranks' lines that reach the terminal at the default level: this package's own log lines, stage and
 # step lines, and errors; DeepSpeed's launcher INFO, warnings and progress bars only go to launch.log.
 SHOWN_RANK_LINE = re.compile(
@@ -157,7 +155,8 @@ class TextSink(Protocol):
 
 
 class ShownLines:
-    """A text stream that passes on only the ranks' lines :func:`shown_rank_line` picks.
+    """A text stream that passes on only the ranks' lines :func:`shown_rank_line` picks, made safe to show
+    (:mod:`textsql.shown_text`: a rank's text cannot write escapes or start a line of its own).
 
     :func:`textsql.launching.launch.launch` and the supervisor see every line (the supervisor reads exit codes
     and exceptions from them) and write them all to ``launch.log``; only what a person is shown is
@@ -168,9 +167,13 @@ class ShownLines:
         self.target = target
 
     def write(self, text: str) -> int:
-        for line in text.splitlines(keepends=True):
+        *lines, last = shown_lines(text)
+        for line in lines:
             if shown_rank_line(line):
-                self.target.write(line)
+                self.target.write(line + "\n")
+        # Every writer here hands over whole lines; a last piece without its newline is shown as it is.
+        if last and shown_rank_line(last):
+            self.target.write(last)
         return len(text)
 
     def flush(self) -> None:

@@ -10,6 +10,7 @@ shadow the standard library's ``io`` for the whole interpreter.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from collections.abc import Iterable, Iterator
@@ -18,29 +19,39 @@ from typing import Any
 
 from textsql.constants import TABLES_DIR_NAME
 from textsql.errors import DataError
-from worker.files import atomic_write
+from worker.files import UnsafeRead, atomic_write, read_bounded
 
 logger = logging.getLogger(__name__)
 
 # The release layout keeps each question file's tables beside it: dev.jsonl, dev.tables.jsonl.
 TABLES_SUFFIX = ".tables.jsonl"
+# The largest JSON file read: a run's records (run.json with its log history, metrics.json) are far smaller,
+# and a worker that wrote a larger one shall not fill the master's memory.
+MAX_JSON_BYTES = 64 * 1024**2
 # What datasets' save_to_disk writes beside the splits of a DatasetDict: their names.
 DATASET_DICT_FILE = "dataset_dict.json"
 
 
 def read_json(path: str | Path) -> Any:
-    """The JSON value in a file.
+    """The JSON value in a file; a worker may have written it (a run's records on a shared run directory), so a
+    link, anything but a regular file, and more than :data:`MAX_JSON_BYTES` are refused.
 
     :param path: the file.
     :rtype: Any
-    :raises DataError: for a missing file or text that is not JSON.
+    :raises DataError: for a missing, linked, irregular or oversized file, or text that is not JSON.
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_JSON_BYTES)
         return json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise DataError(f"{str(path)!r} is not a file; check the path") from None
+    except UnsafeRead as error:
+        raise DataError(f"{error}; a run's JSON files are regular files this size at most: remove it") from None
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise DataError(f"{str(path)!r} is a symbolic link, not followed; remove it") from None
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: {_not_utf8(error)}") from None

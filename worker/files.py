@@ -3,7 +3,9 @@ logs only their owner can read, the run directory only its owner can enter, and 
 
 Nothing here follows a link planted where a file goes: a log is opened with ``O_NOFOLLOW`` and must be
 a regular file with one name (not a hard link to a file elsewhere); a whole-file write goes to a new
-temp file (``O_EXCL``) renamed over the path, which replaces a link instead of writing through it.
+temp file (``O_EXCL``) renamed over the path, which replaces a link instead of writing through it; a read of
+what a worker may have written (:func:`read_bounded`) refuses a link, anything but a regular file, and more
+than a limit.
 """
 
 from __future__ import annotations
@@ -89,6 +91,31 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+class UnsafeRead(WorkerError):
+    """A file to read is not a regular file or is larger than the reader allows (a link raises ``OSError``)."""
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them.
+
+    :param path: the file; a symbolic link there is refused (``O_NOFOLLOW``), a pipe never waited on.
+    :param limit: the most bytes the reader takes.
+    :rtype: bytes
+    :raises FileNotFoundError: when nothing is there.
+    :raises OSError: with ``errno.ELOOP`` for a symbolic link.
+    :raises UnsafeRead: for anything but a regular file, or one larger than ``limit``.
+    """
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeRead(f"{str(path)!r} is not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafeRead(f"{str(path)!r} is larger than {limit} bytes")
+    return data
 
 
 def last_line(path: Path) -> str:

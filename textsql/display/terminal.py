@@ -26,7 +26,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from textsql.console import STAGE_PREFIX, STEP_LINE
+from textsql.rank_lines import STAGE_PREFIX, STEP_LINE
+from textsql.shown_text import shown_lines
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class StageView:
 
     def feed(self, text: str) -> None:
         """Take output of the running stage: ``step N/M`` moves the bar, ``stage:`` lines are shown."""
-        for line in text.splitlines():
+        for line in shown_lines(text):
             line = line.strip()
             step = STEP_LINE.match(line)
             if step:

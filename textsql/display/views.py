@@ -2,7 +2,9 @@
 accuracy by query type as a plot, predictions beside their gold SQL and one answer (notebook 03).
 
 Each reads what the run left on disk (``run.json``, ``metrics.json``'s breakdowns, ``predictions.jsonl``)
-and shows it for a person, so the notebook's cells stay one call each; the files stay as they are.
+and shows it for a person, so the notebook's cells stay one call each; the files stay as they are. What a
+worker can write (``run.json`` from rank 0, ``cluster.json``, ``collective.json`` on a shared run directory) is
+read through :func:`_read_shown`: its strings reach the notebook or terminal inert (:mod:`textsql.shown_text`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from textsql.constants import CLUSTER_FILE_NAME, COLLECTIVE_FILE_NAME, LAUNCH_LO
 from textsql.errors import TextSQLError
 from textsql.files import read_json, read_jsonl
 from textsql.inference.evaluate import logical_form_key
+from textsql.shown_text import shown_record
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -51,7 +54,7 @@ def format_run(run_dir: str | Path) -> str:
         raise TextSQLError(
             f"no {RUN_SUMMARY_NAME} in {str(run_dir)!r}: the training did not finish; see {Path(run_dir) / LAUNCH_LOG_NAME}"
         )
-    run = read_json(path)
+    run = _read_shown(path)
     chosen = "; auto: the estimate's recommendation" if run.get("profile_chosen_by") == "auto" else ""
     lines = [
         (
@@ -91,7 +94,7 @@ def _cluster_lines(run_dir: Path, collective: dict | None = None) -> list[str]:
     ``collective.json``, which a run stopped by the check leaves)."""
     collective = collective or _read_collective(run_dir)
     lines = (
-        cluster_table(read_json(run_dir / CLUSTER_FILE_NAME), collective)
+        cluster_table(_read_shown(run_dir / CLUSTER_FILE_NAME), collective)
         if (run_dir / CLUSTER_FILE_NAME).is_file()
         else []
     )
@@ -117,7 +120,7 @@ def format_cluster(run_dir: str | Path | None = None) -> str:
 
     path = Path(run_dir) / CLUSTER_FILE_NAME if run_dir is not None else None
     if path is not None and path.is_file():
-        record = read_json(path)
+        record = _read_shown(path)
     else:
         record = {"master": collect(None, Path(run_dir) if run_dir is not None else Path.cwd()).to_dict(), "hosts": []}
     return "\n".join(cluster_table(record, _read_collective(Path(run_dir)) if run_dir is not None else None))
@@ -166,9 +169,14 @@ def cluster_table(record: dict, collective: dict | None = None) -> list[str]:
 def _read_collective(run_dir: Path) -> dict | None:
     """The collective check's figures: ``run.json``'s, else ``collective.json`` (a run the check stopped), else None."""
     summary = run_dir / RUN_SUMMARY_NAME
-    if summary.is_file() and read_json(summary).get("collective"):
-        return read_json(summary)["collective"]
-    return read_json(run_dir / COLLECTIVE_FILE_NAME) if (run_dir / COLLECTIVE_FILE_NAME).is_file() else None
+    if summary.is_file() and _read_shown(summary).get("collective"):
+        return _read_shown(summary)["collective"]
+    return _read_shown(run_dir / COLLECTIVE_FILE_NAME) if (run_dir / COLLECTIVE_FILE_NAME).is_file() else None
+
+
+def _read_shown(path: Path) -> Any:
+    """A JSON file a worker may have written, its strings made safe to show."""
+    return shown_record(read_json(path))
 
 
 def collective_lines(figures: dict) -> list[str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
 from textsql.errors import LaunchError
-from textsql.launching.ranks import LAUNCH_ID_VAR
+from textsql.rank_lines import LAUNCH_ID_VAR
 from worker.constants import SOCKET_IFNAME_VARS
 from worker.files import atomic_write
 from worker.network import free_port

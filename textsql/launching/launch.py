@@ -14,6 +14,10 @@ What this module adds to DeepSpeed's runner:
 
 - the output appended to ``launch.log`` and streamed live (pdsh prefixes each line with ``host: ``),
   at the default log level only the lines :func:`textsql.console.shown_rank_line` picks;
+- the output read as bytes and cut into lines at ``\n`` alone, the one place pdsh starts a new prefixed line:
+  a rank controls all its text after ``host: `` (a ``\r``, a line separator, invalid UTF-8), and none of it
+  may start a line of its own. pdsh's own messages (``pdsh@master: host: ssh exited with exit code N``) are
+  read only from pdsh's stderr, a pipe of their own, where every rank line still carries its prefix;
 - the exit code of the first host whose ranks failed, and the other hosts' ranks ended at once
   (a rank that dies before the process group forms would otherwise leave the rest waiting for
   torch's 30-minute rendezvous timeout);
@@ -36,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import re
 import secrets
 import shlex
@@ -48,7 +53,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn, TextIO
+from typing import IO, NoReturn, TextIO
 
 import psutil
 
@@ -79,6 +84,8 @@ RUNNER_EXIT_S = 20.0
 STOP_POLL_S = 1.0
 # What pdsh prints when the command on one host ended with a non-zero status.
 PDSH_HOST_FAILED = re.compile(r"^pdsh@[^:]+: (?P<host>\S+): ssh exited with exit code (?P<code>\d+)")
+# A line of the runner's output: whether it came on stderr (where pdsh's own messages are), and its text.
+RunnerLine = tuple[bool, str]
 # What preparing a launch gives its run: the launcher's command and environment, and the ranks to end.
 Prepared = tuple[list[str], dict[str, str], RemoteRanks | LocalRanks]
 
@@ -165,25 +172,22 @@ def _run(
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        bufsize=1,
+        stderr=subprocess.PIPE,
         start_new_session=True,
     )
     ended = threading.Event()
     if should_stop is not None:
         # A stalled launch prints nothing, so the lines below never come: a thread of its own watches.
         threading.Thread(target=_stop_when, args=(should_stop, ranks, ended), name="launch-stop", daemon=True).start()
-    assert runner.stdout is not None  # stdout=PIPE
     try:
         with _sigterm_as_interrupt():
-            for line in map(mask_credentials, runner.stdout):
+            for from_stderr, text in _lines(runner):
+                line = mask_credentials(text) + "\n"
                 # The log first: a line someone has seen is in launch.log even if they interrupt at once.
                 log.write(line)
                 stream.write(line)
                 stream.flush()
-                failed = PDSH_HOST_FAILED.match(line)
+                failed = PDSH_HOST_FAILED.match(text) if from_stderr else None
                 if failed and int(failed["code"]) != 0 and first_failure is None:
                     first_failure = failed["host"], int(failed["code"])
                     logger.error("ranks on %s failed with exit code %d; ending the other hosts' ranks", *first_failure)
@@ -206,6 +210,30 @@ def _run(
     return code
 
 
+def _lines(runner: subprocess.Popen[bytes]) -> Iterator[RunnerLine]:
+    """The runner's stdout and stderr lines as they come, each cut at ``\\n`` alone and decoded with replacement
+    (see the module docstring); ends when both pipes are closed."""
+    assert runner.stdout is not None and runner.stderr is not None  # both PIPE
+    lines: queue.Queue[RunnerLine | None] = queue.Queue()
+    for from_stderr, pipe in ((False, runner.stdout), (True, runner.stderr)):
+        threading.Thread(target=_read_pipe, args=(pipe, from_stderr, lines), name="launch-output", daemon=True).start()
+    open_pipes = 2
+    while open_pipes:
+        line = lines.get()
+        if line is None:
+            open_pipes -= 1
+        else:
+            yield line
+
+
+def _read_pipe(pipe: IO[bytes], from_stderr: bool, lines: queue.Queue[RunnerLine | None]) -> None:
+    with pipe:
+        # A binary file's lines end at b"\n" only; a last line without one comes as it is.
+        for raw in pipe:
+            lines.put((from_stderr, raw.removesuffix(b"\n").decode("utf-8", errors="replace")))
+    lines.put(None)
+
+
 def _stop_when(should_stop: Callable[[], bool], ranks: RemoteRanks | LocalRanks, ended: threading.Event) -> None:
     """End every rank once ``should_stop()`` is true; the runner and pdsh then exit by themselves."""
     while not ended.wait(STOP_POLL_S):
@@ -215,7 +243,7 @@ def _stop_when(should_stop: Callable[[], bool], ranks: RemoteRanks | LocalRanks,
             return
 
 
-def _stop_runner(runner: subprocess.Popen[str]) -> None:
+def _stop_runner(runner: subprocess.Popen[bytes]) -> None:
     # Its ranks are gone, so pdsh and the runner end by themselves; SIGKILL (never SIGTERM, see the
     # module docstring) whatever of it is still there after that, ssh clients in their own sessions too.
     try:

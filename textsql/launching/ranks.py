@@ -30,11 +30,10 @@ import time
 from collections.abc import Sequence
 
 from textsql.constants import PROJECT_DIR
+from textsql.rank_lines import LAUNCH_ID_VAR
 
 logger = logging.getLogger(__name__)
 
-# The variable every process of one launch carries (value: a fresh random id per launch).
-LAUNCH_ID_VAR = "TEXTSQL_LAUNCH_ID"
 # How long ranks get to exit after SIGTERM before SIGKILL.
 END_GRACE_S = 10.0
 # How long ssh gets to connect and report, on top of the grace.

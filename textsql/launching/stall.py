@@ -1,16 +1,22 @@
 """Tell a stalled run from a slow one: no rank has advanced for the stall timeout.
 
-Every training rank prints a heartbeat line every :data:`HEARTBEAT_INTERVAL_S` seconds from a thread of its
-own (:class:`textsql.training.progress.Heartbeat`): its rank, its optimizer step and a count of everything it
-has finished (steps, evaluation batches, saves), so an evaluation or a save reads as progress too. The
-lines reach the supervisor on the launch's stream (pdsh prefixes each with ``host: ``), as the ``step N/M``
-lines do; :class:`StallDetector` reads both.
+Every training rank prints a heartbeat line every :data:`~textsql.rank_lines.HEARTBEAT_INTERVAL_S` seconds from a
+thread of its own (:class:`textsql.training.progress.Heartbeat`, the line in :mod:`textsql.rank_lines`): its rank,
+its optimizer step and a count of everything it has finished (steps, evaluation batches, saves), so an
+evaluation or a save reads as progress too. The lines reach the supervisor on the launch's stream, where pdsh
+prefixes each with ``host: ``; :class:`StallDetector` reads them.
 
+- **Whose word**: a heartbeat counts only for a rank its host runs (the hostfile's order and slots, as
+  DeepSpeed numbers the ranks), a count only moves forward, and ``step N/M`` lines only from rank 0's host:
+  a worker cannot speak for another host's ranks.
 - **Progress**: any rank's count or step went up. The gaps between progress are the run's step times; the
   time to the first progress (start-up, DeepSpeed's op compilation, the first step) is never one of them.
-- **Stalled**: progress has been seen, and none for the stall timeout: the one given, or by default
-  :data:`STALL_FACTOR` times the slowest gap seen, at least :data:`MIN_STALL_TIMEOUT_S`. Before a gap has
-  been seen the default timeout has nothing to scale, so only a given timeout applies; the process-group
+  (Not the slowest rank's count: a rank stopped a moment after a few fast steps may never have said so.)
+- **Stalled**: progress has been seen, and then either none for the stall timeout (the one given, or by
+  default :data:`STALL_FACTOR` times the slowest gap seen, at least :data:`MIN_STALL_TIMEOUT_S`), or a host
+  of the launch silent for that long while others report progress: a worker's word keeps only its own host
+  alive, so one that reports progress it has not made cannot hide another host's frozen ranks. Before a gap
+  has been seen the default timeout has nothing to scale, so only a given timeout applies; the process-group
   timeout bounds that stretch.
 - **Which host**: a rank stopped by SIGSTOP, or frozen with its whole process, stops its heartbeat too,
   while ranks merely waiting for it in a collective go on beating (the wait releases the GIL). The stalled
@@ -19,7 +25,7 @@ lines do; :class:`StallDetector` reads both.
 
 Usage::
 
-    >>> detector = StallDetector(timeout=60, hosts=["127.0.0.2", "127.0.0.3"])
+    >>> detector = StallDetector(timeout=60, hosts={"127.0.0.2": 1, "127.0.0.3": 1})
     >>> detector.read("127.0.0.3: heartbeat rank 1 step 4 progress 9")
     >>> detector.stalled()
     False
@@ -27,31 +33,17 @@ Usage::
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from textsql.console import STEP_LINE
+from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, STEP_LINE, attribute, ranks_by_host
 
-# Seconds between a rank's heartbeat lines.
-HEARTBEAT_INTERVAL_S = 5.0
 # The default stall timeout: this many times the slowest gap between progress, and never below the minimum.
 STALL_FACTOR = 4.0
 MIN_STALL_TIMEOUT_S = 120.0
 # A given stall timeout must leave room for a few heartbeats, or every host would read as silent.
 SHORTEST_STALL_TIMEOUT_S = 4 * HEARTBEAT_INTERVAL_S
-HEARTBEAT_LINE = re.compile(
-    r"^(?:(?P<host>\S+): )?heartbeat rank (?P<rank>\d+) step (?P<step>\d+) progress (?P<progress>\d+)$"
-)
-
-
-def heartbeat_line(rank: int, step: int, progress: int) -> str:
-    """The line a rank prints (see the module docstring); :data:`HEARTBEAT_LINE` reads it.
-
-    :rtype: str
-    """
-    return f"heartbeat rank {rank} step {step} progress {progress}"
 
 
 @dataclass
@@ -60,12 +52,13 @@ class StallDetector:
 
     :param timeout: seconds without progress that make a stall (None: the default, from the step times).
     :param clock: seconds, monotonic; injected by tests.
-    :param hosts: the launch's hosts (pdsh's line prefixes; empty for the local launcher).
+    :param hosts: the launch's hostfile, host to slots in its order (pdsh's line prefixes; empty for the local
+        launcher).
     """
 
     timeout: float | None = None
     clock: Callable[[], float] = time.monotonic
-    hosts: list[str] = field(default_factory=list)
+    hosts: dict[str, int] = field(default_factory=dict)
     # Per (host, rank): the last count of finished work, and when its heartbeat was last read.
     counts: dict[tuple[str | None, int], int] = field(default_factory=dict)
     beats: dict[tuple[str | None, int], float] = field(default_factory=dict)
@@ -73,22 +66,34 @@ class StallDetector:
     slowest_gap: float | None = None
     step: int | None = None
 
+    def __post_init__(self) -> None:
+        self.ranks = ranks_by_host(self.hosts)
+        # When progress was first seen: a host never heard from is silent since then.
+        self.first_progress_at: float | None = None
+
     def read(self, line: str) -> None:
-        """Take one line of the launch's stream (other lines are ignored).
+        """Take one line of the launch's stream (other lines, and what a host says for another's ranks, are
+        ignored).
 
         :param line: the line without its newline.
         """
-        beat = HEARTBEAT_LINE.match(line)
+        host, text = attribute(line, self.hosts)
+        if self.hosts and host is None:
+            return
+        beat = HEARTBEAT_LINE.match(text)
         if beat:
-            rank = beat["host"], int(beat["rank"])
-            self.beats[rank] = self.clock()
+            rank = int(beat["rank"])
+            if host is not None and rank not in self.ranks[host]:
+                return
+            self.beats[host, rank] = self.clock()
             count = int(beat["progress"])
-            if count > self.counts.get(rank, 0):
-                self.counts[rank] = count
+            if count > self.counts.get((host, rank), 0):
+                self.counts[host, rank] = count
                 self._advanced(int(beat["step"]))
             return
-        stepped = STEP_LINE.match(line)
-        if stepped and (self.step is None or int(stepped["step"]) > self.step):
+        stepped = STEP_LINE.match(text)
+        rank_zero_host = next(iter(self.hosts), None)
+        if stepped and host == rank_zero_host and (self.step is None or int(stepped["step"]) > self.step):
             self._advanced(int(stepped["step"]))
 
     def limit(self) -> float | None:
@@ -110,12 +115,42 @@ class StallDetector:
         return 0.0 if self.last_progress_at is None else self.clock() - self.last_progress_at
 
     def stalled(self) -> bool:
-        """Whether no rank has advanced for the stall timeout, once the run has made progress.
+        """Whether, once the run has made progress, no rank has advanced for the stall timeout or a host has been
+        silent for it.
 
         :rtype: bool
         """
         limit = self.limit()
-        return self.last_progress_at is not None and limit is not None and self.idle() > limit
+        if self.last_progress_at is None or limit is None:
+            return False
+        return self.idle() > limit or bool(self.silent_hosts(limit))
+
+    def silent_hosts(self, quiet: float) -> list[str]:
+        """The launch's hosts whose heartbeat has not been heard for ``quiet`` seconds (one never heard: since the
+        first progress); none before the first progress.
+
+        :rtype: list[str]
+        """
+        if self.first_progress_at is None:
+            return []
+        heard: dict[str, float] = {}
+        # A copy: the launch's stop thread asks while the stream's thread reads lines.
+        for (host, _), at in dict(self.beats).items():
+            if host is not None:
+                heard[host] = max(heard.get(host, at), at)
+        now = self.clock()
+        return [host for host in self.hosts if now - heard.get(host, self.first_progress_at) > quiet]
+
+    def summary(self) -> str:
+        """What made the stall, for a person (see :meth:`stalled`).
+
+        :rtype: str
+        """
+        limit = self.limit() or MIN_STALL_TIMEOUT_S
+        silent = self.silent_hosts(limit)
+        if self.idle() > limit or not silent:
+            return f"no rank advanced for {self.idle():.0f} s (stall timeout {limit:.0f} s)"
+        return f"no heartbeat from {', '.join(silent)} for over {limit:.0f} s (the stall timeout)"
 
     def stalled_hosts(self) -> list[str | None]:
         """The hosts whose heartbeat has been silent for half the stall timeout; all of them when every one
@@ -135,5 +170,7 @@ class StallDetector:
         now = self.clock()
         if self.last_progress_at is not None:
             self.slowest_gap = max(self.slowest_gap or 0.0, now - self.last_progress_at)
+        else:
+            self.first_progress_at = now
         self.last_progress_at = now
         self.step = max(self.step or 0, step)

@@ -56,11 +56,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from textsql.arguments import train_argv
-from textsql.console import STEP_LINE, ShownLines, TextSink
+from textsql.console import ShownLines, TextSink
 from textsql.constants import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_REPLACE_TIMEOUT_S,
@@ -73,6 +74,8 @@ from textsql.launching.cluster_check import check_cluster
 from textsql.launching.command import TRAIN_MODULE, LaunchArguments
 from textsql.launching.launch import PDSH_HOST_FAILED, launch
 from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S, StallDetector
+from textsql.rank_lines import STEP_LINE, attribute
+from textsql.shown_text import shown
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.training.universal import convert, needs_conversion
 from worker.cluster import Cluster
@@ -167,11 +170,12 @@ class LaunchWatch:
     ) -> None:
         """
         :param stream: where the lines go on to.
-        :param hosts: the launch's hosts (pdsh prefixes each line with ``host: ``); empty for the local launcher.
-        :param on_first_step: called with the step number of the launch's first ``step N/M`` line.
+        :param hosts: the launch's hosts in the hostfile's order (pdsh prefixes each line with ``host: ``; the first
+            runs rank 0); empty for the local launcher.
+        :param on_first_step: called with the step number of the launch's first ``step N/M`` line (rank 0's).
         :param detector: reads every line for progress; :meth:`stalled` asks it.
         """
-        self.stream, self.hosts, self.on_first_step = stream, set(hosts), on_first_step
+        self.stream, self.hosts, self.on_first_step = stream, list(hosts), on_first_step
         self.detector = detector or StallDetector()
         # When this side found the launch stalled (and told it to stop), and the stall's failure.
         self.stall: Failure | None = None
@@ -208,24 +212,23 @@ class LaunchWatch:
                 FailureKind.STALL,
                 hosts[0],
                 0,
-                f"no rank advanced for {self.detector.idle():.0f} s (stall timeout {self.detector.limit():.0f} s); "
-                f"stalled: {', '.join(hosts)}",
+                f"{self.detector.summary()}; stalled: {', '.join(hosts)}",
             )
         return self.stall is not None
 
     def _read(self, line: str) -> None:
+        # What is kept from here (failure messages, events, supervisor.json) is shown to a person: inert.
+        line = shown(line)
         self.detector.read(line)
         failed = PDSH_HOST_FAILED.match(line)
         if failed:
             self._exit(failed["host"], int(failed["code"]))
             return
-        host: str | None
-        host, separator, text = line.partition(": ")
-        if not separator or host not in self.hosts:
-            host, text = None, line
+        host, text = attribute(line, self.hosts)
         text = TORCH_RANK_PREFIX.sub("", text)
         stepped = STEP_LINE.match(text)
-        if stepped:
+        # Only rank 0 prints steps: the same line from another host is not its word.
+        if stepped and host == (self.hosts[0] if self.hosts else None):
             self._step(int(stepped["step"]))
         returned = RANK_RETURN.search(text)
         if returned and killing_signal(int(returned["code"])):
@@ -433,7 +436,7 @@ class Supervisor:
                 self.stream,
                 self._hosts(),
                 on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None,
-                detector=StallDetector(self.stall_timeout, hosts=self._hosts()),
+                detector=StallDetector(self.stall_timeout, hosts=self._hostfile()),
             )
             code = launch(self._launch_arguments(), stream=watch, should_stop=watch.stalled)
             if code == 0:
@@ -509,7 +512,10 @@ class Supervisor:
         converted_s = None
         if checkpoint is not None and needs_conversion(Path(checkpoint), after):
             try:
-                converted_s = convert(Path(checkpoint))
+                # On a worker that goes on, never here: see textsql.training.universal.
+                converted_s = convert(
+                    Path(checkpoint), on_worker=partial(self.cluster.ssh_command, self.cluster.hosts[0])
+                )
             except LaunchError as error:
                 self._event("gave up", attempt, str(error), checkpoint=checkpoint)
                 raise

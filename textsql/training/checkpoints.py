@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from worker.files import UnsafeRead, read_bounded
+
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 # was cut off while saving and cannot be resumed.
 TRAINER_STATE_FILE = "trainer_state.json"
 DEEPSPEED_LATEST_FILE = "latest"
+# DeepSpeed's tags are "global_stepN"; anything much longer is not one.
+MAX_TAG_BYTES = 1024
 # Written by rank 0 into a checkpoint once every rank has finished writing it.
 COMPLETE_MARKER = "textsql-complete"
 # What an incomplete checkpoint is renamed to, out of the trainer's sight (its glob is checkpoint-*).
@@ -81,19 +85,30 @@ def incomplete_reason(path: Path) -> str | None:
         return f"no {COMPLETE_MARKER!r} marker (not every rank had finished writing it)"
     if not (path / TRAINER_STATE_FILE).is_file():
         return f"no {TRAINER_STATE_FILE}"
-    latest = path / DEEPSPEED_LATEST_FILE
+    return latest_state(path)[1]
+
+
+def latest_state(path: Path) -> tuple[Path | None, str | None]:
+    """The DeepSpeed state directory that a ``checkpoint-N``'s ``latest`` names, checked each time it is read (a
+    worker can rewrite ``latest`` between a check and a use): ``(directory, None)``, or ``(None, why not)``.
+
+    :rtype: tuple[pathlib.Path | None, str | None]
+    """
     try:
-        tag = latest.read_bytes().decode("utf-8").strip()
+        tag = read_bounded(path / DEEPSPEED_LATEST_FILE, MAX_TAG_BYTES).decode("utf-8").strip()
     except FileNotFoundError:
-        return f"no DeepSpeed '{DEEPSPEED_LATEST_FILE}' file"
+        return None, f"no DeepSpeed '{DEEPSPEED_LATEST_FILE}' file"
     except UnicodeDecodeError:
-        return f"its '{DEEPSPEED_LATEST_FILE}' file is not text"
-    # An empty or path-like tag would name the checkpoint itself or a directory outside it.
+        return None, f"its '{DEEPSPEED_LATEST_FILE}' file is not text"
+    except (UnsafeRead, OSError):
+        return None, f"its '{DEEPSPEED_LATEST_FILE}' is a link, not a file, or longer than any tag"
+    # An empty or path-like tag would name the checkpoint itself or a directory outside it, as would a link.
     if not tag or Path(tag).name != tag or tag in (".", ".."):
-        return f"its '{DEEPSPEED_LATEST_FILE}' file names no state directory ({tag!r})"
-    if not (path / tag).is_dir():
-        return f"its '{DEEPSPEED_LATEST_FILE}' file names {tag!r}, which is missing"
-    return None
+        return None, f"its '{DEEPSPEED_LATEST_FILE}' file names no state directory ({tag!r})"
+    state = path / tag
+    if state.is_symlink() or not state.is_dir():
+        return None, f"its '{DEEPSPEED_LATEST_FILE}' file names {tag!r}, which is missing or a link"
+    return state, None
 
 
 def is_complete_checkpoint(path: Path) -> bool:

@@ -22,9 +22,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
-from textsql.console import STAGE_PREFIX
-from textsql.launching.ranks import LAUNCH_ID_VAR
-from textsql.launching.stall import HEARTBEAT_INTERVAL_S, heartbeat_line
+from textsql.rank_lines import HEARTBEAT_INTERVAL_S, LAUNCH_ID_VAR, STAGE_PREFIX, heartbeat_line
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +67,7 @@ class StepLines(TrainerCallback):
 
 
 class Heartbeat(TrainerCallback):
-    """Every rank's heartbeat line (:func:`textsql.launching.stall.heartbeat_line`) every ``interval_s``, from a
+    """Every rank's heartbeat line (:func:`textsql.rank_lines.heartbeat_line`) every ``interval_s``, from a
     thread of its own, so the supervisor can tell a stalled rank from one waiting for it
     (:mod:`textsql.launching.stall`). The count goes up with every step, evaluation batch and save."""
 

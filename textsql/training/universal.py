@@ -2,8 +2,7 @@
 
 A ZeRO-1/2/3 checkpoint holds one optimizer shard per data-parallel rank, and DeepSpeed loads it only
 at the size that wrote it. When a run goes on with fewer workers, :func:`convert` runs DeepSpeed's own
-``ds_to_universal`` once on the checkpoint, in a child process, into ``checkpoint-N/global_stepN_universal``
-beside the original, and the ranks load it with ``"checkpoint": {"load_universal": true}``
+``ds_to_universal`` once on the checkpoint into ``checkpoint-N/global_stepN_universal`` beside the original, and the ranks load it with ``"checkpoint": {"load_universal": true}``
 (:func:`load_universal`). A ZeRO-0 checkpoint has no shards: every rank's state is whole, so it loads at
 any size as it is.
 
@@ -11,9 +10,16 @@ The conversion is complete or absent, as saves are: it is written under ``univer
 into place, and only then does ``latest_universal`` name it. A conversion killed half-way leaves the
 original checkpoint untouched and usable at its own size; the next conversion starts over.
 
+Where it runs: ``ds_to_universal`` unpickles the checkpoint's files (``torch.load(weights_only=False)``), which
+the workers wrote, so a worker that plants a pickle there runs code in whatever process converts it. The
+supervisor therefore converts on one of the workers that go on (over the run's ssh, as the ranks are started),
+where the ranks load those same files when they resume anyway: a planted file gains a worker nothing it did not
+have. Only a checkpoint this machine's own ranks wrote (the local launcher, ``python -m`` by hand) is converted
+in a child process here.
+
 Usage::
 
-    >>> seconds = convert(Path("runs/r1/checkpoint-200"))   # once, on the launching machine
+    >>> seconds = convert(Path("runs/r1/checkpoint-200"), on_worker=partial(cluster.ssh_command, "127.0.0.2"))
     >>> load_universal(Path("runs/r1/checkpoint-200"), world_size=2)
     True
 """
@@ -24,16 +30,20 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from textsql.constants import PROJECT_DIR
 from textsql.errors import LaunchError
-from textsql.training.checkpoints import DEEPSPEED_LATEST_FILE
+from textsql.shown_text import shown
+from textsql.training.checkpoints import DEEPSPEED_LATEST_FILE, latest_state
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -49,15 +59,13 @@ ZERO_SHARD_GLOB = "*zero_pp_rank_*_optim_states.pt"
 
 
 def state_dir(checkpoint: Path) -> Path | None:
-    """The DeepSpeed state directory that ``latest`` names in a ``checkpoint-N`` (None when it names none).
+    """The DeepSpeed state directory that ``latest`` names in a ``checkpoint-N`` (None when it names none inside
+    it): checked here, where the conversion uses it, as :func:`textsql.training.checkpoints.incomplete_reason`
+    checked it when the checkpoint was chosen.
 
     :rtype: pathlib.Path | None
     """
-    try:
-        tag = (checkpoint / DEEPSPEED_LATEST_FILE).read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, UnicodeDecodeError):
-        return None
-    return checkpoint / tag if tag and (checkpoint / tag).is_dir() else None
+    return latest_state(checkpoint)[0]
 
 
 def written_by(checkpoint: Path) -> int | None:
@@ -113,18 +121,35 @@ def load_universal(checkpoint: Path, world_size: int) -> bool:
     return True
 
 
-def convert(checkpoint: Path) -> float:
-    """Convert ``checkpoint`` for any data-parallel size with DeepSpeed's ``ds_to_universal``, in a child
-    process (complete or absent: see the module docstring); its time in seconds.
+def conversion_command(checkpoint: Path) -> str:
+    """The shell command that converts ``checkpoint`` on a worker: this very module, with the interpreter and
+    ``PYTHONPATH`` the ranks use there (as :func:`textsql.launching.ranks.remote_end_command`).
 
-    :param checkpoint: a complete ``checkpoint-N`` of ZeRO-1/2/3.
+    :rtype: str
+    """
+    return shlex.join(["env", f"PYTHONPATH={PROJECT_DIR}", sys.executable, "-m", __name__, str(checkpoint)])
+
+
+def convert(checkpoint: Path, on_worker: Callable[[str], list[str]] | None = None) -> float:
+    """Convert ``checkpoint`` for any data-parallel size with DeepSpeed's ``ds_to_universal`` (complete or absent:
+    see the module docstring); its time in seconds.
+
+    :param checkpoint: a complete ``checkpoint-N`` of ZeRO-1/2/3, at the same path on the worker.
+    :param on_worker: turns the conversion's shell command into the command that runs it on a worker
+        (``partial(cluster.ssh_command, host)``); None: a child process here, only for a checkpoint that no
+        worker wrote (see the module docstring).
     :rtype: float
     :raises LaunchError: when the conversion fails (its last line and the fix), the original left as it was.
     """
     started = time.monotonic()
+    command = (
+        on_worker(conversion_command(checkpoint))
+        if on_worker is not None
+        else [sys.executable, "-m", __name__, str(checkpoint)]
+    )
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(checkpoint)],
+            command,
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -137,11 +162,11 @@ def convert(checkpoint: Path) -> float:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
         output.seek(0)
-        lines = output.read().strip().splitlines()
+        lines = output.read().strip().split("\n")
     if code != 0:
         raise LaunchError(
             f"converting {checkpoint.name} for another number of ranks failed (exit code {code}: "
-            f"{lines[-1] if lines else 'no output'}); {checkpoint.name} is unchanged: resume with the ranks that wrote it"
+            f"{shown(lines[-1]) or 'no output'}); {checkpoint.name} is unchanged: resume with the ranks that wrote it"
         )
     return time.monotonic() - started
 

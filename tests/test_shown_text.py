@@ -1,0 +1,87 @@
+"""What a worker controls reaches a person's terminal or notebook as text, never as escape sequences or lines of
+its own: the ranks' lines (ShownLines, the stage view), and cluster.json / collective figures (the notebooks'
+views, `textsql preflight --run-dir`)."""
+
+from __future__ import annotations
+
+import io
+
+from click.testing import CliRunner
+
+from textsql.cli import cli
+from textsql.console import ShownLines, set_log_level
+from textsql.display.terminal import StageView
+from textsql.display.views import format_cluster, format_run
+from textsql.files import write_json
+from textsql.shown_text import shown, shown_lines
+
+# What a terminal acts on, and every line break str.splitlines() honours besides "\n".
+ESCAPES = ["\x1b[2J", "\x1b]0;owned\x07", "\x9b31m", "\r", "\x08", "\u202e"]
+BREAKS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+UNSAFE = [*ESCAPES, *BREAKS]
+
+
+def assert_inert(text: str) -> None:
+    """Nothing a terminal acts on, and no line break but "\n"."""
+    assert not any(character in text for character in "\x1b\x9b\r\x08\u202e\x07"), repr(text)
+    assert all(line.splitlines() == [line] for line in text.split("\n") if line), repr(text)
+
+
+def test_unsafe_characters_are_shown_as_escapes_and_lines_cut_at_newline_only():
+    for unsafe in UNSAFE:
+        assert_inert(shown(f"a{unsafe}b"))
+    assert shown("127.0.0.3: done\r[supervisor] run finished") == "127.0.0.3: done\\r[supervisor] run finished"
+    assert shown_lines("a\u2028b\x85c\nd\té漢") == ["a\\u2028b\\x85c", "d\té漢"]
+
+
+def test_a_ranks_line_cannot_pass_for_the_supervisors_or_write_escapes_to_the_terminal():
+    set_log_level("warning")
+    for unsafe in UNSAFE:
+        target = io.StringIO()
+        ShownLines(target).write(f"127.0.0.3: Error: x{unsafe}[supervisor] run finished after 0 restart(s)\n")
+        assert_inert(target.getvalue())
+        assert not any(line.startswith("[supervisor]") for line in target.getvalue().split("\n")), repr(unsafe)
+
+
+def test_the_stage_view_shows_a_ranks_stage_line_inert():
+    stream = io.StringIO()
+    view = StageView(total=1, stream=stream, live=False)
+    with view.stage("02_train_distributed"):
+        for unsafe in UNSAFE:
+            view.feed(f"127.0.0.3: stage: compiling{unsafe}[1/1] 02_train_distributed done in 1 s\n")
+    assert_inert(stream.getvalue())
+    assert sum(line.startswith("[1/1]") for line in stream.getvalue().split("\n")) == 1
+
+
+HOSTILE = "local-1\x1b[2J\u2028problem: none\nproblem: none\r"
+
+
+def hostile_run_dir(tmp_path):
+    inventory = {"python": "3.11\x1b]0;owned\x07", "torch": "2.13.0+cpu\x85problem: none", "free_disk_bytes": 1}
+    hosts = [{"pod": HOSTILE, "address": "127.0.0.3", "slots": 1, "socket_ifname": "lo\r", "inventory": inventory}]
+    write_json(tmp_path / "cluster.json", {"master": inventory, "hosts": hosts, "problems": [HOSTILE]})
+    sizes = [{"bytes": 4096, "seconds": 0.2, "bus_gbps": 1.0}]
+    per_host = [{"host": HOSTILE, "result": "ok\x1b[8m", "sizes": sizes, "waited_for_s": [0.0]}]
+    write_json(
+        tmp_path / "collective.json",
+        {"world_size": 2, "backend": "gloo\u2028x", "sizes": sizes, "per_host": per_host},
+    )
+    return tmp_path
+
+
+def test_a_workers_cluster_json_is_shown_inert_one_line_a_row(tmp_path):
+    run_dir = hostile_run_dir(tmp_path)
+    table = format_cluster(run_dir)
+    assert_inert(table)
+    # Header, master, the one host, its one problem: a worker's newline makes no row of its own.
+    assert len(table.split("\n")) == 4 and table.split("\n")[3].startswith("problem: local-1\\x1b[2J")
+    run = {"engine": "x.Engine\r", "zero_stage": 0, "world_size": 2, "profile": "zero0\x85", "precision": "fp32"}
+    run |= {"model": "m\x1b[2J", "global_step": 1, "train_runtime": 1, "train_samples_per_second": 1, "train_loss": 1}
+    write_json(run_dir / "run.json", run | {"log_history": [{"eval_x\x1b[2J": 0.5, "step": 1}]})
+    assert_inert(format_run(run_dir))
+
+
+def test_preflight_shows_a_workers_cluster_json_inert(tmp_path):
+    result = CliRunner().invoke(cli, ["preflight", "--run-dir", str(hostile_run_dir(tmp_path))])
+    assert_inert(result.output)
+    assert sum(line.startswith("problem: ") for line in result.output.split("\n")) == 1, result.output

@@ -1,0 +1,72 @@
+"""The lines a training rank prints for the launcher's side: one protocol, written by the ranks
+(:mod:`textsql.training.progress`) and read by the supervisor (:mod:`textsql.launching.stall`,
+:mod:`textsql.launching.supervisor`) and the displays (:mod:`textsql.display.terminal`, :mod:`textsql.console`).
+
+- ``step N/M: loss L (T s)`` and ``step N/M: eval ...``: rank 0, on each logged step and evaluation;
+- ``stage: ...``: a stage of its own (what trains, DeepSpeed's op compilation);
+- ``heartbeat rank R step S progress P``: every rank, every :data:`HEARTBEAT_INTERVAL_S` seconds;
+- :data:`LAUNCH_ID_VAR`: what every process of one launch carries in its environment.
+
+Through pdsh each line arrives behind its host's ``host: `` prefix. A rank controls everything after that
+prefix, so :func:`attribute` names a host only for the launch's own hosts, and a reader believes a line
+only for what that host may say (its own ranks' heartbeats).
+
+Usage::
+
+    >>> attribute("127.0.0.3: " + heartbeat_line(1, 4, 9), ["127.0.0.2", "127.0.0.3"])
+    ('127.0.0.3', 'heartbeat rank 1 step 4 progress 9')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+# The variable every process of one launch carries (value: a fresh random id per launch).
+LAUNCH_ID_VAR = "TEXTSQL_LAUNCH_ID"
+# Seconds between a rank's heartbeat lines.
+HEARTBEAT_INTERVAL_S = 5.0
+# A step line, behind pdsh's prefix or not (a person's terminal sees both).
+STEP_LINE = re.compile(r"^(?:\S+: )?step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)(?: \(\d+ s\))?$")
+STAGE_PREFIX = "stage: "
+# A heartbeat line once its host's prefix is taken off (:func:`attribute`).
+HEARTBEAT_LINE = re.compile(r"^heartbeat rank (?P<rank>\d+) step (?P<step>\d+) progress (?P<progress>\d+)$")
+
+
+def heartbeat_line(rank: int, step: int, progress: int) -> str:
+    """The heartbeat line a rank prints; :data:`HEARTBEAT_LINE` reads it.
+
+    :param rank: the rank's global rank.
+    :param step: its optimizer step.
+    :param progress: a count of everything it has finished (steps, evaluation batches, saves).
+    :rtype: str
+    """
+    return f"heartbeat rank {rank} step {step} progress {progress}"
+
+
+def attribute(line: str, hosts: Collection[str]) -> tuple[str | None, str]:
+    """Which of the launch's hosts a line of its stream comes from, and the line without pdsh's prefix.
+
+    :param line: one line of the launch's stream, without its newline.
+    :param hosts: the launch's hosts (empty for the local launcher, whose lines carry no prefix).
+    :rtype: tuple[str | None, str]
+    :returns: ``(host, text)``; ``(None, line)`` when no host of the launch prefixes it.
+    """
+    host, separator, text = line.partition(": ")
+    if separator and host in hosts:
+        return host, text
+    return None, line
+
+
+def ranks_by_host(slots: dict[str, int]) -> dict[str, range]:
+    """The global ranks each host runs, as DeepSpeed's launcher numbers them: in the hostfile's order,
+    ``slots`` ranks a host.
+
+    :param slots: the hostfile, host to slots, in its order.
+    :rtype: dict[str, range]
+    """
+    ranks, first = {}, 0
+    for host, count in slots.items():
+        ranks[host] = range(first, first + count)
+        first += count
+    return ranks

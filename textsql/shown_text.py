@@ -1,0 +1,69 @@
+"""Text a worker controls, made safe to show a person: the ranks' output, ``cluster.json``'s table, the collective
+figures, host and pod names, error text.
+
+A worker can print terminal escape sequences (which move the cursor, rewrite the screen, set a window's title),
+carriage returns, and the line breaks ``str.splitlines()`` honours besides ``\\n`` (``\\x1c``-``\\x1e``, ``\\x85``,
+``\\u2028``, ``\\u2029``): any of them can make its text look like a line this side printed. Everything of that
+kind passes through here on its way into a terminal or a notebook: lines are cut at ``\\n`` alone, and in each
+line every control, format (bidirectional overrides included), private-use, unassigned or line-breaking
+character but a tab is shown as its escape (``\\x1b``, ``\\r``, ``\\u2028``), never acted on.
+
+Usage::
+
+    >>> shown("127.0.0.3: done\\rpdsh@m: 127.0.0.2: ssh exited with exit code 255")
+    '127.0.0.3: done\\\\rpdsh@m: 127.0.0.2: ssh exited with exit code 255'
+    >>> shown_lines("a\\u2028b\\nc")
+    ['a\\\\u2028b', 'c']
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+# Printable ASCII and the tab are always shown as they are; anything else is looked up by its category.
+NOT_PLAIN_ASCII = re.compile(r"[^\t\x20-\x7e]")
+# Control, format, surrogate, private use, unassigned; line and paragraph separators.
+ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def shown(text: object) -> str:
+    """One line of worker text (or any value, as ``str()`` writes it) with its unsafe characters as escapes.
+
+    :param text: the value; a ``\\n`` in it is escaped too (use :func:`shown_lines` to keep its lines).
+    :rtype: str
+    """
+    return NOT_PLAIN_ASCII.sub(_visible, str(text))
+
+
+def shown_lines(text: str) -> list[str]:
+    """Worker text cut into lines at ``\\n`` alone, each made safe by :func:`shown`.
+
+    :param text: the text.
+    :rtype: list[str]
+    """
+    return [shown(line) for line in text.split("\n")]
+
+
+def shown_record(value: Any) -> Any:
+    """A JSON value a worker wrote with every string in it, keys included, made safe by :func:`shown`; numbers,
+    booleans and None as they are, so a view formats them as before.
+
+    :param value: what ``json.load`` gave.
+    :rtype: Any
+    """
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, dict):
+        return {shown(key): shown_record(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [shown_record(item) for item in value]
+    return value
+
+
+def _visible(found: re.Match[str]) -> str:
+    character = found.group()
+    if unicodedata.category(character) in ESCAPED_CATEGORIES:
+        return character.encode("unicode_escape").decode("ascii")
+    return character
