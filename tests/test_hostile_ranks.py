@@ -10,7 +10,8 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from test_launch import HOSTS, PROJECT_DIR
+from helpers.launch import HOSTS
+from helpers.paths import PROJECT_DIR
 
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
