@@ -37,11 +37,14 @@ exec > >(tee "$out/device.log") 2>&1
 
 "$python" - <<'EOF' || fail "$python has no torch: this script keeps the machine's own torch and carries none; set PYTHON to the interpreter that has it"
 import platform
+import shutil
 
 import torch
 
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CUDA not available)"
 print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}, GPU {gpu}")
+# torch.compile's Triton builds its launchers with the system's C compiler: without one the defaults' arm fails.
+print(f"C compiler: {shutil.which('cc') or shutil.which('gcc') or 'none'}")
 EOF
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
