@@ -15,10 +15,10 @@ step (:class:`bench.steps.StepClock`): compilation and recompilation for new bat
 ``slowest_step_s`` beside ``median_step_s`` shows one that did not. MFU counts each sample's FLOPs at the lengths
 it trains at, the full output layer included (:mod:`bench.flops`); peak memory is torch's high-water mark of
 allocated CUDA memory (on a CPU, peak RSS). One JSON (``gpu_quick.json`` in ``--out``), written after each arm,
-and a table on stdout.
+with ``process_wall_s`` (from the process's start) at the end, and a table on stdout.
 
-Time from a cold process on one H100, estimated (no GPU was lent while it was written; ``wall_s`` in the JSON
-says what it took): imports and preparing the data about 30 s (measured on CPUs: preparing the sample and
+Time from a cold process on one H100, estimated (no GPU was lent while it was written; ``process_wall_s`` in the
+JSON says what it took): imports and preparing the data about 30 s (measured on CPUs: preparing the sample and
 resampling 56,355 questions take seconds); the old recipe about 30 s (230 steps at the 62-63 ms a step of
 DESIGN.md's H100 run, 508 samples/s at batch 32, plus CUDA start-up); the defaults about 2-3 minutes:
 launcher and rank start-up and DeepSpeed's set-up about 30 s, torch.compile of t5-small's training step about a
@@ -201,7 +201,7 @@ def run(
             f"one {load.device_name}; model {load.model_label}; {result['data']}; "
             f"both arms {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
             f"{sizes.steps} (StepClock in the training process); MFU against the peak {load.peak} FLOP/s; wall_s "
-            "from after the bench's imports and data preparation"
+            "from the start of the figure (after the imports and preparing the sample; process_wall_s counts them)"
         ),
     }
     save(result)
