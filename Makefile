@@ -10,7 +10,7 @@ DEV_STAMP := $(VENV)/.setup-dev-stamp
 # ninja (the pinned one) builds DeepSpeed's ops, so the cached build is never invalidated by another.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup setup-dev demo test test-fast bench clean
+.PHONY: setup setup-dev demo test test-fast bench bench-gpu gpu-wheels clean
 
 setup: $(STAMP)
 	@scripts/setup-system.sh
@@ -38,6 +38,28 @@ test-fast: setup-dev
 
 bench: setup
 	$(BIN)/python -m bench
+
+# The short GPU comparison (bench/gpu_quick.py): about 3-4 minutes on one H100; bench/gpu_quick.json and a table.
+bench-gpu: setup
+	$(BIN)/python -m bench gpu-quick
+
+# What bench/device.sh installs on a lent GPU machine, downloaded here (bench/gpu-wheels.txt) for the Pythons it
+# may have: the device tool carries bench/wheels/ (64 MiB at most) beside the tree. Never torch: the machine's stays.
+GPU_WHEELS := bench/wheels
+GPU_PYTHONS := 3.11 3.12
+GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux_2_5_x86_64 manylinux1_x86_64
+GPU_WHEELS_MAX_MIB := 64
+
+gpu-wheels: setup
+	@mkdir -p $(GPU_WHEELS)
+	cd bench && for version in $(GPU_PYTHONS); do \
+		DS_BUILD_OPS=0 ../$(BIN)/python -m pip download -q --no-deps --no-build-isolation --only-binary=:all: \
+			--no-binary=deepspeed --python-version $$version $(addprefix --platform ,$(GPU_PLATFORMS)) \
+			-d wheels -r gpu-wheels.txt || exit 1; \
+	done
+	@size=$$(du -sm $(GPU_WHEELS) | cut -f1); ls $(GPU_WHEELS) | wc -l | xargs echo "$(GPU_WHEELS): $$size MiB, files:"; \
+	test $$size -lt $(GPU_WHEELS_MAX_MIB) || { echo "$(GPU_WHEELS) is $$size MiB, over the $(GPU_WHEELS_MAX_MIB) MiB the device tool carries: drop a Python from GPU_PYTHONS"; exit 1; }
 
 clean:
 	rm -rf runs .pytest_cache

@@ -2,6 +2,8 @@
 
 ``--only train,infer`` re-measures some figures and keeps the others from the existing results.json;
 ``--smoke`` runs at the smallest sizes that still exercise each code path (for tests/test_bench.py).
+``python -m bench gpu-quick`` (``make bench-gpu``) runs alone: the short GPU comparison of :mod:`bench.gpu_quick`,
+written to ``gpu_quick.json`` in ``--out`` and printed as a table.
 """
 
 from __future__ import annotations
@@ -14,10 +16,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import gpu, inference, profiles, recovery, rendezvous, startup, tokenization, train_padding
+import psutil
+
+from bench import (
+    gpu,
+    gpu_quick,
+    inference,
+    profiles,
+    recovery,
+    rendezvous,
+    startup,
+    step_ops,
+    tokenization,
+    train_padding,
+)
+from bench.fullscale import prepare_data
 from bench.machine import describe_machine, releases
+from bench.ours import available
 from bench.report import PROFILES_KEY, write
-from textsql.files import read_json
+from textsql.files import read_json, write_json
 
 logger = logging.getLogger("bench")
 
@@ -44,7 +61,7 @@ SMOKE = {
     "profiles": profiles.Sizes(profiles=("zero0",), steps=2, skip_steps=1, batch_size=2, repetitions=1, warmup=0),
     "startup": startup.Sizes(repetitions=1, warmup=0),
     "recovery": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
-    "ops": gpu.OpsSizes(steps=2, tiny_model=True),
+    "ops": step_ops.OpsSizes(steps=2, tiny_model=True),
     # Full-scale data, the tiny T5 and a few steps: every part runs, on the CPU in a few minutes.
     "shrink": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(
@@ -72,7 +89,7 @@ FULL = {
     "profiles": profiles.Sizes(),
     "startup": startup.Sizes(),
     "recovery": recovery.Sizes(),
-    "ops": gpu.OpsSizes(),
+    "ops": step_ops.OpsSizes(),
     "shrink": recovery.Sizes(steps=6, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(),
 }
@@ -98,11 +115,11 @@ def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, sav
     if name == "recovery":
         return {"recovery_local_downtime_s": recovery.run(data_dir, work, sizes)}
     if name == "ops":
-        return {"step_ops": gpu.run_step_ops(prepare_data(work, "schema"), work, sizes)}
+        return {"step_ops": step_ops.run_step_ops(prepare_data(work, "schema"), work, sizes)}
     if name == "shrink":
         return {"recovery_shrink_downtime_s": recovery.run_shrink(data_dir, work, sizes)}
     if name == "gpu":
-        device = device or ("cuda" if gpu.available() else None)
+        device = device or ("cuda" if available() else None)
         if device is None:
             logger.info("gpu: no CUDA device here, section skipped (results.json keeps any earlier one)")
             return {}
@@ -114,18 +131,31 @@ def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, sav
     return {"startup_to_first_step_s": startup.run(data_dir, work, sizes)}
 
 
-def prepare_data(work: Path, input_format: str = "question") -> str:
-    """The shipped sample prepared in ``input_format``: the seed's question-only form (the padding and inference
-    figures' data), or ``schema`` (what training uses by default: the GPU section's and op counts' data).
+def measure_gpu_quick(sizes: gpu_quick.QuickSizes, device: str, out: Path, work: Path | None) -> int:
+    """Run :mod:`bench.gpu_quick`, write its JSON (with the machine and releases) into ``out`` after each arm, and
+    print its table.
 
-    :rtype: str
+    :rtype: int
     """
-    from textsql.data.prepare import prepare
-
-    out = work / ("data" if input_format == "question" else f"data-{input_format}")
-    if not out.exists():
-        prepare(out=str(out), input_format=input_format)
-    return str(out)
+    path = out / gpu_quick.RESULT_NAME
+    out.mkdir(parents=True, exist_ok=True)
+    where = {
+        "machine": describe_machine(),
+        "releases": releases(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+    with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
+        work = work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        result = gpu_quick.run(
+            prepare_data(work, "schema"), work, sizes, device, save=lambda result: write_json(path, {**result, **where})
+        )
+    # From a cold process, imports and data preparation included: what a device lease pays.
+    where["process_wall_s"] = round(time.time() - psutil.Process().create_time(), 1)
+    write_json(path, {**result, **where})
+    print(gpu_quick.table(result))
+    print(f"{where['process_wall_s']} s since the process started; wrote {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     :rtype: int
     """
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("figures", nargs="*", help=f"figures to measure among {', '.join(FIGURE_NAMES)} (default: all)")
+    parser.add_argument(
+        "figures",
+        nargs="*",
+        help=f"figures to measure among {', '.join(FIGURE_NAMES)} (default: all), or {gpu_quick.COMMAND} alone",
+    )
     parser.add_argument("--only", help="the same as comma-separated figures")
     parser.add_argument(
         "--device",
@@ -151,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chosen = [*args.figures, *(args.only.split(",") if args.only else [])]
     names = tuple(name.strip() for name in chosen) or FIGURE_NAMES
-    unknown = [name for name in names if name not in FIGURE_NAMES]
+    unknown = [name for name in names if name not in (*FIGURE_NAMES, gpu_quick.COMMAND)]
     if unknown:
         parser.error(f"unknown figure {unknown[0]!r}; pass --only with some of {', '.join(FIGURE_NAMES)}")
     logging.basicConfig(
@@ -159,6 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("worker", "tensorboard", "textsql", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    if gpu_quick.COMMAND in names:
+        if len(names) > 1:
+            parser.error(f"{gpu_quick.COMMAND} runs alone; measure the other figures in another call")
+        sizes = gpu_quick.SMOKE if args.smoke else gpu_quick.QuickSizes()
+        try:
+            device = sizes.device(args.device)
+        except ValueError as error:
+            parser.error(str(error))
+        return measure_gpu_quick(sizes, device, args.out, args.work)
 
     results_path = args.out / "results.json"
     results = read_json(results_path) if chosen and results_path.is_file() else {}

@@ -44,6 +44,10 @@ PEAK_BF16_FLOPS = {
 # A CPU has no data-sheet peak here: the smoke run's stand-in is cores x 2 GHz x 32 fp32 FLOP a cycle
 # (two AVX2 FMA units), a round nominal figure so the MFU code path runs, not a measurement.
 CPU_FLOPS_PER_CORE = 2.0e9 * 32
+FLOP_CONVENTION = (
+    "6 x (N_enc x L_enc + N_dec x L_dec) + attention scores, per sample at the unpadded lengths it trains at, the "
+    "full-vocabulary output layer included (bench/flops.py)"
+)
 
 
 @dataclass(frozen=True)

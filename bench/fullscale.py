@@ -41,3 +41,17 @@ def full_scale(
     resampled.save_to_disk(str(target))
     logger.info("%d training questions resampled from %d into %s", questions, len(train), target)
     return target
+
+
+def prepare_data(work: Path, input_format: str = "question") -> str:
+    """The shipped sample prepared in ``input_format``: the seed's question-only form (the padding and inference
+    figures' data), or ``schema`` (what training uses by default: the GPU figures' and op counts' data).
+
+    :rtype: str
+    """
+    from textsql.data.prepare import prepare
+
+    out = work / ("data" if input_format == "question" else f"data-{input_format}")
+    if not out.exists():
+        prepare(out=str(out), input_format=input_format)
+    return str(out)

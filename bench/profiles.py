@@ -1,8 +1,8 @@
 """Per DeepSpeed profile on 2 CPU ranks: samples/s and peak resident memory per rank, as ratios to zero0,
 next to what ``textsql estimate`` predicts.
 
-Each profile trains a model of t5-small's shape (random weights from
-``../shared/data/t5/t5-small.config.json``, the real T5 vocabulary) for a few steps through
+Each profile trains a model of t5-small's shape (random weights from the config shipped in
+``textsql/assets/t5-small``, the real T5 vocabulary) for a few steps through
 ``textsql.launching.launch.launch`` with DeepSpeed's own launcher (``--launcher local``, 2 ranks, gloo). The ranks
 run :mod:`bench.rank_probe`, which runs ``textsql.training.train`` and records its peak RSS at exit; samples/s
 comes from the wall times of the per-step loss events in the run's TensorBoard files.
@@ -21,7 +21,7 @@ import datasets
 from bench.events import samples_per_second, step_wall_times
 from bench.rank_probe import PROBE_DIR_VAR
 from textsql.arguments import train_argv
-from textsql.constants import DEFAULT_MODEL_DIR, PROJECT_DIR
+from textsql.constants import ASSETS_DIR, DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.launch import launch
@@ -32,7 +32,8 @@ from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
-T5_SMALL_CONFIG = PROJECT_DIR.parent / "shared" / "data" / "t5" / "t5-small.config.json"
+# In the package, so the bench runs from a checkout alone (a GPU machine, the image): see its NOTICE.
+T5_SMALL_CONFIG = ASSETS_DIR / "t5-small" / "config.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json")
 RANKS = 2
 GIB = 1024**3

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
+import statistics
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -113,6 +115,25 @@ def timed_window(record: dict, skip: int) -> tuple[int, float]:
             "run at least one step more than the warm-up (bench Sizes: warmup_steps >= 1, timed_steps >= 1)"
         )
     return len(ended) - skip, ended[-1] - ended[skip - 1]
+
+
+def step_times(record: dict, skip: int) -> dict:
+    """How long the warm-up took (from the first step's start: compilation falls here) and the median and slowest
+    step of the timed window (end to end, so loading the next batch counts), in seconds.
+
+    :param record: :meth:`StepClock.record`, as for :func:`timed_window`.
+    :rtype: dict
+    """
+    steps, _ = timed_window(record, skip)
+    ended = record["step_ended"][skip - 1 : skip + steps]
+    durations = [later - earlier for earlier, later in itertools.pairwise(ended)]
+    return {
+        "warmup_steps": skip,
+        "timed_steps": steps,
+        "warmup_s": round(ended[0] - record["step_began"][0], 3),
+        "median_step_s": round(statistics.median(durations), 4),
+        "slowest_step_s": round(max(durations), 4),
+    }
 
 
 def training_seconds_to(record: dict, target: float) -> float | None:

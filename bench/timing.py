@@ -52,3 +52,11 @@ def ratio(numerator: list[float], denominator: list[float], digits: int = 2) -> 
     :rtype: float
     """
     return round(statistics.median(numerator) / statistics.median(denominator), digits)
+
+
+def rounded(value: float | None, digits: int = 4) -> float | None:
+    """``value`` rounded, or ``None`` (a figure that could not be measured) as it is.
+
+    :rtype: float | None
+    """
+    return None if value is None else round(value, digits)

@@ -1,0 +1,235 @@
+"""``python -m bench gpu-quick`` (``make bench-gpu``): the old recipe against the defaults on t5-small, sized for a
+short device lease.
+
+Both arms train a model of t5-small's shape (``textsql/assets/t5-small``, random weights) on WikiSQL-shaped data
+(:mod:`bench.fullscale`) with the full-vocabulary loss, for ``warmup_steps + timed_steps`` steps (30 + 200):
+
+- the old recipe (:mod:`bench.old_recipe`) in this process: eager, fp32, batch 32 padded to 96, plain AdamW;
+- the defaults (:mod:`bench.ours`): ``textsql launch`` on 1 rank with no flag but ``--loss_vocabulary full``
+  and ``--report_to none`` (TensorBoard's package is not carried to a lent GPU machine; the run logs every 10
+  steps either way), so on CUDA the profile ``auto`` picks, bf16, torch.compile, fused AdamW, TF32 and the
+  token budget for the GPU's memory.
+
+Samples/s is taken inside each training process between the end of the last warm-up step and the end of the last
+step (:class:`bench.steps.StepClock`): compilation and recompilation for new batch shapes fall in the warm-up;
+``slowest_step_s`` beside ``median_step_s`` shows one that did not. MFU counts each sample's FLOPs at the lengths
+it trains at, the full output layer included (:mod:`bench.flops`); peak memory is torch's high-water mark of
+allocated CUDA memory (on a CPU, peak RSS). One JSON (``gpu_quick.json`` in ``--out``), written after each arm,
+with ``process_wall_s`` (from the process's start) at the end, and a table on stdout.
+
+Time from a cold process on one H100, estimated (no GPU was lent while it was written; ``process_wall_s`` in the
+JSON says what it took): imports and preparing the data about 30 s (measured on CPUs: preparing the sample and
+resampling 56,355 questions take seconds); the old recipe about 30 s (230 steps at the 62-63 ms a step of
+DESIGN.md's H100 run, 508 samples/s at batch 32, plus CUDA start-up); the defaults about 2-3 minutes:
+launcher and rank start-up and DeepSpeed's set-up about 30 s, torch.compile of t5-small's training step about a
+minute and each recompilation for new batch shapes as much again (dynamo marks the changing dimensions dynamic
+at the first, so one or two), 230 steps of at most the 62 ms a launch-bound step took eager, and writing the
+model. About 3-4 minutes in all, within the 5 the lease allows it; a compile much slower than this shows in
+``warmup_s``.
+
+``--device cpu --smoke`` runs the same code with the embedded small T5, a few steps and a small token budget
+(tests/test_bench_gpu.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.flops import FLOP_CONVENTION, mfu
+from bench.fullscale import WIKISQL_TRAIN_QUESTIONS
+from bench.old_recipe import LOSS_VOCABULARY, OLD_BATCH, mean_sample_flops, old_recipe, trained_examples
+from bench.old_recipe import label as old_label
+from bench.ours import available, launch_ours, peak_memory, probe_record, run_summary, step_samples, throughput
+from bench.steps import StepClock, step_times, timed_window
+from bench.timing import rounded
+from bench.workload import Workload, versions
+from textsql.training.hardware import device_facts, fast_defaults
+
+logger = logging.getLogger(__name__)
+
+COMMAND = "gpu-quick"
+RESULT_NAME = "gpu_quick.json"
+GIB = 1024**3
+ARMS = ("old_recipe", "defaults")
+# What every arm records; tests/test_bench_gpu.py checks them after a smoke run.
+ARM_KEYS = (
+    "label",
+    "samples_per_s",
+    "mfu_real_tokens",
+    "peak_memory_gib",
+    "memory_measure",
+    "loss_vocabulary",
+    "warmup_steps",
+    "timed_steps",
+    "warmup_s",
+    "median_step_s",
+    "slowest_step_s",
+    "wall_s",
+)
+
+
+@dataclass(frozen=True)
+class QuickSizes:
+    """How much work ``gpu-quick`` does."""
+
+    # Left out of samples/s: the first compilation and the recompilations for new token-budget batch shapes.
+    warmup_steps: int = 30
+    timed_steps: int = 200
+    questions: int = WIKISQL_TRAIN_QUESTIONS
+    tiny_model: bool = False  # the embedded small T5 instead of t5-small's shape
+    old_batch: int = OLD_BATCH  # the old recipe's batch (smaller only in the smoke run)
+    token_budget: int | None = None  # None: the defaults' own for the GPU (textsql.training.hardware)
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 1 or self.timed_steps < 1:
+            raise ValueError(f"warmup_steps and timed_steps must be >= 1, got {self.warmup_steps}, {self.timed_steps}")
+
+    def device(self, asked: str | None) -> str:
+        """The device to run on: ``asked``, else CUDA where present.
+
+        :raises ValueError: no CUDA and none asked, or a full-size run on the CPU (the defaults have no token
+            budget there), naming the fix.
+        :rtype: str
+        """
+        device = asked or ("cuda" if available() else None)
+        if device is None or (device == "cpu" and self.token_budget is None):
+            raise ValueError(f"{COMMAND} at full size needs a CUDA GPU; pass --device cpu --smoke to rehearse it here")
+        return device
+
+    @property
+    def steps(self) -> int:
+        """Steps each arm trains.
+
+        :rtype: int
+        """
+        return self.warmup_steps + self.timed_steps
+
+
+# A few steps of the tiny T5 on 4,000 questions: every code path, in minutes on two shared CPU cores.
+SMOKE = QuickSizes(warmup_steps=1, timed_steps=2, questions=4000, tiny_model=True, old_batch=4, token_budget=2048)
+
+
+def run(
+    data_dir: str,
+    work: Path,
+    sizes: QuickSizes = QuickSizes(),
+    device: str = "cuda",
+    save: Callable[[dict], None] = lambda result: None,
+) -> dict:
+    """Both arms; ``save`` gets the result so far after each.
+
+    :param data_dir: a ``textsql prepare`` output in schema form.
+    :param device: ``cuda``, or ``cpu`` with a ``token_budget`` (:meth:`QuickSizes.device`).
+    :rtype: dict
+    """
+    started = time.monotonic()
+    sizes.device(device)
+    chosen = fast_defaults(device_facts())
+    load = Workload.build(data_dir, work, device, sizes.tiny_model, sizes.questions)
+    result: dict = {
+        "figure": COMMAND,
+        "device": load.device_name,
+        "versions": versions(),
+        "model": load.model_label,
+        "data": load.describe_data(),
+        "peak_flops": load.peak,
+        "flop_convention": FLOP_CONVENTION,
+        "arms": {},
+    }
+
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-quick-old-") as output:
+        old = old_recipe(load.model, load.data, Path(output), StepClock(), sizes.steps, device, sizes.old_batch)
+    steps, seconds = timed_window(old, sizes.warmup_steps)
+    old_rate = steps * sizes.old_batch / seconds
+    old_flops = mean_sample_flops(load.shape, trained_examples(load.data, sizes.steps, sizes.old_batch))
+    result["arms"]["old_recipe"] = {
+        "label": old_label(sizes.old_batch),
+        "samples_per_s": round(old_rate, 2),
+        "mfu_real_tokens": rounded(mfu(old_rate * old_flops, 1.0, load.peak)),
+        "peak_memory_gib": round(old["peak_memory_bytes"] / GIB, 3),
+        "memory_measure": old["memory_measure"],
+        "loss_vocabulary": LOSS_VOCABULARY,
+        **step_times(old, sizes.warmup_steps),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    save(result)
+
+    launched = time.monotonic()
+    run_dir = launch_ours(
+        work,
+        "gpu-quick-defaults",
+        load.model,
+        load.data,
+        max_steps=sizes.steps,
+        eval_strategy="no",
+        report_to="none",
+        max_tokens_per_batch=sizes.token_budget,
+    )
+    summary, record = run_summary(run_dir), probe_record(run_dir)
+    budget = summary["token_budget"]["max_tokens_per_batch"]
+    samples, flops = throughput(record, step_samples(load.lengths, budget, load.shape, sizes.steps), sizes.warmup_steps)
+    memory, measure = peak_memory(record)
+    compiled = chosen.get("torch_compile", False)
+    result["arms"]["defaults"] = {
+        "label": (
+            f"defaults: textsql launch --ranks 1, profile {summary['profile']} ({summary['profile_chosen_by']}), "
+            f"{summary['precision']}, {'torch.compile' if compiled else 'eager'}, {chosen['optim']}, token budget "
+            f"{budget}, --loss_vocabulary {LOSS_VOCABULARY}, --report_to none"
+        ),
+        "samples_per_s": round(samples, 2),
+        "mfu_real_tokens": rounded(mfu(flops, 1.0, load.peak)),
+        "peak_memory_gib": round(memory / GIB, 3),
+        "memory_measure": measure,
+        "loss_vocabulary": summary["loss_vocabulary"],
+        **step_times(record, sizes.warmup_steps),
+        "wall_s": round(time.monotonic() - launched, 1),
+        "profile": summary["profile"],
+        "precision": summary["precision"],
+        "torch_compile": compiled,
+        "token_budget": budget,
+    }
+    result |= {
+        "value": round(samples / old_rate, 2),
+        "unit": "x (samples/s of the defaults / the old recipe's, same device, same run)",
+        "wall_s": round(time.monotonic() - started, 1),
+        "method": (
+            f"one {load.device_name}; model {load.model_label}; {result['data']}; "
+            f"both arms {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
+            f"{sizes.steps} (StepClock in the training process); MFU against the peak {load.peak} FLOP/s; wall_s "
+            "from the start of the figure (after the imports and preparing the sample; process_wall_s counts them)"
+        ),
+    }
+    save(result)
+    return result
+
+
+def table(result: dict) -> str:
+    """The result as a markdown table, one row an arm, and the ratio below it.
+
+    :rtype: str
+    """
+    versions = result["versions"]
+    lines = [
+        f"gpu-quick on {result['device']} (torch {versions['torch']}, CUDA {versions['cuda']}), model {result['model']}",
+        "",
+        "| arm | samples/s | MFU | peak memory GiB | loss vocabulary | warm-up s | median step s | slowest step s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ARMS:
+        arm = result["arms"].get(name)
+        if arm is None:
+            continue
+        share = "n/a" if arm["mfu_real_tokens"] is None else f"{arm['mfu_real_tokens']:.2%}"
+        lines.append(
+            f"| {name} | {arm['samples_per_s']} | {share} | {arm['peak_memory_gib']} | {arm['loss_vocabulary']} | "
+            f"{arm['warmup_s']} | {arm['median_step_s']} | {arm['slowest_step_s']} |"
+        )
+    lines += ["", *(f"- {name}: {result['arms'][name]['label']}" for name in ARMS if name in result["arms"])]
+    if "value" in result:
+        lines += ["", f"defaults / old recipe: {result['value']}x samples/s; {result['wall_s']} s in all"]
+    return "\n".join(lines)
