@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 PACKAGES = ("textsql", "worker")
-EXTRAS = ("notebooks", "kubernetes")
+EXTRAS = ("notebooks", "kubernetes", "tracking")
 PYPROJECT = tomllib.loads((PROJECT_DIR / "pyproject.toml").read_text())["project"]
 NOTEBOOKS = sorted((PROJECT_DIR / "notebooks").glob("*.ipynb"))
 
@@ -40,6 +40,7 @@ def imported_distributions() -> dict[str, set[str]]:
     """The installed distributions the package's modules import at run time, each with the modules importing it
     (imports under ``if TYPE_CHECKING:`` excluded: they never run)."""
     owners = importlib.metadata.packages_distributions()
+    wanted = declared()
     found: dict[str, set[str]] = {}
     for package in PACKAGES:
         for path in (PROJECT_DIR / package).rglob("*.py"):
@@ -63,7 +64,10 @@ def imported_distributions() -> dict[str, set[str]]:
                     top = name.split(".")[0]
                     if top in sys.stdlib_module_names or top in PACKAGES:
                         continue
-                    for distribution in owners.get(top, [f"<not installed: {top}>"]):
+                    # A module several distributions install (mlflow's: mlflow, mlflow-skinny, mlflow-tracing)
+                    # is declared through any one of them.
+                    owning = owners.get(top, [f"<not installed: {top}>"])
+                    for distribution in [name for name in owning if canonicalize_name(name) in wanted] or owning:
                         found.setdefault(canonicalize_name(distribution), set()).add(str(path.relative_to(PROJECT_DIR)))
     return found
 

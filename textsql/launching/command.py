@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
+from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR, TRACKING_PREFIX
 from textsql.errors import LaunchError
 from textsql.launching.ranks import LAUNCH_ID_VAR
 from worker.constants import SOCKET_IFNAME_VARS
@@ -239,6 +239,11 @@ def check_env_entry(key: str, value: str) -> None:
     """
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         raise LaunchError(f"environment name {key!r} is not a shell variable name; pass --env NAME=VALUE")
+    if key.startswith(TRACKING_PREFIX):
+        raise LaunchError(
+            f"{key!r} goes on pdsh's command line from .deepspeed_env; set it in the launching environment "
+            "instead: MLflow's variables reach the logging rank in a 0600 file (textsql.launching.tracking_env)"
+        )
     if SECRET_NAME.search(key):
         raise LaunchError(
             f"{key!r} looks like a secret, and .deepspeed_env ends up on pdsh's command line and in launch.log; "

@@ -24,6 +24,7 @@ from textsql.model import load_config
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.hardware import device_facts, fast_defaults
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
+from textsql.training.tracking import check_tracking
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -67,6 +68,7 @@ def parse_command_line(
             raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
     if values["output_dir"] is None:
         raise LaunchError("no output directory; pass --output_dir DIR")
+    check_tracking(values["report_to"])
     model_args.precision = resolve_precision(model_args.precision)
     # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
