@@ -68,6 +68,9 @@ def parse_command_line(
             raise LaunchError(f"--{flag} is set by this program; pass {replacement} instead")
     if values["output_dir"] is None:
         raise LaunchError("no output directory; pass --output_dir DIR")
+    if isinstance(values["report_to"], str) and "," in values["report_to"]:
+        # --report_to takes one word on a command line: tensorboard,mlflow names both (the trainer takes a list).
+        values["report_to"] = [name.strip() for name in values["report_to"].split(",")]
     check_tracking(values["report_to"])
     model_args.precision = resolve_precision(model_args.precision)
     # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
