@@ -45,6 +45,7 @@ from textsql.constants import (
 )
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
+from textsql.training.checkpoints import output_path
 
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
@@ -150,12 +151,12 @@ def start_tracking(trainer: Seq2SeqTrainer, params: Mapping[str, Any], resumed: 
 
     # The callback's own parameter dump (every training argument and the model config) is off: see run_params.
     os.environ.setdefault("MLFLOW_MAX_LOG_PARAMS", "0")
-    record = Path(trainer.args.output_dir) / MLFLOW_RUN_NAME
+    record = output_path(trainer.args) / MLFLOW_RUN_NAME
     run_id = read_json(record).get("run_id") if resumed and record.is_file() else None
     if run_id is None and os.environ.get("MLFLOW_EXPERIMENT_NAME"):
         # Created when missing, as the callback does.
         mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
-    run = mlflow.start_run(run_id=run_id, run_name=None if run_id else Path(trainer.args.output_dir).name)
+    run = mlflow.start_run(run_id=run_id, run_name=None if run_id else output_path(trainer.args).name)
     if run_id is None:
         mlflow.log_params(dict(params))
         write_json(record, {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
@@ -178,7 +179,7 @@ def finish_tracking(trainer: Seq2SeqTrainer) -> None:
 
     if mlflow.active_run() is None:
         return
-    output = Path(trainer.args.output_dir)
+    output = output_path(trainer.args)
     for path in (output / RUN_SUMMARY_NAME, output / TRAINER_METRICS_NAME, output / METRICS_NAME):
         if path.is_file():
             mlflow.log_artifact(str(path))
