@@ -239,11 +239,6 @@ def check_env_entry(key: str, value: str) -> None:
     """
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
         raise LaunchError(f"environment name {key!r} is not a shell variable name; pass --env NAME=VALUE")
-    if key.startswith(TRACKING_PREFIX):
-        raise LaunchError(
-            f"{key!r} goes on pdsh's command line from .deepspeed_env; set it in the launching environment "
-            "instead: MLflow's variables reach the logging rank in a 0600 file (textsql.launching.tracking_env)"
-        )
     if SECRET_NAME.search(key):
         raise LaunchError(
             f"{key!r} looks like a secret, and .deepspeed_env ends up on pdsh's command line and in launch.log; "
@@ -253,6 +248,11 @@ def check_env_entry(key: str, value: str) -> None:
         raise LaunchError(
             f"the value of {key} holds a password in a URL, and .deepspeed_env ends up on pdsh's command line "
             "and in launch.log; give ranks credentials through the hosts' own environment or files"
+        )
+    if key.startswith(TRACKING_PREFIX):
+        raise LaunchError(
+            f"{key!r} goes on pdsh's command line from .deepspeed_env; set it in the launching environment "
+            "instead: MLflow's variables reach the logging rank in a 0600 file (textsql.launching.tracking_env)"
         )
     if re.search(r'["`\\\n\r\0]', value):
         raise LaunchError(f"value of {key} ({value!r}) has a quote, backslash or newline; pass a plain value")
