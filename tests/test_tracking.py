@@ -32,7 +32,7 @@ from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.tracking_env import tracking_env, without_tracking
 from textsql.training.command_line import parse_command_line
-from textsql.training.tracking import load_tracking_env
+from textsql.training.tracking import load_tracking_env, log_evaluation
 from worker.network import free_port
 
 SERVER_START_S = 180
@@ -95,6 +95,31 @@ def test_report_to_mlflow_without_the_package_is_refused_in_one_line_before_anyt
     with pytest.raises(LaunchError, match=r"needs the mlflow package .*pip install 'textsql\[tracking\]'"):
         parse_command_line(argv)
     parse_command_line(train_argv(data_dir=tmp_path, output_dir=tmp_path / "out", profile="zero0"))  # tensorboard
+
+
+def test_inference_scores_join_the_training_run_and_a_tracking_failure_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mlflow import MlflowClient
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    client = MlflowClient(tracking_uri)
+    run = client.create_run(client.create_experiment(EXPERIMENT))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    metrics_file = run_dir / "metrics.json"
+    metrics_file.write_text("{}")
+    assert not log_evaluation(run_dir, "test", {"lf_accuracy": 0.5}, metrics_file)  # a run not tracked: nothing
+    (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": run.info.run_id}))
+    scores = {"lf_accuracy": 0.5, "ex_accuracy": 0.75, "n": 8, "per_agg": {"": 0.5}}
+    assert log_evaluation(run_dir, "test", scores, metrics_file)
+    logged = client.get_run(run.info.run_id).data.metrics
+    assert logged == {"test_lf_accuracy": 0.5, "test_ex_accuracy": 0.75, "test_n": 8.0}
+    assert [artifact.path for artifact in client.list_artifacts(run.info.run_id, "test")] == ["test/metrics.json"]
+    (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": "0" * 32}))  # a run this server does not know
+    assert not log_evaluation(run_dir, "test", scores, metrics_file)
+    assert "the scores were not logged to MLflow run" in caplog.text
 
 
 # ---- a real tracking server and a real two-host run ----------------------------------------------------
@@ -275,3 +300,49 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
     for path in [*run_dir.rglob("*"), *out.rglob("*")]:
         if path.is_file():
             assert token.encode() not in path.read_bytes(), f"the tracking token is in {path}"
+
+
+def textsql_train(data: Path, output: Path, tracking_uri: str, **values: object) -> subprocess.CompletedProcess:
+    """`textsql train` in one process, logging to MLflow with the environment's own variables."""
+    arguments = train_argv(
+        data_dir=data,
+        output_dir=output,
+        profile="zero0",
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_steps=2,
+        eval_strategy="no",
+        max_eval_samples=4,
+        report_to="mlflow",
+        disable_tqdm=True,
+        **values,
+    )
+    environ = os.environ | {
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "MLFLOW_EXPERIMENT_NAME": EXPERIMENT,
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("textsql")), "train", *arguments],
+        check=False,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    return result
+
+
+@pytest.mark.slow
+def test_a_resumed_training_continues_its_mlflow_run(prepared_sample: Path, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    tracking_uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "out"
+    textsql_train(prepared_sample, out, tracking_uri, max_steps=2)
+    textsql_train(prepared_sample, out, tracking_uri, max_steps=4, resume="auto")
+
+    client = MlflowClient(tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["world_size"] == "1"
+    assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]

@@ -188,6 +188,38 @@ def finish_tracking(trainer: Seq2SeqTrainer) -> None:
     mlflow.end_run()
 
 
+def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metrics_file: Path) -> bool:
+    """Add an inference's scores (``metrics.json``) to the MLflow run of the training in ``run_dir``, if it had one.
+
+    The scores are logged as ``<split>_lf_accuracy`` and so on, the file as an artifact. Tracking that fails
+    (no server, no credentials here) is a warning: the predictions and ``metrics.json`` are already written.
+
+    :param run_dir: the training's output directory (where ``mlflow_run.json`` is).
+    :param split: the split scored.
+    :param metrics: the scores (:func:`textsql.inference.evaluate.evaluate`); numbers are logged.
+    :param metrics_file: the ``metrics.json`` written.
+    :returns: whether they were logged.
+    :rtype: bool
+    """
+    record = run_dir / MLFLOW_RUN_NAME
+    if not record.is_file() or importlib.util.find_spec(MLFLOW) is None:
+        return False
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    run_id = read_json(record)["run_id"]
+    scores = {f"{split}_{name}": value for name, value in metrics.items() if isinstance(value, int | float)}
+    try:
+        client = MlflowClient()
+        for name, value in scores.items():
+            client.log_metric(run_id, name, float(value))
+        client.log_artifact(run_id, str(metrics_file), artifact_path=split)
+    except (MlflowException, OSError) as error:
+        logger.warning("the scores were not logged to MLflow run %s: %s", run_id, str(error).splitlines()[0])
+        return False
+    return True
+
+
 def _end_unfinished(mlflow: Any) -> None:
     if mlflow.active_run() is not None:
         mlflow.end_run(status="FAILED")
