@@ -105,7 +105,7 @@ def test_inference_scores_join_the_training_run_and_a_tracking_failure_is_a_warn
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     client = MlflowClient(tracking_uri)
-    run = client.create_run(client.create_experiment(EXPERIMENT))
+    run = client.create_run(client.create_experiment(EXPERIMENT, (tmp_path / "artifacts").as_uri()))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     metrics_file = run_dir / "metrics.json"
@@ -339,10 +339,12 @@ def test_a_resumed_training_continues_its_mlflow_run(prepared_sample: Path, tmp_
     from mlflow.tracking import MlflowClient
 
     tracking_uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "out"
+    client = MlflowClient(tracking_uri)
+    # A SQLite store keeps artifacts under ./mlruns unless the experiment says where.
+    client.create_experiment(EXPERIMENT, (tmp_path / "artifacts").as_uri())
     textsql_train(prepared_sample, out, tracking_uri, max_steps=2)
     textsql_train(prepared_sample, out, tracking_uri, max_steps=4, resume="auto")
 
-    client = MlflowClient(tracking_uri)
     (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "1"
     assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
