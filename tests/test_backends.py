@@ -19,7 +19,7 @@ from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_bac
 from worker.backends.cml import CMLBackend
 from worker.backends.kubernetes import KubernetesApis, KubernetesBackend, cleanup
 from worker.backends.kubernetes_manifests import secret_manifest
-from worker.backends.kubernetes_policy import network_policy_manifest
+from worker.backends.kubernetes_policy import network_policy_manifest, parse_egress, tracking_egress
 from worker.cluster import start_workers
 from worker.errors import WorkerError
 from worker.registration import Registration
@@ -207,6 +207,48 @@ def test_kubernetes_network_policy_takes_the_master_by_its_ip_alone():
         WorkerError, match="master address 'jupyter.ml.svc' is not an IP address.*; pass master_address="
     ):
         network_policy_manifest("ml", "demo-abc123", "jupyter.ml.svc", 29400, 2222)
+
+
+def test_kubernetes_network_policy_lets_out_only_the_extra_destinations_asked_for():
+    from kubernetes.client import ApiClient
+
+    plain = network_policy_manifest("ml", "demo-abc123", "10.0.0.4", 29400, 2222)
+    extra = [parse_egress("10.0.3.7:5000"), parse_egress("[fd00::/64]:443")]
+    policy = ApiClient().sanitize_for_serialization(
+        network_policy_manifest("ml", "demo-abc123", "10.0.0.4", 29400, 2222, extra)
+    )
+    assert policy["spec"]["egress"][:3] == ApiClient().sanitize_for_serialization(plain)["spec"]["egress"]
+    assert policy["spec"]["egress"][3:] == [
+        {"to": [{"ipBlock": {"cidr": "10.0.3.7/32"}}], "ports": [{"protocol": "TCP", "port": 5000}]},
+        {"to": [{"ipBlock": {"cidr": "fd00::/64"}}], "ports": [{"protocol": "TCP", "port": 443}]},
+    ]
+    for entry in ("mlflow.example.com:443", "10.0.3.7", "10.0.3.7:0", "10.0.3.7:http"):
+        with pytest.raises(WorkerError, match=r"is not IP\[/PREFIX\]:PORT; pass e.g. egress="):
+            parse_egress(entry)
+
+
+def test_kubernetes_backend_lets_pods_reach_the_tracking_server_only_when_asked(tmp_path, monkeypatch):
+    assert tracking_egress("https://127.0.0.1/") == [("127.0.0.1/32", 443)]
+    # A name is resolved where the master runs, each of its addresses allowed.
+    assert ("127.0.0.1/32", 5000) in tracking_egress("http://localhost:5000")
+    with pytest.raises(WorkerError, match="no http\\(s\\) server") as refused:
+        tracking_egress("databricks://alice:hunter2@profile")
+    assert "hunter2" not in str(refused.value)
+    token_file = tmp_path / "token"
+    new_token(token_file)
+    env = {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:29400"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.3.7:5000")
+    for asked, destinations in ((False, []), (True, [("10.0.3.7/32", 5000)])):
+        networking = RecordingNetworkingV1()
+        backend = KubernetesBackend(
+            image="img", api=RecordingCoreV1(), networking_api=networking, egress_to_tracking=asked
+        )
+        backend.launch(1, Resources(), env)
+        (policy,) = networking.policies.values()
+        assert [(rule.to[0].ip_block.cidr, rule.ports[0].port) for rule in policy.spec.egress[3:]] == destinations
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with pytest.raises(WorkerError, match="egress_to_tracking needs MLFLOW_TRACKING_URI set"):
+        KubernetesBackend(image="img", api=object(), egress_to_tracking=True)
 
 
 def test_kubernetes_cpu_pod_asks_for_no_gpu():

@@ -351,6 +351,7 @@ def notebook_defaults() -> dict[str, Any]:
         "min_workers": None,
         "replace_timeout": DEFAULT_REPLACE_TIMEOUT_S,
         "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+        "report_to": TRAINING_DEFAULTS["report_to"],
     }
 
 

@@ -39,6 +39,13 @@ METRICS_NAME = "metrics.json"
 CLUSTER_FILE_NAME = "cluster.json"
 COLLECTIVE_FILE_NAME = "collective.json"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
+# MLflow tracking (textsql.launching.tracking_env on the master, textsql.training.tracking on the logging rank):
+# the launching environment's MLFLOW_* variables reach the rank in a 0600 file of the output directory, named
+# to the ranks by TRACKING_ENV_VAR, never on a command line; the run's MLflow run id is kept beside run.json.
+TRACKING_PREFIX = "MLFLOW_"
+TRACKING_ENV_VAR = "TEXTSQL_TRACKING_ENV"
+TRACKING_ENV_NAME = ".tracking_env.json"
+MLFLOW_RUN_NAME = "mlflow_run.json"
 
 # WikiSQL as text for T5 (textsql.data.sql, textsql.data.wikisql, textsql.data.prepare).
 # T5's SentencePiece vocabulary has no "<" (it encodes to <unk>), so the "less than" operator is

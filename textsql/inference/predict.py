@@ -46,6 +46,7 @@ from textsql.files import load_tables, prepared_tables_path, read_jsonl, write_j
 from textsql.inference.evaluate import evaluate, format_report
 from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
+from textsql.training.tracking import log_evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -377,8 +378,10 @@ def predict(
     if all(item.get("sql") for item in questions.items):
         metrics = evaluate(questions.items, lines, tables=questions.tables)
         metrics["inference"] = {key: value for key, value in summary.items() if key != "metrics"}
-        write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
+        metrics_file = write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
         summary["metrics"] = metrics
+        if isinstance(model_dir, str | Path):  # a trained model's run, tracked with --report_to mlflow, gets them too
+            log_evaluation(Path(model_dir).parent, split, metrics, metrics_file)
     logger.info(
         "%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out
     )

@@ -1,6 +1,7 @@
 """Stage 3, notebook 02 (`textsql launch`): DeepSpeed's pdsh launcher over the workers' hostfile.
 
 ``launch`` runs one launch (checks, ``.deepspeed_env``, the runner, the live log), ``command`` builds its
-command line and the ranks' environment, ``preflight`` says what the runtime lacks, ``ranks`` finds a
+command line and the ranks' environment, ``tracking_env`` hands MLflow's settings to the logging rank in a
+0600 file, ``preflight`` says what the runtime lacks, ``ranks`` finds a
 launch's processes, ``supervisor`` relaunches from the newest complete checkpoint when a worker is lost.
 """

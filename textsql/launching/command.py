@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR
+from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR, TRACKING_PREFIX
 from textsql.errors import LaunchError
 from textsql.rank_lines import LAUNCH_ID_VAR
 from worker.constants import SOCKET_IFNAME_VARS
@@ -248,6 +248,11 @@ def check_env_entry(key: str, value: str) -> None:
         raise LaunchError(
             f"the value of {key} holds a password in a URL, and .deepspeed_env ends up on pdsh's command line "
             "and in launch.log; give ranks credentials through the hosts' own environment or files"
+        )
+    if key.startswith(TRACKING_PREFIX):
+        raise LaunchError(
+            f"{key!r} goes on pdsh's command line from .deepspeed_env; set it in the launching environment "
+            "instead: MLflow's variables reach the logging rank in a 0600 file (textsql.launching.tracking_env)"
         )
     if re.search(r'["`\\\n\r\0]', value):
         raise LaunchError(f"value of {key} ({value!r}) has a quote, backslash or newline; pass a plain value")

@@ -72,6 +72,7 @@ from textsql.launching.command import (
 )
 from textsql.launching.preflight import preflight
 from textsql.launching.ranks import LocalRanks, RemoteRanks
+from textsql.launching.tracking_env import tracking_env, without_tracking
 from worker.constants import HOSTFILE_NAME
 from worker.files import private_opener
 from worker.hostfile import read_hostfile
@@ -109,13 +110,15 @@ def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     launch_id = secrets.token_hex(8)
     prepare = _prepare_pdsh if arguments.launcher == "pdsh" else _prepare_local
-    command, env, ranks = prepare(arguments, run_dir, launch_id)
-    logger.info("cmd = %s", shlex.join(command))
-    with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
-        log.write(
-            mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
-        )
-        return _run(command, env, ranks, stream or ShownLines(sys.stdout), log, should_stop)
+    # MLflow's settings and credentials reach the logging rank in a 0600 file, never a command line.
+    with tracking_env(arguments) as tracked:
+        command, env, ranks = prepare(tracked, run_dir, launch_id)
+        logger.info("cmd = %s", shlex.join(command))
+        with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
+            log.write(
+                mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
+            )
+            return _run(command, env, ranks, stream or ShownLines(sys.stdout), log, should_stop)
 
 
 def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> Prepared:
@@ -125,8 +128,11 @@ def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> 
     options = preflight(hosts, run_dir, arguments.ssh_config, arguments.ssh_port)
     env_file = write_deepspeed_env(run_dir / DEEPSPEED_ENV_NAME, rank_environment(arguments, hosts, launch_id))
     # pdsh's command line shows in `ps` and the runner exports PYTHON*/MLFLOW*/... variables on it,
-    # so credentials stay out of the runner's environment.
-    env = without_secrets(os.environ) | {"DS_ENV_FILE": str(env_file), "PDSH_SSH_ARGS_APPEND": shlex.join(options)}
+    # so credentials and MLflow's settings stay out of the runner's environment.
+    env = without_tracking(without_secrets(os.environ)) | {
+        "DS_ENV_FILE": str(env_file),
+        "PDSH_SSH_ARGS_APPEND": shlex.join(options),
+    }
     return deepspeed_command(arguments, hostfile, hosts), env, RemoteRanks(options, hosts, launch_id)
 
 
@@ -134,7 +140,9 @@ def _prepare_local(arguments: LaunchArguments, run_dir: Path, launch_id: str) ->
     """DeepSpeed's per-node launcher; the ranks' variables go straight into its environment."""
     # No shell between the launcher and the ranks here: expand $VAR as the hosts' shell would.
     rank_env = rank_environment(arguments, ["localhost"], launch_id)
-    env = os.environ | {key: string.Template(value).safe_substitute(os.environ) for key, value in rank_env.items()}
+    env = without_tracking(os.environ) | {
+        key: string.Template(value).safe_substitute(os.environ) for key, value in rank_env.items()
+    }
     return local_command(arguments, arguments.ranks or local_device_count()), env, LocalRanks(launch_id)
 
 

@@ -4,5 +4,6 @@
 grammar-constrained generation and ``metrics`` that evaluation's WikiSQL scores; ``profiles`` and
 ``estimate`` the DeepSpeed profiles of ``dsconfig/`` and their memory estimate (profile ``auto``);
 ``hardware`` and ``batching`` the defaults taken from the GPU and token-budget batches; ``checkpoints``
-which checkpoints can be resumed; ``events`` and ``progress`` what a run writes to TensorBoard and prints.
+which checkpoints can be resumed; ``events`` and ``progress`` what a run writes to TensorBoard and prints;
+``tracking`` its one MLflow run (``--report_to mlflow``).
 """

@@ -33,6 +33,7 @@ from textsql.model import load_config
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.hardware import device_facts, fast_defaults
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
+from textsql.training.tracking import check_tracking
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -97,6 +98,10 @@ def parse_command_line(
             raise LaunchError(f"{kebab_flag(flag)} is set by this program; pass {replacement} instead")
     if values["output_dir"] is None:
         raise LaunchError("no output directory; pass --output-dir DIR")
+    if isinstance(values["report_to"], str) and "," in values["report_to"]:
+        # --report-to takes one word on a command line: tensorboard,mlflow names both (the trainer takes a list).
+        values["report_to"] = [name.strip() for name in values["report_to"].split(",")]
+    check_tracking(values["report_to"])
     model_args.precision = resolve_precision(model_args.precision)
     # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
     run_args.auto_profile = run_args.profile == AUTO_PROFILE

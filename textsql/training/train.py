@@ -51,6 +51,7 @@ from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.progress import announce_op_build, announce_run, use_step_lines
 from textsql.training.schedule import TimedSchedule
+from textsql.training.tracking import finish_tracking, run_params, start_tracking
 from textsql.training.trainer import GrammarSeq2SeqTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     use_step_lines(trainer)
     use_run_events(trainer)
+    start_tracking(trainer, run_params(model_args, data_args, run_args, training_args), resumed=checkpoint is not None)
 
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.log_metrics("train", result.metrics)
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
         _write_summary(trainer, model_args, run_args, checkpoint, collective)
+    finish_tracking(trainer)
     teardown_distributed()
     return 0
 

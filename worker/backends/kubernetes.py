@@ -41,7 +41,7 @@ from worker.backends.kubernetes_manifests import (
     secret_manifest,
     secret_name,
 )
-from worker.backends.kubernetes_policy import network_policy_manifest
+from worker.backends.kubernetes_policy import Egress, network_policy_manifest, parse_egress, tracking_egress
 from worker.errors import WorkerError
 from worker.network import route_address
 from worker.rendezvous.client import parse_endpoint
@@ -106,6 +106,8 @@ class KubernetesBackend(Backend):
         home: str = "/home/textsql",
         ephemeral_storage_gb: float = 20.0,
         networking_api: Any = None,
+        egress: list[str] | None = None,
+        egress_to_tracking: bool = False,
     ) -> None:
         """
         :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
@@ -123,6 +125,10 @@ class KubernetesBackend(Backend):
         :param home: the image user's home directory (docker/Dockerfile: /home/textsql); its ``.cache`` is writable.
         :param ephemeral_storage_gb: each pod's limit on node-local disk (its writable volumes and logs).
         :param networking_api: a ``NetworkingV1Api`` for the run's NetworkPolicy (default: one on ``api``'s client).
+        :param egress: further destinations the pods may reach, each ``IP[/PREFIX]:PORT`` (a hub mirror, a
+            tracking server); the NetworkPolicy admits nothing else.
+        :param egress_to_tracking: also admit the host and port of this process's ``MLFLOW_TRACKING_URI`` (the
+            rank that logs to MLflow runs on a pod).
         """
         self.template = PodTemplate(
             image=image,
@@ -141,6 +147,13 @@ class KubernetesBackend(Backend):
         self._api = api
         self._networking = networking_api
         self._policy: str | None = None
+        # Checked here, before any pod: a refused destination starts nothing.
+        self.egress: list[Egress] = [parse_egress(entry) for entry in egress or []]
+        if egress_to_tracking:
+            uri = os.environ.get("MLFLOW_TRACKING_URI")
+            if not uri:
+                raise WorkerError("egress_to_tracking needs MLFLOW_TRACKING_URI set; set it, or leave the option out")
+            self.egress += tracking_egress(uri)
         self.run_id = ""
         self._pods: list[str] = []
         # The Pod objects created, by name: a replacement is a copy of the lost one under a new name.
@@ -208,7 +221,7 @@ class KubernetesBackend(Backend):
     def _create_policy(self, rendezvous: str, ssh_port: int) -> None:
         """The run's NetworkPolicy, before its first pod: no pod of the run ever runs unrestricted."""
         master, port = parse_endpoint(rendezvous)
-        policy = network_policy_manifest(self.namespace, self.run_id, master, port, ssh_port)
+        policy = network_policy_manifest(self.namespace, self.run_id, master, port, ssh_port, self.egress)
         self.networking.create_namespaced_network_policy(self.namespace, policy)
         self._policy = policy.metadata.name
 

@@ -1,0 +1,225 @@
+"""One MLflow run per training, logged by the world's process zero (``--report_to mlflow``).
+
+transformers' ``MLflowCallback`` (``integrations/integration_utils.py``) does the per-step work on world process
+zero only: it logs every ``Trainer.log`` entry as metrics (the train loss each ``logging_steps``, each
+evaluation's loss, logical-form, parse-rate and execution accuracy, the final evaluation's too). What it
+does not do, this module does around it:
+
+- the MLflow settings reach the logging rank from a 0600 file, not a command line
+  (:func:`load_tracking_env`; :mod:`textsql.launching.tracking_env` writes it);
+- the run is started here, before the trainer's callback sets up: the callback then logs into it and
+  leaves it open (it ends only runs it started), and its dump of every training argument and the model
+  config (hundreds of parameters) is switched off with its own ``MLFLOW_MAX_LOG_PARAMS=0``; the parameters a
+  person compares runs by are logged instead (:func:`run_params`);
+- a relaunch that resumes from a checkpoint continues the same MLflow run (its id is kept in the output
+  directory), so a training is one run, however many launches it took;
+- at the end, ``run.json``, the trainer's metrics, inference's ``metrics.json`` and the model card are logged as
+  artifacts and the run ends; a rank that dies with an exception marks it FAILED.
+
+Usage::
+
+    >>> load_tracking_env()
+    >>> start_tracking(trainer, run_params(model_args, data_args, run_args, trainer.args), resumed=False)
+    >>> trainer.train()
+    >>> finish_tracking(trainer)
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textsql.arguments import DataArguments, ModelArguments, RunArguments
+from textsql.constants import (
+    METRICS_NAME,
+    MLFLOW_RUN_NAME,
+    PREPARE_JSON_NAME,
+    RUN_SUMMARY_NAME,
+    TRACKING_ENV_VAR,
+)
+from textsql.errors import LaunchError
+from textsql.files import read_json, write_json
+from textsql.training.checkpoints import output_path
+
+if TYPE_CHECKING:
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+MLFLOW = "mlflow"
+# The trainer writes these at its end (Trainer.save_metrics): train and final evaluation metrics.
+TRAINER_METRICS_NAME = "all_results.json"
+MODEL_CARD = Path("model") / "README.md"
+
+
+def wants_mlflow(report_to: str | list[str] | None) -> bool:
+    """Whether ``--report_to`` asks for MLflow (``mlflow``, a list holding it, or ``all`` with mlflow installed).
+
+    :rtype: bool
+    """
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    return MLFLOW in names or ("all" in names and importlib.util.find_spec(MLFLOW) is not None)
+
+
+def check_tracking(report_to: str | list[str] | None) -> None:
+    """Refuse ``--report_to mlflow`` where the ``mlflow`` package is missing, before anything starts.
+
+    :raises LaunchError: naming the install and the alternative.
+    """
+    if wants_mlflow(report_to) and importlib.util.find_spec(MLFLOW) is None:
+        raise LaunchError(
+            "--report_to mlflow needs the mlflow package on every host; pip install 'textsql[tracking]' "
+            "(or pass --report_to tensorboard)"
+        )
+
+
+def load_tracking_env(environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """Put the ``MLFLOW_*`` variables of the launch's 0600 file into this process's environment.
+
+    A variable the rank's own environment already has (the host's, e.g. a CML project's) is kept.
+
+    :param environ: the environment to fill (``os.environ`` when None).
+    :returns: the names set.
+    :rtype: list[str]
+    """
+    environ = os.environ if environ is None else environ
+    path = environ.get(TRACKING_ENV_VAR)
+    if not path:
+        return []
+    try:
+        variables = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        logger.warning(
+            "%s names %s, which this host cannot read: MLflow uses this host's own settings", TRACKING_ENV_VAR, path
+        )
+        return []
+    loaded = [key for key in variables if key not in environ]
+    environ.update({key: str(variables[key]) for key in loaded})
+    return loaded
+
+
+def run_params(
+    model_args: ModelArguments, data_args: DataArguments, run_args: RunArguments, args: Seq2SeqTrainingArguments
+) -> dict[str, Any]:
+    """The parameters a person compares trainings by (model, profile, precision, recipe, world size, batch
+    or token budget, data source); those that are unset are left out.
+
+    :rtype: dict[str, typing.Any]
+    """
+    prepared = Path(data_args.prepared_dir()) / PREPARE_JSON_NAME
+    record = read_json(prepared) if prepared.is_file() else {}
+    params = {
+        "model": model_args.model,
+        "profile": run_args.profile,
+        "precision": model_args.precision,
+        "recipe": getattr(run_args, "recipe", None),
+        "world_size": args.world_size,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "max_tokens_per_batch": data_args.max_tokens_per_batch,
+        "learning_rate": args.learning_rate,
+        "lr_scheduler_type": str(args.lr_scheduler_type),
+        "max_steps": args.max_steps,
+        "seed": args.seed,
+        "loss_vocabulary": model_args.loss_vocabulary,
+        "data_source": record.get("source"),
+        "input_format": record.get("input_format"),
+        "data_dir": data_args.data_dir,
+    }
+    return {name: value for name, value in params.items() if value is not None}
+
+
+def start_tracking(trainer: Seq2SeqTrainer, params: Mapping[str, Any], resumed: bool) -> str | None:
+    """Start (or, resuming, continue) the training's MLflow run on world process zero, before ``trainer.train()``.
+
+    :param trainer: the trainer, its ``MLflowCallback`` not yet set up.
+    :param params: logged on a new run (:func:`run_params`).
+    :param resumed: whether training continues from a checkpoint: the recorded run is continued.
+    :returns: the MLflow run id on the logging rank, None elsewhere or without ``--report_to mlflow``.
+    :rtype: str | None
+    """
+    if not (wants_mlflow(trainer.args.report_to) and trainer.is_world_process_zero()):
+        return None
+    load_tracking_env()
+    import mlflow
+
+    # The callback's own parameter dump (every training argument and the model config) is off: see run_params.
+    os.environ.setdefault("MLFLOW_MAX_LOG_PARAMS", "0")
+    record = output_path(trainer.args) / MLFLOW_RUN_NAME
+    run_id = read_json(record).get("run_id") if resumed and record.is_file() else None
+    if run_id is None and os.environ.get("MLFLOW_EXPERIMENT_NAME"):
+        # Created when missing, as the callback does.
+        mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+    run = mlflow.start_run(run_id=run_id, run_name=None if run_id else output_path(trainer.args).name)
+    if run_id is None:
+        mlflow.log_params(dict(params))
+        write_json(record, {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
+    # Registered after mlflow's own exit hook, so it runs first: a rank ending by an exception fails the run.
+    atexit.register(_end_unfinished, mlflow)
+    logger.warning(
+        "MLflow run %s (experiment %s)%s", run.info.run_id, run.info.experiment_id, " continued" if run_id else ""
+    )
+    return str(run.info.run_id)
+
+
+def finish_tracking(trainer: Seq2SeqTrainer) -> None:
+    """Log the run's record files as artifacts and end the MLflow run (world process zero; a no-op elsewhere).
+
+    :param trainer: the trainer whose output directory holds ``run.json``, the trainer's metrics and ``model/``.
+    """
+    if not (wants_mlflow(trainer.args.report_to) and trainer.is_world_process_zero()):
+        return
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return
+    output = output_path(trainer.args)
+    for path in (output / RUN_SUMMARY_NAME, output / TRAINER_METRICS_NAME, output / METRICS_NAME):
+        if path.is_file():
+            mlflow.log_artifact(str(path))
+    if (output / MODEL_CARD).is_file():
+        mlflow.log_artifact(str(output / MODEL_CARD), artifact_path=MODEL_CARD.parent.name)
+    mlflow.end_run()
+
+
+def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metrics_file: Path) -> bool:
+    """Add an inference's scores (``metrics.json``) to the MLflow run of the training in ``run_dir``, if it had one.
+
+    The scores are logged as ``<split>_lf_accuracy`` and so on, the file as an artifact. Tracking that fails
+    (no server, no credentials here) is a warning: the predictions and ``metrics.json`` are already written.
+
+    :param run_dir: the training's output directory (where ``mlflow_run.json`` is).
+    :param split: the split scored.
+    :param metrics: the scores (:func:`textsql.inference.evaluate.evaluate`); numbers are logged.
+    :param metrics_file: the ``metrics.json`` written.
+    :returns: whether they were logged.
+    :rtype: bool
+    """
+    record = run_dir / MLFLOW_RUN_NAME
+    if not record.is_file() or importlib.util.find_spec(MLFLOW) is None:
+        return False
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    run_id = read_json(record)["run_id"]
+    scores = {f"{split}_{name}": value for name, value in metrics.items() if isinstance(value, int | float)}
+    try:
+        client = MlflowClient()
+        for name, value in scores.items():
+            client.log_metric(run_id, name, float(value))
+        client.log_artifact(run_id, str(metrics_file), artifact_path=split)
+    except (MlflowException, OSError) as error:
+        logger.warning("the scores were not logged to MLflow run %s: %s", run_id, str(error).splitlines()[0])
+        return False
+    return True
+
+
+def _end_unfinished(mlflow: Any) -> None:
+    if mlflow.active_run() is not None:
+        mlflow.end_run(status="FAILED")
