@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -128,11 +129,20 @@ def prepare_data(work: Path, input_format: str = "question") -> str:
     return str(out)
 
 
+# Benches with their own command line (``python -m bench NAME --help``): NAME -> the module whose main() runs it.
+COMMANDS = {
+    "pretrained-proxy": "bench.pretrained_proxy",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure, then write the results.
+    """Measure, then write the results (or run one of :data:`COMMANDS`).
 
     :rtype: int
     """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("figures", nargs="*", help=f"figures to measure among {', '.join(FIGURE_NAMES)} (default: all)")
     parser.add_argument("--only", help="the same as comma-separated figures")
