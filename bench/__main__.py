@@ -9,6 +9,7 @@ written to ``gpu_quick.json`` in ``--out`` and printed as a table.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -158,11 +159,20 @@ def measure_gpu_quick(sizes: gpu_quick.QuickSizes, device: str, out: Path, work:
     return 0
 
 
+# Benches with their own command line (``python -m bench NAME --help``): NAME -> the module whose main() runs it.
+COMMANDS = {
+    "pretrained-proxy": "bench.pretrained_proxy",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Measure, then write the results.
+    """Measure, then write the results (or run one of :data:`COMMANDS`).
 
     :rtype: int
     """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS:
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument(
         "figures",

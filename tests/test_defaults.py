@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from textsql.arguments import (
+    FROM_CONFIG_RECIPE,
     GenerationOptions,
     PrepareArguments,
     RunArguments,
@@ -118,15 +119,15 @@ def test_the_cli_trains_with_the_same_defaults(tmp_path):
     model_args, _, run_args, training = parse_command_line(train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path)))
     defaults = notebook_defaults()
     assert run_args.auto_profile and model_args.model == defaults["model"]
+    # Neither sets a rate: the default model is built from its config, so both train at its recipe's.
+    assert defaults["learning_rate"] is None and training["learning_rate"] == FROM_CONFIG_RECIPE.learning_rate
     assert (
         training["per_device_train_batch_size"],
-        training["learning_rate"],
         run_args.eval_share,
         run_args.save_every_minutes,
         run_args.overwrite_output_dir,
     ) == (
         defaults["per_device_train_batch_size"],
-        defaults["learning_rate"],
         defaults["eval_share"],
         defaults["save_every_minutes"],
         defaults["overwrite_output_dir"],

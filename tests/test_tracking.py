@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import json
+import logging
 import os
 import secrets
 import signal
@@ -102,6 +103,7 @@ def test_inference_scores_join_the_training_run_and_a_tracking_failure_is_a_warn
 ) -> None:
     from mlflow import MlflowClient
 
+    caplog.set_level(logging.WARNING, logger="textsql.training.tracking")  # whatever an earlier test left it at
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     client = MlflowClient(tracking_uri)

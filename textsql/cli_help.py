@@ -13,8 +13,10 @@ from typing import Any
 import click
 
 from textsql.arguments import (
+    FROM_CONFIG_RECIPE,
     TRAIN_SPELLING,
     TRAINING_DEFAULTS,
+    WITH_WEIGHTS_RECIPE,
     DataArguments,
     ModelArguments,
     RunArguments,
@@ -57,7 +59,14 @@ TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (
         ),
     ),
     ("gradient_accumulation_steps", "Batches summed into one optimizer step [default: 1]."),
-    ("learning_rate", f"Peak learning rate [default: {TRAINING_DEFAULTS['learning_rate']:g}, held constant]."),
+    (
+        "learning_rate",
+        (
+            f"Peak learning rate [default: the model's recipe: {FROM_CONFIG_RECIPE.learning_rate:g} "
+            f"{FROM_CONFIG_RECIPE.schedule} for a model built from its config, {WITH_WEIGHTS_RECIPE.learning_rate:g} "
+            f"with warm-up and {WITH_WEIGHTS_RECIPE.schedule} decay for one with weights]."
+        ),
+    ),
     ("eval_steps", f"Evaluate every N steps [default: {TRAINING_DEFAULTS['eval_steps']}]."),
     ("save_steps", f"Checkpoint every N steps [default: {TRAINING_DEFAULTS['save_steps']}]."),
     ("resume", RunArguments),

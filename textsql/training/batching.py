@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import logging
 import math
@@ -34,7 +35,8 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
-from textsql.training.clipping import clip_before_each_step
+from textsql.training.clipping import ClipBeforeStep, clip_before_each_step
+from textsql.training.throughput import BatchCounts
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +219,19 @@ class BucketPadding:
         return batch
 
 
+def engine_autocast(engine: object) -> contextlib.AbstractContextManager:
+    """The torch autocast a DeepSpeed engine runs its forward under (its ``torch_autocast`` section); nothing for
+    an engine without it, or a model that is no engine.
+
+    :rtype: contextlib.AbstractContextManager
+    """
+    if not callable(getattr(engine, "torch_autocast_enabled", None)):
+        return contextlib.nullcontext()
+    from deepspeed.runtime.torch_autocast import autocast_if_enabled
+
+    return autocast_if_enabled(engine)
+
+
 class TokenBudgetTrainer(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training batches are filled to ``max_tokens_per_batch`` from length buckets.
 
@@ -246,6 +261,8 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         self.max_tokens_per_batch, self.buckets = max_tokens_per_batch, buckets
         self.optimizer_max_grad_norm = optimizer_max_grad_norm
         self.length_group_size = length_group_size
+        self.clipping: ClipBeforeStep | None = None
+        self.batch_counts = BatchCounts()
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> torch.optim.Optimizer:
         """The trainer's optimizer, clipping before each step when ``optimizer_max_grad_norm`` is set.
@@ -255,8 +272,32 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         created = self.optimizer is None
         optimizer = super().create_optimizer(*args, **kwargs)
         if created and self.optimizer_max_grad_norm > 0:
-            clip_before_each_step(optimizer, self.optimizer_max_grad_norm)
+            self.clipping = clip_before_each_step(optimizer, self.optimizer_max_grad_norm)
         return optimizer
+
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The trainer's step, counting what the batch held (:mod:`textsql.training.throughput`).
+
+        :rtype: torch.Tensor
+        """
+        self.batch_counts.add(inputs)
+        return super().training_step(model, inputs, *args, **kwargs)
+
+    def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The trainer's evaluation step under the DeepSpeed engine's torch autocast, when training runs under one.
+
+        The engine casts its own forward (the evaluation loss), but ``Seq2SeqTrainer`` generates through the
+        unwrapped model, outside it: generation would run in fp32 while training ran in bf16.
+        """
+        with engine_autocast(self.model_wrapped):
+            return super().prediction_step(*args, **kwargs)
+
+    def _maybe_log_save_evaluate(self, tr_loss: torch.Tensor, grad_norm: Any, *args: Any, **kwargs: Any) -> None:
+        # DeepSpeed has no norm of a plain optimizer's gradients (get_global_grad_norm is None): the clipping hook's
+        # tensor stands in, read on the host (.item()) by the parent only at a logging step.
+        if grad_norm is None and self.clipping is not None:
+            grad_norm = self.clipping.norm
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _get_train_sampler(self, train_dataset: Dataset | None = None) -> Sampler | None:
         # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a

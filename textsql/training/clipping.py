@@ -48,11 +48,28 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch
     return total
 
 
-def clip_before_each_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-    """Make ``optimizer`` clip its parameters' gradients to ``max_norm`` right before each of its steps."""
-    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+class ClipBeforeStep:
+    """The optimizer step pre-hook that clips: it keeps the last norm it computed, on the device, unread.
 
-    def clip(*_: Any) -> None:
-        clip_grad_norm(parameters, max_norm)
+    :param parameters: the optimizer's parameters.
+    :param max_norm: the norm their gradients are clipped to.
+    """
 
-    optimizer.register_step_pre_hook(clip)
+    def __init__(self, parameters: list[torch.Tensor], max_norm: float) -> None:
+        self.parameters, self.max_norm = parameters, max_norm
+        # The gradients' norm before the last step's clipping (a tensor: reading it is the caller's host sync).
+        self.norm: torch.Tensor | None = None
+
+    def __call__(self, *_: Any) -> None:
+        self.norm = clip_grad_norm(self.parameters, self.max_norm)
+
+
+def clip_before_each_step(optimizer: torch.optim.Optimizer, max_norm: float) -> ClipBeforeStep:
+    """Make ``optimizer`` clip its parameters' gradients to ``max_norm`` right before each of its steps.
+
+    :returns: the hook, whose ``norm`` is the last step's gradient norm before clipping.
+    :rtype: ClipBeforeStep
+    """
+    hook = ClipBeforeStep([parameter for group in optimizer.param_groups for parameter in group["params"]], max_norm)
+    optimizer.register_step_pre_hook(hook)
+    return hook

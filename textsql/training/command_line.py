@@ -24,12 +24,14 @@ from textsql.arguments import (
     TRAINING_DEFAULTS,
     DataArguments,
     ModelArguments,
+    Recipe,
     RunArguments,
     kebab_flag,
+    training_recipe,
 )
 from textsql.errors import LaunchError
 from textsql.files import check_prepared
-from textsql.model import load_config
+from textsql.model import builds_from_config, load_config
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.hardware import device_facts, fast_defaults
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
@@ -84,12 +86,17 @@ def parse_command_line(
         allow_abbrev=False,
     )
     parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
-    namespace, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    namespace, unknown = parser.parse_known_args(argv)
     if unknown:
         raise LaunchError(
             f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`"
         )
-    values = vars(namespace)
+    # The recipe depends on the model, known only once parsed; parsed again with its values as defaults, a flag
+    # given on the command line keeps its value (argparse applies defaults only to flags left out).
+    recipe = training_recipe(builds_from_config(namespace.model))
+    parser.set_defaults(**recipe.training_values())
+    values = vars(parser.parse_known_args(argv)[0])
     model_args = ModelArguments(**_field_values(ModelArguments, values))
     data_args = DataArguments(**_field_values(DataArguments, values))
     run_args = RunArguments(**_field_values(RunArguments, values))
@@ -102,6 +109,7 @@ def parse_command_line(
         # --report-to takes one word on a command line: tensorboard,mlflow names both (the trainer takes a list).
         values["report_to"] = [name.strip() for name in values["report_to"].split(",")]
     check_tracking(values["report_to"])
+    run_args.recipe = recipe_record(recipe, values)
     model_args.precision = resolve_precision(model_args.precision)
     # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
@@ -144,6 +152,25 @@ def check_train_args(argv: list[str]) -> None:
     model_args, data_args, _, _ = parse_command_line(argv)
     load_config(model_args.model)
     check_prepared(data_args.prepared_dir())
+
+
+def recipe_record(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+    """What run.json keeps of the recipe: the values the run trains with, and which of them flags changed.
+
+    :param recipe: the model's (:func:`textsql.arguments.training_recipe`).
+    :param values: the parsed command line.
+    :rtype: dict[str, typing.Any]
+    """
+    chosen = recipe.training_values()
+    return {
+        "name": recipe.name,
+        "optimizer": str(values["optim"]),
+        "peak_learning_rate": values["learning_rate"],
+        "schedule": values["lr_scheduler_type"],
+        "warmup_steps": values["warmup_steps"],
+        "why": recipe.why,
+        "overridden": sorted(name for name, value in chosen.items() if values[name] != value),
+    }
 
 
 def resolve_precision(precision: str) -> str:

@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     start_tracking(trainer, run_params(model_args, data_args, run_args, training_args), resumed=checkpoint is not None)
 
     result = trainer.train(resume_from_checkpoint=checkpoint)
+    # Every rank takes part (the counts are summed over the ranks).
+    throughput = trainer.batch_counts.record(result.metrics["train_runtime"], training_args.device)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     close_run_events(trainer)
     export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
-        _write_summary(trainer, model_args, run_args, checkpoint, collective)
+        _write_summary(trainer, model_args, run_args, checkpoint, collective, throughput)
     finish_tracking(trainer)
     teardown_distributed()
     return 0
@@ -335,11 +337,12 @@ def export_model(trainer: Seq2SeqTrainer, target: Path, prepare_record: Path | N
 
 
 def _write_summary(
-    trainer: Seq2SeqTrainer,
+    trainer: TokenBudgetTrainer,
     model_args: ModelArguments,
     run_args: RunArguments,
     checkpoint: str | None,
     collective: dict,
+    throughput: dict,
 ) -> None:
     engine = trainer.model_wrapped
     summary = {
@@ -350,12 +353,17 @@ def _write_summary(
         "profile_chosen_by": AUTO_PROFILE if run_args.auto_profile else "name",
         "precision": model_args.precision,
         "model": model_args.model,
+        # How its optimizer stepped (textsql.arguments.training_recipe), with the flags that changed it.
+        "recipe": run_args.recipe,
         "loss_vocabulary": trainer.model.loss_vocabulary if isinstance(trainer.model, BatchVocabularyT5) else "full",
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
         "eval_share_limit": run_args.eval_share,
         "save_every_minutes": run_args.save_every_minutes,
+        # Questions and tokens per second of the batches that ran (the trainer's train_samples_per_second counts
+        # per_device_train_batch_size questions a batch, whatever a token-budget batch held).
+        "throughput": throughput,
         "token_budget": token_budget_record(getattr(trainer, "max_tokens_per_batch", None)),
         "log_history": trainer.state.log_history,
         # The collective check of this launch (empty for a single rank): result and bandwidth per host.

@@ -1,0 +1,209 @@
+"""What a run trains with and reports: the recipe by what the model is, grad_norm without a per-step host sync,
+questions and tokens per second of the batches that ran, and evaluation's generate under training's autocast."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+
+from textsql.arguments import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE, train_argv
+from textsql.model import load_model, load_tokenizer
+from textsql.training.batching import TokenBudgetBatchSampler, TokenBudgetTrainer
+from textsql.training.command_line import parse_command_line
+
+SYNC_OP = "aten::_local_scalar_dense"  # what .item() and every other host read of a tensor dispatch
+RUN_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def model_with_weights(tmp_path_factory) -> Path:
+    """The embedded small T5 saved with its weights: a model directory as a trained model/ or a hub download is."""
+    target = tmp_path_factory.mktemp("weights") / "model"
+    load_model().save_pretrained(target)
+    load_tokenizer().save_pretrained(target)
+    return target
+
+
+def parsed(**values):
+    _, _, run_args, training = parse_command_line(train_argv(data_dir="data", output_dir="out", **values))
+    return run_args.recipe, training
+
+
+def test_a_model_with_weights_gets_the_pretrained_recipe_and_one_from_its_config_the_demos(model_with_weights):
+    recipe, training = parsed(model=model_with_weights, profile="zero0")
+    assert (recipe["name"], training["learning_rate"], training["lr_scheduler_type"], training["warmup_steps"]) == (
+        WITH_WEIGHTS_RECIPE.name,
+        3e-4,
+        "linear",
+        0.06,
+    )
+    assert recipe["overridden"] == [] and "transformers' T5 documentation" in recipe["why"]
+    recipe, training = parsed(profile="zero0")
+    assert (recipe["name"], training["learning_rate"], training["lr_scheduler_type"], training["warmup_steps"]) == (
+        FROM_CONFIG_RECIPE.name,
+        1e-3,
+        "constant",
+        0,
+    )
+
+
+def test_every_flag_given_wins_even_one_equal_to_a_default(model_with_weights):
+    # 1e-3 is the other recipe's rate and 0 warm-up the trainer's own default: typed, they still win.
+    recipe, training = parsed(model=model_with_weights, profile="zero0", learning_rate=1e-3, warmup_steps=0)
+    assert (training["learning_rate"], training["warmup_steps"], training["lr_scheduler_type"]) == (1e-3, 0, "linear")
+    assert recipe["overridden"] == ["learning_rate", "warmup_steps"] and recipe["peak_learning_rate"] == 1e-3
+
+
+def sync_count(action) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        action()
+    return sum(event.count for event in profiler.key_averages() if event.key == SYNC_OP)
+
+
+def test_grad_norm_is_read_from_the_clipping_hook_at_logging_steps_only(tmp_path):
+    """Under DeepSpeed with the optimizer clipping (bf16 autocast), the trainer is handed no norm (None): the hook's
+    tensor stands in, and is read on the host only when a step logs."""
+    from transformers import Seq2SeqTrainingArguments
+
+    # The fused AdamW of a GPU run (torch's unfused one reads each parameter's step count on the host).
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), max_grad_norm=0.0, report_to=[], optim="adamw_torch_fused", use_cpu=True
+    )
+    model = load_model()
+    trainer = TokenBudgetTrainer(model=model, args=args, optimizer_max_grad_norm=1.0)
+    optimizer = trainer.create_optimizer()
+    batch = {"input_ids": torch.tensor([[5, 6, 1]]), "labels": torch.tensor([[7, 1]])}
+    tr_loss = torch.zeros(())
+    # What trainer.train() sets up before its loop.
+    trainer._globalstep_last_logged, trainer._total_loss_scalar, trainer.current_flos = 0, 0.0, 0
+
+    def step(log: bool | None, stepping: torch.optim.Optimizer = optimizer) -> None:
+        loss = model(**batch).loss
+        loss.backward()
+        tr_loss.add_(loss.detach())
+        stepping.step()
+        stepping.zero_grad()
+        trainer.state.global_step += 1
+        if log is not None:
+            trainer.control.should_log = log
+            trainer._maybe_log_save_evaluate(tr_loss, None, model, None, 0.0, None, time.time(), learning_rate=1e-3)
+
+    # Before: the same steps by an optimizer of the same kind without the hook, and no trainer logging after them
+    # (on a CPU, fused AdamW reads a few scalars of its own each step; on CUDA it reads none).
+    unhooked = torch.optim.AdamW(model.parameters(), fused=True)
+    optimizer_alone = sync_count(lambda: [step(None, unhooked) for _ in range(4)])
+    steps_without_log = sync_count(lambda: [step(log=False) for _ in range(4)])
+    logging_step = sync_count(lambda: step(log=True))
+    assert steps_without_log == optimizer_alone
+    # The loss's own read (the trainer's) and the norm's: one each.
+    assert logging_step == optimizer_alone // 4 + 2
+    logged = trainer.state.log_history[-1]
+    assert logged["grad_norm"] == pytest.approx(float(trainer.clipping.norm)) and logged["grad_norm"] > 0
+
+
+@pytest.mark.slow
+def test_a_short_run_with_weights_records_its_recipe_warms_up_logs_grad_norm_and_counts_its_batches(
+    tmp_path, model_with_weights, prepared_sample
+):
+    """One DeepSpeed rank, bf16 autocast at stage 0 (the optimizer clips), token-budget batches, every step logged."""
+    budget = 2048
+    train = datasets.load_from_disk(str(prepared_sample))["train"]
+    sampler = TokenBudgetBatchSampler(
+        [len(ids) for ids in train["input_ids"]], [len(ids) for ids in train["labels"]], budget
+    )
+    # Whole epochs: every question comes once an epoch, so the questions that ran are known exactly.
+    epochs = 3
+    steps = epochs * len(sampler)
+    output = tmp_path / "run"
+    argv = train_argv(
+        model=model_with_weights,
+        data_dir=prepared_sample,
+        output_dir=output,
+        profile="zero0",
+        precision="bf16",
+        max_steps=steps,
+        max_tokens_per_batch=budget,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        eval_strategy="no",
+        save_strategy="no",
+        max_eval_samples=4,
+        predict_with_generate=False,
+        disable_tqdm=True,
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "textsql.training.train", *argv],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    summary = json.loads((output / "run.json").read_text())
+    assert summary["recipe"]["name"] == WITH_WEIGHTS_RECIPE.name and summary["recipe"]["overridden"] == []
+    steps_logged = [entry for entry in summary["log_history"] if "loss" in entry]
+    rates = [entry["learning_rate"] for entry in steps_logged]
+    warmup = -(-steps * 6 // 100)  # ceil(6 % of the steps)
+    # The trainer logs each step's rate before stepping the schedule: 0 at the first step, the peak after warm-up.
+    assert rates[0] == 0 and rates[warmup] == pytest.approx(WITH_WEIGHTS_RECIPE.learning_rate) == max(rates)
+    assert rates[-1] < rates[warmup]
+    assert all(entry["grad_norm"] > 0 for entry in steps_logged)
+    throughput = summary["throughput"]
+    trainer_figure = next(entry for entry in summary["log_history"] if "train_samples_per_second" in entry)
+    assert throughput["questions"] == epochs * len(train)
+    # The trainer's own figure counts 2 questions a step, what per_device_train_batch_size says.
+    assert trainer_figure["train_samples_per_second"] * trainer_figure["train_runtime"] == pytest.approx(
+        2 * steps, rel=0.02
+    )
+    assert throughput["questions"] > 4 * steps
+    assert 0 < throughput["tokens"] < throughput["padded_tokens"]
+
+
+AUTOCAST_PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    import deepspeed, torch
+    from transformers import Seq2SeqTrainingArguments
+    from textsql.model import load_model
+    from textsql.training.batching import TokenBudgetTrainer
+    from worker.network import free_port
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = load_model()
+    config = {"train_batch_size": 1, "torch_autocast": {"enabled": True, "dtype": "bfloat16"}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
+    args = Seq2SeqTrainingArguments(output_dir=sys.argv[1], report_to=[], predict_with_generate=True,
+                                    generation_max_length=4, use_cpu=True)
+    trainer = TokenBudgetTrainer(model=model, args=args)
+    trainer.model_wrapped = engine  # as trainer.train() leaves it
+    dtypes = set()
+    model.lm_head.register_forward_hook(lambda module, inputs, output: dtypes.add(str(output.dtype)))
+    model.eval()
+    inputs = {"input_ids": torch.tensor([[5, 6, 1]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+              "labels": torch.tensor([[7, 1]])}
+    trainer.prediction_step(engine, inputs, prediction_loss_only=False)
+    print(json.dumps(sorted(dtypes)))
+    """
+)
+
+
+@pytest.mark.slow
+def test_evaluations_generate_runs_under_the_engines_bf16_autocast(tmp_path):
+    """The engine autocasts its own forward (the evaluation loss); generate, called on the unwrapped model,
+    runs under the same autocast: the output layer's matmuls give bf16, none fp32."""
+    result = subprocess.run(
+        [sys.executable, "-c", AUTOCAST_PROBE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == ["torch.bfloat16"]
