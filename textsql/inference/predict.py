@@ -46,6 +46,7 @@ from textsql.files import load_tables, prepared_tables_path, read_jsonl, write_j
 from textsql.inference.evaluate import evaluate, format_report
 from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
+from textsql.model_card import record_evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Predictor:
         tokenizer: PreTrainedTokenizerBase,
         input_format: str = INPUT_FORMATS[0],
         device: str | torch.device | None = None,
+        model_dir: Path | None = None,
     ):
         if input_format not in INPUT_FORMATS:
             raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
@@ -75,6 +77,8 @@ class Predictor:
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.input_format = input_format
+        # Where the model was loaded from: evaluation scores go into its model card there.
+        self.model_dir = model_dir
 
     @property
     def uncased(self) -> bool:
@@ -97,7 +101,11 @@ class Predictor:
         if Path(reference).is_dir() and not has_weights(reference):
             logger.warning("%s holds no weights: predictions come from an untrained model", reference)
         return cls(
-            load_model(reference), load_tokenizer(reference), input_format or recorded_input_format(reference), device
+            load_model(reference),
+            load_tokenizer(reference),
+            input_format or recorded_input_format(reference),
+            device,
+            Path(reference) if Path(reference).is_dir() else None,
         )
 
     def generate(
@@ -378,6 +386,7 @@ def predict(
         metrics = evaluate(questions.items, lines, tables=questions.tables)
         metrics["inference"] = {key: value for key, value in summary.items() if key != "metrics"}
         write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
+        record_evaluation(predictor.model_dir, metrics, data, split)
         summary["metrics"] = metrics
     logger.info(
         "%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out

@@ -34,6 +34,7 @@ from textsql.decoding.bounds import KeepGenerationBound, bound_generation
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
 from textsql.model import load_model, load_tokenizer
+from textsql.model_card import write_training_card
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.checkpoints import (
     incomplete_reason,
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     close_run_events(trainer)
     export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
-        _write_summary(trainer, model_args, run_args, checkpoint, collective)
+        summary = _write_summary(trainer, model_args, run_args, checkpoint, collective)
+        write_training_card(output_path(training_args) / MODEL_SUBDIR, summary)
     teardown_distributed()
     return 0
 
@@ -337,7 +339,7 @@ def _write_summary(
     run_args: RunArguments,
     checkpoint: str | None,
     collective: dict,
-) -> None:
+) -> dict:
     engine = trainer.model_wrapped
     summary = {
         "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
@@ -359,6 +361,7 @@ def _write_summary(
         "collective": collective,
     }
     write_json(output_path(trainer.args) / RUN_SUMMARY_NAME, summary)
+    return summary
 
 
 def evaluation_share(log_history: list[dict]) -> float | None:
