@@ -133,9 +133,10 @@ def test_a_short_training_writes_the_card_and_evaluation_puts_metrics_json_in_it
     )
     assert "| steps | 2," in card.text and "1 rank on CPU (gloo)" in card.text
 
-    predict(Predictor.load(model), prepared_sample, "validation", out=tmp_path / "predictions.jsonl", limit=6)
+    predict(Predictor.load(model), prepared_sample, "validation", out=tmp_path / "predictions.jsonl", limit=4)
     metrics = json.loads((tmp_path / METRICS_NAME).read_text())
-    evaluated = scores(ModelCard.load(model / CARD_NAME))
-    assert evaluated == {
-        dataset: {key: round(metrics[key], 4) for key in ("lf_accuracy", "ex_accuracy", "parse_rate")}
+    # The prepared sample's tables carry no rows: no execution accuracy, in metrics.json or in the card.
+    expected = {
+        key: round(metrics[key], 4) for key in ("lf_accuracy", "ex_accuracy", "parse_rate") if metrics[key] is not None
     }
+    assert scores(ModelCard.load(model / CARD_NAME)) == {dataset: expected} and "parse_rate" in expected

@@ -136,16 +136,16 @@ def record_evaluation(model_dir: str | Path | None, metrics: dict, data: str | P
     :returns: the card's path, or ``None`` when the model has no card (the embedded T5, a hub model).
     :rtype: pathlib.Path | None
     """
-    path = Path(model_dir) / CARD_NAME if model_dir is not None else None
-    if path is None or not path.is_file():
+    if model_dir is None or not (Path(model_dir) / CARD_NAME).is_file():
         return None
+    path = Path(model_dir) / CARD_NAME
     card = ModelCard.load(path)
     dataset = dataset_of(data)
     # EvalResult.unique_identifier's fields: task, dataset type, config, split, revision.
     scored = (TASK_TYPE, dataset.type, dataset.config, split, None)
     kept = [result for result in card.data.eval_results or [] if result.unique_identifier != scored]
     card.data.eval_results = kept + _eval_results(dataset, split, metrics)
-    card.data.model_name = card.data.model_name or f"textsql-{Path(model_dir).resolve().parent.name}"
+    card.data.model_name = card.data.model_name or f"textsql-{path.resolve().parent.parent.name}"
     block = _scores_table(dataset, split, metrics, metrics.get("baseline"))
     card.text = _with_result(card.text, _result_key(dataset, split), block)
     return _save(card, path)
