@@ -134,6 +134,7 @@ def _replica(directory: Path, requests: list[dict], threads: int) -> dict:
     free = replica["free"][1:]
     tokenizer = load_tokenizer(directory)
     tokens = [len(tokenizer(response["sql"])["input_ids"]) for *_, response in warm]
+    free_tokens = [len(tokenizer(response["sql"])["input_ids"]) for *_, response in free]
     median = statistics.median(seconds for seconds, _, _ in warm)
     return {
         "import_s": round(replica["import_s"], 3),
@@ -149,6 +150,11 @@ def _replica(directory: Path, requests: list[dict], threads: int) -> dict:
         ),
         "tokens_median": statistics.median(tokens),
         "ms_per_token": round(1000 * sum(seconds for seconds, _, _ in warm) / sum(tokens), 2),
+        # Free decoding of a random model may run to the length limit where the grammar ends the query: compare per token.
+        "free_tokens_median": statistics.median(free_tokens),
+        "constrained_over_free_cpu_per_token": round(
+            (sum(cpu for _, cpu, _ in warm) / sum(tokens)) / (sum(cpu for _, cpu, _ in free) / sum(free_tokens)), 2
+        ),
         "example_sql": warm[0][2]["sql"],
     }
 
