@@ -6,7 +6,8 @@ second. Each model is served in a fresh Python as a CML replica serves it: the f
 then ``requests`` more (``warm_s``, their median and spread; ``warm_cpu_s``, the CPU time, which waiting for a
 shared core does not inflate), questions and headers of the shipped sample's validation split with their rows,
 constrained decoding as served. The baseline, in the same replica and alternated with the served requests: the same
-questions decoded freely (``free_warm_s``; ``constrained_over_free_cpu`` the ratio of the CPU-time medians). Models: the embedded small T5 and one of
+questions decoded freely, right after each served one and at most as long as its answer (``free_warm_s``;
+``constrained_over_free_cpu`` the ratio of the CPU-time medians). Models: the embedded small T5 and one of
 t5-small's shape, both with random weights from the fixed seed (no trained model ships with the project), so the
 generated queries' lengths are reported beside the times (``tokens`` per answer, and ms per generated token):
 a trained model writes its query and stops, a random one may run to the length limit.
@@ -35,14 +36,13 @@ TIMEOUT_S = 900
 # What one replica runs: import the model file, then answer the requests one by one, timing each.
 REPLICA = """
 import importlib.util, json, sys, time
-from textsql.arguments import GenerationOptions
-from textsql.inference.serving import served_model_dir, served_predictor
 started = time.perf_counter()
 spec = importlib.util.spec_from_file_location("model", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 imported = time.perf_counter() - started
-free = GenerationOptions(constrained=False)
+from textsql.arguments import GenerationOptions
+from textsql.inference.serving import served_model_dir, served_predictor
 
 def timed(work):
     started, started_cpu = time.perf_counter(), time.process_time()
@@ -50,14 +50,14 @@ def timed(work):
     return [time.perf_counter() - started, time.process_time() - started_cpu, response]
 
 served, unconstrained = [], []
-for index, request in enumerate(json.loads(sys.argv[2])):
-    arms = [
-        (served, lambda: module.predict(request)),
-        (unconstrained, lambda: served_predictor(served_model_dir()).ask(request["question"], request["header"], free)),
-    ]
-    # The served request first on the first (cold) round, then alternating, so drift weighs on both alike.
-    for runs, work in arms if index % 2 == 0 else arms[::-1]:
-        runs.append(timed(work))
+for request in json.loads(sys.argv[2]):
+    served.append(timed(lambda: module.predict(request)))
+    predictor = served_predictor(served_model_dir())
+    # The baseline writes as many tokens as the served answer at most: a random model's free output would otherwise
+    # run to the length limit, where the grammar ends the query.
+    length = len(predictor.tokenizer(served[-1][2]["sql"])["input_ids"])
+    free = GenerationOptions(constrained=False, max_new_tokens=length)
+    unconstrained.append(timed(lambda: predictor.ask(request["question"], request["header"], free)))
 print(json.dumps({"import_s": imported, "served": served, "free": unconstrained}))
 """
 
@@ -66,7 +66,7 @@ print(json.dumps({"import_s": imported, "served": served, "free": unconstrained}
 class Sizes:
     """How many warm requests follow the cold one, and how many threads the replica's torch uses."""
 
-    requests: int = 20
+    requests: int = 10
     threads: int = 2
 
 
@@ -77,7 +77,10 @@ def run(work: Path, sizes: Sizes = Sizes()) -> dict:
     :rtype: dict
     """
     records = load_records("sample", "validation", sizes.requests + 1)
-    requests = [{"question": item["question"], "header": item["header"], "rows": item["rows"]} for item in records]
+    requests = [
+        {"question": item["question"], "header": item["header"], **({"rows": item["rows"]} if item["rows"] else {})}
+        for item in records
+    ]
     models = {
         "t5-tiny (embedded)": _saved(DEFAULT_MODEL_DIR, work / "served-t5-tiny"),
         "t5-small shape": _saved(t5_small_shape(work), work / "served-t5-small"),
@@ -143,14 +146,14 @@ def _replica(directory: Path, requests: list[dict], threads: int) -> dict:
         "warm_cpu_s": _spread([cpu for _, cpu, _ in warm]),
         "warm_share_of_budget": round(median / BUDGET_S, 3),
         "cold_share_of_budget": round(cold / BUDGET_S, 3),
-        # The same questions decoded freely in the same replica, alternated with the served ones: the baseline.
+        # The same questions decoded freely in the same replica, each right after its served answer: the baseline.
         "free_warm_s": _spread([seconds for seconds, _, _ in free]),
         "constrained_over_free_cpu": round(
             statistics.median(cpu for _, cpu, _ in warm) / statistics.median(cpu for _, cpu, _ in free), 2
         ),
         "tokens_median": statistics.median(tokens),
         "ms_per_token": round(1000 * sum(seconds for seconds, _, _ in warm) / sum(tokens), 2),
-        # Free decoding of a random model may run to the length limit where the grammar ends the query: compare per token.
+        # Free decoding stops where the served answer did at the latest: compare per token too.
         "free_tokens_median": statistics.median(free_tokens),
         "constrained_over_free_cpu_per_token": round(
             (sum(cpu for _, cpu, _ in warm) / sum(tokens)) / (sum(cpu for _, cpu, _ in free) / sum(free_tokens)), 2
