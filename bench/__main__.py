@@ -23,6 +23,7 @@ from bench import (
     gpu,
     gpu_quick,
     inference,
+    model_latency,
     profiles,
     recovery,
     rendezvous,
@@ -52,8 +53,10 @@ FIGURE_NAMES = (
     "ops",
     "shrink",
     "gpu",
+    "model-latency",
 )
 SMOKE = {
+    "model-latency": model_latency.Sizes(requests=2),
     "prepare": tokenization.Sizes(repetitions=1, warmup=0, dev_questions=200),
     "rendezvous": rendezvous.Sizes(counts=(4,), repetitions=1, warmup=0, agents=None),
     "train": train_padding.Sizes(examples=16, batch_size=8, repetitions=1, warmup_steps=1),
@@ -82,6 +85,7 @@ SMOKE = {
     ),
 }
 FULL = {
+    "model-latency": model_latency.Sizes(),
     "prepare": tokenization.Sizes(),
     "rendezvous": rendezvous.Sizes(),
     "train": train_padding.Sizes(),
@@ -103,6 +107,8 @@ def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, sav
     """
     if name == "prepare":
         return {"prepare_examples_per_s": tokenization.run(sizes)}
+    if name == "model-latency":
+        return {"model_latency_s": model_latency.run(work, sizes)}
     if name == "rendezvous":
         return rendezvous.run(sizes)
     if name == "train":
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        data_dir = prepare_data(work) if set(names) - {"prepare", "rendezvous", "constrained"} else ""
+        data_dir = prepare_data(work) if set(names) - {"prepare", "rendezvous", "constrained", "model-latency"} else ""
         for name in names:
             started = time.monotonic()
             logger.info("measuring %s", name)

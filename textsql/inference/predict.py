@@ -46,6 +46,7 @@ from textsql.files import load_tables, prepared_tables_path, read_jsonl, write_j
 from textsql.inference.evaluate import evaluate, format_report
 from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
+from textsql.model_card import record_evaluation
 from textsql.training.tracking import log_evaluation
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Predictor:
         tokenizer: PreTrainedTokenizerBase,
         input_format: str = INPUT_FORMATS[0],
         device: str | torch.device | None = None,
+        model_dir: Path | None = None,
     ):
         if input_format not in INPUT_FORMATS:
             raise DataError(f"unknown input format {input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}")
@@ -76,6 +78,8 @@ class Predictor:
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.tokenizer = tokenizer
         self.input_format = input_format
+        # Where the model was loaded from: evaluation scores go into its model card there.
+        self.model_dir = model_dir
 
     @property
     def uncased(self) -> bool:
@@ -98,7 +102,11 @@ class Predictor:
         if Path(reference).is_dir() and not has_weights(reference):
             logger.warning("%s holds no weights: predictions come from an untrained model", reference)
         return cls(
-            load_model(reference), load_tokenizer(reference), input_format or recorded_input_format(reference), device
+            load_model(reference),
+            load_tokenizer(reference),
+            input_format or recorded_input_format(reference),
+            device,
+            Path(reference) if Path(reference).is_dir() else None,
         )
 
     def generate(
@@ -379,6 +387,7 @@ def predict(
         metrics = evaluate(questions.items, lines, tables=questions.tables)
         metrics["inference"] = {key: value for key, value in summary.items() if key != "metrics"}
         metrics_file = write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
+        record_evaluation(predictor.model_dir, metrics, data, split)
         summary["metrics"] = metrics
         if isinstance(model_dir, str | Path):  # a trained model's run, tracked with --report_to mlflow, gets them too
             log_evaluation(Path(model_dir).parent, split, metrics, metrics_file)

@@ -28,12 +28,13 @@ import transformers
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 
 from textsql.arguments import DataArguments, ModelArguments, RunArguments
-from textsql.constants import LABEL_PAD_TOKEN_ID, PREPARE_JSON_NAME, RUN_SUMMARY_NAME, UNCASED_FORMAT
+from textsql.constants import LABEL_PAD_TOKEN_ID, MODEL_SUBDIR, PREPARE_JSON_NAME, RUN_SUMMARY_NAME, UNCASED_FORMAT
 from textsql.data.wikisql import recorded_input_format
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
 from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
 from textsql.model import load_model, load_tokenizer
+from textsql.model_card import write_training_card
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.checkpoints import (
     incomplete_reason,
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
-MODEL_SUBDIR = "model"
 PREDICTIONS_FILE = "eval_predictions.jsonl"
 
 
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     close_run_events(trainer)
     export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
     if trainer.is_world_process_zero():
-        _write_summary(trainer, model_args, run_args, checkpoint, collective, throughput)
+        summary = _write_summary(trainer, model_args, run_args, checkpoint, collective, throughput)
+        write_training_card(output_path(training_args) / MODEL_SUBDIR, summary)
     finish_tracking(trainer)
     teardown_distributed()
     return 0
@@ -343,7 +344,7 @@ def _write_summary(
     checkpoint: str | None,
     collective: dict,
     throughput: dict,
-) -> None:
+) -> dict:
     engine = trainer.model_wrapped
     summary = {
         "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
@@ -370,6 +371,7 @@ def _write_summary(
         "collective": collective,
     }
     write_json(output_path(trainer.args) / RUN_SUMMARY_NAME, summary)
+    return summary
 
 
 def evaluation_share(log_history: list[dict]) -> float | None:
