@@ -68,6 +68,13 @@ PINNED_PARAMETERS = {
     PREPARE: ("source", "input_format", "model", "data_dir", "limit"),
     TRAIN: ("model", "data_dir", "profile", "per_device_train_batch_size", "learning_rate"),
 }
+# What a notebook needs to replace what an earlier run of it left: 01 refuses an existing data_dir, 02 a run_dir
+# with checkpoints, unless told.
+FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
+    PREPARE: {"overwrite": True},
+    TRAIN: {"resume": None, "overwrite_output_dir": True},
+    INFER: {},
+}
 # The trained model's directory in a run (textsql.training.train.MODEL_SUBDIR, not imported: it imports torch).
 MODEL_DIR_NAME = "model"
 
@@ -303,16 +310,10 @@ def plan(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]]) -> dict[st
             steps[name] = Step("skip", "completed with the same parameters; its outputs are in place")
             continue
         upstream_runs.append(name)
-        steps[name] = Step("run", reason, _fresh(name))
+        steps[name] = Step("run", reason, FRESH_PARAMETERS[name])
         if name == TRAIN:
             steps[name] = _training_step(manifest, chosen, parameters, reason)
     return steps
-
-
-def _fresh(name: str) -> dict[str, Any]:
-    # What a notebook needs to replace what an earlier run of it left (01 refuses an existing data_dir, 02 a run_dir
-    # with checkpoints, unless told).
-    return {PREPARE: {"overwrite": True}, TRAIN: {"resume": None, "overwrite_output_dir": True}}.get(name, {})
 
 
 def _training_step(
@@ -321,7 +322,7 @@ def _training_step(
     record = manifest.records.get(TRAIN)
     checkpoint = newest_complete_checkpoint(notebook_relative(parameters["run_dir"]))
     if record is None or record["status"] == COMPLETED or checkpoint is None or parameters["overwrite_output_dir"]:
-        return Step("run", reason, _fresh(TRAIN))
+        return Step("run", reason, FRESH_PARAMETERS[TRAIN])
     changes = _pinned_changes(manifest, chosen)
     if changes:
         raise NotebookError(
