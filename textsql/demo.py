@@ -2,7 +2,8 @@
 directory, then a summary of what it produced, how training and scoring went, and where the time went.
 
 The notebooks stay the single place the workflow and its defaults are written down: the demo passes only
-where its files go (and the log level under ``--verbose``).
+where its files go (and the log level under ``--verbose``; under ``--resume``, what continues or replaces an
+earlier run: :mod:`textsql.notebook_manifest`).
 """
 
 from __future__ import annotations
