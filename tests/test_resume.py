@@ -36,7 +36,7 @@ from textsql.training.checkpoints import (
     COMPLETE_MARKER,
     DEEPSPEED_LATEST_FILE,
     TRAINER_STATE_FILE,
-    is_complete_checkpoint,
+    newest_complete_checkpoint,
 )
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
@@ -212,16 +212,19 @@ def test_an_attempt_still_running_is_found_and_a_dead_one_is_not(tmp_path):
 
 
 def test_resume_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path):
-    launch = "5f0c2a9e41d7b3c8"
+    logged, relaunched = "5f0c2a9e41d7b3c8", "9f7c6e7672994136"
     (tmp_path / LAUNCH_LOG_NAME).write_text(
-        f"# 2026-11-26 01:00:00 launch {launch}: deepspeed --hostfile h --launcher pdsh\nstep 1/4: loss 3\n"
+        f"# 2026-11-26 01:00:00 launch {logged}: deepspeed --hostfile h --launcher pdsh\nstep 1/4: loss 3\n"
     )
-    assert launch_ids(tmp_path) == [launch]
+    # The next launch's log lines were cut off by the kill; the .deepspeed_env written before it names it.
+    (tmp_path / ".deepspeed_env").write_text(f"{LAUNCH_ID_VAR}={relaunched}\nPATH=/usr/bin:$PATH\n")
+    assert launch_ids(tmp_path) == [logged, relaunched]
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
     # Sessions of their own, as the kernel, the workers and DeepSpeed's runner have: a group kill misses them.
     left = [
         subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: "a1"}, start_new_session=True),
-        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: launch}, start_new_session=True),
+        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: logged}, start_new_session=True),
+        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: relaunched}, start_new_session=True),
     ]
     bystanders = [
         subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: "another"}, start_new_session=True),
@@ -229,8 +232,9 @@ def test_resume_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path):
     ]
     time.sleep(0.5)  # their environment is in /proc once they have started
     try:
-        assert end_leftovers(tmp_path, "a1", grace=5) == 2
-        assert [process.wait(timeout=10) for process in left] == [-signal.SIGTERM, -signal.SIGTERM]
+        assert end_leftovers(tmp_path, "a1", grace=5) == 3
+        # SIGKILL for the attempt's own (DeepSpeed's runner answers SIGTERM with a pkill by pattern), SIGTERM for ranks.
+        assert [process.wait(timeout=10) for process in left] == [-signal.SIGKILL, -signal.SIGTERM, -signal.SIGTERM]
         assert [process.poll() for process in bystanders] == [None, None], "another run's processes are not ours"
     finally:
         for process in left + bystanders:
@@ -308,9 +312,10 @@ def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path
             start_new_session=True,
         )
     deadline = time.monotonic() + 1200
-    while not is_complete_checkpoint(out / "checkpoint-2"):
+    # The first complete checkpoint (the trainer keeps only the last two, so checkpoint-2 may be rotated away).
+    while newest_complete_checkpoint(out) is None:
         assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
-        time.sleep(0.2)
+        time.sleep(0.1)
     os.killpg(first.pid, signal.SIGKILL)  # papermill and all in its group; the kernel, workers and ranks have their own
     first.wait()
     killed = json.loads((out / MANIFEST_NAME).read_text())

@@ -104,7 +104,8 @@ def launch(
     prepare = _prepare_pdsh if arguments.launcher == "pdsh" else _prepare_local
     command, env, ranks = prepare(arguments, run_dir, launch_id)
     logger.info("cmd = %s", shlex.join(command))
-    with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
+    # Line-buffered: a kernel killed hard (it ends with os._exit once its parent is gone) keeps no lines unwritten.
+    with open(run_dir / LAUNCH_LOG_NAME, "a", buffering=1, encoding="utf-8", opener=private_opener) as log:
         log.write(
             mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
         )
