@@ -321,6 +321,8 @@ def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path
     killed = json.loads((out / MANIFEST_NAME).read_text())
     assert killed["notebooks"][TRAIN]["status"] == "running" and killed["notebooks"][PREPARE]["status"] == "completed"
     assert marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the hard kill left processes of the run behind"
+    killed_launches = launch_ids(out)
+    assert killed_launches, "the killed launch is on record (launch.log, .deepspeed_env)"
     prepared = (out / "data" / "prepare.json").stat().st_mtime_ns
 
     resumed = demo(out, "--resume")
@@ -337,6 +339,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path
     assert f"--resume auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
     assert json.loads((out / "metrics.json").read_text())["n"] == 6
     assert not marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the killed run's processes were ended"
+    assert not [pid for launch in killed_launches for pid in marked_processes(launch)], "and its ranks"
 
     trained = (out / "run.json").stat().st_mtime_ns
     again = demo(out, "--resume", "-p", "03_inference.limit=4")
