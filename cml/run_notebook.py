@@ -31,24 +31,24 @@ try:
     name = notebook_path(sys.argv[1]).stem
     chosen = job_parameters()
     run_dir = chain_run_dir(chosen)
-    step = None
+    manifest, step, first = Manifest.load(run_dir), None, None
     if "--resume" in sys.argv[2:] or chosen["02_train_distributed"]["resume"] == "auto":
         manifest, steps = resume_plan(run_dir, chosen)
-        first = next((other for other in NOTEBOOKS[: NOTEBOOKS.index(name)] if steps[other].runs), None)
-        if first is not None:
-            sys.exit(f"Error: {first} must run first ({steps[first].reason}); start its job, then this one")
         step = steps[name]
-        print(f"{name} {'skipped' if not step.runs else 'runs'}: {step.reason}")
         if not step.runs:
+            print(f"{name} skipped: {step.reason}")
             sys.exit(0)
-    else:
-        manifest = Manifest.load(run_dir)
+        first = next((other for other in NOTEBOOKS[: NOTEBOOKS.index(name)] if steps[other].runs), None)
     if name == "02_train_distributed":
         missing = missing_for(runtime_checks(chosen), [TRAIN])
         if missing:
             sys.exit(
                 "Error: this runtime cannot train: " + "; ".join(f"{check.name}: {check.detail}" for check in missing)
             )
+    if first is not None:
+        sys.exit(f"Error: {first} must run first ({steps[first].reason}); start its job, then this one")
+    if step is not None:
+        print(f"{name} runs: {step.reason}")
     manifest.begin()
     run_recorded(manifest, name, output, parameters_from_environ(name), step)
 except TextSQLError as error:

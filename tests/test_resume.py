@@ -31,7 +31,7 @@ from textsql.notebook_manifest import (
     outputs,
     plan,
 )
-from textsql.notebook_parameters import NOTEBOOKS, NotebookError
+from textsql.notebook_parameters import NOTEBOOKS, NotebookError, job_parameters
 from textsql.training.checkpoints import (
     COMPLETE_MARKER,
     DEEPSPEED_LATEST_FILE,
@@ -348,3 +348,33 @@ def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path
     assert f"{INFER} runs: changed limit 6 -> 4" in again.stderr
     assert (out / "run.json").stat().st_mtime_ns == trained, "training did not run again"
     assert json.loads((out / "metrics.json").read_text())["n"] == 4
+
+
+JOB = Path(__file__).resolve().parent.parent / "cml" / "run_notebook.py"
+
+
+def job(name: str, env: dict, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(JOB), name, *arguments],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+def test_a_resumed_job_skips_its_completed_notebook_and_names_the_job_to_run_first(tmp_path):
+    env = {"TEXTSQL_RUN_DIR": str(tmp_path / "run"), "TEXTSQL_DATA_DIR": str(tmp_path / "run" / "data")}
+    refused = job(INFER, env, "--resume")
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: {PREPARE} must run first (no record of an earlier run); start its job, then this one"
+    ]
+    chosen = job_parameters(environ={**os.environ, **env})
+    manifest = Manifest(tmp_path / "run")
+    record(manifest, chosen, PREPARE)
+    skipped = job(PREPARE, {**env, "TEXTSQL_RESUME": "auto"})
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stdout.strip() == f"{PREPARE} skipped: completed with the same parameters; its outputs are in place"
+    assert Manifest.load(tmp_path / "run").records == manifest.records, "nothing ran, nothing was recorded"
