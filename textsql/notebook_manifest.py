@@ -276,8 +276,8 @@ def _why_it_runs(manifest: Manifest, name: str, parameters: Mapping[str, Any], u
     gone = next((path for path in record["outputs"] if not Path(path).exists()), None)
     if gone is not None:
         return f"its output {gone} is gone"
-    for other, run in record["inputs"].items():
-        if manifest.records.get(other, {}).get("run") != run:
+    for other in NOTEBOOKS[: NOTEBOOKS.index(name)]:
+        if other in manifest.records and record["inputs"].get(other) != manifest.records[other]["run"]:
             return f"{other} ran again since"
     return None
 
