@@ -281,9 +281,9 @@ SMALL_DEMO = [
     "-p",
     "01_prepare_dataset.limit=48",
     "-p",
-    "max_steps=8",
+    "max_steps=20",
     "-p",
-    "eval_steps=2",
+    "eval_steps=4",
     "-p",
     "per_device_train_batch_size=4",
     "-p",
@@ -335,7 +335,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path
     assert [manifest["notebooks"][name]["status"] for name in NOTEBOOKS] == ["completed"] * 3
     run = json.loads((out / "run.json").read_text())
     resumed_from = int(Path(run["resumed_from"]).name.removeprefix("checkpoint-"))
-    assert resumed_from >= 2 and run["global_step"] == 8, "continued from the checkpoint to max_steps"
+    assert resumed_from >= 4 and run["global_step"] == 20, "continued from the checkpoint to max_steps"
     assert f"--resume auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
     assert json.loads((out / "metrics.json").read_text())["n"] == 6
     assert not marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the killed run's processes were ended"

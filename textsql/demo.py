@@ -110,12 +110,13 @@ def run_demo(
     chosen = demo_parameters(out_dir)
     for name, overrides in (parameters or {}).items():
         chosen[notebook_path(name).stem].update(overrides)
-    check_training_parameters(chosen)
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / DEMO_MARKER).is_file():
         raise NotebookError(f"{str(out_dir)!r} exists and is not a previous demo; pass another --out")
     if resume:
+        # Before the checks, which import transformers: a killed demo's ranks may still be training meanwhile.
         manifest, steps = resume_plan(out_dir, chosen)
-    else:
+    check_training_parameters(chosen)
+    if not resume:
         if out_dir.is_dir() and any(out_dir.iterdir()):
             logger.warning("replacing the previous demo in %s", out_dir)
             shutil.rmtree(out_dir)
