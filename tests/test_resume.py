@@ -36,7 +36,8 @@ from textsql.training.checkpoints import (
     COMPLETE_MARKER,
     DEEPSPEED_LATEST_FILE,
     TRAINER_STATE_FILE,
-    newest_complete_checkpoint,
+    checkpoint_dirs,
+    is_complete_checkpoint,
 )
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
@@ -313,7 +314,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path
         )
     deadline = time.monotonic() + 1200
     # The first complete checkpoint (the trainer keeps only the last two, so checkpoint-2 may be rotated away).
-    while newest_complete_checkpoint(out) is None:
+    while not any(is_complete_checkpoint(path) for path in checkpoint_dirs(out)):
         assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
         time.sleep(0.1)
     os.killpg(first.pid, signal.SIGKILL)  # papermill and all in its group; the kernel, workers and ranks have their own
