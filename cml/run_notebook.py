@@ -1,12 +1,17 @@
-"""CML job: run one of the project's notebooks headless with papermill.
+"""CML job: run one of the project's notebooks headless with papermill, recorded so the chain can resume.
 
-Argument: the notebook (01_prepare_dataset, 02_train_distributed or 03_inference). Each parameter of
-the notebook can be set as TEXTSQL_<PARAMETER> in the project's or the job's environment; relative
-paths there (data_dir, run_dir, model_dir, and a model, source or real_source that is a directory of
-the project) are relative to the project root, as everything else in CML is, although the kernel runs
-in notebooks/. The executed copy is written to runs/jobs/<notebook>-<time>.ipynb, to open from the Files
-tab. A failing cell, a wrong parameter, or a runtime without what training needs (pdsh, sshd: checked
-before any worker starts) ends the job with one line saying which, not a traceback.
+Arguments: the notebook (01_prepare_dataset, 02_train_distributed or 03_inference), then optionally --resume.
+Each parameter of the notebook can be set as TEXTSQL_<PARAMETER> in the project's or the job's environment;
+relative paths there (data_dir, run_dir, model_dir, and a model, source or real_source that is a directory of
+the project) are relative to the project root, as everything else in CML is, although the kernel runs in
+notebooks/. The executed copy is written to runs/jobs/<notebook>-<time>.ipynb, to open from the Files tab.
+
+Each run is recorded in the chain's run directory (TEXTSQL_RUN_DIR/pipeline.json). With --resume, or
+TEXTSQL_RESUME=auto (notebook 02's own resume parameter), a notebook that completed with the same parameters
+is skipped in one line, training continues from its newest complete checkpoint, and a job whose earlier
+notebook must run again first (its parameters changed, or it did not complete) says which job to start.
+A failing cell, a wrong parameter, or a runtime without what training needs (pdsh, sshd: checked before any
+worker starts) ends the job with one line saying which, not a traceback.
 """
 
 import logging
@@ -16,19 +21,35 @@ import time
 from textsql.constants import PROJECT_DIR
 from textsql.errors import TextSQLError
 from textsql.launching.preflight import TRAIN, missing_for
-from textsql.notebook_parameters import job_parameters, parameters_from_environ
-from textsql.notebook_runs import run_notebook, runtime_checks
+from textsql.notebook_manifest import Manifest, chain_run_dir
+from textsql.notebook_parameters import NOTEBOOKS, job_parameters, notebook_path, parameters_from_environ
+from textsql.notebook_runs import resume_plan, run_recorded, runtime_checks
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
-name = sys.argv[1]
-output = PROJECT_DIR / "runs" / "jobs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+output = PROJECT_DIR / "runs" / "jobs" / f"{sys.argv[1]}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
 try:
+    name = notebook_path(sys.argv[1]).stem
+    chosen = job_parameters()
+    run_dir = chain_run_dir(chosen)
+    manifest, step, first = Manifest.load(run_dir), None, None
+    if "--resume" in sys.argv[2:] or chosen["02_train_distributed"]["resume"] == "auto":
+        manifest, steps = resume_plan(run_dir, chosen)
+        step = steps[name]
+        if not step.runs:
+            print(f"{name} skipped: {step.reason}")
+            sys.exit(0)
+        first = next((other for other in NOTEBOOKS[: NOTEBOOKS.index(name)] if steps[other].runs), None)
     if name == "02_train_distributed":
-        missing = missing_for(runtime_checks(job_parameters()), [TRAIN])
+        missing = missing_for(runtime_checks(chosen), [TRAIN])
         if missing:
             sys.exit(
                 "Error: this runtime cannot train: " + "; ".join(f"{check.name}: {check.detail}" for check in missing)
             )
-    run_notebook(name, output, parameters_from_environ(name))
+    if first is not None:
+        sys.exit(f"Error: {first} must run first ({steps[first].reason}); start its job, then this one")
+    if step is not None:
+        print(f"{name} runs: {step.reason}")
+    manifest.begin()
+    run_recorded(manifest, name, output, parameters_from_environ(name), step)
 except TextSQLError as error:
     sys.exit(f"Error: {error}")

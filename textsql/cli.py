@@ -555,7 +555,7 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
     default="runs/demo",
     show_default=True,
     type=click.Path(file_okay=False),
-    help="Run directory for everything the demo writes (a previous demo there is replaced).",
+    help="Run directory for everything the demo writes (a previous demo there is replaced, unless --resume).",
 )
 @click.option(
     "-p",
@@ -565,10 +565,16 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
     metavar="[NOTEBOOK.]NAME=VALUE",
     help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.",
 )
-def demo(out: str, parameters: tuple[str, ...]) -> None:
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the demo in --out: skip each notebook that completed with the same parameters, continue "
+    "training from its newest complete checkpoint, run the rest (and what a changed parameter affects).",
+)
+def demo(out: str, parameters: tuple[str, ...], resume: bool) -> None:
     """Run the three notebooks with papermill on the embedded default: synthetic questions over the sample's
     tables (uncased), small T5, two local workers, profile auto; then the sample's real questions too."""
     from textsql.demo import format_summary, run_demo
     from textsql.notebook_parameters import parse_overrides
 
-    click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)))))
+    click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)), resume=resume)))

@@ -2,7 +2,8 @@
 directory, then a summary of what it produced, how training and scoring went, and where the time went.
 
 The notebooks stay the single place the workflow and its defaults are written down: the demo passes only
-where its files go (and the log level under ``--verbose``).
+where its files go (and the log level under ``--verbose``; under ``--resume``, what continues or replaces an
+earlier run: :mod:`textsql.notebook_manifest`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from textsql.constants import (
 )
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.files import read_json
+from textsql.notebook_manifest import Manifest, Step
 from textsql.notebook_parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
-from textsql.notebook_runs import run_notebook
+from textsql.notebook_runs import resume_plan, run_recorded
 from textsql.training.profiles import AUTO_PROFILE, get_profile
 from worker.constants import HOSTFILE_NAME
 
@@ -87,15 +89,20 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
         check_prepared(training["data_dir"])
 
 
-def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | None = None) -> DemoResult:
+def run_demo(
+    out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | None = None, resume: bool = False
+) -> DemoResult:
     """Run the three notebooks in order on their defaults; everything lands under ``out_dir``.
 
     A previous demo in ``out_dir`` is replaced; any other existing, non-empty directory is refused.
-    The training parameters are checked first (:func:`check_training_parameters`), so a mistake
+    With ``resume`` it is continued instead (:func:`textsql.notebook_runs.resume_plan`): a notebook that completed
+    with the same parameters is skipped (one line says so), training continues from its newest complete checkpoint,
+    the rest run. The training parameters are checked first (:func:`check_training_parameters`), so a mistake
     there leaves ``out_dir`` as it was and starts no worker.
 
     :param out_dir: run directory (``runs/demo``).
     :param parameters: per-notebook overrides merged onto :func:`demo_parameters`.
+    :param resume: continue the demo in ``out_dir`` rather than replace it.
     :raises TextSQLError: a ProfileError, ModelError or DataError from the check, or a NotebookError.
     :rtype: DemoResult
     """
@@ -103,27 +110,40 @@ def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | 
     chosen = demo_parameters(out_dir)
     for name, overrides in (parameters or {}).items():
         chosen[notebook_path(name).stem].update(overrides)
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / DEMO_MARKER).is_file():
+        raise NotebookError(f"{str(out_dir)!r} exists and is not a previous demo; pass another --out")
+    if resume:
+        # Before the checks, which import transformers: a killed demo's ranks may still be training meanwhile.
+        manifest, steps = resume_plan(out_dir, chosen)
     check_training_parameters(chosen)
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not (out_dir / DEMO_MARKER).is_file():
-            raise NotebookError(f"{str(out_dir)!r} exists and is not a previous demo; pass another --out")
-        logger.warning("replacing the previous demo in %s", out_dir)
-        shutil.rmtree(out_dir)
+    if not resume:
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            logger.warning("replacing the previous demo in %s", out_dir)
+            shutil.rmtree(out_dir)
+        manifest, steps = Manifest(out_dir), {name: Step("run", "a new demo") for name in NOTEBOOKS}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DEMO_MARKER).touch()
+    manifest.begin()
     if log_level() != DEFAULT_LOG_LEVEL:  # --verbose: the cells show third-party output too
         for name in NOTEBOOKS:
             chosen[name].setdefault("log_level", log_level())
     result = DemoResult(out_dir)
-    view = StageView(len(NOTEBOOKS), live=not is_verbose())
+    running = [name for name in NOTEBOOKS if steps[name].runs]
+    view = StageView(len(running), live=not is_verbose())
     quiet = contextlib.nullcontext() if is_verbose() else cell_output_to(out_dir / DEMO_LOG_NAME, view)
-    if not is_verbose():
+    for name in NOTEBOOKS:
+        result.notebooks[name] = out_dir / "notebooks" / f"{name}.ipynb"
+        if not steps[name].runs:
+            view.stream.write(f"{name} skipped: {steps[name].reason}\n")
+        elif resume:
+            view.stream.write(f"{name} runs: {steps[name].reason}\n")
+    if not is_verbose() and running:
         view.stream.write(f"The cells' output goes to {out_dir / DEMO_LOG_NAME} (--verbose shows it here)\n")
     with quiet:
-        for name in NOTEBOOKS:
+        for name in running:
             started = time.monotonic()
             with view.stage(name):
-                result.notebooks[name] = run_notebook(name, out_dir / "notebooks" / f"{name}.ipynb", chosen[name])
+                run_recorded(manifest, name, result.notebooks[name], chosen[name], steps[name])
             result.seconds[name] = time.monotonic() - started
     return result
 
@@ -157,7 +177,11 @@ def format_summary(result: DemoResult) -> str:
     runtime = next(
         (entry["train_runtime"] for entry in training.get("log_history", []) if "train_runtime" in entry), None
     )
-    for name, seconds in result.seconds.items():
+    for name in result.notebooks:
+        if name not in result.seconds:
+            lines.append(f"  {name:22} skipped (done before)")
+            continue
+        seconds = result.seconds[name]
         lines.append(f"  {name:22} {seconds:7.1f} s")
         if name == "02_train_distributed" and runtime is not None:
             lines.append(

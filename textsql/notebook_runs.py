@@ -1,5 +1,5 @@
-"""Run one notebook headless with papermill, as ``textsql demo`` and a CML job do, and say first what the
-runtime lacks for the notebooks' parameters.
+"""Run one notebook headless with papermill, as ``textsql demo`` and a CML job do, recorded in the run's
+``pipeline.json`` so a failed chain can resume, and say first what the runtime lacks for the notebooks' parameters.
 
 The kernel runs in ``notebooks/`` (as in JupyterLab); a failing cell ends the run with one line naming the
 cell's error and the executed copy to open.
@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from textsql.leftovers import end_leftovers
+from textsql.notebook_manifest import Manifest, Step, effective_parameters, plan
 from textsql.notebook_parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path
 
 if TYPE_CHECKING:
@@ -65,6 +67,51 @@ def run_notebook(
         raise NotebookError(
             f"notebook {name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}; open {output}"
         ) from None
+    return output
+
+
+def resume_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) -> tuple[Manifest, dict[str, Step]]:
+    """Read the chain's record in ``run_dir``, decide what a resume runs (:func:`textsql.notebook_manifest.plan`),
+    then end what a hard kill of the earlier attempt left running here (:func:`textsql.leftovers.end_leftovers`).
+
+    :param run_dir: the chain's run directory.
+    :param chosen: every notebook's parameters now.
+    :rtype: tuple[Manifest, dict[str, Step]]
+    :raises NotebookError: while the earlier attempt still runs, or for a change a checkpoint cannot take.
+    """
+    manifest = Manifest.load(run_dir)
+    pid = manifest.running_elsewhere()
+    if pid is not None:
+        raise NotebookError(
+            f"the notebooks are still running in {run_dir} (pid {pid}); let them finish, or stop them (kill {pid}) first"
+        )
+    steps = plan(manifest, chosen)
+    end_leftovers(run_dir, manifest.attempt.get("id"))
+    return manifest, steps
+
+
+def run_recorded(
+    manifest: Manifest, name: str, output: Path, parameters: Mapping[str, Any], step: Step | None = None
+) -> Path:
+    """:func:`run_notebook` with its start and end recorded in ``manifest`` (completed, or failed on an error or
+    interrupt; a hard kill leaves it running, which a resume reads as not completed).
+
+    :param manifest: the chain's record (its attempt begun: :meth:`Manifest.begin`).
+    :param name: the notebook.
+    :param output: path of the executed notebook.
+    :param parameters: values for its ``parameters`` cell.
+    :param step: what the resume plan says (its parameters are added), or None for a plain run.
+    :rtype: pathlib.Path
+    """
+    parameters = {**parameters, **(step.extra if step else {})}
+    check_parameters(name, parameters)
+    manifest.started(name, effective_parameters(name, parameters), output)
+    completed = False
+    try:
+        run_notebook(name, output, parameters)
+        completed = True
+    finally:
+        manifest.finished(name, completed)
     return output
 
 

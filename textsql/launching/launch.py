@@ -114,7 +114,8 @@ def launch(
     with tracking_env(arguments) as tracked:
         command, env, ranks = prepare(tracked, run_dir, launch_id)
         logger.info("cmd = %s", shlex.join(command))
-        with open(run_dir / LAUNCH_LOG_NAME, "a", encoding="utf-8", opener=private_opener) as log:
+        # Line-buffered: a kernel killed hard (it ends with os._exit once its parent is gone) keeps no lines unwritten.
+        with open(run_dir / LAUNCH_LOG_NAME, "a", buffering=1, encoding="utf-8", opener=private_opener) as log:
             log.write(
                 mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
             )

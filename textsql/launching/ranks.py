@@ -42,25 +42,27 @@ POLL_S = 0.2
 MODULE = "textsql.launching.ranks"
 
 
-def marker(launch_id: str) -> str:
+def marker(launch_id: str, variable: str = LAUNCH_ID_VAR) -> str:
     """The ``NAME=value`` environment entry that marks the processes of a launch.
 
     :param launch_id: the launch's id.
+    :param variable: the marking variable (another one marks a whole pipeline's attempt: textsql.leftovers).
     :rtype: str
     """
-    return f"{LAUNCH_ID_VAR}={launch_id}"
+    return f"{variable}={launch_id}"
 
 
-def marked_processes(launch_id: str) -> list[int]:
+def marked_processes(launch_id: str, variable: str = LAUNCH_ID_VAR) -> list[int]:
     """Pids of this machine's processes (this one excepted) whose environment carries the launch's marker.
 
     Read from ``/proc/PID/environ``: the environment a process started with, which is where the
     launcher put the marker; processes of other users cannot be read and are skipped.
 
     :param launch_id: the launch's id.
+    :param variable: the marking variable.
     :rtype: list[int]
     """
-    entry = marker(launch_id).encode()
+    entry = marker(launch_id, variable).encode()
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != os.getpid():
@@ -81,21 +83,22 @@ def _send(pids: Sequence[int], signum: int) -> None:
             pass
 
 
-def end_marked(launch_id: str, grace: float = END_GRACE_S) -> int:
+def end_marked(launch_id: str, grace: float = END_GRACE_S, variable: str = LAUNCH_ID_VAR) -> int:
     """SIGTERM every marked process on this machine, then SIGKILL what is left after ``grace`` seconds.
 
     :param launch_id: the launch's id.
     :param grace: seconds the processes get to exit by themselves.
+    :param variable: the marking variable.
     :rtype: int
     :returns: how many processes carried the marker.
     """
-    pids = marked_processes(launch_id)
+    pids = marked_processes(launch_id, variable)
     count = len(pids)
     _send(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        pids = marked_processes(launch_id)
+        pids = marked_processes(launch_id, variable)
     if pids:
         logger.warning(
             "%d processes of launch %s outlived %.0f s after SIGTERM; sending SIGKILL", len(pids), launch_id, grace

@@ -1,0 +1,381 @@
+"""Resuming a pipeline of notebooks: what pipeline.json records, what a resume skips, continues or refuses,
+what a hard kill leaves behind and how it is ended; the slow test kills a real demo and resumes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from textsql.cli import cli
+from textsql.constants import LAUNCH_LOG_NAME
+from textsql.demo import DEMO_MARKER, demo_parameters
+from textsql.launching.ranks import LAUNCH_ID_VAR, marked_processes
+from textsql.leftovers import end_leftovers, launch_ids
+from textsql.notebook_manifest import (
+    ATTEMPT_VAR,
+    INFER,
+    MANIFEST_NAME,
+    PREPARE,
+    TRAIN,
+    Manifest,
+    effective_parameters,
+    outputs,
+    plan,
+)
+from textsql.notebook_parameters import NOTEBOOKS, NotebookError, job_parameters
+from textsql.training.checkpoints import (
+    COMPLETE_MARKER,
+    DEEPSPEED_LATEST_FILE,
+    TRAINER_STATE_FILE,
+    checkpoint_dirs,
+    is_complete_checkpoint,
+)
+
+TEXTSQL = str(Path(sys.executable).parent / "textsql")
+
+
+@pytest.fixture(autouse=True)
+def no_attempt_marker(monkeypatch):
+    # Manifest.begin marks this process's environment; the subprocesses of later tests must not carry it.
+    monkeypatch.delenv(ATTEMPT_VAR, raising=False)
+
+
+def record(manifest: Manifest, chosen: dict, name: str, completed: bool = True) -> None:
+    """What a run of ``name`` records, with the outputs a completed one leaves made real."""
+    parameters = effective_parameters(name, chosen[name])
+    executed = manifest.run_dir / "notebooks" / f"{name}.ipynb"
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    executed.write_text("{}")
+    manifest.started(name, parameters, executed)
+    if completed:
+        for path in outputs(name, parameters):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+    manifest.finished(name, completed)
+
+
+def complete_checkpoint(run_dir: Path, step: int) -> Path:
+    checkpoint = run_dir / f"checkpoint-{step}"
+    (checkpoint / f"global_step{step}").mkdir(parents=True)
+    (checkpoint / DEEPSPEED_LATEST_FILE).write_text(f"global_step{step}")
+    (checkpoint / TRAINER_STATE_FILE).write_text("{}")
+    (checkpoint / COMPLETE_MARKER).write_text("")
+    return checkpoint
+
+
+def actions(steps: dict) -> list[str]:
+    return [steps[name].action for name in NOTEBOOKS]
+
+
+def finished_demo(out: Path) -> tuple[Manifest, dict]:
+    chosen = demo_parameters(out)
+    manifest = Manifest(out)
+    for name in NOTEBOOKS:
+        record(manifest, chosen, name)
+    return Manifest.load(out), chosen
+
+
+def test_a_completed_chain_is_skipped_whole_and_a_control_parameter_changes_nothing(tmp_path):
+    manifest, chosen = finished_demo(tmp_path)
+    assert actions(plan(manifest, chosen)) == ["skip", "skip", "skip"]
+    chosen[PREPARE]["log_level"] = chosen[TRAIN]["max_restarts"] = "info"
+    assert actions(plan(manifest, chosen)) == ["skip", "skip", "skip"], "log level and restarts do not change results"
+
+
+def test_a_changed_parameter_reruns_its_notebook_and_every_one_after_it(tmp_path):
+    manifest, chosen = finished_demo(tmp_path)
+    changed = {**chosen, INFER: {**chosen[INFER], "limit": 4}}
+    steps = plan(manifest, changed)
+    assert actions(steps) == ["skip", "skip", "run"]
+    assert steps[INFER].reason == "changed limit None -> 4"
+    changed = {**chosen, PREPARE: {**chosen[PREPARE], "limit": 48}}
+    steps = plan(manifest, changed)
+    assert actions(steps) == ["run", "run", "run"]
+    assert steps[PREPARE].extra == {"overwrite": True}, "notebook 01 replaces its earlier dataset"
+    assert steps[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}, "trained again from step 0"
+    assert steps[TRAIN].reason == f"{PREPARE} runs again"
+
+
+def test_a_missing_output_reruns_its_notebook(tmp_path):
+    manifest, chosen = finished_demo(tmp_path)
+    (tmp_path / "metrics.json").unlink()
+    steps = plan(manifest, chosen)
+    assert actions(steps) == ["skip", "skip", "run"]
+    assert steps[INFER].reason == f"its output {tmp_path / 'metrics.json'} is gone"
+
+
+def test_a_training_killed_after_a_checkpoint_resumes_from_it(tmp_path):
+    chosen = demo_parameters(tmp_path)
+    manifest = Manifest(tmp_path)
+    record(manifest, chosen, PREPARE)
+    manifest.started(TRAIN, effective_parameters(TRAIN, chosen[TRAIN]), tmp_path / "02.ipynb")  # then a hard kill
+    complete_checkpoint(tmp_path, 2)
+    (tmp_path / "checkpoint-4").mkdir()  # cut off while saving
+    steps = plan(Manifest.load(tmp_path), {**chosen, TRAIN: {**chosen[TRAIN], "max_steps": 8, "workers": 1}})
+    assert actions(steps) == ["skip", "resume", "run"]
+    assert steps[TRAIN].extra == {"resume": "auto", "overwrite_output_dir": False}
+    assert steps[TRAIN].reason.endswith(": continuing from checkpoint-2")
+
+
+def test_a_killed_training_without_a_complete_checkpoint_starts_over(tmp_path):
+    chosen = demo_parameters(tmp_path)
+    manifest = Manifest(tmp_path)
+    record(manifest, chosen, PREPARE)
+    record(manifest, chosen, TRAIN, completed=False)
+    (tmp_path / "checkpoint-2").mkdir()
+    steps = plan(manifest, chosen)
+    assert actions(steps) == ["skip", "run", "run"] and steps[TRAIN].extra["overwrite_output_dir"] is True
+
+
+@pytest.mark.parametrize(
+    ("notebook", "parameter", "value", "shown"),
+    [
+        (TRAIN, "learning_rate", 0.01, "learning_rate (0.001 -> 0.01)"),
+        (TRAIN, "model", "t5-small", "model ('default' -> 't5-small')"),
+        (PREPARE, "source", "sample", "source ('synthetic' -> 'sample')"),
+    ],
+)
+def test_a_change_a_checkpoint_cannot_take_is_refused_in_one_line(tmp_path, notebook, parameter, value, shown):
+    chosen = demo_parameters(tmp_path)
+    manifest = Manifest(tmp_path)
+    record(manifest, chosen, PREPARE)
+    record(manifest, chosen, TRAIN, completed=False)
+    complete_checkpoint(tmp_path, 2)
+    changed = {**chosen, notebook: {**chosen[notebook], parameter: value}}
+    with pytest.raises(NotebookError) as refused:
+        plan(manifest, changed)
+    assert str(refused.value) == (
+        f"cannot resume {TRAIN} from checkpoint-2, which was trained before {shown} changed; "
+        "set it back to resume, or overwrite_output_dir=true to train from step 0"
+    )
+    changed[TRAIN] = {**changed[TRAIN], "overwrite_output_dir": True}
+    assert plan(manifest, changed)[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}, "the fix it names"
+
+
+def test_a_job_whose_earlier_notebook_ran_again_runs_again(tmp_path):
+    # The job chain: 01, 02 and 03 completed, then the 01 job alone ran again with other parameters.
+    manifest, chosen = finished_demo(tmp_path)
+    chosen[PREPARE]["limit"] = 48
+    record(manifest, chosen, PREPARE)
+    steps = plan(Manifest.load(tmp_path), chosen)
+    assert actions(steps) == ["skip", "run", "run"]
+    assert steps[TRAIN].reason == f"{PREPARE} ran again since"
+
+
+def test_the_manifest_is_whole_whenever_its_writer_is_killed(tmp_path):
+    writer = (
+        "import sys\n"
+        "from textsql.notebook_manifest import Manifest\n"
+        "manifest = Manifest(sys.argv[1])\n"
+        "manifest.data['filler'] = ['x' * 1000] * 200\n"
+        "n = 0\n"
+        "while True:\n"
+        "    n += 1\n"
+        "    manifest.data['n'] = n\n"
+        "    manifest.save()\n"
+    )
+    seen = set()
+    for delay in (0.6, 0.75, 0.9, 1.1, 1.3):
+        process = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path)])
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        if (tmp_path / MANIFEST_NAME).exists():
+            seen.add(json.loads((tmp_path / MANIFEST_NAME).read_text())["n"])
+    assert seen, "the writer never wrote"
+    leftovers = [path.name for path in tmp_path.iterdir() if path.name != MANIFEST_NAME]
+    assert all(name.startswith(f".{MANIFEST_NAME}.") for name in leftovers), leftovers
+
+
+def test_an_attempt_still_running_is_found_and_a_dead_one_is_not(tmp_path):
+    manifest = Manifest(tmp_path)
+    manifest.begin()
+    assert os.environ[ATTEMPT_VAR] == manifest.attempt["id"]
+    assert manifest.running_elsewhere() is None, "this very process"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        manifest.data["attempt"] |= {"pid": other.pid, "created": psutil.Process(other.pid).create_time()}
+        assert manifest.running_elsewhere() == other.pid
+        manifest.data["attempt"]["created"] -= 100  # the pid of a process long gone, now given to another
+        assert manifest.running_elsewhere() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_resume_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path):
+    logged, relaunched = "5f0c2a9e41d7b3c8", "9f7c6e7672994136"
+    (tmp_path / LAUNCH_LOG_NAME).write_text(
+        f"# 2026-11-26 01:00:00 launch {logged}: deepspeed --hostfile h --launcher pdsh\nstep 1/4: loss 3\n"
+    )
+    # The next launch's log lines were cut off by the kill; the .deepspeed_env written before it names it.
+    (tmp_path / ".deepspeed_env").write_text(f"{LAUNCH_ID_VAR}={relaunched}\nPATH=/usr/bin:$PATH\n")
+    assert launch_ids(tmp_path) == [logged, relaunched]
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    # Sessions of their own, as the kernel, the workers and DeepSpeed's runner have: a group kill misses them.
+    left = [
+        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: "a1"}, start_new_session=True),
+        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: logged}, start_new_session=True),
+        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: relaunched}, start_new_session=True),
+    ]
+    bystanders = [
+        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: "another"}, start_new_session=True),
+        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: "0123456789abcdef"}, start_new_session=True),
+    ]
+    time.sleep(0.5)  # their environment is in /proc once they have started
+    try:
+        assert end_leftovers(tmp_path, "a1", grace=5) == 3
+        # SIGKILL for the attempt's own (DeepSpeed's runner answers SIGTERM with a pkill by pattern), SIGTERM for ranks.
+        assert [process.wait(timeout=10) for process in left] == [-signal.SIGKILL, -signal.SIGTERM, -signal.SIGTERM]
+        assert [process.poll() for process in bystanders] == [None, None], "another run's processes are not ours"
+    finally:
+        for process in left + bystanders:
+            process.kill()
+            process.wait()
+
+
+def test_demo_resume_refuses_a_change_under_a_checkpoint_in_one_line_before_any_notebook(tmp_path):
+    out = tmp_path / "demo"
+    chosen = demo_parameters(out)
+    manifest = Manifest(out)
+    record(manifest, chosen, PREPARE)
+    record(manifest, chosen, TRAIN, completed=False)
+    complete_checkpoint(out, 2)
+    (out / DEMO_MARKER).touch()
+    before = (out / MANIFEST_NAME).read_text()
+    result = CliRunner().invoke(cli, ["demo", "--out", str(out), "--resume", "-p", "learning_rate=0.01"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith("Error: cannot resume 02_train_distributed from checkpoint-2")
+    assert (out / MANIFEST_NAME).read_text() == before, "nothing ran"
+
+
+def test_demo_resume_refuses_while_the_earlier_demo_still_runs(tmp_path):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / DEMO_MARKER).touch()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        manifest = Manifest(out)
+        manifest.data["attempt"] = {"id": "a1", "pid": other.pid, "created": psutil.Process(other.pid).create_time()}
+        manifest.save()
+        result = CliRunner().invoke(cli, ["demo", "--out", str(out), "--resume"])
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert f"still running in {out} (pid {other.pid}); let them finish, or stop them (kill {other.pid})" in (
+            result.output
+        )
+        assert other.poll() is None, "the running demo was left alone"
+    finally:
+        other.kill()
+        other.wait()
+
+
+SMALL_DEMO = [
+    "-p",
+    "01_prepare_dataset.limit=48",
+    "-p",
+    "max_steps=20",
+    "-p",
+    "eval_steps=4",
+    "-p",
+    "per_device_train_batch_size=4",
+    "-p",
+    "03_inference.limit=6",
+]
+
+
+def demo(out: Path, *arguments: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TEXTSQL, "demo", "--out", str(out), *SMALL_DEMO, *arguments],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
+    out = tmp_path / "demo"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(
+            [TEXTSQL, "demo", "--out", str(out), *SMALL_DEMO],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 1200
+    # The first complete checkpoint (the trainer keeps only the last two, so checkpoint-2 may be rotated away).
+    while not any(is_complete_checkpoint(path) for path in checkpoint_dirs(out)):
+        assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)  # papermill and all in its group; the kernel, workers and ranks have their own
+    first.wait()
+    killed = json.loads((out / MANIFEST_NAME).read_text())
+    assert killed["notebooks"][TRAIN]["status"] == "running" and killed["notebooks"][PREPARE]["status"] == "completed"
+    assert marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the hard kill left processes of the run behind"
+    killed_launches = launch_ids(out)
+    assert killed_launches, "the killed launch is on record (launch.log, .deepspeed_env)"
+    prepared = (out / "data" / "prepare.json").stat().st_mtime_ns
+
+    resumed = demo(out, "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"{PREPARE} skipped: completed with the same parameters" in resumed.stderr
+    assert f"{TRAIN} runs: it did not complete (running): continuing from checkpoint-" in resumed.stderr
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["notebooks"][PREPARE] == killed["notebooks"][PREPARE], "notebook 01 did not run again"
+    assert (out / "data" / "prepare.json").stat().st_mtime_ns == prepared
+    assert [manifest["notebooks"][name]["status"] for name in NOTEBOOKS] == ["completed"] * 3
+    run = json.loads((out / "run.json").read_text())
+    resumed_from = int(Path(run["resumed_from"]).name.removeprefix("checkpoint-"))
+    assert resumed_from >= 4 and run["global_step"] == 20, "continued from the checkpoint to max_steps"
+    assert f"--resume auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
+    assert json.loads((out / "metrics.json").read_text())["n"] == 6
+    assert not marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the killed run's processes were ended"
+    assert not [pid for launch in killed_launches for pid in marked_processes(launch)], "and its ranks"
+
+    trained = (out / "run.json").stat().st_mtime_ns
+    again = demo(out, "--resume", "-p", "03_inference.limit=4")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"{PREPARE} skipped" in again.stderr and f"{TRAIN} skipped" in again.stderr
+    assert f"{INFER} runs: changed limit 6 -> 4" in again.stderr
+    assert (out / "run.json").stat().st_mtime_ns == trained, "training did not run again"
+    assert json.loads((out / "metrics.json").read_text())["n"] == 4
+
+
+JOB = Path(__file__).resolve().parent.parent / "cml" / "run_notebook.py"
+
+
+def job(name: str, env: dict, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(JOB), name, *arguments],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+def test_a_resumed_job_skips_its_completed_notebook_and_names_the_job_to_run_first(tmp_path):
+    env = {"TEXTSQL_RUN_DIR": str(tmp_path / "run"), "TEXTSQL_DATA_DIR": str(tmp_path / "run" / "data")}
+    refused = job(INFER, env, "--resume")
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: {PREPARE} must run first (no record of an earlier run); start its job, then this one"
+    ]
+    chosen = job_parameters(environ={**os.environ, **env})
+    manifest = Manifest(tmp_path / "run")
+    record(manifest, chosen, PREPARE)
+    skipped = job(PREPARE, {**env, "TEXTSQL_RESUME": "auto"})
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stdout.strip() == f"{PREPARE} skipped: completed with the same parameters; its outputs are in place"
+    assert Manifest.load(tmp_path / "run").records == manifest.records, "nothing ran, nothing was recorded"

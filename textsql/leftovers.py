@@ -1,0 +1,89 @@
+"""What a hard-killed run of the notebooks left running on this machine, found and ended before a resume.
+
+SIGKILL of a demo's process group ends papermill, but not what runs in sessions of its own: the notebook kernel
+(jupyter_client starts it in a new session; it exits a second after it sees its parent gone, leaving its children),
+the local workers' agents and their sshd (they give up 15 s after the master is gone), DeepSpeed's runner with
+pdsh and its ssh clients (a session of their own: :mod:`textsql.launching.launch`), and the ranks under each
+worker's sshd, which may go on training and writing checkpoints into the run directory the resume continues.
+
+They are found by markers, never by name. The attempt's processes carry its id
+(:data:`textsql.notebook_manifest.ATTEMPT_VAR`, inherited from the demo or job): they get SIGKILL at once, the run
+being dead already, and because DeepSpeed's pdsh runner answers SIGTERM with ``pkill -f`` on a pattern that matches
+every DeepSpeed launch on the hosts with the same world, other runs' included. The ranks, started under each
+worker's sshd, carry their launch's id (:data:`textsql.launching.ranks.LAUNCH_ID_VAR`, found in ``.deepspeed_env``
+and ``launch.log``): they get SIGTERM, which their per-node launcher passes to its own children, then SIGKILL.
+Once they are gone their ports (sshd, the rendezvous, torch's store) are closed; the resume picks its ports
+afresh by binding them (:func:`worker.network.free_port_on_all`), never by reusing the killed run's.
+
+Workers on other machines (cml, kubernetes) are not reached from here: an agent whose master is gone stops its sshd
+and exits, which ends its pod and the ranks in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME
+from textsql.launching.ranks import END_GRACE_S, LAUNCH_ID_VAR, POLL_S, end_marked, marked_processes
+from textsql.notebook_manifest import ATTEMPT_VAR
+
+logger = logging.getLogger(__name__)
+
+# The line textsql.launching.launch writes to launch.log as each launch starts: "# DATE TIME launch ID: COMMAND",
+# and the one in the .deepspeed_env it writes before starting DeepSpeed's runner (written whole: a hard kill
+# may cut the log's last lines off, never that file).
+LAUNCH_LINE = re.compile(r"^# \S+ \S+ launch (?P<id>[0-9a-f]+): ", re.MULTILINE)
+LAUNCH_ENV_LINE = re.compile(rf"^{LAUNCH_ID_VAR}=(?P<id>[0-9a-f]+)$", re.MULTILINE)
+
+
+def launch_ids(run_dir: Path) -> list[str]:
+    """The ids of the launches recorded in the run's ``launch.log`` and ``.deepspeed_env``, oldest first.
+
+    :param run_dir: the run directory.
+    :rtype: list[str]
+    """
+    found = []
+    for name, pattern in ((LAUNCH_LOG_NAME, LAUNCH_LINE), (DEEPSPEED_ENV_NAME, LAUNCH_ENV_LINE)):
+        path = run_dir / name
+        if path.is_file():
+            found += [match["id"] for match in pattern.finditer(path.read_text(encoding="utf-8", errors="replace"))]
+    return list(dict.fromkeys(found))
+
+
+def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S) -> int:
+    """End this machine's processes of an earlier attempt in ``run_dir``: those carrying its id (SIGKILL), then the
+    ranks of every launch the run recorded (SIGTERM, SIGKILL after ``grace``).
+
+    :param run_dir: the run directory.
+    :param attempt: the earlier attempt's id (``None``: none recorded, only the ranks are looked for).
+    :param grace: seconds the ranks get between SIGTERM and SIGKILL.
+    :rtype: int
+    :returns: how many processes were ended.
+    """
+    ended = _kill_attempt(attempt, grace) if attempt else 0
+    for launch in launch_ids(run_dir):
+        ended += end_marked(launch, grace)
+    if ended:
+        logger.warning("ended %d processes left running by the earlier run in %s", ended, run_dir)
+    return ended
+
+
+def _kill_attempt(attempt: str, timeout: float) -> int:
+    """SIGKILL every process carrying the attempt's id, until none is left (a dying parent may start no more)."""
+    pids = marked_processes(attempt, ATTEMPT_VAR)
+    killed = set(pids)
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(POLL_S)
+        pids = marked_processes(attempt, ATTEMPT_VAR)
+        killed |= set(pids)
+    return len(killed)

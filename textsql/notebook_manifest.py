@@ -1,0 +1,336 @@
+"""The record of a pipeline of notebooks in its run directory (``pipeline.json``), and what a resume runs.
+
+Every run of the notebooks in order (``textsql demo``, the AMP's job chain) writes, for each notebook, the
+parameters it ran with, whether it completed, the outputs it left and which run of the notebooks before it
+it read. On resume (:func:`plan`) a notebook that completed with the same parameters, whose outputs are all
+still there and whose inputs did not run again since is skipped; a training notebook that did not complete
+continues from its newest complete checkpoint; the rest run, and so does every notebook after one that runs.
+
+A change that would make a checkpoint train on something else (another dataset, model, profile, batch or
+learning rate under it) is refused in one line, since the trainer would either fail or silently keep the
+checkpoint's values.
+
+The file is replaced whole at every change (:func:`textsql.files.write_json`: a temp file beside it, fsync,
+rename), so a run killed at any moment leaves the previous record or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from textsql.constants import (
+    METRICS_NAME,
+    PREDICTIONS_NAME,
+    PREPARE_JSON_NAME,
+    REAL_METRICS_NAME,
+    REAL_PREDICTIONS_NAME,
+    RUN_SUMMARY_NAME,
+)
+from textsql.files import DATASET_DICT_FILE, read_json, write_json
+from textsql.notebook_parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
+from textsql.training.checkpoints import newest_complete_checkpoint
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "pipeline.json"
+MANIFEST_VERSION = 1
+# Every process of one attempt (the notebooks' kernels, their workers, sshd, DeepSpeed's runner) carries
+# this variable with the attempt's id, so a resume can find what a hard kill of the attempt left behind.
+ATTEMPT_VAR = "TEXTSQL_PIPELINE_ATTEMPT"
+PREPARE, TRAIN, INFER = NOTEBOOKS
+RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
+# Parameters that say how a notebook runs, not what it produces: a change re-runs nothing.
+CONTROL_PARAMETERS = {
+    PREPARE: {"log_level", "num_proc", "overwrite"},
+    TRAIN: {
+        "log_level",
+        "resume",
+        "overwrite_output_dir",
+        "max_restarts",
+        "min_workers",
+        "replace_timeout",
+        "stall_timeout",
+    },
+    INFER: {"log_level"},
+}
+# Parameters a checkpoint was trained under: changed, the checkpoint cannot be continued (the trainer would
+# fail to load it, or keep the checkpoint's own value without a word).
+PINNED_PARAMETERS = {
+    PREPARE: ("source", "input_format", "model", "data_dir", "limit"),
+    TRAIN: ("model", "data_dir", "profile", "per_device_train_batch_size", "learning_rate"),
+}
+# What a notebook needs to replace what an earlier run of it left: 01 refuses an existing data_dir, 02 a run_dir
+# with checkpoints, unless told.
+FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
+    PREPARE: {"overwrite": True},
+    TRAIN: {"resume": None, "overwrite_output_dir": True},
+    INFER: {},
+}
+# The trained model's directory in a run (textsql.training.train.MODEL_SUBDIR, not imported: it imports torch).
+MODEL_DIR_NAME = "model"
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a resume does with one notebook: ``skip``, ``resume`` (training, from a checkpoint) or ``run``,
+    why, and the parameters it adds to the chosen ones (``resume``, ``overwrite_output_dir``, ``overwrite``)."""
+
+    action: str
+    reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> bool:
+        return self.action != "skip"
+
+
+def manifest_path(run_dir: str | Path) -> Path:
+    """Where the pipeline's record lives.
+
+    :param run_dir: the run directory (the demo's ``--out``, notebook 02's ``run_dir``).
+    :rtype: pathlib.Path
+    """
+    return Path(run_dir) / MANIFEST_NAME
+
+
+def chain_run_dir(chosen: Mapping[str, Mapping[str, Any]]) -> Path:
+    """The run directory of a chain of notebooks: notebook 02's ``run_dir``, as its kernel (in ``notebooks/``) sees it.
+
+    :param chosen: every notebook's parameters.
+    :rtype: pathlib.Path
+    """
+    return notebook_relative(chosen[TRAIN]["run_dir"])
+
+
+def notebook_relative(path: str | Path) -> Path:
+    """A notebook's path parameter as an absolute path (a relative one is relative to ``notebooks/``)."""
+    return (NOTEBOOKS_DIR / Path(path).expanduser()).resolve()
+
+
+def effective_parameters(name: str, chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """The notebook's declared defaults with ``chosen`` over them: what its run really used.
+
+    :rtype: dict
+    """
+    return {**declared_defaults(name), **chosen}
+
+
+def outputs(name: str, parameters: Mapping[str, Any]) -> list[Path]:
+    """The files a completed run of the notebook leaves, which must all still be there for it to be skipped.
+
+    :param name: the notebook.
+    :param parameters: its effective parameters.
+    :rtype: list[pathlib.Path]
+    """
+    if name == PREPARE:
+        data = notebook_relative(parameters["data_dir"])
+        return [data / DATASET_DICT_FILE, data / PREPARE_JSON_NAME]
+    run = notebook_relative(parameters["run_dir"])
+    if name == TRAIN:
+        return [run / MODEL_DIR_NAME / "config.json", run / RUN_SUMMARY_NAME]
+    real = [run / REAL_PREDICTIONS_NAME, run / REAL_METRICS_NAME] if parameters.get("real_source") else []
+    return [run / PREDICTIONS_NAME, run / METRICS_NAME, *real]
+
+
+class Manifest:
+    """The pipeline's record: read from and written to ``run_dir/pipeline.json`` at every change.
+
+    Usage::
+
+        manifest = Manifest.load(run_dir)
+        manifest.begin()                          # this attempt's id into the environment of what it starts
+        manifest.started("01_prepare_dataset", parameters, executed_copy)
+        manifest.finished("01_prepare_dataset", completed=True)
+    """
+
+    def __init__(self, run_dir: str | Path, data: dict[str, Any] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.data: dict[str, Any] = data or {"version": MANIFEST_VERSION, "attempt": {}, "notebooks": {}}
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> Manifest:
+        """The record in ``run_dir``, or an empty one when there is none.
+
+        :rtype: Manifest
+        :raises DataError: naming the file, when it is not JSON.
+        """
+        path = manifest_path(run_dir)
+        data = read_json(path) if path.is_file() else None
+        if data is not None and data.get("version") != MANIFEST_VERSION:
+            raise NotebookError(
+                f"{path} is of version {data.get('version')!r}, not {MANIFEST_VERSION}; run without --resume to start over"
+            )
+        return cls(run_dir, data)
+
+    @property
+    def records(self) -> dict[str, dict[str, Any]]:
+        return self.data["notebooks"]
+
+    @property
+    def attempt(self) -> dict[str, Any]:
+        return self.data["attempt"]
+
+    def save(self) -> None:
+        write_json(manifest_path(self.run_dir), self.data)
+
+    def running_elsewhere(self) -> int | None:
+        """The pid of the attempt that wrote this record when it is still running (the same process, not a
+        later one given its pid), else None.
+
+        :rtype: int | None
+        """
+        pid, created = self.attempt.get("pid"), self.attempt.get("created")
+        if not pid or pid == os.getpid():
+            return None
+        try:
+            return pid if psutil.Process(pid).create_time() == created else None
+        except psutil.NoSuchProcess:
+            return None
+
+    def begin(self) -> str:
+        """Start an attempt: a new id, recorded with this process, and put into this process's environment,
+        which every notebook kernel, worker and launcher it starts inherits.
+
+        :rtype: str
+        :returns: the attempt's id.
+        """
+        attempt = secrets.token_hex(8)
+        os.environ[ATTEMPT_VAR] = attempt
+        self.data["attempt"] = {
+            "id": attempt,
+            "pid": os.getpid(),
+            "created": psutil.Process().create_time(),
+            "started": time.time(),
+        }
+        self.save()
+        return attempt
+
+    def started(self, name: str, parameters: Mapping[str, Any], executed: Path) -> None:
+        """Record that ``name`` runs now with these (effective) parameters, after the runs of the notebooks before it.
+
+        :param name: the notebook.
+        :param parameters: its effective parameters (:func:`effective_parameters`).
+        :param executed: where papermill writes its executed copy.
+        """
+        before = NOTEBOOKS[: NOTEBOOKS.index(name)]
+        self.records[name] = {
+            "run": secrets.token_hex(8),
+            "status": RUNNING,
+            "parameters": dict(parameters),
+            "inputs": {other: self.records[other]["run"] for other in before if other in self.records},
+            "executed": str(executed),
+            "started": time.time(),
+            "outputs": [],
+        }
+        self.save()
+
+    def finished(self, name: str, completed: bool) -> None:
+        """Record how ``name`` ended and, when it completed, the outputs it left.
+
+        :param name: the notebook.
+        :param completed: whether every cell ran.
+        """
+        record = self.records[name]
+        record["status"] = COMPLETED if completed else FAILED
+        record["finished"] = time.time()
+        if completed:
+            found = [path for path in outputs(name, record["parameters"]) if path.exists()]
+            record["outputs"] = [str(path) for path in [*found, Path(record["executed"])]]
+        self.save()
+
+
+def changed_parameters(name: str, recorded: Mapping[str, Any], parameters: Mapping[str, Any]) -> dict[str, tuple]:
+    """The parameters of ``name`` that differ from the recorded run's, control parameters aside: name -> (old, new).
+
+    :rtype: dict
+    """
+    names = (set(recorded) | set(parameters)) - CONTROL_PARAMETERS[name]
+    return {
+        key: (recorded.get(key), parameters.get(key))
+        for key in sorted(names)
+        if recorded.get(key) != parameters.get(key)
+    }
+
+
+def _why_it_runs(manifest: Manifest, name: str, parameters: Mapping[str, Any], upstream_runs: list[str]) -> str | None:
+    """Why ``name`` must run (None: it completed as asked and may be skipped)."""
+    record = manifest.records.get(name)
+    if record is None:
+        return "no record of an earlier run"
+    if upstream_runs:
+        return f"{upstream_runs[-1]} runs again"
+    if record["status"] != COMPLETED:
+        return f"it did not complete ({record['status']})"
+    changed = changed_parameters(name, record["parameters"], parameters)
+    if changed:
+        return "changed " + ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changed.items())
+    gone = next((path for path in record["outputs"] if not Path(path).exists()), None)
+    if gone is not None:
+        return f"its output {gone} is gone"
+    for other in NOTEBOOKS[: NOTEBOOKS.index(name)]:
+        if other in manifest.records and record["inputs"].get(other) != manifest.records[other]["run"]:
+            return f"{other} ran again since"
+    return None
+
+
+def _pinned_changes(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    changes = []
+    for name, pinned in PINNED_PARAMETERS.items():
+        record = manifest.records.get(name)
+        if record is None:
+            continue
+        changed = changed_parameters(name, record["parameters"], effective_parameters(name, chosen[name]))
+        changes += [f"{key} ({old!r} -> {new!r})" for key, (old, new) in changed.items() if key in pinned]
+    return changes
+
+
+def plan(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]]) -> dict[str, Step]:
+    """What a resume does with each notebook, in order.
+
+    :param manifest: the pipeline's record.
+    :param chosen: every notebook's parameters now (the demo's or the job's; defaults filled in here).
+    :rtype: dict[str, Step]
+    :raises NotebookError: one line naming a changed parameter a checkpoint was trained under, and the fix.
+    """
+    steps: dict[str, Step] = {}
+    upstream_runs: list[str] = []
+    for name in NOTEBOOKS:
+        parameters = effective_parameters(name, chosen[name])
+        reason = _why_it_runs(manifest, name, parameters, upstream_runs)
+        if reason is None:
+            steps[name] = Step("skip", "completed with the same parameters; its outputs are in place")
+            continue
+        upstream_runs.append(name)
+        steps[name] = Step("run", reason, FRESH_PARAMETERS[name])
+        if name == TRAIN:
+            steps[name] = _training_step(manifest, chosen, parameters, reason)
+    return steps
+
+
+def _training_step(
+    manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]], parameters: Mapping[str, Any], reason: str
+) -> Step:
+    record = manifest.records.get(TRAIN)
+    checkpoint = newest_complete_checkpoint(notebook_relative(parameters["run_dir"]))
+    if record is None or record["status"] == COMPLETED or checkpoint is None or parameters["overwrite_output_dir"]:
+        return Step("run", reason, FRESH_PARAMETERS[TRAIN])
+    changes = _pinned_changes(manifest, chosen)
+    if changes:
+        raise NotebookError(
+            f"cannot resume {TRAIN} from {Path(checkpoint).name}, which was trained before {', '.join(changes)} changed; "
+            f"set {'them' if len(changes) > 1 else 'it'} back to resume, or overwrite_output_dir=true to train from step 0"
+        )
+    return Step(
+        "resume",
+        f"{reason}: continuing from {Path(checkpoint).name}",
+        {"resume": "auto", "overwrite_output_dir": False},
+    )
