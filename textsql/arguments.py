@@ -106,7 +106,7 @@ FROM_CONFIG_RECIPE = Recipe(
     why="built from its config (random weights): the rate the demo learns with. The small T5 from random weights "
     "first memorises its training questions and only then reads their headers; decayed linearly to 0 over the demo's "
     "2,000 steps it stopped at 6.5 % held-out logical form, held constant at 1e-3 (T5's own fine-tuning rate, "
-    "Raffel et al. 2020, section 3.1.2) it reached 52.5 % (README, the demo)",
+    "Raffel et al. 2020, section 3.1.2) it reached 52.5 % (docs/explanation/training-defaults.md)",
 )
 WITH_WEIGHTS_RECIPE = Recipe(
     name="pretrained-t5",

@@ -1,7 +1,7 @@
 """WikiSQL-style questions synthesised over the shipped sample's table headers (``--source synthetic``).
 
 A T5 from random weights trained on the 1,000 real sample questions memorises their 250 tables instead of
-learning to copy a column name (README, "What `make demo` does"). Synthesised questions vary the column
+learning to copy a column name (docs/explanation/synthetic-data.md). Synthesised questions vary the column
 names and values a model must copy more than it can memorise, as schema-based synthesis does for unseen
 databases (GAZP, Zhong et al. 2020; WikiSQL itself started from template questions, later paraphrased).
 

@@ -158,7 +158,7 @@ def _gpu_check(backend: str, worker_gpus: int) -> Check:
             "GPUs",
             False,
             f"{asked}, but torch {torch.__version__} here is a CPU build; install torch's CUDA wheel "
-            "(README, On a GPU machine) or set worker_gpus 0",
+            "(docs/guides/gpus.md, Installing on a GPU machine) or set worker_gpus 0",
             (TRAIN,),
         )
     visible = torch.cuda.device_count()
