@@ -115,7 +115,8 @@ def run_demo(out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | 
         for name in NOTEBOOKS:
             chosen[name].setdefault("log_level", log_level())
     result = DemoResult(out_dir)
-    view = StageView(len(NOTEBOOKS), live=not is_verbose())
+    # Notebook 02 shows its steps as a bar of its own: the terminal reads them from the run's launch.log.
+    view = StageView(len(NOTEBOOKS), live=not is_verbose(), follow=out_dir / LAUNCH_LOG_NAME)
     quiet = contextlib.nullcontext() if is_verbose() else cell_output_to(out_dir / DEMO_LOG_NAME, view)
     if not is_verbose():
         view.stream.write(f"The cells' output goes to {out_dir / DEMO_LOG_NAME} (--verbose shows it here)\n")
