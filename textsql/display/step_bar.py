@@ -93,9 +93,25 @@ class StepBar:
 
 
 def _notebook_bar(**arguments: Any) -> tqdm:
+    """tqdm's notebook bar, whose text in a saved notebook (what a viewer without widgets shows) is redrawn when it
+    closes, so it says how the run ended, not how it began; tqdm's text bar where ipywidgets is missing."""
+    from IPython.display import display
     from tqdm.auto import tqdm as auto
+    from tqdm.notebook import tqdm as notebook
 
-    return auto(**arguments)
+    if not issubclass(auto, notebook):
+        return auto(**arguments)
+
+    class NotebookBar(notebook):
+        def __init__(self, **arguments: Any) -> None:
+            super().__init__(display=False, **arguments)
+            self.shown = display(self.container, display_id=True)
+
+        def close(self) -> None:
+            super().close()
+            self.shown.update(self.container)
+
+    return NotebookBar(**arguments)
 
 
 @contextlib.contextmanager
