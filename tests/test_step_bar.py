@@ -6,6 +6,7 @@ import io
 
 import nbformat
 import pytest
+from helpers.notebooks import output_lines
 from nbclient import NotebookClient
 from tqdm import tqdm
 
@@ -66,16 +67,6 @@ with shown_output() as stream:
         if step % 500 == 0:
             stream.write(f"127.0.0.2: step {{step}}/{STEPS}: eval loss 0.900 ({{step}} s)\\n")
 """
-
-
-def output_lines(notebook: nbformat.NotebookNode) -> list[str]:
-    """Every line a person scrolls past in a notebook's outputs: streams and each output's text."""
-    return [
-        line
-        for cell in notebook.cells
-        for output in cell.get("outputs", [])
-        for line in (output.get("text") or output.get("data", {}).get("text/plain", "")).splitlines()
-    ]
 
 
 @pytest.mark.slow
