@@ -2,8 +2,10 @@
 line (model, ranks, profile), and a notice before DeepSpeed's one-off op compilation.
 
 They replace the Trainer's tqdm bar, which reaches the launcher through pdsh as one ever-growing line,
-and its raw ``{'loss': ...}`` dicts. :mod:`textsql.console` shows exactly these lines at the default
-log level, and ``textsql demo`` turns ``step N/M`` into its progress bar.
+and its raw ``{'loss': ...}`` dicts. Once the run's pace is steady each step line says the time left
+(:mod:`textsql.time_left`), which ``run.json`` keeps too (``progress``). :mod:`textsql.console` shows exactly
+these lines at the default log level; ``textsql demo`` turns ``step N/M`` into its terminal bar, and a notebook
+into one progress bar (:mod:`textsql.display.step_bar`).
 """
 
 from __future__ import annotations
