@@ -58,14 +58,22 @@ def test_outside_a_notebook_the_lines_are_printed_as_they_come(capsys):
 
 # What notebook 02's training cell does with the ranks' lines, in a real kernel as papermill runs it.
 TRAINING_CELL = f"""
-import sys
 from textsql.display.step_bar import shown_output
 with shown_output() as stream:
-    print("/work/run/hostfile:")
     for step in range(10, {STEPS} + 1, 10):
         stream.write(f"127.0.0.2: step {{step}}/{STEPS}: loss 1.000 ({{step}} s, {{{STEPS} - step}} s left)\\n")
         if step % 500 == 0:
             stream.write(f"127.0.0.2: step {{step}}/{STEPS}: eval loss 0.900 ({{step}} s)\\n")
+"""
+# tqdm closes a bar again when the bar is collected, when its widget can no longer read it: no error output then.
+COLLECTED_CELL = """
+import gc
+from textsql.display.step_bar import shown_output
+with shown_output() as stream:
+    stream.write("127.0.0.2: step 10/20: loss 1.000 (10 s)\\n127.0.0.2: step 20/20: loss 1.000 (20 s, 0 s left)\\n")
+del stream
+gc.collect()
+print("collected")
 """
 
 
@@ -73,13 +81,18 @@ with shown_output() as stream:
 def test_an_executed_notebook_holds_one_bar_not_a_line_every_10_steps():
     """200 step lines in a kernel (as notebook 02 gets for the demo's 2,000 steps): one widget, whose text
     fallback is a line, and the evaluations; the widget's last state (in the notebook's metadata) says 2000/2000."""
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(TRAINING_CELL)])
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(cell) for cell in (TRAINING_CELL, COLLECTED_CELL)]
+    )
     NotebookClient(notebook, kernel_name="python3", timeout=120).execute()
+    errors = [output for cell in notebook.cells for output in cell.outputs if output.output_type == "error"]
+    assert not errors, errors
     lines = output_lines(notebook)
     assert lines == [
-        "/work/run/hostfile:",
         f"training: 100%|##########| {STEPS}/{STEPS} steps [00:00, 00:00 left, loss 1.000]",
         *(f"127.0.0.2: step {step}/{STEPS}: eval loss 0.900 ({step} s)" for step in range(500, STEPS + 1, 500)),
+        "training: 100%|##########| 20/20 steps [00:00, 00:00 left, loss 1.000]",
+        "collected",
     ], "the bar's text says how it ended"
     (bar,) = [output for output in notebook.cells[0].outputs if WIDGET in output.get("data", {})]
     saved = notebook.metadata["widgets"][WIDGET_STATE]["state"]

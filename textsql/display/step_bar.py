@@ -108,6 +108,9 @@ def _notebook_bar(**arguments: Any) -> tqdm:
             self.shown = display(self.container, display_id=True)
 
         def close(self) -> None:
+            # tqdm closes a bar again when it is collected, where its widget can no longer read it: once only.
+            if self.disable:
+                return
             super().close()
             self.shown.update(self.container)
 
