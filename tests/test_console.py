@@ -167,6 +167,50 @@ def test_stage_view_ticks_on_its_own_while_a_stage_runs():
     ]
 
 
+def test_stage_view_shows_the_time_left_the_ranks_said_and_counts_it_down():
+    """The ranks' own estimate (textsql.time_left), never tqdm's: the stage's clock includes start-up."""
+    clock, stream = Clock(), io.StringIO()
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=None)
+    with view.stage("02_train_distributed"):
+        view.feed("127.0.0.2: step 20/200: loss 3.120 (14 s)")
+        view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s, 300 s left)")
+        for _ in range(10):
+            clock.now += 1
+            view.tick()
+    assert stream.getvalue().splitlines()[0] == "[1/1] 02_train_distributed: 10 s step 40/200: 04:50 left, loss 2.870"
+    with pseudo_terminal(columns=120, rows=24) as terminal:
+        view = StageView(total=1, stream=terminal.stream, clock=clock, tick_s=None)
+        with view.stage("02_train_distributed"):
+            view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s, 300 s left)")
+            clock.now += 60
+            view.tick()
+    assert "40/200 steps [" in terminal.output and "05:00 left, loss 2.870]" in terminal.output
+    assert "04:00 left, loss 2.870]" in terminal.output, "counted down at the tick"
+
+
+def test_stage_view_reads_the_steps_from_the_growing_launch_log(tmp_path):
+    """Notebook 02 shows its steps as a bar of its own, not as output: the terminal follows launch.log instead,
+    only what the stage adds to it, whole lines only, made safe to show like everything a rank prints."""
+    log, clock, stream = tmp_path / "launch.log", Clock(), io.StringIO()
+    log.write_text("127.0.0.2: step 1990/2000: loss 0.100 (900 s, 5 s left)\n")  # a previous run's
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=None, follow=log)
+    with view.stage("02_train_distributed"):
+        with log.open("a") as growing:
+            growing.write("127.0.0.2: stage: compiling\x1b[2J DeepSpeed's op\n127.0.0.2: step 20/200: loss 3.1")
+            growing.flush()
+            clock.now += 1
+            view.tick()
+            assert view.step is None, "a line still being written waits for its newline"
+            growing.write("20 (14 s, 90 s left)\n")
+        clock.now += 10
+        view.tick()
+    assert stream.getvalue().splitlines() == [
+        "      compiling\\x1b[2J DeepSpeed's op (at 1 s)",
+        "[1/1] 02_train_distributed: 11 s step 20/200: 01:30 left, loss 3.120",
+        "[1/1] 02_train_distributed done in 11 s",
+    ]
+
+
 def test_cell_output_goes_to_the_log_file_not_the_terminal(tmp_path, capsys):
     view = StageView(total=1, stream=io.StringIO(), live=False)
     with cell_output_to(tmp_path / "demo.log", view):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import papermill
 import psutil
 import pytest
 from click.testing import CliRunner
+from helpers.notebooks import output_lines
 from ipykernel.ipkernel import IPythonKernel
 
 from textsql.cli import cli
@@ -34,6 +36,7 @@ from textsql.notebook_parameters import (
     parse_overrides,
 )
 from textsql.notebook_runs import run_notebook
+from textsql.rank_lines import STEP_LINE
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
 DEMO_S = 1500
@@ -222,9 +225,9 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
         "-p",
         "01_prepare_dataset.limit=48",
         "-p",
-        "max_steps=4",
+        "max_steps=20",
         "-p",
-        "eval_steps=2",
+        "eval_steps=10",
         "-p",
         "per_device_train_batch_size=4",
         "-p",
@@ -247,8 +250,8 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
     assert "pdsh" in (out / "launch.log").read_text()
     scalars = read_scalars(out / "tensorboard")
     assert list(scalars) == ["demo"], "TensorBoard names the run after its directory"
-    assert [step for step, _ in scalars["demo"]["eval/loss"]] == [2, 4], "eval/loss every 2 steps, the last one once"
-    assert [step for step, _ in scalars["demo"]["eval/lf_accuracy"]] == [2, 4]
+    assert [step for step, _ in scalars["demo"]["eval/loss"]] == [10, 20], "eval/loss every 10 steps, the last one once"
+    assert [step for step, _ in scalars["demo"]["eval/lf_accuracy"]] == [10, 20]
     assert (out / "model" / "config.json").is_file()
     predictions = (out / "predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 6 and json.loads((out / "metrics.json").read_text())["n"] == 6
@@ -275,6 +278,14 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
         for line in output.get("text", "").splitlines()
         if line.startswith("this run uses: ")
     ]
+    # A step line every 10 steps was 234 lines for the demo's 2,000 steps: one bar instead, the lines in launch.log.
+    shown = output_lines(executed["02_train_distributed"])
+    losses = [line for line in shown if (step := STEP_LINE.match(line)) and step["text"].startswith("loss ")]
+    assert len(shown) <= 100 and not losses, shown
+    assert [line for line in shown if "20/20 steps" in line], "notebook 02's bar, its text saying how it ended"
+    logged = (out / "launch.log").read_text()
+    assert "step 10/20: loss " in logged and re.search(r"step 20/20: loss \S+ \(\d+ s, 0 s left\)", logged)
+    assert json.loads((out / "run.json").read_text())["progress"]["steady_from_step"] == 10
     assert recommended == [
         f"this run uses: {json.loads((out / 'run.json').read_text())['profile']} (profile auto: the recommendation)"
     ]

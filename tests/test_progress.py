@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 from textsql.rank_lines import STAGE_PREFIX
 from textsql.training.progress import SHM_OP_NAME, op_built, tick_while_building
@@ -28,8 +29,6 @@ def test_a_compiling_op_is_reported_every_interval_until_it_is_in_the_cache(tmp_
 
 
 def test_the_heartbeat_reports_steps_evaluations_and_saves_until_training_ends(capsys):
-    from types import SimpleNamespace
-
     from textsql.rank_lines import HEARTBEAT_LINE
     from textsql.training.progress import Heartbeat
 
@@ -53,3 +52,48 @@ def test_the_heartbeat_reports_steps_evaluations_and_saves_until_training_ends(c
     heartbeat.on_train_end(args, state, None)
     heartbeat.thread.join(timeout=30)
     assert not heartbeat.thread.is_alive(), "the heartbeat stops when training ends"
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_step_lines_say_the_time_left_once_the_first_evaluation_and_checkpoint_are_behind(capsys):
+    """Rank 0's lines as the trainer calls them: 60 s of start-up, 1 s a step, at step 20 an evaluation (10 s) and a
+    checkpoint (5 s); the supervisor's and the displays' reader (STEP_LINE) finds the time left in them."""
+    from transformers import TrainerControl, TrainerState
+
+    from textsql.rank_lines import STEP_LINE
+    from textsql.training.progress import StepLines
+
+    clock, args = Clock(), SimpleNamespace(eval_strategy="steps", save_strategy="steps")
+    lines = StepLines(clock=clock)
+    state, control = TrainerState(max_steps=40, eval_steps=20, save_steps=20), TrainerControl()
+    lines.on_train_begin(args, state, control)
+    clock.now = 60.0
+    for step in range(10, 41, 10):
+        clock.now += 10
+        state.global_step = step
+        lines.on_log(args, state, control, logs={"loss": 3.0})
+        if step == 20:
+            clock.now += 10
+            lines.on_log(args, state, control, logs={"eval_loss": 2.5, "eval_lf_accuracy": 0.5, "eval_runtime": 10})
+            clock.now += 5
+            lines.on_save(args, state, control)
+    said = [STEP_LINE.match(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(line["step"], line["text"], line["elapsed"], line["left"]) for line in said] == [
+        ("10", "loss 3.000", "70", None),
+        ("20", "loss 3.000", "80", None),
+        ("20", "eval loss 2.500, lf_accuracy 0.500", "90", None),
+        ("30", "loss 3.000", "105", "10"),
+        ("40", "loss 3.000", "115", "0"),
+    ]
+    record = lines.record()
+    assert record["steady_from_step"] == 20 and record["seconds_per_step"] == 1.0
+    assert record["time_left_at_evaluations"] == [{"step": 20, "elapsed_s": 90.0, "time_left_s": None}]

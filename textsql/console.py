@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import warnings
-from typing import Protocol, TextIO
+from typing import Protocol
 
 from textsql.errors import TextSQLError
 from textsql.shown_text import shown_lines
@@ -163,7 +163,7 @@ class ShownLines:
     filtered, here, at the edge.
     """
 
-    def __init__(self, target: TextIO) -> None:
+    def __init__(self, target: TextSink) -> None:
         self.target = target
 
     def write(self, text: str) -> int:

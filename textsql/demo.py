@@ -129,7 +129,8 @@ def run_demo(
             chosen[name].setdefault("log_level", log_level())
     result = DemoResult(out_dir)
     running = [name for name in NOTEBOOKS if steps[name].runs]
-    view = StageView(len(running), live=not is_verbose())
+    # Notebook 02 shows its steps as a bar of its own: the terminal reads them from the run's launch.log.
+    view = StageView(len(running), live=not is_verbose(), follow=out_dir / LAUNCH_LOG_NAME)
     quiet = contextlib.nullcontext() if is_verbose() else cell_output_to(out_dir / DEMO_LOG_NAME, view)
     for name in NOTEBOOKS:
         result.notebooks[name] = out_dir / "notebooks" / f"{name}.ipynb"

@@ -2,7 +2,8 @@
 (:mod:`textsql.training.progress`) and read by the supervisor (:mod:`textsql.launching.stall`,
 :mod:`textsql.launching.supervisor`) and the displays (:mod:`textsql.display.terminal`, :mod:`textsql.console`).
 
-- ``step N/M: loss L (T s)`` and ``step N/M: eval ...``: rank 0, on each logged step and evaluation;
+- ``step N/M: loss L (T s)`` and ``step N/M: eval ...``: rank 0, on each logged step and evaluation, with
+  ``, S s left`` after the time once the run's pace is steady (:mod:`textsql.time_left`);
 - ``stage: ...``: a stage of its own (what trains, DeepSpeed's op compilation);
 - ``heartbeat rank R step S progress P``: every rank, every :data:`HEARTBEAT_INTERVAL_S` seconds;
 - :data:`LAUNCH_ID_VAR`: what every process of one launch carries in its environment.
@@ -27,10 +28,27 @@ LAUNCH_ID_VAR = "TEXTSQL_LAUNCH_ID"
 # Seconds between a rank's heartbeat lines.
 HEARTBEAT_INTERVAL_S = 5.0
 # A step line, behind pdsh's prefix or not (a person's terminal sees both).
-STEP_LINE = re.compile(r"^(?:\S+: )?step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)(?: \(\d+ s\))?$")
+STEP_LINE = re.compile(
+    r"^(?:\S+: )?step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)"
+    r"(?: \((?P<elapsed>\d+) s(?:, (?P<left>\d+) s left)?\))?$"
+)
 STAGE_PREFIX = "stage: "
 # A heartbeat line once its host's prefix is taken off (:func:`attribute`).
 HEARTBEAT_LINE = re.compile(r"^heartbeat rank (?P<rank>\d+) step (?P<step>\d+) progress (?P<progress>\d+)$")
+
+
+def step_line(step: int, total: int, text: str, elapsed: float, left: float | None = None) -> str:
+    """The step line rank 0 prints; :data:`STEP_LINE` reads it.
+
+    :param step: the optimizer step.
+    :param total: the run's last step.
+    :param text: what happened (``loss 3.210``, ``eval loss 2.1, lf_accuracy 0.500``).
+    :param elapsed: seconds since the rank started.
+    :param left: seconds the run has left (None: not known yet).
+    :rtype: str
+    """
+    until = "" if left is None else f", {left:.0f} s left"
+    return f"step {step}/{total}: {text} ({elapsed:.0f} s{until})"
 
 
 def heartbeat_line(rank: int, step: int, progress: int) -> str:

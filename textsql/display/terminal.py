@@ -2,8 +2,10 @@
 
 ``textsql demo`` runs notebooks whose cells print hundreds of lines; at the default log level they go to
 a log file, and the terminal shows only this: a bar for the running stage that ticks every second (so a
-quiet minute still shows the clock moving), the ranks' ``step N/M`` lines as its progress, their
-``stage:`` lines (DeepSpeed's one-off op compilation) as lines of their own, and each stage's end.
+quiet minute still shows the clock moving), the ranks' ``step N/M`` lines as its progress with the time left
+they measured (:mod:`textsql.time_left`, counted down between lines), their ``stage:`` lines (DeepSpeed's
+one-off op compilation) as lines of their own, and each stage's end. The step lines are read from the run's
+``launch.log`` as it grows (``follow``): notebook 02 shows them as its own bar, not as lines of output.
 
 Usage::
 
@@ -26,6 +28,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from textsql.display.step_bar import left_and_text
 from textsql.rank_lines import STAGE_PREFIX, STEP_LINE
 from textsql.shown_text import shown_lines
 
@@ -37,8 +40,8 @@ TICK_S = 1.0
 PLAIN_EVERY_S = 10.0
 PLAIN_HEARTBEAT_S = 60.0
 WAITING_FORMAT = "{desc}: {elapsed}{postfix}"
-# No time left: the stage's clock includes start-up, so a rate-based guess would mislead.
-STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} steps [{elapsed}]{postfix}"
+# The time left is the ranks' (in the postfix), never tqdm's: the stage's clock includes start-up.
+STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} steps [{elapsed}{postfix}]"
 
 
 class StageView:
@@ -51,6 +54,7 @@ class StageView:
     :param clock: seconds, monotonic; the times shown are differences of its readings.
     :param tick_s: seconds between the ticks of a thread that runs while a stage does (:meth:`tick`);
         ``None``: no thread, the caller ticks (a test driving its own clock).
+    :param follow: a log each tick reads the stage's new lines of, as if fed (the run's ``launch.log``).
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class StageView:
         live: bool = True,
         clock: Callable[[], float] = time.monotonic,
         tick_s: float | None = TICK_S,
+        follow: Path | None = None,
     ) -> None:
         self.total = total
         self.stream = stream or sys.stderr
@@ -72,6 +77,12 @@ class StageView:
         self.label = ""
         self.progress = ""
         self.stage_lines: set[str] = set()
+        # The latest step line's "step N/M" and text, and the time left it said with when it was read.
+        self.step: tuple[str, str] | None = None
+        self.left: tuple[float, float] | None = None
+        self.follow, self._followed = follow, 0
+        # Fed from papermill's log records and from the ticks' reads of `follow`.
+        self._lock = threading.RLock()
         # When the last plain line was printed, and the progress it showed.
         self._last_plain = 0.0
         self._shown = ""
@@ -82,6 +93,9 @@ class StageView:
         label = self.label = f"[{self.done + 1}/{self.total}] {name}"
         self.started, self.progress, self.stage_lines = self.clock(), "", set()
         self._last_plain, self._shown = self.started, ""
+        self.step, self.left = None, None
+        # Only what the stage adds: a resumed run's log already holds an earlier run's steps.
+        self._followed = self.follow.stat().st_size if self.follow is not None and self.follow.is_file() else 0
         if self.live and has_size(self.stream):
             # position 0: papermill's own (hidden) bar would otherwise push this one down a line per redraw.
             self.bar = tqdm(
@@ -107,35 +121,68 @@ class StageView:
 
     def feed(self, text: str) -> None:
         """Take output of the running stage: ``step N/M`` moves the bar, ``stage:`` lines are shown."""
-        for line in shown_lines(text):
-            line = line.strip()
-            step = STEP_LINE.match(line)
-            if step:
-                self.progress = f"step {step['step']}/{step['total']}: {step['text']}"
-            if self.bar is not None and step:
-                if self.bar.total != int(step["total"]):
-                    self.bar.bar_format, self.bar.total = STEPS_FORMAT, int(step["total"])
-                self.bar.n = int(step["step"])
-                self.bar.set_postfix_str(step["text"], refresh=True)
-            elif STAGE_PREFIX in line and line.partition(STAGE_PREFIX)[2] not in self.stage_lines:
-                # Every node says it compiles the op (each compiles its own copy): one line for the person.
-                self.stage_lines.add(line.partition(STAGE_PREFIX)[2])
-                self._line(f"      {line.partition(STAGE_PREFIX)[2]} (at {self.clock() - self.started:.0f} s)")
+        with self._lock:
+            for line in shown_lines(text):
+                self._read(line.strip())
+
+    def _read(self, line: str) -> None:
+        step = STEP_LINE.match(line)
+        if step:
+            self.step = (f"step {step['step']}/{step['total']}", step["text"])
+            self.left = (float(step["left"]), self.clock()) if step["left"] is not None else None
+            self.progress = f"{self.step[0]}: {step['text']}"
+        if self.bar is not None and step:
+            if self.bar.total != int(step["total"]):
+                self.bar.bar_format, self.bar.total = STEPS_FORMAT, int(step["total"])
+            self.bar.n = int(step["step"])
+            self.bar.set_postfix_str(self._postfix(), refresh=True)
+        elif STAGE_PREFIX in line and line.partition(STAGE_PREFIX)[2] not in self.stage_lines:
+            # Every node says it compiles the op (each compiles its own copy): one line for the person.
+            self.stage_lines.add(line.partition(STAGE_PREFIX)[2])
+            self._line(f"      {line.partition(STAGE_PREFIX)[2]} (at {self.clock() - self.started:.0f} s)")
+
+    def seconds_left(self) -> float | None:
+        """The time left the latest step line said, less the time since it was read; None while not known.
+
+        :rtype: float | None
+        """
+        return None if self.left is None else max(0.0, self.left[0] - (self.clock() - self.left[1]))
+
+    def _postfix(self) -> str:
+        return left_and_text(self.seconds_left(), self.step[1]) if self.step is not None else ""
 
     def _line(self, text: str) -> None:
         tqdm.write(text, file=self.stream)
 
     def tick(self) -> None:
-        """Redraw the bar (its clock moves), or where there is none print a plain line if one is due."""
-        # tqdm redraws only on updates; a stage can be silent for minutes (op compilation, rank start-up).
-        if self.bar is not None:
-            self.bar.refresh()
+        """Read what ``follow`` gained, redraw the bar (its clock moves and the time left counts down), or where
+        there is none print a plain line if one is due."""
+        with self._lock:
+            self._read_followed()
+            # tqdm redraws only on updates; a stage can be silent for minutes (op compilation, rank start-up).
+            if self.bar is not None:
+                if self.left is not None:
+                    self.bar.set_postfix_str(self._postfix(), refresh=False)
+                self.bar.refresh()
+                return
+            now = self.clock()
+            quiet = now - self._last_plain
+            if self.live and (quiet >= PLAIN_HEARTBEAT_S or (quiet >= PLAIN_EVERY_S and self.progress != self._shown)):
+                self._last_plain, self._shown = now, self.progress
+                shown = f"{self.step[0]}: {self._postfix()}" if self.step is not None else ""
+                self._line(f"{self.label}: {now - self.started:.0f} s {shown}".rstrip())
+
+    def _read_followed(self) -> None:
+        if self.follow is None or not self.follow.is_file():
             return
-        now = self.clock()
-        quiet = now - self._last_plain
-        if self.live and (quiet >= PLAIN_HEARTBEAT_S or (quiet >= PLAIN_EVERY_S and self.progress != self._shown)):
-            self._last_plain, self._shown = now, self.progress
-            self._line(f"{self.label}: {now - self.started:.0f} s {self.progress}".rstrip())
+        with open(self.follow, "rb") as log:
+            log.seek(self._followed)
+            grown = log.read()
+        # Whole lines only (never a character cut in two): a line still being written is read at the next tick.
+        complete = grown[: grown.rfind(b"\n") + 1]
+        self._followed += len(complete)
+        for line in shown_lines(complete.decode("utf-8", errors="replace"))[:-1]:
+            self._read(line.strip())
 
     def _ticking(self, stop: threading.Event) -> None:
         assert self.tick_s is not None

@@ -46,6 +46,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -68,6 +69,7 @@ from textsql.constants import (
     DEFAULT_STALL_TIMEOUT_S,
     RUN_SUMMARY_NAME,
 )
+from textsql.display.step_bar import shown_output
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
 from textsql.launching.cluster_check import check_cluster
@@ -636,7 +638,8 @@ def supervise(
     :param arguments: the launch.
     :param cluster: the run's workers, so lost ones can be replaced (None: relaunch on the same hosts).
     :param max_restarts: relaunches allowed after the first launch (0: none).
-    :param stream: where the ranks' output and the supervisor's lines go (default: sys.stdout).
+    :param stream: where the ranks' output and the supervisor's lines go (default: sys.stdout; in a notebook
+        the step lines move a progress bar, :mod:`textsql.display.step_bar`).
     :param min_workers: the fewest workers to go on with when a lost one is not replaced in time (None: all).
     :param replace_timeout: seconds a replacement has to register.
     :param stall_timeout: seconds no rank may advance before the run is relaunched (None: the default, see
@@ -646,15 +649,16 @@ def supervise(
     """
     if cluster is not None:
         check_cluster(cluster.workers, arguments.run_dir, TrainingPlan.read(arguments).model, arguments.socket_ifname)
-    return Supervisor(
-        arguments,
-        cluster,
-        max_restarts,
-        replace_timeout=replace_timeout,
-        min_workers=min_workers,
-        stall_timeout=stall_timeout,
-        stream=stream or ShownLines(sys.stdout),
-    ).run()
+    with contextlib.nullcontext(stream) if stream is not None else shown_output() as shown:
+        return Supervisor(
+            arguments,
+            cluster,
+            max_restarts,
+            replace_timeout=replace_timeout,
+            min_workers=min_workers,
+            stall_timeout=stall_timeout,
+            stream=shown,
+        ).run()
 
 
 def process_group_timeout(stall_timeout: float | None) -> int:

@@ -2,8 +2,10 @@
 line (model, ranks, profile), and a notice before DeepSpeed's one-off op compilation.
 
 They replace the Trainer's tqdm bar, which reaches the launcher through pdsh as one ever-growing line,
-and its raw ``{'loss': ...}`` dicts. :mod:`textsql.console` shows exactly these lines at the default
-log level, and ``textsql demo`` turns ``step N/M`` into its progress bar.
+and its raw ``{'loss': ...}`` dicts. Once the run's pace is steady each step line says the time left
+(:mod:`textsql.time_left`), which ``run.json`` keeps too (``progress``). :mod:`textsql.console` shows exactly
+these lines at the default log level; ``textsql demo`` turns ``step N/M`` into its terminal bar, and a notebook
+into one progress bar (:mod:`textsql.display.step_bar`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +25,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
-from textsql.rank_lines import HEARTBEAT_INTERVAL_S, LAUNCH_ID_VAR, STAGE_PREFIX, heartbeat_line
+from textsql.rank_lines import HEARTBEAT_INTERVAL_S, LAUNCH_ID_VAR, STAGE_PREFIX, heartbeat_line, step_line
+from textsql.time_left import TimeLeft, steady_from
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +43,28 @@ OP_BUILD_TICK_S = 10.0
 
 
 class StepLines(TrainerCallback):
-    """``step N/M: loss L`` on each logging step and ``step N/M: eval ...`` after each evaluation, on rank 0."""
+    """``step N/M: loss L`` on each logging step and ``step N/M: eval ...`` after each evaluation, on rank 0, each
+    with the time left once the pace is steady (:mod:`textsql.time_left`), which :meth:`record` keeps for ``run.json``.
 
-    def __init__(self) -> None:
-        self.started = time.monotonic()
+    :param evaluates: whether the run has an evaluation split (the steady window waits for its first evaluation).
+    :param clock: seconds, monotonic.
+    """
+
+    def __init__(self, evaluates: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.evaluates, self.clock = evaluates, clock
+        self.started = clock()
+        self.time_left: TimeLeft | None = None
+        # The time left said at each evaluation, for a person to check against the run's end.
+        self.said_at_evaluations: list[dict[str, float | int | None]] = []
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        eval_every = state.eval_steps if self.evaluates and args.eval_strategy == "steps" else None
+        save_every = state.save_steps if args.save_strategy == "steps" else None
+        self.time_left = TimeLeft(
+            state.max_steps, steady_from(state.global_step, state.max_steps, eval_every, save_every)
+        )
 
     def on_log(
         self,
@@ -54,16 +76,59 @@ class StepLines(TrainerCallback):
     ) -> None:
         if not state.is_world_process_zero or not logs:
             return
-        elapsed = f"{time.monotonic() - self.started:.0f} s"
         if "loss" in logs:
-            print(f"step {state.global_step}/{state.max_steps}: loss {float(logs['loss']):.3f} ({elapsed})", flush=True)
+            text = f"loss {float(logs['loss']):.3f}"
         elif "eval_loss" in logs:
-            scores = ", ".join(
+            text = "eval " + ", ".join(
                 f"{name.removeprefix('eval_')} {float(value):.3f}"
                 for name, value in logs.items()
                 if name.startswith("eval_") and not name.endswith(("runtime", "per_second"))
             )
-            print(f"step {state.global_step}/{state.max_steps}: eval {scores} ({elapsed})", flush=True)
+        else:
+            return
+        left = self._observe(state.global_step)
+        if "eval_loss" in logs:
+            self.said_at_evaluations.append(
+                {"step": state.global_step, "elapsed_s": round(self.clock() - self.started, 1), "time_left_s": left}
+            )
+        print(step_line(state.global_step, state.max_steps, text, self.clock() - self.started, left), flush=True)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self._observe(state.global_step)
+
+    def _observe(self, step: int) -> float | None:
+        if self.time_left is None:  # logged outside trainer.train(): the final evaluation
+            return None
+        self.time_left.observe(step, self.clock())
+        left = self.time_left.seconds_left()
+        return None if left is None else round(left)
+
+    def record(self) -> dict[str, Any] | None:
+        """The run's pace for ``run.json``: where the steady window opened, its seconds a step (evaluations and
+        checkpoints included), and the time left said at each evaluation; None before training began.
+
+        :rtype: dict | None
+        """
+        if self.time_left is None:
+            return None
+        pace = self.time_left.seconds_per_step()
+        return {
+            "max_steps": self.time_left.max_steps,
+            "steady_from_step": self.time_left.opened[0] if self.time_left.opened else None,
+            "seconds_per_step": None if pace is None else round(pace, 4),
+            "time_left_at_evaluations": self.said_at_evaluations,
+            "ended_s": round(self.clock() - self.started, 1),
+        }
+
+
+def pace_record(trainer: Trainer) -> dict[str, Any] | None:
+    """``run.json``'s ``progress``: what the trainer's :class:`StepLines` measured (:meth:`StepLines.record`).
+
+    :param trainer: a trainer :func:`use_step_lines` set up.
+    :rtype: dict | None
+    """
+    lines = next((each for each in trainer.callback_handler.callbacks if isinstance(each, StepLines)), None)
+    return lines.record() if lines is not None else None
 
 
 class Heartbeat(TrainerCallback):
@@ -116,7 +181,7 @@ def use_step_lines(trainer: Trainer) -> None:
     """
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(StepLines())
+    trainer.add_callback(StepLines(evaluates=trainer.eval_dataset is not None))
     # Only a launch has a supervisor to read the heartbeat; `textsql train` in a terminal stays quiet.
     if os.environ.get(LAUNCH_ID_VAR):
         trainer.add_callback(Heartbeat())

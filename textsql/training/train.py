@@ -50,7 +50,7 @@ from textsql.training.hardware import share_cpu_threads, teardown_distributed, t
 from textsql.training.loss import BatchVocabularyT5, resolve_loss_vocabulary
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
-from textsql.training.progress import announce_op_build, announce_run, use_step_lines
+from textsql.training.progress import announce_op_build, announce_run, pace_record, use_step_lines
 from textsql.training.schedule import TimedSchedule
 from textsql.training.tracking import finish_tracking, run_params, start_tracking
 from textsql.training.trainer import GrammarSeq2SeqTrainer
@@ -367,6 +367,8 @@ def _write_summary(
         "throughput": throughput,
         "token_budget": token_budget_record(getattr(trainer, "max_tokens_per_batch", None)),
         "log_history": trainer.state.log_history,
+        # The steady pace and the time left said at each evaluation (textsql.time_left).
+        "progress": pace_record(trainer),
         # The collective check of this launch (empty for a single rank): result and bandwidth per host.
         "collective": collective,
     }

@@ -1,0 +1,104 @@
+"""Notebook 02's progress: one bar with the time left instead of a line every 10 steps (textsql/display/step_bar.py)."""
+
+from __future__ import annotations
+
+import io
+
+import nbformat
+import pytest
+from helpers.notebooks import output_lines
+from nbclient import NotebookClient
+from tqdm import tqdm
+
+from textsql.console import ShownLines
+from textsql.display.step_bar import StepBar, shown_output
+
+STEPS = 2000
+WIDGET = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def plain_bar(stream: io.StringIO):
+    return lambda **arguments: tqdm(file=stream, mininterval=0, ncols=120, **arguments)
+
+
+def test_step_lines_move_the_bar_and_every_other_line_is_printed():
+    printed, drawn = io.StringIO(), io.StringIO()
+    bar = StepBar(printed, bar=plain_bar(drawn))
+    stream = ShownLines(bar)
+    for step in range(10, STEPS + 1, 10):
+        left = f", {(STEPS - step) // 10} s left" if step > 500 else ""
+        stream.write(f"127.0.0.2: step {step}/{STEPS}: loss {5 - step / 1000:.3f} ({step // 10} s{left})\n")
+        if step == 500:
+            stream.write(f"127.0.0.2: step {step}/{STEPS}: eval loss 2.100, lf_accuracy 0.400 (50 s)\n")
+            stream.write("[supervisor] a line of the supervisor\n")
+    bar.close()
+    assert printed.getvalue().splitlines() == [
+        "127.0.0.2: step 500/2000: eval loss 2.100, lf_accuracy 0.400 (50 s)",
+        "[supervisor] a line of the supervisor",
+    ]
+    last = drawn.getvalue().rpartition("\r")[2]
+    assert "2000/2000 steps" in last and "00:00 left, loss 3.000]" in last, last
+    assert "01:30 left, loss 3.900]" in drawn.getvalue(), "the ranks' time left at step 1100"
+
+
+def test_a_rank_cannot_write_escapes_into_the_bar():
+    drawn = io.StringIO()
+    bar = StepBar(io.StringIO(), bar=plain_bar(drawn))
+    ShownLines(bar).write("127.0.0.2: step 10/20: loss 1.000\x1b]0;owned\x07 (3 s)\n")
+    bar.close()
+    assert "\x1b]0;owned" not in drawn.getvalue() and "\\x1b]0;owned\\x07" in drawn.getvalue()
+
+
+def test_outside_a_notebook_the_lines_are_printed_as_they_come(capsys):
+    with shown_output() as stream:
+        stream.write("127.0.0.2: step 10/20: loss 1.000 (3 s)\n127.0.0.2: [INFO] noise\n")
+    assert capsys.readouterr().out == "127.0.0.2: step 10/20: loss 1.000 (3 s)\n"
+
+
+# What notebook 02's training cell does with the ranks' lines, in a real kernel as papermill runs it.
+TRAINING_CELL = f"""
+from textsql.display.step_bar import shown_output
+with shown_output() as stream:
+    for step in range(10, {STEPS} + 1, 10):
+        stream.write(f"127.0.0.2: step {{step}}/{STEPS}: loss 1.000 ({{step}} s, {{{STEPS} - step}} s left)\\n")
+        if step % 500 == 0:
+            stream.write(f"127.0.0.2: step {{step}}/{STEPS}: eval loss 0.900 ({{step}} s)\\n")
+"""
+# tqdm closes a bar again when the bar is collected, when its widget can no longer read it: no error output then.
+COLLECTED_CELL = """
+import gc
+from textsql.display.step_bar import shown_output
+with shown_output() as stream:
+    stream.write("127.0.0.2: step 10/20: loss 1.000 (10 s)\\n127.0.0.2: step 20/20: loss 1.000 (20 s, 0 s left)\\n")
+del stream
+gc.collect()
+print("collected")
+"""
+
+
+@pytest.mark.slow
+def test_an_executed_notebook_holds_one_bar_not_a_line_every_10_steps():
+    """200 step lines in a kernel (as notebook 02 gets for the demo's 2,000 steps): one widget, whose text
+    fallback is a line, and the evaluations; the widget's last state (in the notebook's metadata) says 2000/2000."""
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(cell) for cell in (TRAINING_CELL, COLLECTED_CELL)]
+    )
+    NotebookClient(notebook, kernel_name="python3", timeout=120).execute()
+    errors = [output for cell in notebook.cells for output in cell.outputs if output.output_type == "error"]
+    assert not errors, errors
+    lines = output_lines(notebook)
+    assert lines == [
+        f"training: 100%|##########| {STEPS}/{STEPS} steps [00:00, 00:00 left, loss 1.000]",
+        *(f"127.0.0.2: step {step}/{STEPS}: eval loss 0.900 ({step} s)" for step in range(500, STEPS + 1, 500)),
+        "training: 100%|##########| 20/20 steps [00:00, 00:00 left, loss 1.000]",
+        "collected",
+    ], "the bar's text says how it ended"
+    (bar,) = [output for output in notebook.cells[0].outputs if WIDGET in output.get("data", {})]
+    saved = notebook.metadata["widgets"][WIDGET_STATE]["state"]
+    children = [
+        saved[child.removeprefix("IPY_MODEL_")] for child in saved[bar["data"][WIDGET]["model_id"]]["state"]["children"]
+    ]
+    (progress,) = [child["state"] for child in children if child["model_name"] == "FloatProgressModel"]
+    assert (progress["value"], progress["bar_style"]) == (STEPS, "success"), "the last state is saved for JupyterLab"
+    assert len(nbformat.writes(notebook)) < 50_000, "the executed notebook stays small"
