@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from helpers.launch import tagged_processes, textsql_launch
 
-from bench.profiles import train_only
 from bench.recovery import TAG_VAR, StepStream, kill_after, kill_pod, supervised_arguments
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.launching.command import LaunchArguments
@@ -147,16 +146,7 @@ def test_a_host_without_sshd_does_not_answer_real_ssh(tmp_path: Path) -> None:
 
 MAX_STEPS, SAVE_STEPS = 4, 2
 REPLACE_TIMEOUT_S = 5
-
-
-@pytest.fixture(scope="module")
-def train_data(tmp_path_factory) -> Path:
-    """The shipped sample's train split alone (64 questions), so the runs spend no time evaluating."""
-    from textsql.data.prepare import PrepareArguments, prepare
-
-    work = tmp_path_factory.mktemp("hostfile")
-    prepare(PrepareArguments(out=str(work / "data"), limit=64, max_source_length=96))
-    return train_only(str(work / "data"), work)
+SHRUNK = [FailureKind.WORKER_LOST, "shrunk", "relaunch", "resumed", "finished"]
 
 
 @pytest.mark.slow
@@ -207,13 +197,7 @@ def test_a_lost_host_of_a_hostfile_is_left_behind_or_ends_the_run(
         assert not remaining.exists()
         return
     assert code == 0
-    assert [event["event"] for event in events] == [
-        FailureKind.WORKER_LOST,
-        "shrunk",
-        "relaunch",
-        "resumed",
-        "finished",
-    ]
+    assert [event["event"] for event in events] == SHRUNK
     shrunk = events[1]
     assert (shrunk["world_size_before"], shrunk["world_size_after"]) == (2, 1)
     assert f"no replacement after {REPLACE_TIMEOUT_S}." in shrunk["line"]
