@@ -39,6 +39,17 @@ def two_local_workers(tmp_path: Path):
 
 
 @pytest.fixture(scope="session")
+def train_data(tmp_path_factory) -> Path:
+    """The shipped sample's train split alone (64 questions), so the recovery runs spend no time evaluating."""
+    from bench.profiles import train_only
+    from textsql.data.prepare import PrepareArguments, prepare
+
+    work = tmp_path_factory.mktemp("recovery")
+    prepare(PrepareArguments(out=str(work / "data"), limit=64, max_source_length=96))
+    return train_only(str(work / "data"), work)
+
+
+@pytest.fixture(scope="session")
 def prepared_sample(tmp_path_factory) -> Path:
     """The shipped WikiSQL sample prepared by `textsql prepare --limit 64` (64 questions a split)."""
     from textsql.data.prepare import PrepareArguments, prepare

@@ -80,6 +80,7 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
     assert parsed.master_port != 29500  # loopback hosts share this machine: a free port, not the fixed default
     remote = parse_args(deepspeed_command(arguments, tmp_path / "hostfile", ["10.0.0.5"])[1:])
     assert (remote.master_addr, remote.master_port) == ("10.0.0.5", 29500)
+    assert remote.force_multi, "the runner would start a one-host hostfile's ranks on this machine, not over pdsh"
     assert parsed.module and parsed.no_local_rank and parsed.no_ssh_check
     assert (parsed.user_script, parsed.user_args) == (
         "textsql.training.train",

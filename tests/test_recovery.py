@@ -26,7 +26,6 @@ import pytest
 from helpers.launch import tagged_processes
 
 from bench.events import scalars_per_file
-from bench.profiles import train_only
 from bench.recovery import KILLED_RANK, StepStream, kill_after, rank_process, supervised_arguments
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
@@ -41,16 +40,6 @@ LOSS_TOLERANCE = 2e-4
 # Seconds without progress that make a stall here: the shortest allowed, so the stopped run ends soon.
 STALL_TIMEOUT_S = 20.0
 STOPPED_RUN_BOUND_S = 480
-
-
-@pytest.fixture(scope="module")
-def train_data(tmp_path_factory) -> Path:
-    """The shipped sample's train split alone (64 questions), so the runs spend no time evaluating."""
-    from textsql.data.prepare import PrepareArguments, prepare
-
-    work = tmp_path_factory.mktemp("recovery")
-    prepare(PrepareArguments(out=str(work / "data"), limit=64, max_source_length=96))
-    return train_only(str(work / "data"), work)
 
 
 def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStream, **options) -> dict:

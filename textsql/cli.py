@@ -323,16 +323,17 @@ def train(args: tuple[str, ...]) -> None:
 @click.option(
     "--min-workers",
     type=click.IntRange(min=1),
-    help="Fewest workers the run may go on with when a lost worker is not replaced within --replace-timeout, "
-    "up to the hostfile's hosts [default: all]. Workers are replaced or left behind only where the same process "
-    "started them (notebook 02, `textsql demo`); over an existing hostfile the run is relaunched on its hosts.",
+    help="Fewest workers the run may go on with when a lost worker is not back within --replace-timeout, "
+    "up to the hostfile's hosts [default: all]. Over a hostfile the hosts left go to RUN_DIR/hostfile.remaining; "
+    "yours is not changed.",
 )
 @click.option(
     "--replace-timeout",
     type=click.FloatRange(min=0),
     default=DEFAULT_REPLACE_TIMEOUT_S,
     show_default=True,
-    help="Seconds a lost worker's replacement has to register before the run ends or goes on with fewer "
+    help="Seconds a lost worker has to come back (a hostfile's host: answer ssh again; a worker started by "
+    "notebook 02 or `textsql demo`: its replacement registered) before the run ends or goes on with fewer "
     "(see --min-workers).",
 )
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)

@@ -1,7 +1,7 @@
 """What a launch is given (:class:`LaunchArguments`), DeepSpeed's launcher command for it, and the environment its ranks get.
 
 ``deepspeed --hostfile H --launcher pdsh --master_addr A --master_port M --no_ssh_check
---no_local_rank --module textsql.training.train ARGS``; for the ranks of one machine, the per-node launcher that
+--force_multi --no_local_rank --module textsql.training.train ARGS``; for the ranks of one machine, the per-node launcher that
 command would run here, ``python -u -m deepspeed.launcher.launch --world_info=... ARGS`` (see :func:`local_command`).
 The ranks' variables go to the run's ``.deepspeed_env`` (DeepSpeed's runner finds it through
 ``DS_ENV_FILE`` and exports each ``KEY=VAL`` line on pdsh's command line), so no credential may be
@@ -174,7 +174,8 @@ def deepspeed_command(arguments: LaunchArguments, hostfile: Path, hosts: list[st
         str(arguments.master_port or _default_master_port(master_addr)),
     ]
     # Our own check ran with the run's ssh config; DeepSpeed's plain `ssh host hostname` would not use it.
-    command += ["--no_ssh_check", "--no_local_rank", "--module", arguments.module]
+    # --force_multi: with one host (a run gone on with one worker) the runner would start the ranks on this machine.
+    command += ["--no_ssh_check", "--force_multi", "--no_local_rank", "--module", arguments.module]
     return command + arguments.train_args
 
 

@@ -239,7 +239,7 @@ def preflight(
         raise LaunchError("pdsh is not installed; run `make setup` (Debian package pdsh) or pass --launcher local")
     if shutil.which("ssh") is None:
         raise LaunchError("ssh is not installed; run `make setup` (Debian package openssh-client)")
-    options = ssh_options(_run_ssh_config(run_dir, ssh_config), port=ssh_port)
+    options = launch_ssh_options(run_dir, ssh_config, ssh_port)
     for host in hosts:
         checking = _ssh_setting(options, host, "stricthostkeychecking")
         if checking not in ("true", "ask"):
@@ -249,6 +249,18 @@ def preflight(
             )
     _check_reachable(options, hosts)
     return options
+
+
+def launch_ssh_options(run_dir: Path, ssh_config: Path | None = None, ssh_port: int | None = None) -> list[str]:
+    """The ssh options of a launch (what pdsh runs with): the run's ssh_config when present, the port.
+
+    :param run_dir: the run directory (its ``ssh_config`` is used when present).
+    :param ssh_config: an ssh_config to use instead (must exist).
+    :param ssh_port: sshd port of every host, when the config does not give it.
+    :rtype: list[str]
+    :raises LaunchError: when a given ssh_config is missing, or its path has whitespace.
+    """
+    return ssh_options(_run_ssh_config(run_dir, ssh_config), port=ssh_port)
 
 
 def _run_ssh_config(run_dir: Path, ssh_config: Path | None) -> Path | None:

@@ -30,6 +30,11 @@ of a step with a token budget) and the order of the examples. A replacement that
 waited for. With ``min_workers`` equal to the number of workers (the default) a lost worker that is
 not replaced ends the run, as before.
 
+**Hosts of a hostfile** (``textsql launch --hostfile``, no :class:`worker.cluster.Cluster` in this process) are
+the same to the supervisor (:class:`textsql.launching.hostfile_hosts.HostfileHosts`): a lost host is "replaced"
+by waiting up to ``replace_timeout`` for it to answer ssh again, and dropped by writing the hosts left to
+``RUN_DIR/hostfile.remaining``, which the relaunch uses; the user's hostfile is left as it was.
+
 Each event is one line on the launch's stream and a record in ``RUN_DIR/supervisor.json``, as it
 happens: ``worker lost at step N (how), detected after T s`` (T: from the last step logged, or the
 launch's start, to the first sign of the failure on the stream: an upper bound of how long it went
@@ -74,6 +79,7 @@ from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
 from textsql.launching.cluster_check import check_cluster
 from textsql.launching.command import TRAIN_MODULE, LaunchArguments
+from textsql.launching.hostfile_hosts import HostfileHosts, Workers
 from textsql.launching.launch import PDSH_HOST_FAILED, launch
 from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S, StallDetector
 from textsql.rank_lines import STEP_LINE, attribute
@@ -383,7 +389,7 @@ class Supervisor:
     """
 
     arguments: LaunchArguments
-    cluster: Cluster | None = None
+    cluster: Workers | None = None
     max_restarts: int = DEFAULT_MAX_RESTARTS
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S
     min_workers: int | None = None
@@ -394,6 +400,9 @@ class Supervisor:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise LaunchError(f"--max-restarts {self.max_restarts!r} must be 0 or more")
+        if self.cluster is None and self.arguments.launcher == "pdsh":
+            # An existing hostfile's hosts: waited for and left behind as a cluster's workers are replaced and dropped.
+            self.cluster = HostfileHosts.read(self.arguments)
         if self.cluster is not None and self.arguments.hostfile is None:
             # The cluster's files, wherever they live (off the shared volume for cml and kubernetes workers).
             self.arguments = replace(
@@ -491,7 +500,10 @@ class Supervisor:
         except WorkerError as error:
             assert self.min_workers is not None  # set by __post_init__
             if len(self.cluster.hosts) - 1 < self.min_workers:
-                raise
+                raise WorkerError(
+                    f"{error}; going on without it would leave {len(self.cluster.hosts) - 1} worker(s), "
+                    f"fewer than --min-workers {self.min_workers} (lower it to go on with fewer)"
+                ) from None
             self._shrink(failure.host, time.monotonic() - started, str(error), attempt)
             return
         self._event(
@@ -508,7 +520,15 @@ class Supervisor:
         # Checked before the worker is dropped: a batch that cannot be kept ends the run as before.
         batch = self.plan.batch_for(self.first_world, after)
         assert self.cluster is not None  # only recover() shrinks, and only a cluster
+        given = self.cluster.hostfile
         self.cluster = self.cluster.without_worker(host)
+        # A cluster rewrote its own hostfile; a hostfile run goes on with a new one (HostfileHosts).
+        self.arguments = replace(self.arguments, hostfile=self.cluster.hostfile)
+        moved = (
+            f"; the hosts left are in {self.cluster.hostfile} ({given} unchanged)"
+            if given != self.cluster.hostfile
+            else ""
+        )
         self.overrides |= batch
         checkpoint = self._checkpoint()
         converted_s = None
@@ -531,8 +551,9 @@ class Supervisor:
             "shrunk",
             attempt,
             f"worker {host} lost, no replacement after {waited:.1f} s; "
-            f"continuing on {len(self.cluster.hosts)} workers {origin}",
+            f"continuing on {len(self.cluster.hosts)} workers {origin}{moved}",
             host=host,
+            hostfile=str(self.cluster.hostfile),
             reason=why,
             world_size_before=before,
             world_size_after=after,
@@ -636,7 +657,8 @@ def supervise(
     """Run the launch under a :class:`Supervisor` (see the module docstring).
 
     :param arguments: the launch.
-    :param cluster: the run's workers, so lost ones can be replaced (None: relaunch on the same hosts).
+    :param cluster: the run's workers, so lost ones can be replaced (None: the hostfile's hosts, see
+        :class:`textsql.launching.hostfile_hosts.HostfileHosts`).
     :param max_restarts: relaunches allowed after the first launch (0: none).
     :param stream: where the ranks' output and the supervisor's lines go (default: sys.stdout; in a notebook
         the step lines move a progress bar, :mod:`textsql.display.step_bar`).
