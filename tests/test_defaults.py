@@ -36,7 +36,8 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 AMP_VARIABLES = yaml.safe_load((PROJECT_DIR / ".project-metadata.yaml").read_text())["environment_variables"]
 # Where the AMP differs on purpose: it runs on CML GPU workers with the model hub in reach, not on this
 # machine's local CPU pods with the embedded random-weight T5, so it prepares real questions with their case
-# for a pretrained T5 and trains three epochs; and its paths are the CML project's.
+# for a pretrained T5 and trains three epochs; its paths are the CML project's; and a job started again
+# continues what the failed one left (the job chain and the training: TEXTSQL_RESUME=auto).
 AMP_PLATFORM = {
     "backend",
     "worker_cpu",
@@ -50,6 +51,7 @@ AMP_PLATFORM = {
     "max_steps",
     "eval_steps",
     "real_source",
+    "resume",
 }
 # Where a notebook differs from its command on purpose: Run All must learn with the small T5 from random
 # weights on CPUs (what `textsql demo` runs), so notebook 01 prepares its synthetic, uncased questions;

@@ -567,8 +567,8 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
     help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.",
 )
 @click.option(
-    "--resume",
-    is_flag=True,
+    "--resume/--no-resume",
+    default=False,
     help="Continue the demo in --out: skip each notebook that completed with the same parameters, continue "
     "training from its newest complete checkpoint, run the rest (and what a changed parameter affects).",
 )
