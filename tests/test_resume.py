@@ -139,7 +139,7 @@ def test_a_killed_training_without_a_complete_checkpoint_starts_over(tmp_path):
 @pytest.mark.parametrize(
     ("notebook", "parameter", "value", "shown"),
     [
-        (TRAIN, "learning_rate", 0.01, "learning_rate (0.001 -> 0.01)"),
+        (TRAIN, "learning_rate", 0.01, "learning_rate (None -> 0.01)"),
         (TRAIN, "model", "t5-small", "model ('default' -> 't5-small')"),
         (PREPARE, "source", "sample", "source ('synthetic' -> 'sample')"),
     ],
