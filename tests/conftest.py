@@ -1,6 +1,7 @@
 """Shared fixtures: the shared real data, local worker pods, a loopback sshd, the CML emulator. Helpers that are
 no fixtures live in tests/helpers/."""
 
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -111,3 +112,17 @@ def cml_emulator(monkeypatch):
     yield cml.workers_v1
     for name in [m for m in sys.modules if m == "cml" or m.startswith("cml.")]:
         del sys.modules[name]
+
+
+@pytest.fixture(autouse=True)
+def _package_logs_reach_caplog():
+    """Each test starts with this project's loggers as a fresh process has them: enabled, propagating, their level
+    inherited. A test that runs a rank's code in-process sets the package's level as a rank does, and a library's
+    logging setup can disable loggers it did not configure; tests that read ``caplog`` must not depend on order."""
+    logging.disable(logging.NOTSET)
+    for name, found in list(logging.root.manager.loggerDict.items()):
+        if isinstance(found, logging.Logger) and name.split(".")[0] in ("textsql", "worker"):
+            found.disabled, found.propagate = False, True
+            if "." not in name:
+                found.setLevel(logging.NOTSET)
+    yield

@@ -43,11 +43,17 @@ EXPERIMENT = "textsql-tracking-test"
 # ---- the launching side: a 0600 file for one launch, nothing on the runner's environment ---------
 
 
-def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spelling", ["train_argv", "--output_dir", "--output-dir="])
+def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after(tmp_path: Path, spelling: str) -> None:
     out = tmp_path / "out"
     token = secrets.token_hex(16)
     environ = {"MLFLOW_TRACKING_URI": "http://10.0.0.5:5000", "MLFLOW_TRACKING_TOKEN": token, "HOME": "/root"}
-    arguments = LaunchArguments(run_dir=tmp_path / "run", train_args=["--output_dir", str(out)])
+    train_args = {
+        "train_argv": train_argv(data_dir=tmp_path, output_dir=out),  # what notebook 02 and the demo launch with
+        "--output_dir": ["--output_dir", str(out)],
+        "--output-dir=": [f"--output-dir={out}"],
+    }[spelling]
+    arguments = LaunchArguments(run_dir=tmp_path / "run", train_args=train_args)
     with tracking_env(arguments, environ) as tracked:
         path = Path(tracked.env[TRACKING_ENV_VAR])
         assert path == (out / TRACKING_ENV_NAME).resolve()
@@ -279,6 +285,7 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
 
     client = MlflowClient(f"http://127.0.0.1:{mlflow_server}")
     experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None, f"nothing was logged to the server: {output[-6000:]}"
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1, "one MLflow run per training, not one per rank"
     run = runs[0]

@@ -34,7 +34,8 @@ from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
-OUTPUT_DIR_FLAG = "--output_dir"
+# Both spellings `textsql train` accepts (train_argv writes the first).
+OUTPUT_DIR_FLAGS = ("--output-dir", "--output_dir")
 
 
 def tracking_variables(environ: Mapping[str, str]) -> dict[str, str]:
@@ -57,7 +58,7 @@ def without_tracking(environ: Mapping[str, str]) -> dict[str, str]:
 def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None = None) -> Iterator[LaunchArguments]:
     """``arguments`` whose ranks find ``environ``'s ``MLFLOW_*`` variables in a 0600 file, for one launch.
 
-    With no such variable, or no ``--output_dir`` among the training arguments, ``arguments`` as they are.
+    With no such variable, or no ``--output-dir`` among the training arguments, ``arguments`` as they are.
 
     :param arguments: the launch.
     :param environ: the launching environment (``os.environ`` when None).
@@ -78,10 +79,12 @@ def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None =
 
 
 def _output_dir(train_args: list[str]) -> Path | None:
-    """The ``--output_dir`` of a training command line (``--output_dir DIR`` or ``--output_dir=DIR``)."""
+    """The ``--output-dir`` of a training command line (``--output-dir DIR`` or ``--output-dir=DIR``, or the same
+    in snake_case): the last one given, as argparse takes it."""
+    found = None
     for index, arg in enumerate(train_args):
-        if arg == OUTPUT_DIR_FLAG and index + 1 < len(train_args):
-            return Path(train_args[index + 1])
-        if arg.startswith(OUTPUT_DIR_FLAG + "="):
-            return Path(arg.partition("=")[2])
-    return None
+        if arg in OUTPUT_DIR_FLAGS and index + 1 < len(train_args):
+            found = Path(train_args[index + 1])
+        elif arg.partition("=")[0] in OUTPUT_DIR_FLAGS:
+            found = Path(arg.partition("=")[2])
+    return found
