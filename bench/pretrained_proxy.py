@@ -36,9 +36,9 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from textsql.arguments import FROM_CONFIG_RECIPE, PrepareArguments, train_argv
-from textsql.constants import LABEL_PAD_TOKEN_ID, RUN_SUMMARY_NAME, UNCASED_FORMAT
+from textsql.constants import LABEL_PAD_TOKEN_ID, RUN_SUMMARY_NAME, SAMPLE_SOURCE, UNCASED_FORMAT
 from textsql.data.prepare import prepare
-from textsql.data.wikisql import SAMPLE_SOURCE, SYNTHETIC_SELECT_SOURCE
+from textsql.data.wikisql import SYNTHETIC_SELECT_SOURCE
 from textsql.files import read_json
 from textsql.inference.predict import predict
 from textsql.model import load_model, load_tokenizer

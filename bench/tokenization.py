@@ -16,8 +16,8 @@ from pathlib import Path
 import datasets
 
 from bench.timing import alternate, ratio, summary
-from textsql.constants import PROJECT_DIR, SPLITS
-from textsql.data.wikisql import SAMPLE_SOURCE, load_records, source_text, target_text
+from textsql.constants import PROJECT_DIR, SAMPLE_SOURCE, SPLITS
+from textsql.data.wikisql import load_records, source_text, target_text
 from textsql.files import read_jsonl
 from textsql.model import load_tokenizer
 

@@ -21,9 +21,9 @@ import time
 from textsql.constants import PROJECT_DIR
 from textsql.errors import TextSQLError
 from textsql.launching.preflight import TRAIN, missing_for
-from textsql.notebook_manifest import Manifest, chain_run_dir
-from textsql.notebook_parameters import NOTEBOOKS, job_parameters, notebook_path, parameters_from_environ
-from textsql.notebook_runs import resume_plan, run_recorded, runtime_checks
+from textsql.pipeline.manifest import Manifest, chain_run_dir
+from textsql.pipeline.parameters import NOTEBOOKS, job_parameters, notebook_path, parameters_from_environ
+from textsql.pipeline.runs import resume_plan, run_recorded, runtime_checks
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
 output = PROJECT_DIR / "runs" / "jobs" / f"{sys.argv[1]}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"

@@ -17,7 +17,7 @@ import papermill
 import pytest
 import yaml
 
-from textsql.notebook_parameters import ENV_PREFIX, NOTEBOOKS, notebook_path, parameters_from_environ
+from textsql.pipeline.parameters import ENV_PREFIX, NOTEBOOKS, notebook_path, parameters_from_environ
 from worker.network import free_port
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

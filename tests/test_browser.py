@@ -29,7 +29,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from textsql.arguments import train_argv
 from textsql.display.tensorboard import read_scalars
-from textsql.notebook_parameters import check_parameters, notebook_path
+from textsql.pipeline.parameters import check_parameters, notebook_path
 from worker.network import free_port
 
 CHROMIUM = shutil.which("chromium")

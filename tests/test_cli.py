@@ -12,8 +12,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from textsql.cli import LAUNCH_SECTIONS, cli
-from textsql.cli_help import COMMAND_ORDER, TRAIN_ESSENTIALS
+from textsql.cli import cli
+from textsql.cli.commands import LAUNCH_SECTIONS
+from textsql.cli.help import COMMAND_ORDER, TRAIN_ESSENTIALS
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import Supervisor

@@ -168,7 +168,7 @@ def test_stage_view_ticks_on_its_own_while_a_stage_runs():
 
 
 def test_stage_view_shows_the_time_left_the_ranks_said_and_counts_it_down():
-    """The ranks' own estimate (textsql.time_left), never tqdm's: the stage's clock includes start-up."""
+    """The ranks' own estimate (textsql.training.time_left), never tqdm's: the stage's clock includes start-up."""
     clock, stream = Clock(), io.StringIO()
     view = StageView(total=1, stream=stream, clock=clock, tick_s=None)
     with view.stage("02_train_distributed"):

@@ -26,9 +26,9 @@ from textsql.arguments import (
     train_argv,
 )
 from textsql.cli import cli
-from textsql.demo import demo_parameters
 from textsql.launching.command import LaunchArguments
-from textsql.notebook_parameters import ENV_PREFIX, NOTEBOOKS, PATH_PARAMETERS, notebook_path
+from textsql.pipeline.demo import demo_parameters
+from textsql.pipeline.parameters import ENV_PREFIX, NOTEBOOKS, PATH_PARAMETERS, notebook_path
 from textsql.training.command_line import parse_command_line
 from worker.backends.base import Resources
 

@@ -13,7 +13,8 @@ from textsql.data.sql import parse_sql, render_sql
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
 from textsql.files import load_tables, read_jsonl
-from textsql.inference.evaluate import ExecutionError, TableEngine, evaluate, format_report, to_number
+from textsql.scoring.engine import ExecutionError, TableEngine, to_number
+from textsql.scoring.evaluate import evaluate, format_report
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import torch
 from textsql.data.sql import parse_sql
 from textsql.errors import SQLParseError
 from textsql.files import write_jsonl
-from textsql.inference.evaluate import ExecutionError, TableEngine
 from textsql.inference.guidance import ExecutionGuide
 from textsql.inference.predict import GenerationOptions, Predictor, predict
+from textsql.scoring.engine import ExecutionError, TableEngine
 
 HEADER = ["Player", "No.", "School"]
 TABLES = {

@@ -23,9 +23,9 @@ from textsql.data.sql import canonical_sql
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
 from textsql.files import read_jsonl
-from textsql.inference.evaluate import evaluate
 from textsql.inference.predict import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
 from textsql.model import load_model, load_tokenizer
+from textsql.scoring.evaluate import evaluate
 
 QUESTIONS = 8
 # The fixture checks exact repetition every few steps, up to a cap (about 80 steps are needed here).

@@ -24,10 +24,10 @@ from helpers.notebooks import output_lines
 from ipykernel.ipkernel import IPythonKernel
 
 from textsql.cli import cli
-from textsql.demo import DEMO_MARKER, run_demo
 from textsql.display.tensorboard import read_scalars
 from textsql.errors import DataError, ModelError
-from textsql.notebook_parameters import (
+from textsql.pipeline.demo import DEMO_MARKER, run_demo
+from textsql.pipeline.parameters import (
     NOTEBOOKS,
     NotebookError,
     declared_defaults,
@@ -35,7 +35,7 @@ from textsql.notebook_parameters import (
     notebook_path,
     parse_overrides,
 )
-from textsql.notebook_runs import run_notebook
+from textsql.pipeline.runs import run_notebook
 from textsql.rank_lines import STEP_LINE
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")

@@ -15,7 +15,7 @@ from textsql.cli import cli
 from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
 from textsql.errors import ProfileError
 from textsql.model import load_model
-from textsql.notebook_parameters import notebook_path
+from textsql.pipeline.parameters import notebook_path
 from textsql.training.estimate import GIB, estimate, format_estimate
 from textsql.training.profiles import (
     autocast_bf16,

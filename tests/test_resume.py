@@ -17,10 +17,10 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.constants import LAUNCH_LOG_NAME
-from textsql.demo import DEMO_MARKER, demo_parameters
 from textsql.launching.ranks import LAUNCH_ID_VAR, marked_processes
-from textsql.leftovers import end_leftovers, launch_ids
-from textsql.notebook_manifest import (
+from textsql.pipeline.demo import DEMO_MARKER, demo_parameters
+from textsql.pipeline.leftovers import end_leftovers, launch_ids
+from textsql.pipeline.manifest import (
     ATTEMPT_VAR,
     INFER,
     MANIFEST_NAME,
@@ -31,7 +31,7 @@ from textsql.notebook_manifest import (
     outputs,
     plan,
 )
-from textsql.notebook_parameters import NOTEBOOKS, NotebookError, job_parameters
+from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, job_parameters
 from textsql.training.checkpoints import (
     COMPLETE_MARKER,
     DEEPSPEED_LATEST_FILE,
@@ -174,7 +174,7 @@ def test_a_job_whose_earlier_notebook_ran_again_runs_again(tmp_path):
 def test_the_manifest_is_whole_whenever_its_writer_is_killed(tmp_path):
     writer = (
         "import sys\n"
-        "from textsql.notebook_manifest import Manifest\n"
+        "from textsql.pipeline.manifest import Manifest\n"
         "manifest = Manifest(sys.argv[1])\n"
         "manifest.data['filler'] = ['x' * 1000] * 200\n"
         "n = 0\n"

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from textsql.cli import cli
 from textsql.launching.preflight import PREPARE, TRAIN, check_runtime, missing_for
-from textsql.notebook_parameters import job_parameters
+from textsql.pipeline.parameters import job_parameters
 from worker.network import free_port
 
 

@@ -19,7 +19,7 @@ from textsql.launching.supervisor import (
     classify,
     process_group_timeout,
 )
-from textsql.rank_lines import HEARTBEAT_LINE, attribute, heartbeat_line, ranks_by_host
+from textsql.rank_lines import HEARTBEAT_LINE, heartbeat_line, ranks_by_host, split_host_prefix
 from textsql.training.command_line import parse_command_line
 
 # Hostfiles: host to slots.
@@ -45,10 +45,10 @@ def beat(detector: StallDetector, host: str, rank: int, step: int, progress: int
 
 
 def test_the_heartbeat_line_reads_back():
-    host, text = attribute("127.0.0.3: " + heartbeat_line(1, 4, 9), ["127.0.0.2", "127.0.0.3"])
+    host, text = split_host_prefix("127.0.0.3: " + heartbeat_line(1, 4, 9), ["127.0.0.2", "127.0.0.3"])
     found = HEARTBEAT_LINE.match(text)
     assert (host, found["rank"], found["step"], found["progress"]) == ("127.0.0.3", "1", "4", "9")
-    assert attribute("127.0.0.4: " + heartbeat_line(1, 4, 9), ["127.0.0.2"]) == (
+    assert split_host_prefix("127.0.0.4: " + heartbeat_line(1, 4, 9), ["127.0.0.2"]) == (
         None,
         "127.0.0.4: " + heartbeat_line(1, 4, 9),
     )

@@ -10,7 +10,7 @@ from helpers.notebooks import output_lines
 from nbclient import NotebookClient
 from tqdm import tqdm
 
-from textsql.console import ShownLines
+from textsql.console import SanitizedLines
 from textsql.display.step_bar import StepBar, shown_output
 
 STEPS = 2000
@@ -25,7 +25,7 @@ def plain_bar(stream: io.StringIO):
 def test_step_lines_move_the_bar_and_every_other_line_is_printed():
     printed, drawn = io.StringIO(), io.StringIO()
     bar = StepBar(printed, bar=plain_bar(drawn))
-    stream = ShownLines(bar)
+    stream = SanitizedLines(bar)
     for step in range(10, STEPS + 1, 10):
         left = f", {(STEPS - step) // 10} s left" if step > 500 else ""
         stream.write(f"127.0.0.2: step {step}/{STEPS}: loss {5 - step / 1000:.3f} ({step // 10} s{left})\n")
@@ -45,7 +45,7 @@ def test_step_lines_move_the_bar_and_every_other_line_is_printed():
 def test_a_rank_cannot_write_escapes_into_the_bar():
     drawn = io.StringIO()
     bar = StepBar(io.StringIO(), bar=plain_bar(drawn))
-    ShownLines(bar).write("127.0.0.2: step 10/20: loss 1.000\x1b]0;owned\x07 (3 s)\n")
+    SanitizedLines(bar).write("127.0.0.2: step 10/20: loss 1.000\x1b]0;owned\x07 (3 s)\n")
     bar.close()
     assert "\x1b]0;owned" not in drawn.getvalue() and "\\x1b]0;owned\\x07" in drawn.getvalue()
 

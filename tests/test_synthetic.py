@@ -10,7 +10,8 @@ from textsql.data.sql import parse_sql, render_sql
 from textsql.data.synthetic import MAX_CONDITIONS, QUESTIONS, load_synthetic_split, split_headers
 from textsql.data.wikisql import load_split
 from textsql.files import load_tables, prepared_tables_path
-from textsql.inference.evaluate import TableEngine, evaluate
+from textsql.scoring.engine import TableEngine
+from textsql.scoring.evaluate import evaluate
 
 RECORD_KEYS = {"id", "table_id", "question", "header", "types", "rows", "sql"}
 NUMERIC_AGGREGATIONS = {AGG_OPS.index(name) for name in ("MAX", "MIN", "SUM", "AVG")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from textsql.time_left import TimeLeft, steady_from
+from textsql.training.time_left import TimeLeft, steady_from
 
 MAX_STEPS = 1000
 LOG_EVERY = 10

@@ -32,8 +32,8 @@ from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_V
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.tracking_env import tracking_env, without_tracking
+from textsql.tracking.mlflow_runs import load_tracking_env, log_evaluation
 from textsql.training.command_line import parse_command_line
-from textsql.training.tracking import load_tracking_env, log_evaluation
 from worker.network import free_port
 
 SERVER_START_S = 180
@@ -109,7 +109,7 @@ def test_inference_scores_join_the_training_run_and_a_tracking_failure_is_a_warn
 ) -> None:
     from mlflow import MlflowClient
 
-    caplog.set_level(logging.WARNING, logger="textsql.training.tracking")  # whatever an earlier test left it at
+    caplog.set_level(logging.WARNING, logger="textsql.tracking.mlflow_runs")  # whatever an earlier test left it at
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     client = MlflowClient(tracking_uri)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import difflib
 import logging
 from dataclasses import Field, dataclass, field, fields
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from textsql.constants import (
     DEFAULT_MAX_RESTARTS,
@@ -27,9 +28,12 @@ from textsql.constants import (
     DEFAULT_REPLACE_TIMEOUT_S,
     DEFAULT_STALL_TIMEOUT_S,
     INPUT_FORMATS,
+    SAMPLE_SOURCE,
 )
-from textsql.data.wikisql import SAMPLE_SOURCE
 from textsql.errors import DataError, LaunchError, ModelError
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -460,3 +464,13 @@ def train_argv(**values: Any) -> list[str]:
         if value is not None and items:
             argv += [kebab_flag(name), *(str(item).lower() if isinstance(item, bool) else str(item) for item in items)]
     return argv
+
+
+def output_path(args: TrainingArguments) -> Path:
+    """The run's output directory: ``TrainingArguments`` declares it optional but fills in a default when built.
+
+    :rtype: pathlib.Path
+    """
+    if args.output_dir is None:
+        raise TypeError("TrainingArguments.output_dir is None: build the arguments through their __post_init__")
+    return Path(args.output_dir)

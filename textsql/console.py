@@ -24,7 +24,7 @@ import warnings
 from typing import Protocol
 
 from textsql.errors import TextSQLError
-from textsql.shown_text import shown_lines
+from textsql.sanitize import sanitized_lines
 
 logger = logging.getLogger(__name__)
 
@@ -147,16 +147,16 @@ def configure_cli(verbose: bool) -> None:
 
 
 class TextSink(Protocol):
-    """Where a launch writes the ranks' lines: a text stream, or a filter in front of one (:class:`ShownLines`)."""
+    """Where a launch writes the ranks' lines: a text stream, or a filter in front of one (:class:`SanitizedLines`)."""
 
     def write(self, text: str, /) -> int: ...
 
     def flush(self) -> None: ...
 
 
-class ShownLines:
+class SanitizedLines:
     """A text stream that passes on only the ranks' lines :func:`shown_rank_line` picks, made safe to show
-    (:mod:`textsql.shown_text`: a rank's text cannot write escapes or start a line of its own).
+    (:mod:`textsql.sanitize`: a rank's text cannot write escapes or start a line of its own).
 
     :func:`textsql.launching.launch.launch` and the supervisor see every line (the supervisor reads exit codes
     and exceptions from them) and write them all to ``launch.log``; only what a person is shown is
@@ -167,7 +167,7 @@ class ShownLines:
         self.target = target
 
     def write(self, text: str) -> int:
-        *lines, last = shown_lines(text)
+        *lines, last = sanitized_lines(text)
         for line in lines:
             if shown_rank_line(line):
                 self.target.write(line + "\n")

@@ -41,7 +41,7 @@ METRICS_NAME = "metrics.json"
 CLUSTER_FILE_NAME = "cluster.json"
 COLLECTIVE_FILE_NAME = "collective.json"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
-# MLflow tracking (textsql.launching.tracking_env on the master, textsql.training.tracking on the logging rank):
+# MLflow tracking (textsql.launching.tracking_env on the master, textsql.tracking.mlflow_runs on the logging rank):
 # the launching environment's MLFLOW_* variables reach the rank in a 0600 file of the output directory, named
 # to the ranks by TRACKING_ENV_VAR, never on a command line; the run's MLflow run id is kept beside run.json.
 TRACKING_PREFIX = "MLFLOW_"
@@ -80,3 +80,6 @@ DEFAULT_REPLACE_TIMEOUT_S = 300.0
 # Seconds no rank may advance before the supervisor ends and relaunches the run; None: a few times the
 # slowest step seen, at least 2 minutes (textsql.launching.stall).
 DEFAULT_STALL_TIMEOUT_S: float | None = None
+# The data sources given by name (textsql.data.wikisql): the sample this package ships, and the hub's WikiSQL.
+SAMPLE_SOURCE = "sample"
+HUB_SOURCE = "hub"

@@ -20,14 +20,8 @@ from pathlib import Path
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from textsql.constants import DEFAULT_MODEL_DIR, PREPARE_JSON_NAME
-from textsql.data.wikisql import (
-    HUB_SOURCE,
-    MIXED_SOURCE,
-    SAMPLE_SOURCE,
-    SYNTHETIC_SELECT_SOURCE,
-    SYNTHETIC_SOURCE,
-)
+from textsql.constants import DEFAULT_MODEL_DIR, HUB_SOURCE, PREPARE_JSON_NAME, SAMPLE_SOURCE
+from textsql.data.wikisql import MIXED_SOURCE, SYNTHETIC_SELECT_SOURCE, SYNTHETIC_SOURCE
 from textsql.files import read_json
 from worker.files import atomic_write
 
@@ -37,7 +31,7 @@ CARD_NAME = "README.md"
 TASK_TYPE = "table-question-answering"
 TASK_NAME = "Text-to-SQL (WikiSQL)"
 WIKISQL_HUB_ID = "Salesforce/wikisql"
-# model-index metric types, their names, and the keys of metrics.json (textsql.inference.evaluate) and of the
+# model-index metric types, their names, and the keys of metrics.json (textsql.scoring.evaluate) and of the
 # training's logged evaluation (eval_<key>) they come from.
 METRICS = {
     "lf_accuracy": "Logical-form accuracy (LF)",
@@ -130,7 +124,7 @@ def record_evaluation(model_dir: str | Path | None, metrics: dict, data: str | P
     """Put one split's scores (a ``metrics.json`` report) into the card training wrote; a model without one is left.
 
     :param model_dir: the evaluated model's directory (``None``: a model loaded from elsewhere).
-    :param metrics: :func:`textsql.inference.evaluate.evaluate`'s report, with its ``baseline``.
+    :param metrics: :func:`textsql.scoring.evaluate.evaluate`'s report, with its ``baseline``.
     :param data: the questions' source (see :func:`dataset_of`).
     :param split: which split was scored.
     :returns: the card's path, or ``None`` when the model has no card (the embedded T5, a hub model).

@@ -3,18 +3,18 @@
 :mod:`textsql.launching.supervisor`) and the displays (:mod:`textsql.display.terminal`, :mod:`textsql.console`).
 
 - ``step N/M: loss L (T s)`` and ``step N/M: eval ...``: rank 0, on each logged step and evaluation, with
-  ``, S s left`` after the time once the run's pace is steady (:mod:`textsql.time_left`);
+  ``, S s left`` after the time once the run's pace is steady (:mod:`textsql.training.time_left`);
 - ``stage: ...``: a stage of its own (what trains, DeepSpeed's op compilation);
 - ``heartbeat rank R step S progress P``: every rank, every :data:`HEARTBEAT_INTERVAL_S` seconds;
 - :data:`LAUNCH_ID_VAR`: what every process of one launch carries in its environment.
 
 Through pdsh each line arrives behind its host's ``host: `` prefix. A rank controls everything after that
-prefix, so :func:`attribute` names a host only for the launch's own hosts, and a reader believes a line
+prefix, so :func:`split_host_prefix` names a host only for the launch's own hosts, and a reader believes a line
 only for what that host may say (its own ranks' heartbeats).
 
 Usage::
 
-    >>> attribute("127.0.0.3: " + heartbeat_line(1, 4, 9), ["127.0.0.2", "127.0.0.3"])
+    >>> split_host_prefix("127.0.0.3: " + heartbeat_line(1, 4, 9), ["127.0.0.2", "127.0.0.3"])
     ('127.0.0.3', 'heartbeat rank 1 step 4 progress 9')
 """
 
@@ -33,7 +33,7 @@ STEP_LINE = re.compile(
     r"(?: \((?P<elapsed>\d+) s(?:, (?P<left>\d+) s left)?\))?$"
 )
 STAGE_PREFIX = "stage: "
-# A heartbeat line once its host's prefix is taken off (:func:`attribute`).
+# A heartbeat line once its host's prefix is taken off (:func:`split_host_prefix`).
 HEARTBEAT_LINE = re.compile(r"^heartbeat rank (?P<rank>\d+) step (?P<step>\d+) progress (?P<progress>\d+)$")
 
 
@@ -62,7 +62,7 @@ def heartbeat_line(rank: int, step: int, progress: int) -> str:
     return f"heartbeat rank {rank} step {step} progress {progress}"
 
 
-def attribute(line: str, hosts: Collection[str]) -> tuple[str | None, str]:
+def split_host_prefix(line: str, hosts: Collection[str]) -> tuple[str | None, str]:
     """Which of the launch's hosts a line of its stream comes from, and the line without pdsh's prefix.
 
     :param line: one line of the launch's stream, without its newline.

@@ -27,10 +27,12 @@ from textsql.constants import (
     COND_OPS,
     HUB_DATASET,
     HUB_REVISION,
+    HUB_SOURCE,
     INPUT_FORMATS,
     PREPARE_JSON_NAME,
     RELEASE_SPLIT_FILES,
     SAMPLE_DATA_DIR,
+    SAMPLE_SOURCE,
     SPLITS,
     SQL_TASK_PREFIX,
     UNCASED_FORMAT,
@@ -42,8 +44,6 @@ from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_json, 
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_SOURCE = "sample"
-HUB_SOURCE = "hub"
 SYNTHETIC_SOURCE = FULL.name
 # Questions without conditions over four-column training tables: the learning check's quick source.
 SYNTHETIC_SELECT_SOURCE = SELECT_ONLY.name

@@ -1,9 +1,9 @@
 """One live progress bar in a notebook instead of a stream of ``step N/M`` lines.
 
 In a notebook kernel at the default log level, :func:`shown_output` puts a :class:`StepBar` behind the filter of
-what a person is shown (:class:`textsql.console.ShownLines`): rank 0's ``step N/M: loss`` lines move tqdm's
+what a person is shown (:class:`textsql.console.SanitizedLines`): rank 0's ``step N/M: loss`` lines move tqdm's
 notebook bar (``tqdm.auto``: a widget in JupyterLab and in a papermill run's executed notebook, whose
-text fallback is one line), which shows the time left the ranks measured (:mod:`textsql.time_left`); every other
+text fallback is one line), which shows the time left the ranks measured (:mod:`textsql.training.time_left`); every other
 line (each evaluation's scores, stage lines, the supervisor's, errors) is printed as before. ``launch.log``
 keeps every line. Elsewhere (a terminal, ``--verbose``) the lines are printed as they come.
 
@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from textsql.console import ShownLines, TextSink, is_verbose
+from textsql.console import SanitizedLines, TextSink, is_verbose
 from textsql.rank_lines import STEP_LINE
 
 # The notebook bar's line: tqdm.notebook draws its widget where "{bar}" stands.
@@ -120,16 +120,16 @@ def _notebook_bar(**arguments: Any) -> tqdm:
 @contextlib.contextmanager
 def shown_output(target: TextIO | None = None) -> Iterator[TextSink]:
     """Where a launch's lines go for a person: in a notebook kernel at the default log level through a
-    :class:`StepBar`, else as lines; either way filtered and made safe by :class:`textsql.console.ShownLines`.
+    :class:`StepBar`, else as lines; either way filtered and made safe by :class:`textsql.console.SanitizedLines`.
 
     :param target: the stream (default: sys.stdout).
     """
     target = target or sys.stdout
     if not in_notebook() or is_verbose():
-        yield ShownLines(target)
+        yield SanitizedLines(target)
         return
     bar = StepBar(target)
     try:
-        yield ShownLines(bar)
+        yield SanitizedLines(bar)
     finally:
         bar.close()

@@ -3,7 +3,7 @@
 ``textsql demo`` runs notebooks whose cells print hundreds of lines; at the default log level they go to
 a log file, and the terminal shows only this: a bar for the running stage that ticks every second (so a
 quiet minute still shows the clock moving), the ranks' ``step N/M`` lines as its progress with the time left
-they measured (:mod:`textsql.time_left`, counted down between lines), their ``stage:`` lines (DeepSpeed's
+they measured (:mod:`textsql.training.time_left`, counted down between lines), their ``stage:`` lines (DeepSpeed's
 one-off op compilation) as lines of their own, and each stage's end. The step lines are read from the run's
 ``launch.log`` as it grows (``follow``): notebook 02 shows them as its own bar, not as lines of output.
 
@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from textsql.display.step_bar import left_and_text
 from textsql.rank_lines import STAGE_PREFIX, STEP_LINE
-from textsql.shown_text import shown_lines
+from textsql.sanitize import sanitized_lines
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class StageView:
     def feed(self, text: str) -> None:
         """Take output of the running stage: ``step N/M`` moves the bar, ``stage:`` lines are shown."""
         with self._lock:
-            for line in shown_lines(text):
+            for line in sanitized_lines(text):
                 self._read(line.strip())
 
     def _read(self, line: str) -> None:
@@ -181,7 +181,7 @@ class StageView:
         # Whole lines only (never a character cut in two): a line still being written is read at the next tick.
         complete = grown[: grown.rfind(b"\n") + 1]
         self._followed += len(complete)
-        for line in shown_lines(complete.decode("utf-8", errors="replace"))[:-1]:
+        for line in sanitized_lines(complete.decode("utf-8", errors="replace"))[:-1]:
             self._read(line.strip())
 
     def _ticking(self, stop: threading.Event) -> None:

@@ -4,7 +4,7 @@ accuracy by query type as a plot, predictions beside their gold SQL and one answ
 Each reads what the run left on disk (``run.json``, ``metrics.json``'s breakdowns, ``predictions.jsonl``)
 and shows it for a person, so the notebook's cells stay one call each; the files stay as they are. What a
 worker can write (``run.json`` from rank 0, ``cluster.json``, ``collective.json`` on a shared run directory) is
-read through :func:`_read_shown`: its strings reach the notebook or terminal inert (:mod:`textsql.shown_text`).
+read through :func:`_read_shown`: its strings reach the notebook or terminal inert (:mod:`textsql.sanitize`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from textsql.constants import CLUSTER_FILE_NAME, COLLECTIVE_FILE_NAME, LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.errors import TextSQLError
 from textsql.files import read_json, read_jsonl
-from textsql.inference.evaluate import logical_form_key
-from textsql.shown_text import shown_record
+from textsql.sanitize import sanitized_record
+from textsql.scoring.evaluate import logical_form_key
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -176,7 +176,7 @@ def _read_collective(run_dir: Path) -> dict | None:
 
 def _read_shown(path: Path) -> Any:
     """A JSON file a worker may have written, its strings made safe to show."""
-    return shown_record(read_json(path))
+    return sanitized_record(read_json(path))
 
 
 def collective_lines(figures: dict) -> list[str]:
@@ -227,7 +227,7 @@ def plot_accuracy_by_type(metrics: dict[str, Any]) -> Figure:
 
         >>> plot_accuracy_by_type(summary["metrics"])          # doctest: +SKIP
 
-    :param metrics: an :func:`textsql.inference.evaluate.evaluate` report (``metrics.json``).
+    :param metrics: an :func:`textsql.scoring.evaluate.evaluate` report (``metrics.json``).
     :rtype: matplotlib.figure.Figure
     """
     import matplotlib.pyplot as plt

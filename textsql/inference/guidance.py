@@ -3,7 +3,7 @@
 A beam search returns its hypotheses best first; when the question's table carries rows, a query
 that fails to execute (a number compared with a text column, say) or finds nothing is most likely
 wrong, so :class:`ExecutionGuide` answers with the first beam whose query parses, executes on the
-table (WikiSQL's own SQLite engine, :class:`textsql.inference.evaluate.TableEngine`) and returns a non-empty
+table (WikiSQL's own SQLite engine, :class:`textsql.scoring.engine.TableEngine`) and returns a non-empty
 result, and with the first beam when none does (Wang et al. 2018, "Robust Text-to-SQL Generation with
 Execution-Guided Decoding").
 """
@@ -16,7 +16,7 @@ from typing import Self
 
 from textsql.data.sql import parse_sql
 from textsql.errors import SQLParseError
-from textsql.inference.evaluate import ExecutionError, TableEngine
+from textsql.scoring.engine import ExecutionError, TableEngine
 
 logger = logging.getLogger(__name__)
 

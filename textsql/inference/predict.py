@@ -43,11 +43,11 @@ from textsql.data.wikisql import cased_sql, load_split, recorded_input_format, s
 from textsql.decoding.processor import grammar_processor, processor_for_inputs
 from textsql.errors import DataError, ModelError
 from textsql.files import load_tables, prepared_tables_path, read_jsonl, write_json, write_jsonl
-from textsql.inference.evaluate import evaluate, format_report
 from textsql.inference.guidance import ExecutionGuide
 from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
 from textsql.model_card import record_evaluation
-from textsql.training.tracking import log_evaluation
+from textsql.scoring.evaluate import evaluate, format_report
+from textsql.tracking.mlflow_runs import log_evaluation
 
 logger = logging.getLogger(__name__)
 

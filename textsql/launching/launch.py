@@ -57,7 +57,7 @@ from typing import IO, NoReturn, TextIO
 
 import psutil
 
-from textsql.console import ShownLines, TextSink
+from textsql.console import SanitizedLines, TextSink
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import (
@@ -119,7 +119,7 @@ def launch(
             log.write(
                 mask_credentials(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} launch {launch_id}: {shlex.join(command)}\n")
             )
-            return _run(command, env, ranks, stream or ShownLines(sys.stdout), log, should_stop)
+            return _run(command, env, ranks, stream or SanitizedLines(sys.stdout), log, should_stop)
 
 
 def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> Prepared:

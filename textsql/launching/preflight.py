@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from textsql.data.wikisql import HUB_SOURCE
+from textsql.constants import HUB_SOURCE
 from textsql.errors import LaunchError
 from worker.constants import INSTALL_SSH_HINT, SSH_CONFIG_NAME, SSHD_PATH
 from worker.ssh import ssh_options

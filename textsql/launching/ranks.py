@@ -46,7 +46,7 @@ def marker(launch_id: str, variable: str = LAUNCH_ID_VAR) -> str:
     """The ``NAME=value`` environment entry that marks the processes of a launch.
 
     :param launch_id: the launch's id.
-    :param variable: the marking variable (another one marks a whole pipeline's attempt: textsql.leftovers).
+    :param variable: the marking variable (another one marks a whole pipeline's attempt: textsql.pipeline.leftovers).
     :rtype: str
     """
     return f"{variable}={launch_id}"

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, STEP_LINE, attribute, ranks_by_host
+from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, STEP_LINE, ranks_by_host, split_host_prefix
 
 # The default stall timeout: this many times the slowest gap between progress, and never below the minimum.
 STALL_FACTOR = 4.0
@@ -77,7 +77,7 @@ class StallDetector:
 
         :param line: the line without its newline.
         """
-        host, text = attribute(line, self.hosts)
+        host, text = split_host_prefix(line, self.hosts)
         if self.hosts and host is None:
             return
         beat = HEARTBEAT_LINE.match(text)

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from textsql.arguments import train_argv
-from textsql.console import ShownLines, TextSink
+from textsql.console import SanitizedLines, TextSink
 from textsql.constants import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_REPLACE_TIMEOUT_S,
@@ -82,8 +82,8 @@ from textsql.launching.command import TRAIN_MODULE, LaunchArguments
 from textsql.launching.hostfile_hosts import HostfileHosts, Workers
 from textsql.launching.launch import PDSH_HOST_FAILED, launch
 from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S, StallDetector
-from textsql.rank_lines import STEP_LINE, attribute
-from textsql.shown_text import shown
+from textsql.rank_lines import STEP_LINE, split_host_prefix
+from textsql.sanitize import sanitized
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.training.universal import convert, needs_conversion
 from worker.cluster import Cluster
@@ -226,13 +226,13 @@ class LaunchWatch:
 
     def _read(self, line: str) -> None:
         # What is kept from here (failure messages, events, supervisor.json) is shown to a person: inert.
-        line = shown(line)
+        line = sanitized(line)
         self.detector.read(line)
         failed = PDSH_HOST_FAILED.match(line)
         if failed:
             self._exit(failed["host"], int(failed["code"]))
             return
-        host, text = attribute(line, self.hosts)
+        host, text = split_host_prefix(line, self.hosts)
         text = TORCH_RANK_PREFIX.sub("", text)
         stepped = STEP_LINE.match(text)
         # Only rank 0 prints steps: the same line from another host is not its word.
@@ -394,7 +394,7 @@ class Supervisor:
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S
     min_workers: int | None = None
     stall_timeout: float | None = DEFAULT_STALL_TIMEOUT_S
-    stream: TextSink = field(default_factory=lambda: ShownLines(sys.stdout))
+    stream: TextSink = field(default_factory=lambda: SanitizedLines(sys.stdout))
     events: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -671,7 +671,7 @@ def supervise(
     """
     if cluster is not None:
         check_cluster(cluster.workers, arguments.run_dir, TrainingPlan.read(arguments).model, arguments.socket_ifname)
-    with contextlib.nullcontext(stream) if stream is not None else shown_output() as shown:
+    with contextlib.nullcontext(stream) if stream is not None else shown_output() as output:
         return Supervisor(
             arguments,
             cluster,
@@ -679,7 +679,7 @@ def supervise(
             replace_timeout=replace_timeout,
             min_workers=min_workers,
             stall_timeout=stall_timeout,
-            stream=shown,
+            stream=output,
         ).run()
 
 

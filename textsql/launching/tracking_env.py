@@ -9,7 +9,7 @@ they are written, as JSON, to a file of mode 0600 in the training's output direc
 every backend's ranks reach: the shared volume on Kubernetes and CML, the hosts' own path for local and
 static workers), and only the file's path reaches the ranks (:data:`~textsql.constants.TRACKING_ENV_VAR`
 in ``.deepspeed_env``). The logging rank (world process zero) reads it into its own environment before
-MLflow starts (:func:`textsql.training.tracking.load_tracking_env`). The file lives as long as the launch:
+MLflow starts (:func:`textsql.tracking.mlflow_runs.load_tracking_env`). The file lives as long as the launch:
 it is written before the runner starts and removed when the launch ends, however it ends.
 
 Usage::

@@ -1,9 +1,12 @@
 """Stage 3, notebook 02 (`textsql train` on every rank): the rank program and what shapes its run.
 
-``train`` is the rank program (Seq2SeqTrainer on a DeepSpeed engine); ``trainer`` its evaluation with
-grammar-constrained generation and ``metrics`` that evaluation's WikiSQL scores; ``profiles`` and
-``estimate`` the DeepSpeed profiles of ``dsconfig/`` and their memory estimate (profile ``auto``);
-``hardware`` and ``batching`` the defaults taken from the GPU and token-budget batches; ``checkpoints``
-which checkpoints can be resumed; ``events`` and ``progress`` what a run writes to TensorBoard and prints;
-``tracking`` its one MLflow run (``--report_to mlflow``).
+``train`` is the rank program (Seq2SeqTrainer on a DeepSpeed engine), ``command_line`` parses its flags and
+``trainer`` is its evaluation with grammar-constrained generation, whose WikiSQL scores ``metrics`` computes;
+``profiles`` and ``estimate`` are the DeepSpeed profiles of ``dsconfig/`` and their memory estimate (profile
+``auto``); ``hardware`` and ``batching`` the defaults taken from the GPU and token-budget batches, ``schedule``
+the learning-rate schedule, ``loss`` the loss, ``clipping`` gradient clipping on the reduced gradients and
+``throughput`` the questions and tokens that ran; ``checkpoints`` says which checkpoints can be resumed and
+``mark_complete`` marks each one once every rank saved it; ``universal`` converts one to another world size;
+``collective`` times the first collectives; ``events`` and ``progress`` are what a run writes to TensorBoard and
+prints, ``time_left`` its estimate of the time to the last step.
 """

@@ -17,12 +17,8 @@ import logging
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from worker.files import UnsafeRead, read_bounded
-
-if TYPE_CHECKING:
-    from transformers import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -62,16 +58,6 @@ def checkpoint_dir(output: Path, step: int) -> Path:
     :rtype: pathlib.Path
     """
     return output / f"{CHECKPOINT_PREFIX}-{step}"
-
-
-def output_path(args: TrainingArguments) -> Path:
-    """The run's output directory: ``TrainingArguments`` declares it optional but fills in a default when built.
-
-    :rtype: pathlib.Path
-    """
-    if args.output_dir is None:
-        raise TypeError("TrainingArguments.output_dir is None: build the arguments through their __post_init__")
-    return Path(args.output_dir)
 
 
 def incomplete_reason(path: Path) -> str | None:

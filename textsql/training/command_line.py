@@ -32,10 +32,10 @@ from textsql.arguments import (
 from textsql.errors import LaunchError
 from textsql.files import check_prepared
 from textsql.model import builds_from_config, load_config
+from textsql.tracking.mlflow_runs import check_tracking
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.hardware import device_facts, fast_defaults
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
-from textsql.training.tracking import check_tracking
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -6,7 +6,8 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dir, output_path
+from textsql.arguments import output_path
+from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dir
 
 
 class MarkComplete(TrainerCallback):

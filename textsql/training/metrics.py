@@ -25,7 +25,7 @@ from transformers.trainer_utils import EvalPrediction
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.data.sql import parsed
 from textsql.files import load_tables, prepared_tables_path
-from textsql.inference.evaluate import evaluate
+from textsql.scoring.evaluate import evaluate
 
 logger = logging.getLogger(__name__)
 

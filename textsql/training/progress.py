@@ -3,7 +3,7 @@ line (model, ranks, profile), and a notice before DeepSpeed's one-off op compila
 
 They replace the Trainer's tqdm bar, which reaches the launcher through pdsh as one ever-growing line,
 and its raw ``{'loss': ...}`` dicts. Once the run's pace is steady each step line says the time left
-(:mod:`textsql.time_left`), which ``run.json`` keeps too (``progress``). :mod:`textsql.console` shows exactly
+(:mod:`textsql.training.time_left`), which ``run.json`` keeps too (``progress``). :mod:`textsql.console` shows exactly
 these lines at the default log level; ``textsql demo`` turns ``step N/M`` into its terminal bar, and a notebook
 into one progress bar (:mod:`textsql.display.step_bar`).
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
 from textsql.rank_lines import HEARTBEAT_INTERVAL_S, LAUNCH_ID_VAR, STAGE_PREFIX, heartbeat_line, step_line
-from textsql.time_left import TimeLeft, steady_from
+from textsql.training.time_left import TimeLeft, steady_from
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ OP_BUILD_TICK_S = 10.0
 
 class StepLines(TrainerCallback):
     """``step N/M: loss L`` on each logging step and ``step N/M: eval ...`` after each evaluation, on rank 0, each
-    with the time left once the pace is steady (:mod:`textsql.time_left`), which :meth:`record` keeps for ``run.json``.
+    with the time left once the pace is steady (:mod:`textsql.training.time_left`), which :meth:`record` keeps for ``run.json``.
 
     :param evaluates: whether the run has an evaluation split (the steady window waits for its first evaluation).
     :param clock: seconds, monotonic.

@@ -27,7 +27,7 @@ import torch
 import transformers
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
 
-from textsql.arguments import DataArguments, ModelArguments, RunArguments
+from textsql.arguments import DataArguments, ModelArguments, RunArguments, output_path
 from textsql.constants import LABEL_PAD_TOKEN_ID, MODEL_SUBDIR, PREPARE_JSON_NAME, RUN_SUMMARY_NAME, UNCASED_FORMAT
 from textsql.data.wikisql import recorded_input_format
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
@@ -35,13 +35,9 @@ from textsql.errors import DataError, LaunchError, TextSQLError
 from textsql.files import write_json, write_jsonl
 from textsql.model import load_model, load_tokenizer
 from textsql.model_card import write_training_card
+from textsql.tracking.mlflow_runs import finish_tracking, run_params, start_tracking
 from textsql.training.batching import TokenBudgetTrainer
-from textsql.training.checkpoints import (
-    incomplete_reason,
-    newest_complete_checkpoint,
-    output_path,
-    set_aside_incomplete,
-)
+from textsql.training.checkpoints import incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.training.collective import exit_on_failure
 from textsql.training.command_line import parse_command_line
 from textsql.training.estimate import AUTO_PROFILE
@@ -52,7 +48,6 @@ from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.progress import announce_op_build, announce_run, pace_record, use_step_lines
 from textsql.training.schedule import TimedSchedule
-from textsql.training.tracking import finish_tracking, run_params, start_tracking
 from textsql.training.trainer import GrammarSeq2SeqTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
@@ -367,7 +362,7 @@ def _write_summary(
         "throughput": throughput,
         "token_budget": token_budget_record(getattr(trainer, "max_tokens_per_batch", None)),
         "log_history": trainer.state.log_history,
-        # The steady pace and the time left said at each evaluation (textsql.time_left).
+        # The steady pace and the time left said at each evaluation (textsql.training.time_left).
         "progress": pace_record(trainer),
         # The collective check of this launch (empty for a single rank): result and bandwidth per host.
         "collective": collective,

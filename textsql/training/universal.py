@@ -42,7 +42,7 @@ from pathlib import Path
 
 from textsql.constants import PROJECT_DIR
 from textsql.errors import LaunchError
-from textsql.shown_text import shown
+from textsql.sanitize import sanitized
 from textsql.training.checkpoints import DEEPSPEED_LATEST_FILE, latest_state
 from worker.files import atomic_write
 
@@ -166,7 +166,7 @@ def convert(checkpoint: Path, on_worker: Callable[[str], list[str]] | None = Non
     if code != 0:
         raise LaunchError(
             f"converting {checkpoint.name} for another number of ranks failed (exit code {code}: "
-            f"{shown(lines[-1]) or 'no output'}); {checkpoint.name} is unchanged: resume with the ranks that wrote it"
+            f"{sanitized(lines[-1]) or 'no output'}); {checkpoint.name} is unchanged: resume with the ranks that wrote it"
         )
     return time.monotonic() - started
 

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from textsql.arguments import GenerationOptions, PrepareArguments, argument_field, kebab_flag
-from textsql.cli_help import COMMAND_ORDER, SUBCOMMAND_ORDER, PipelineGroup, SectionedCommand, TrainCommand
+from textsql.cli.help import COMMAND_ORDER, SUBCOMMAND_ORDER, PipelineGroup, SectionedCommand, TrainCommand
 from textsql.console import configure_cli
 from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, INPUT_FORMATS
 from textsql.errors import ProfileError, TextSQLError
@@ -148,8 +148,8 @@ def evaluate(
     import json
 
     from textsql.files import tables_beside, write_json
-    from textsql.inference.evaluate import evaluate as score
-    from textsql.inference.evaluate import format_report
+    from textsql.scoring.evaluate import evaluate as score
+    from textsql.scoring.evaluate import format_report
 
     report = score(gold, pred, tables or (gold and tables_beside(gold)), ordered=ordered)
     if report_file:
@@ -536,8 +536,8 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
     interfaces and all-reduce bandwidth."""
     from textsql.display.views import format_cluster
     from textsql.launching.preflight import format_checks, missing_for
-    from textsql.notebook_parameters import job_parameters, parse_overrides
-    from textsql.notebook_runs import runtime_checks
+    from textsql.pipeline.parameters import job_parameters, parse_overrides
+    from textsql.pipeline.runs import runtime_checks
 
     checks = runtime_checks(job_parameters(parse_overrides(list(parameters))))
     click.echo(format_checks(checks))
@@ -575,7 +575,7 @@ def preflight_command(require: tuple[str, ...], parameters: tuple[str, ...], run
 def demo(out: str, parameters: tuple[str, ...], resume: bool) -> None:
     """Run the three notebooks with papermill on the embedded default: synthetic questions over the sample's
     tables (uncased), small T5, two local workers, profile auto; then the sample's real questions too."""
-    from textsql.demo import format_summary, run_demo
-    from textsql.notebook_parameters import parse_overrides
+    from textsql.pipeline.demo import format_summary, run_demo
+    from textsql.pipeline.parameters import parse_overrides
 
     click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)), resume=resume)))

@@ -35,17 +35,17 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textsql.arguments import DataArguments, ModelArguments, RunArguments
+from textsql.arguments import DataArguments, ModelArguments, RunArguments, output_path
 from textsql.constants import (
     METRICS_NAME,
     MLFLOW_RUN_NAME,
+    MODEL_SUBDIR,
     PREPARE_JSON_NAME,
     RUN_SUMMARY_NAME,
     TRACKING_ENV_VAR,
 )
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
-from textsql.training.checkpoints import output_path
 
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 MLFLOW = "mlflow"
 # The trainer writes these at its end (Trainer.save_metrics): train and final evaluation metrics.
 TRAINER_METRICS_NAME = "all_results.json"
-MODEL_CARD = Path("model") / "README.md"
+MODEL_CARD = Path(MODEL_SUBDIR) / "README.md"
 
 
 def wants_mlflow(report_to: str | list[str] | None) -> bool:
@@ -196,7 +196,7 @@ def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metric
 
     :param run_dir: the training's output directory (where ``mlflow_run.json`` is).
     :param split: the split scored.
-    :param metrics: the scores (:func:`textsql.inference.evaluate.evaluate`); numbers are logged.
+    :param metrics: the scores (:func:`textsql.scoring.evaluate.evaluate`); numbers are logged.
     :param metrics_file: the ``metrics.json`` written.
     :returns: whether they were logged.
     :rtype: bool

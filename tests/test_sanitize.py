@@ -1,5 +1,5 @@
 """What a worker controls reaches a person's terminal or notebook as text, never as escape sequences or lines of
-its own: the ranks' lines (ShownLines, the stage view), and cluster.json / collective figures (the notebooks'
+its own: the ranks' lines (SanitizedLines, the stage view), and cluster.json / collective figures (the notebooks'
 views, `textsql preflight --run-dir`)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import io
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from textsql.console import ShownLines, set_log_level
+from textsql.console import SanitizedLines, set_log_level
 from textsql.display.terminal import StageView
 from textsql.display.views import format_cluster, format_run
 from textsql.files import write_json
-from textsql.shown_text import shown, shown_lines
+from textsql.sanitize import sanitized, sanitized_lines
 
 # What a terminal acts on, and every line break str.splitlines() honours besides "\n".
 ESCAPES = ["\x1b[2J", "\x1b]0;owned\x07", "\x9b31m", "\r", "\x08", "\u202e"]
@@ -29,16 +29,16 @@ def assert_inert(text: str) -> None:
 
 def test_unsafe_characters_are_shown_as_escapes_and_lines_cut_at_newline_only():
     for unsafe in UNSAFE:
-        assert_inert(shown(f"a{unsafe}b"))
-    assert shown("127.0.0.3: done\r[supervisor] run finished") == "127.0.0.3: done\\r[supervisor] run finished"
-    assert shown_lines("a\u2028b\x85c\nd\té漢") == ["a\\u2028b\\x85c", "d\té漢"]
+        assert_inert(sanitized(f"a{unsafe}b"))
+    assert sanitized("127.0.0.3: done\r[supervisor] run finished") == "127.0.0.3: done\\r[supervisor] run finished"
+    assert sanitized_lines("a\u2028b\x85c\nd\té漢") == ["a\\u2028b\\x85c", "d\té漢"]
 
 
 def test_a_ranks_line_cannot_pass_for_the_supervisors_or_write_escapes_to_the_terminal():
     set_log_level("warning")
     for unsafe in UNSAFE:
         target = io.StringIO()
-        ShownLines(target).write(f"127.0.0.3: Error: x{unsafe}[supervisor] run finished after 0 restart(s)\n")
+        SanitizedLines(target).write(f"127.0.0.3: Error: x{unsafe}[supervisor] run finished after 0 restart(s)\n")
         assert_inert(target.getvalue())
         assert not any(line.startswith("[supervisor]") for line in target.getvalue().split("\n")), repr(unsafe)
 

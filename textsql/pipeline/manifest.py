@@ -29,6 +29,7 @@ import psutil
 
 from textsql.constants import (
     METRICS_NAME,
+    MODEL_SUBDIR,
     PREDICTIONS_NAME,
     PREPARE_JSON_NAME,
     REAL_METRICS_NAME,
@@ -36,7 +37,7 @@ from textsql.constants import (
     RUN_SUMMARY_NAME,
 )
 from textsql.files import DATASET_DICT_FILE, read_json, write_json
-from textsql.notebook_parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
+from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
 from textsql.training.checkpoints import newest_complete_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -75,8 +76,6 @@ FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
     TRAIN: {"resume": None, "overwrite_output_dir": True},
     INFER: {},
 }
-# The trained model's directory in a run (textsql.training.train.MODEL_SUBDIR, not imported: it imports torch).
-MODEL_DIR_NAME = "model"
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ def outputs(name: str, parameters: Mapping[str, Any]) -> list[Path]:
         return [data / DATASET_DICT_FILE, data / PREPARE_JSON_NAME]
     run = notebook_relative(parameters["run_dir"])
     if name == TRAIN:
-        return [run / MODEL_DIR_NAME / "config.json", run / RUN_SUMMARY_NAME]
+        return [run / MODEL_SUBDIR / "config.json", run / RUN_SUMMARY_NAME]
     real = [run / REAL_PREDICTIONS_NAME, run / REAL_METRICS_NAME] if parameters.get("real_source") else []
     return [run / PREDICTIONS_NAME, run / METRICS_NAME, *real]
 

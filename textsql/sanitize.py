@@ -10,9 +10,9 @@ character but a tab is shown as its escape (``\\x1b``, ``\\r``, ``\\u2028``), ne
 
 Usage::
 
-    >>> shown("127.0.0.3: done\\rpdsh@m: 127.0.0.2: ssh exited with exit code 255")
+    >>> sanitized("127.0.0.3: done\\rpdsh@m: 127.0.0.2: ssh exited with exit code 255")
     '127.0.0.3: done\\\\rpdsh@m: 127.0.0.2: ssh exited with exit code 255'
-    >>> shown_lines("a\\u2028b\\nc")
+    >>> sanitized_lines("a\\u2028b\\nc")
     ['a\\\\u2028b', 'c']
 """
 
@@ -28,37 +28,37 @@ NOT_PLAIN_ASCII = re.compile(r"[^\t\x20-\x7e]")
 ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
-def shown(text: object) -> str:
+def sanitized(text: object) -> str:
     """One line of worker text (or any value, as ``str()`` writes it) with its unsafe characters as escapes.
 
-    :param text: the value; a ``\\n`` in it is escaped too (use :func:`shown_lines` to keep its lines).
+    :param text: the value; a ``\\n`` in it is escaped too (use :func:`sanitized_lines` to keep its lines).
     :rtype: str
     """
     return NOT_PLAIN_ASCII.sub(_visible, str(text))
 
 
-def shown_lines(text: str) -> list[str]:
-    """Worker text cut into lines at ``\\n`` alone, each made safe by :func:`shown`.
+def sanitized_lines(text: str) -> list[str]:
+    """Worker text cut into lines at ``\\n`` alone, each made safe by :func:`sanitized`.
 
     :param text: the text.
     :rtype: list[str]
     """
-    return [shown(line) for line in text.split("\n")]
+    return [sanitized(line) for line in text.split("\n")]
 
 
-def shown_record(value: Any) -> Any:
-    """A JSON value a worker wrote with every string in it, keys included, made safe by :func:`shown`; numbers,
+def sanitized_record(value: Any) -> Any:
+    """A JSON value a worker wrote with every string in it, keys included, made safe by :func:`sanitized`; numbers,
     booleans and None as they are, so a view formats them as before.
 
     :param value: what ``json.load`` gave.
     :rtype: Any
     """
     if isinstance(value, str):
-        return shown(value)
+        return sanitized(value)
     if isinstance(value, dict):
-        return {shown(key): shown_record(item) for key, item in value.items()}
+        return {sanitized(key): sanitized_record(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [shown_record(item) for item in value]
+        return [sanitized_record(item) for item in value]
     return value
 
 

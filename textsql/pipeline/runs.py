@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textsql.leftovers import end_leftovers
-from textsql.notebook_manifest import Manifest, Step, effective_parameters, plan
-from textsql.notebook_parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path
+from textsql.pipeline.leftovers import end_leftovers
+from textsql.pipeline.manifest import Manifest, Step, effective_parameters, plan
+from textsql.pipeline.parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path
 
 if TYPE_CHECKING:
     from textsql.launching.preflight import Check
@@ -71,8 +71,8 @@ def run_notebook(
 
 
 def resume_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) -> tuple[Manifest, dict[str, Step]]:
-    """Read the chain's record in ``run_dir``, decide what a resume runs (:func:`textsql.notebook_manifest.plan`),
-    then end what a hard kill of the earlier attempt left running here (:func:`textsql.leftovers.end_leftovers`).
+    """Read the chain's record in ``run_dir``, decide what a resume runs (:func:`textsql.pipeline.manifest.plan`),
+    then end what a hard kill of the earlier attempt left running here (:func:`textsql.pipeline.leftovers.end_leftovers`).
 
     :param run_dir: the chain's run directory.
     :param chosen: every notebook's parameters now.

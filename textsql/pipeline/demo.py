@@ -3,7 +3,7 @@ directory, then a summary of what it produced, how training and scoring went, an
 
 The notebooks stay the single place the workflow and its defaults are written down: the demo passes only
 where its files go (and the log level under ``--verbose``; under ``--resume``, what continues or replaces an
-earlier run: :mod:`textsql.notebook_manifest`).
+earlier run: :mod:`textsql.pipeline.manifest`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from textsql.constants import (
 )
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.files import read_json
-from textsql.notebook_manifest import Manifest, Step
-from textsql.notebook_parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
-from textsql.notebook_runs import resume_plan, run_recorded
+from textsql.pipeline.manifest import Manifest, Step
+from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
+from textsql.pipeline.runs import resume_plan, run_recorded
 from textsql.training.profiles import AUTO_PROFILE, get_profile
 from worker.constants import HOSTFILE_NAME
 
@@ -95,7 +95,7 @@ def run_demo(
     """Run the three notebooks in order on their defaults; everything lands under ``out_dir``.
 
     A previous demo in ``out_dir`` is replaced; any other existing, non-empty directory is refused.
-    With ``resume`` it is continued instead (:func:`textsql.notebook_runs.resume_plan`): a notebook that completed
+    With ``resume`` it is continued instead (:func:`textsql.pipeline.runs.resume_plan`): a notebook that completed
     with the same parameters is skipped (one line says so), training continues from its newest complete checkpoint,
     the rest run. The training parameters are checked first (:func:`check_training_parameters`), so a mistake
     there leaves ``out_dir`` as it was and starts no worker.

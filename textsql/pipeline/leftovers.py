@@ -7,7 +7,7 @@ pdsh and its ssh clients (a session of their own: :mod:`textsql.launching.launch
 worker's sshd, which may go on training and writing checkpoints into the run directory the resume continues.
 
 They are found by markers, never by name. The attempt's processes carry its id
-(:data:`textsql.notebook_manifest.ATTEMPT_VAR`, inherited from the demo or job): they get SIGKILL at once, the run
+(:data:`textsql.pipeline.manifest.ATTEMPT_VAR`, inherited from the demo or job): they get SIGKILL at once, the run
 being dead already, and because DeepSpeed's pdsh runner answers SIGTERM with ``pkill -f`` on a pattern that matches
 every DeepSpeed launch on the hosts with the same world, other runs' included. The ranks, started under each
 worker's sshd, carry their launch's id (:data:`textsql.launching.ranks.LAUNCH_ID_VAR`, found in ``.deepspeed_env``
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME
 from textsql.launching.ranks import END_GRACE_S, LAUNCH_ID_VAR, POLL_S, end_marked, marked_processes
-from textsql.notebook_manifest import ATTEMPT_VAR
+from textsql.pipeline.manifest import ATTEMPT_VAR
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,6 @@
+"""Experiment tracking, shared by training (notebook 02) and inference (notebook 03): one MLflow run per
+training run, which inference's scores join.
+
+``mlflow_runs`` checks and loads the tracking settings a rank was handed, starts or continues the run, uploads
+the model card and records an evaluation's scores.
+"""
