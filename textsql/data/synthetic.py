@@ -1,4 +1,4 @@
-"""WikiSQL-style questions synthesised over the shipped sample's table headers (``--source synthetic``).
+"""Synthetic WikiSQL questions (``--source synthetic``): the seeded sampler of their tables, queries and splits.
 
 A T5 from random weights trained on the 1,000 real sample questions memorises their 250 tables instead of
 learning to copy a column name (docs/explanation/synthetic-data.md). Synthesised questions vary the column
@@ -14,11 +14,12 @@ What the questions are:
 - WikiSQL's grammar: one selected column, an aggregation that fits its type (``COUNT`` or none on any
   column, ``MAX``/``MIN``/``SUM``/``AVG`` on ``real`` ones), up to :data:`MAX_CONDITIONS` conditions on
   other columns, each column once, ``>`` and ``<`` on ``real`` columns only;
-- English from templates (several phrasings of each aggregation, operator and clause order), with the
-  column names as the header writes them or in lower case, and every condition value verbatim;
+- English from templates (several phrasings of each aggregation, operator and clause order:
+  :mod:`textsql.data.synthetic_templates`), with the column names as the header writes them or in lower
+  case, and every condition value verbatim;
 - over rows: every table gets rows (names, places, teams, dates, scores, numbers, by the column's name
-  and type), and each question is written from one of its rows, so its gold query finds that row
-  (execution accuracy is measured, and execution-guided decoding has rows).
+  and type: :mod:`textsql.data.synthetic_cells`), and each question is written from one of its rows, so its
+  gold query finds that row (execution accuracy is measured, and execution-guided decoding has rows).
 
 What they are not: WikiSQL's crowd-sourced paraphrases. Template English is far easier than real
 questions, so scores on the held-out synthetic tables show that a pipeline learns to read a schema,
@@ -34,10 +35,17 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from textsql.constants import AGG_OPS, COND_OPS, RELEASE_SPLIT_FILES, SAMPLE_DATA_DIR, SPLITS
+from textsql.data.synthetic_cells import cell_maker
+from textsql.data.synthetic_templates import (
+    CLAUSE_JOINERS,
+    CONDITION_JOINERS,
+    CONDITION_PHRASES,
+    LEADING_CLAUSE_OPENERS,
+    SELECT_PHRASES,
+)
 from textsql.errors import DataError
 from textsql.files import TABLES_SUFFIX, load_tables
 
@@ -74,348 +82,6 @@ SELECT_ONLY = Synthesis("synthetic-select", (4, 4), (1, 0, 0, 0, 0))
 
 _AGG = {name: index for index, name in enumerate(AGG_OPS)}
 _OP = {name: index for index, name in enumerate(COND_OPS)}
-
-_FIRST_NAMES = [
-    "James",
-    "Maria",
-    "Robert",
-    "Linda",
-    "Michael",
-    "Sarah",
-    "David",
-    "Karen",
-    "Thomas",
-    "Nancy",
-    "Daniel",
-    "Lisa",
-    "Paul",
-    "Helen",
-    "Mark",
-    "Laura",
-    "Steven",
-    "Anna",
-    "Kevin",
-    "Emma",
-    "Brian",
-    "Julia",
-    "George",
-    "Rosa",
-    "Edward",
-    "Ingrid",
-    "Ronald",
-    "Olga",
-    "Jason",
-    "Fatima",
-    "Gary",
-    "Yuki",
-    "Eric",
-    "Chen",
-    "Peter",
-    "Amara",
-    "Henry",
-    "Sofia",
-    "Victor",
-    "Nadia",
-    "Oscar",
-    "Elena",
-    "Ivan",
-    "Priya",
-    "Hugo",
-    "Leila",
-    "Pablo",
-    "Mei",
-    "Dmitri",
-    "Aisha",
-    "Lars",
-    "Chiara",
-    "Tomas",
-    "Kofi",
-    "Greta",
-    "Rafael",
-    "Hana",
-    "Stefan",
-    "Imani",
-    "Felix",
-]
-_LAST_NAMES = [
-    "Smith",
-    "Garcia",
-    "Novak",
-    "Johnson",
-    "Müller",
-    "Rossi",
-    "Kowalski",
-    "Tanaka",
-    "Okafor",
-    "Silva",
-    "Jensen",
-    "Dubois",
-    "Ivanov",
-    "Brown",
-    "Nguyen",
-    "Larsen",
-    "Costa",
-    "Schmidt",
-    "Moreau",
-    "Kim",
-    "Patel",
-    "Walsh",
-    "Fischer",
-    "Romano",
-    "Berg",
-    "Lopez",
-    "Adeyemi",
-    "Sato",
-    "Horvat",
-    "Keller",
-    "Murphy",
-    "Lindqvist",
-    "Petrov",
-    "Santos",
-    "Wagner",
-    "Hughes",
-    "Ferrari",
-    "Nakamura",
-    "Mensah",
-    "Bauer",
-    "Clarke",
-    "Duarte",
-    "Vogel",
-    "Haddad",
-    "Quinn",
-    "Olsen",
-    "Russo",
-    "Kaplan",
-    "Ortiz",
-    "Fleming",
-    "Barros",
-    "Ward",
-    "Stone",
-    "Hale",
-    "Price",
-    "Doyle",
-    "Marsh",
-    "Brandt",
-    "Coleman",
-    "Reyes",
-]
-_PLACES = [
-    "Austin",
-    "Berlin",
-    "Cairo",
-    "Denver",
-    "Lagos",
-    "Lyon",
-    "Madrid",
-    "Oslo",
-    "Perth",
-    "Quebec",
-    "Seoul",
-    "Turin",
-    "Utrecht",
-    "Valencia",
-    "Warsaw",
-    "Zagreb",
-    "Boston",
-    "Dublin",
-    "Geneva",
-    "Hamburg",
-    "Kyoto",
-    "Lima",
-    "Milan",
-    "Nairobi",
-    "Osaka",
-    "Porto",
-    "Riga",
-    "Sydney",
-    "Tampa",
-    "Vienna",
-    "Leeds",
-    "Bergen",
-    "Calgary",
-    "Dallas",
-    "Glasgow",
-    "Houston",
-    "Leipzig",
-    "Malmo",
-    "Naples",
-    "Ottawa",
-    "Phoenix",
-    "Seville",
-    "Toledo",
-    "Uppsala",
-    "Winnipeg",
-    "Bilbao",
-    "Cork",
-    "Graz",
-    "Hanover",
-    "Kansas",
-    "Lisbon",
-    "Munich",
-    "Nantes",
-    "Orlando",
-    "Pisa",
-    "Reno",
-    "Salzburg",
-    "Tucson",
-    "Verona",
-]
-_PLACE_SUFFIXES = ("", "", "", " City", " North", " State", " Park")
-_WORDS = [
-    "Red",
-    "Blue",
-    "Silver",
-    "Golden",
-    "Green",
-    "Black",
-    "White",
-    "Royal",
-    "Grand",
-    "Little",
-    "Old",
-    "New",
-    "Northern",
-    "Southern",
-    "Eastern",
-    "Western",
-    "Iron",
-    "Crystal",
-    "Stone",
-    "River",
-    "Forest",
-    "Ocean",
-    "Star",
-    "Moon",
-    "Sun",
-    "Eagle",
-    "Lion",
-    "Wolf",
-    "Falcon",
-    "Tiger",
-    "Bear",
-    "Fox",
-    "Hawk",
-    "Storm",
-    "Thunder",
-    "Fire",
-    "Ice",
-    "Shadow",
-    "Light",
-    "Dream",
-    "Harbor",
-    "Valley",
-    "Bridge",
-    "Tower",
-    "Garden",
-    "Island",
-    "Mountain",
-    "Summer",
-    "Winter",
-    "Spring",
-    "Autumn",
-    "Night",
-    "Morning",
-    "Echo",
-    "Spirit",
-    "Crown",
-    "Arrow",
-    "Anchor",
-    "Beacon",
-    "Canyon",
-    "Comet",
-    "Delta",
-    "Ember",
-    "Frontier",
-]
-_TEAM_NOUNS = ("United", "Rovers", "Eagles", "Tigers", "Wanderers", "Athletic", "Stars", "Hawks", "Rangers", "FC")
-_MONTHS = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-]
-_CODE_LETTERS = "ABCDEFGHJKLMNPRSTVWXZ"
-
-# The phrase that asks for the selected column, by aggregation; {col} is its name.
-_SELECT_PHRASES = {
-    "": (
-        "What is the {col}",
-        "Which {col}",
-        "Name the {col}",
-        "Tell me the {col}",
-        "What {col}",
-        "Give the {col}",
-        "List the {col}",
-        "What was the {col}",
-    ),
-    "COUNT": (
-        "How many {col}",
-        "What is the number of {col}",
-        "Count the {col}",
-        "What is the count of {col}",
-        "How many different {col}",
-    ),
-    "MAX": (
-        "What is the highest {col}",
-        "What is the largest {col}",
-        "Name the maximum {col}",
-        "What is the most {col}",
-        "Tell me the greatest {col}",
-    ),
-    "MIN": (
-        "What is the lowest {col}",
-        "What is the smallest {col}",
-        "Name the minimum {col}",
-        "What is the least {col}",
-        "Tell me the fewest {col}",
-    ),
-    "SUM": ("What is the sum of {col}", "What is the total {col}", "Add up the {col}", "What is the combined {col}"),
-    "AVG": (
-        "What is the average {col}",
-        "What is the mean {col}",
-        "Tell me the average {col}",
-        "Name the average {col}",
-    ),
-}
-# One condition, by operator; {col} is the column's name and {value} the value as it is written.
-_CONDITION_PHRASES = {
-    "=": (
-        "{col} is {value}",
-        "the {col} is {value}",
-        "{col} of {value}",
-        "a {col} of {value}",
-        "{value} as {col}",
-        "{col} {value}",
-        "{col} equal to {value}",
-        "the {col} was {value}",
-    ),
-    ">": (
-        "{col} greater than {value}",
-        "{col} more than {value}",
-        "a {col} above {value}",
-        "{col} larger than {value}",
-        "{col} over {value}",
-        "the {col} is bigger than {value}",
-    ),
-    "<": (
-        "{col} less than {value}",
-        "{col} smaller than {value}",
-        "a {col} below {value}",
-        "{col} under {value}",
-        "{col} fewer than {value}",
-        "the {col} is lower than {value}",
-    ),
-}
-_CLAUSE_JOINERS = ("when", "where", "for", "with", "if")
-_CONDITION_JOINERS = (" and ", ", ", " and also ")
 
 
 def load_synthetic_split(
@@ -527,7 +193,7 @@ def _recombined_headers(
 
 def _table(table_id: str, header: list[str], types: list[str], rng: random.Random) -> dict:
     """A table with this header and rows drawn for each column."""
-    makers = [_value_maker(name, kind) for name, kind in zip(header, types)]
+    makers = [cell_maker(name, kind) for name, kind in zip(header, types)]
     rows = [[make(rng) for make in makers] for _ in range(ROWS_PER_TABLE)]
     return {"id": table_id, "header": header, "types": types, "rows": rows}
 
@@ -545,14 +211,14 @@ def _question(table: dict, rng: random.Random, condition_weights: tuple[int, ...
         op = rng.choice(("=", ">", "<")) if types[column] == "real" and rng.random() < 0.5 else "="
         value = _condition_value(row[column], op, rng)
         conds.append([column, _OP[op], value])
-        phrases.append(rng.choice(_CONDITION_PHRASES[op]).format(col=_named(header[column], rng), value=value))
-    select = rng.choice(_SELECT_PHRASES[agg]).format(col=_named(header[sel], rng))
+        phrases.append(rng.choice(CONDITION_PHRASES[op]).format(col=_named(header[column], rng), value=value))
+    select = rng.choice(SELECT_PHRASES[agg]).format(col=_named(header[sel], rng))
     if not phrases:
         question = f"{select}?"
     elif rng.random() < 0.25:
-        question = f"{rng.choice(('For', 'With', 'When'))} {rng.choice(_CONDITION_JOINERS).join(phrases)}, {select[0].lower()}{select[1:]}?"
+        question = f"{rng.choice(LEADING_CLAUSE_OPENERS)} {rng.choice(CONDITION_JOINERS).join(phrases)}, {select[0].lower()}{select[1:]}?"
     else:
-        question = f"{select} {rng.choice(_CLAUSE_JOINERS)} {rng.choice(_CONDITION_JOINERS).join(phrases)}?"
+        question = f"{select} {rng.choice(CLAUSE_JOINERS)} {rng.choice(CONDITION_JOINERS).join(phrases)}?"
     return question, {"sel": sel, "agg": _AGG[agg], "conds": conds}
 
 
@@ -574,111 +240,3 @@ def _condition_value(cell: str | float, op: str, rng: random.Random) -> str:
         return str(cell)
     step = rng.randint(1, 5)
     return str(int(cell) - step if op == ">" else int(cell) + step)
-
-
-def _value_maker(name: str, kind: str) -> Callable[[random.Random], str | int]:
-    """What a cell of a column looks like, from the column's name and type."""
-    lowered = name.lower()
-    if kind == "real":
-        if "year" in lowered or "season" in lowered:
-            return lambda rng: rng.randint(1950, 2015)
-        return lambda rng: rng.randint(1, 400)
-    for keywords, maker in _TEXT_MAKERS:
-        if any(keyword in lowered for keyword in keywords):
-            return maker
-    return _words
-
-
-def _person(rng: random.Random) -> str:
-    return f"{rng.choice(_FIRST_NAMES)} {rng.choice(_LAST_NAMES)}"
-
-
-def _place(rng: random.Random) -> str:
-    return rng.choice(_PLACES) + rng.choice(_PLACE_SUFFIXES)
-
-
-def _team(rng: random.Random) -> str:
-    return f"{rng.choice(_PLACES)} {rng.choice(_TEAM_NOUNS)}"
-
-
-def _date(rng: random.Random) -> str:
-    month, day, year = rng.choice(_MONTHS), rng.randint(1, 28), rng.randint(1950, 2015)
-    return f"{month} {day}, {year}" if rng.random() < 0.5 else f"{day} {month} {year}"
-
-
-def _score(rng: random.Random) -> str:
-    return f"{rng.choice('WL')} {rng.randint(0, 40)}-{rng.randint(0, 40)}"
-
-
-def _number(rng: random.Random) -> str:
-    return str(rng.randint(1, 400))
-
-
-def _year(rng: random.Random) -> str:
-    return str(rng.randint(1950, 2015))
-
-
-def _words(rng: random.Random) -> str:
-    if rng.random() < 0.2:
-        return f"{rng.choice(_CODE_LETTERS)}{rng.choice(_CODE_LETTERS)}-{rng.randint(10, 999)}"
-    return " ".join(rng.sample(_WORDS, rng.randint(1, 2)))
-
-
-# Cell values of text columns by keywords of the column's name; any other text column gets _words.
-_TEXT_MAKERS: tuple[tuple[tuple[str, ...], Callable[[random.Random], str]], ...] = (
-    (("date", "born", "birth"), _date),
-    (("year", "season"), _year),
-    (
-        ("no.", "#", "number", "pick", "round", "rank", "total", "points", "population", "viewers", "age", "goals"),
-        _number,
-    ),
-    (("score", "result", "record"), _score),
-    (("team", "club", "opponent", "constructor", "franchise", "home", "away"), _team),
-    (
-        (
-            "player",
-            "name",
-            "driver",
-            "director",
-            "directed",
-            "written",
-            "winner",
-            "coach",
-            "artist",
-            "candidate",
-            "incumbent",
-            "rider",
-            "captain",
-            "author",
-            "actor",
-            "manager",
-            "champion",
-            "host",
-            "pilot",
-            "writer",
-        ),
-        _person,
-    ),
-    (
-        (
-            "location",
-            "venue",
-            "city",
-            "country",
-            "nationality",
-            "state",
-            "circuit",
-            "college",
-            "school",
-            "hometown",
-            "region",
-            "province",
-            "capital",
-            "district",
-            "county",
-            "stadium",
-            "town",
-        ),
-        _place,
-    ),
-)
