@@ -16,20 +16,13 @@ import papermill
 import pytest
 import yaml
 
-from textsql.arguments import (
-    FROM_CONFIG_RECIPE,
-    GenerationOptions,
-    PrepareArguments,
-    RunArguments,
-    argument_field,
-    notebook_defaults,
-    train_argv,
-)
+from textsql.arguments import GenerationOptions, PrepareArguments, RunArguments, argument_field, train_argv
 from textsql.cli import cli
 from textsql.launching.command import LaunchArguments
 from textsql.pipeline.demo import demo_parameters
-from textsql.pipeline.parameters import ENV_PREFIX, NOTEBOOKS, PATH_PARAMETERS, notebook_path
+from textsql.pipeline.parameters import ENV_PREFIX, NOTEBOOKS, PATH_PARAMETERS, notebook_defaults, notebook_path
 from textsql.training.command_line import parse_command_line
+from textsql.training.recipe import FROM_CONFIG_RECIPE
 from worker.backends.base import Resources
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

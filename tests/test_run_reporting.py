@@ -12,10 +12,11 @@ import datasets
 import pytest
 import torch
 
-from textsql.arguments import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE, train_argv
+from textsql.arguments import train_argv
 from textsql.model import load_model, load_tokenizer
 from textsql.training.batching import TokenBudgetBatchSampler, TokenBudgetTrainer
 from textsql.training.command_line import parse_command_line
+from textsql.training.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
 
 SYNC_OP = "aten::_local_scalar_dense"  # what .item() and every other host read of a tensor dispatch
 RUN_TIMEOUT_S = 600

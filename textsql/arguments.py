@@ -10,7 +10,8 @@ fields (:func:`argument_field`), and notebooks, the bench and the tests build a 
 These fields and :data:`TRAINING_DEFAULTS` are the one source of a run's defaults: notebook 02's
 parameters cell, ``textsql demo`` and the AMP's environment variables repeat them (a notebook's
 parameters must be literals), and ``tests/test_defaults.py`` fails when a copy drifts
-(:func:`notebook_defaults` names them as the notebook does).
+(:func:`textsql.pipeline.parameters.notebook_defaults` names them as the notebook does). The learning rate,
+its schedule and warm-up are the model's recipe's (:mod:`textsql.training.recipe`).
 """
 
 from __future__ import annotations
@@ -21,15 +22,7 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textsql.constants import (
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_MAX_SOURCE_LENGTH,
-    DEFAULT_MAX_TARGET_LENGTH,
-    DEFAULT_REPLACE_TIMEOUT_S,
-    DEFAULT_STALL_TIMEOUT_S,
-    INPUT_FORMATS,
-    SAMPLE_SOURCE,
-)
+from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, SAMPLE_SOURCE
 from textsql.errors import DataError, LaunchError, ModelError
 
 if TYPE_CHECKING:
@@ -73,70 +66,6 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     # that waits out CPU Adam's one-time compile.
     "ddp_timeout": 300,
 }
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a run's optimizer steps: the learning rate, its schedule and warm-up, and why (``run.json``'s ``recipe``).
-
-    :param name: what the recipe is called in ``run.json`` and the log.
-    :param learning_rate: the peak rate (``--learning_rate``).
-    :param schedule: ``--lr_scheduler_type``.
-    :param warmup: ``--warmup_steps``: a step count, or below 1 a share of the run's steps.
-    :param why: why a model of this kind trains with it, and where the recipe comes from.
-    """
-
-    name: str
-    learning_rate: float
-    schedule: str
-    warmup: float
-    why: str
-
-    def training_values(self) -> dict[str, Any]:
-        """The ``Seq2SeqTrainingArguments`` values this recipe sets (each one a default the command line overrides).
-
-        :rtype: dict[str, typing.Any]
-        """
-        return {"learning_rate": self.learning_rate, "lr_scheduler_type": self.schedule, "warmup_steps": self.warmup}
-
-
-# Both recipes step with AdamW (the optimizer hardware.fast_defaults picks: torch's, fused on CUDA), the one every
-# DeepSpeed profile runs, CPU Adam under offload among them.
-FROM_CONFIG_RECIPE = Recipe(
-    name="from-scratch",
-    learning_rate=1e-3,
-    schedule="constant",
-    warmup=0,
-    why="built from its config (random weights): the rate the demo learns with. The small T5 from random weights "
-    "first memorises its training questions and only then reads their headers; decayed linearly to 0 over the demo's "
-    "2,000 steps it stopped at 6.5 % held-out logical form, held constant at 1e-3 (T5's own fine-tuning rate, "
-    "Raffel et al. 2020, section 3.1.2) it reached 52.5 % (docs/explanation/training-defaults.md)",
-)
-WITH_WEIGHTS_RECIPE = Recipe(
-    name="pretrained-t5",
-    learning_rate=3e-4,
-    schedule="linear",
-    warmup=0.06,
-    why="loads trained weights (a hub id or a directory with weights): AdamW at 3e-4, the top of the 1e-4 to 3e-4 "
-    "that transformers' T5 documentation gives for fine-tuning pretrained T5 with AdamW (its 'Training tips'), "
-    "warmed up linearly over the first 6 % of the steps and decayed linearly to 0 (transformers' linear schedule; "
-    "the warm-up share of RoBERTa's fine-tuning, Liu et al. 2019). T5's authors' constant 1e-3 is Adafactor's "
-    "rate, not AdamW's, and at full rate from the first step AdamW's first updates move pretrained weights most",
-)
-
-
-def training_recipe(builds_from_config: bool) -> Recipe:
-    """The recipe a model trains with unless flags say otherwise: the one place that decides it.
-
-    Usage::
-
-        >>> training_recipe(builds_from_config=False).learning_rate
-        0.0003
-
-    :param builds_from_config: the model is built from its config (:func:`textsql.model.builds_from_config`).
-    :rtype: Recipe
-    """
-    return FROM_CONFIG_RECIPE if builds_from_config else WITH_WEIGHTS_RECIPE
 
 
 @dataclass
@@ -388,37 +317,6 @@ def kebab_flag(name: str) -> str:
     :rtype: str
     """
     return f"--{name.replace('_', '-')}"
-
-
-def notebook_defaults() -> dict[str, Any]:
-    """The defaults of notebook 02's training parameters, by the notebook's names, from this module's one source.
-
-    Its schedule (``max_steps``, ``eval_steps``) is the notebook's own: a run of the small T5 that learns on CPUs
-    in minutes, where ``textsql train`` keeps Seq2SeqTrainingArguments' three epochs.
-
-    Usage::
-
-        >>> notebook_defaults()["profile"]
-        'auto'
-
-    :rtype: dict[str, typing.Any]
-    """
-    return {
-        "profile": argument_field(RunArguments, "profile").default,
-        "model": argument_field(ModelArguments, "model").default,
-        "per_device_train_batch_size": TRAINING_DEFAULTS["per_device_train_batch_size"],
-        # None: the model's recipe decides (training_recipe: from its config or with weights).
-        "learning_rate": None,
-        "eval_share": argument_field(RunArguments, "eval_share").default,
-        "save_every_minutes": argument_field(RunArguments, "save_every_minutes").default,
-        "overwrite_output_dir": argument_field(RunArguments, "overwrite_output_dir").default,
-        "max_restarts": DEFAULT_MAX_RESTARTS,
-        # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.supervisor).
-        "min_workers": None,
-        "replace_timeout": DEFAULT_REPLACE_TIMEOUT_S,
-        "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
-        "report_to": TRAINING_DEFAULTS["report_to"],
-    }
 
 
 def argument_field(cls: type, name: str) -> Field:

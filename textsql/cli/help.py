@@ -13,16 +13,15 @@ from typing import Any
 import click
 
 from textsql.arguments import (
-    FROM_CONFIG_RECIPE,
     TRAIN_SPELLING,
     TRAINING_DEFAULTS,
-    WITH_WEIGHTS_RECIPE,
     DataArguments,
     ModelArguments,
     RunArguments,
     argument_field,
     kebab_flag,
 )
+from textsql.training.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
 
 # The order of `textsql --help`: the whole pipeline at once, then its stages as a run meets them, then cleanup.
 COMMAND_ORDER = (

@@ -3,6 +3,10 @@
 A notebook's cell tagged ``parameters`` is the one place its parameters, defaults and help are written down;
 this module reads them (as papermill does), takes values from ``TEXTSQL_<NAME>`` environment variables and
 from ``-p [NOTEBOOK.]NAME=VALUE``, and refuses a name no notebook declares before anything runs.
+
+A parameters cell must hold literals, so notebook 02's repeat the training defaults: :func:`notebook_defaults`
+names those defaults as the notebook does, from the argument dataclasses, and ``tests/test_defaults.py``
+fails when the notebook drifts from them.
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ from typing import Any
 
 import yaml
 
-from textsql.constants import PROJECT_DIR
+from textsql.arguments import TRAINING_DEFAULTS, ModelArguments, RunArguments, argument_field
+from textsql.constants import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_REPLACE_TIMEOUT_S,
+    DEFAULT_STALL_TIMEOUT_S,
+    PROJECT_DIR,
+)
 from textsql.errors import TextSQLError
 from textsql.files import read_json
 
@@ -92,6 +102,38 @@ def declared_defaults(name: str) -> dict[str, Any]:
     :rtype: dict
     """
     return {parameter: ast.literal_eval(spec["default"]) for parameter, spec in declared_parameters(name).items()}
+
+
+def notebook_defaults() -> dict[str, Any]:
+    """The defaults of notebook 02's training parameters, by the notebook's names, from their one source: the
+    argument dataclasses' fields and :data:`textsql.arguments.TRAINING_DEFAULTS`.
+
+    Its schedule (``max_steps``, ``eval_steps``) is the notebook's own: a run of the small T5 that learns on CPUs
+    in minutes, where ``textsql train`` keeps Seq2SeqTrainingArguments' three epochs.
+
+    Usage::
+
+        >>> notebook_defaults()["profile"]
+        'auto'
+
+    :rtype: dict[str, typing.Any]
+    """
+    return {
+        "profile": argument_field(RunArguments, "profile").default,
+        "model": argument_field(ModelArguments, "model").default,
+        "per_device_train_batch_size": TRAINING_DEFAULTS["per_device_train_batch_size"],
+        # None: the model's recipe decides (textsql.training.recipe: from its config or with weights).
+        "learning_rate": None,
+        "eval_share": argument_field(RunArguments, "eval_share").default,
+        "save_every_minutes": argument_field(RunArguments, "save_every_minutes").default,
+        "overwrite_output_dir": argument_field(RunArguments, "overwrite_output_dir").default,
+        "max_restarts": DEFAULT_MAX_RESTARTS,
+        # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.supervisor).
+        "min_workers": None,
+        "replace_timeout": DEFAULT_REPLACE_TIMEOUT_S,
+        "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
+        "report_to": TRAINING_DEFAULTS["report_to"],
+    }
 
 
 def parameters_from_environ(

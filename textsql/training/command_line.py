@@ -24,10 +24,8 @@ from textsql.arguments import (
     TRAINING_DEFAULTS,
     DataArguments,
     ModelArguments,
-    Recipe,
     RunArguments,
     kebab_flag,
-    training_recipe,
 )
 from textsql.errors import LaunchError
 from textsql.files import check_prepared
@@ -36,6 +34,7 @@ from textsql.tracking.mlflow_runs import check_tracking
 from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.training.hardware import device_facts, fast_defaults
 from textsql.training.profiles import autocast_bf16, get_profile, load_profile
+from textsql.training.recipe import Recipe, training_recipe
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -157,7 +156,7 @@ def check_train_args(argv: list[str]) -> None:
 def recipe_record(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
     """What run.json keeps of the recipe: the values the run trains with, and which of them flags changed.
 
-    :param recipe: the model's (:func:`textsql.arguments.training_recipe`).
+    :param recipe: the model's (:func:`textsql.training.recipe.training_recipe`).
     :param values: the parsed command line.
     :rtype: dict[str, typing.Any]
     """

@@ -349,7 +349,7 @@ def _write_summary(
         "profile_chosen_by": AUTO_PROFILE if run_args.auto_profile else "name",
         "precision": model_args.precision,
         "model": model_args.model,
-        # How its optimizer stepped (textsql.arguments.training_recipe), with the flags that changed it.
+        # How its optimizer stepped (textsql.training.recipe.training_recipe), with the flags that changed it.
         "recipe": run_args.recipe,
         "loss_vocabulary": trainer.model.loss_vocabulary if isinstance(trainer.model, BatchVocabularyT5) else "full",
         "resumed_from": checkpoint,

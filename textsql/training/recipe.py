@@ -1,0 +1,80 @@
+"""The learning-rate recipe a model trains with unless flags say otherwise, chosen by what the model is.
+
+A model built from its config (random weights) and one loaded with trained weights want different rates,
+schedules and warm-ups (docs/guides/gpus.md): :func:`training_recipe` is the one place that decides, the
+training command line (:mod:`textsql.training.command_line`) sets its values as defaults that any of
+``--learning-rate``, ``--lr-scheduler-type`` and ``--warmup-steps`` overrides, and ``run.json`` records it.
+Nothing heavy is imported here, so ``textsql --help`` can quote the rates.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a run's optimizer steps: the learning rate, its schedule and warm-up, and why (``run.json``'s ``recipe``).
+
+    :param name: what the recipe is called in ``run.json`` and the log.
+    :param learning_rate: the peak rate (``--learning_rate``).
+    :param schedule: ``--lr_scheduler_type``.
+    :param warmup: ``--warmup_steps``: a step count, or below 1 a share of the run's steps.
+    :param why: why a model of this kind trains with it, and where the recipe comes from.
+    """
+
+    name: str
+    learning_rate: float
+    schedule: str
+    warmup: float
+    why: str
+
+    def training_values(self) -> dict[str, Any]:
+        """The ``Seq2SeqTrainingArguments`` values this recipe sets (each one a default the command line overrides).
+
+        :rtype: dict[str, typing.Any]
+        """
+        return {"learning_rate": self.learning_rate, "lr_scheduler_type": self.schedule, "warmup_steps": self.warmup}
+
+
+# Both recipes step with AdamW (the optimizer hardware.fast_defaults picks: torch's, fused on CUDA), the one every
+# DeepSpeed profile runs, CPU Adam under offload among them.
+FROM_CONFIG_RECIPE = Recipe(
+    name="from-scratch",
+    learning_rate=1e-3,
+    schedule="constant",
+    warmup=0,
+    why="built from its config (random weights): the rate the demo learns with. The small T5 from random weights "
+    "first memorises its training questions and only then reads their headers; decayed linearly to 0 over the demo's "
+    "2,000 steps it stopped at 6.5 % held-out logical form, held constant at 1e-3 (T5's own fine-tuning rate, "
+    "Raffel et al. 2020, section 3.1.2) it reached 52.5 % (docs/explanation/training-defaults.md)",
+)
+WITH_WEIGHTS_RECIPE = Recipe(
+    name="pretrained-t5",
+    learning_rate=3e-4,
+    schedule="linear",
+    warmup=0.06,
+    why="loads trained weights (a hub id or a directory with weights): AdamW at 3e-4, the top of the 1e-4 to 3e-4 "
+    "that transformers' T5 documentation gives for fine-tuning pretrained T5 with AdamW (its 'Training tips'), "
+    "warmed up linearly over the first 6 % of the steps and decayed linearly to 0 (transformers' linear schedule; "
+    "the warm-up share of RoBERTa's fine-tuning, Liu et al. 2019). T5's authors' constant 1e-3 is Adafactor's "
+    "rate, not AdamW's, and at full rate from the first step AdamW's first updates move pretrained weights most",
+)
+
+
+def training_recipe(builds_from_config: bool) -> Recipe:
+    """The recipe a model trains with unless flags say otherwise: the one place that decides it.
+
+    Usage::
+
+        >>> training_recipe(builds_from_config=False).learning_rate
+        0.0003
+
+    :param builds_from_config: the model is built from its config (:func:`textsql.model.builds_from_config`).
+    :rtype: Recipe
+    """
+    return FROM_CONFIG_RECIPE if builds_from_config else WITH_WEIGHTS_RECIPE
