@@ -92,6 +92,7 @@ def test_a_host_back_within_the_timeout_is_relaunched_on(tmp_path: Path) -> None
     run = supervisor(tmp_path, min_workers=1, back_at=12)
     run.recover(LOST, 0)
     assert [event["event"] for event in run.events] == ["replaced"]
+    assert run.events[0]["line"].startswith("host 127.0.0.3 answers ssh again after "), "said a replacement came"
     assert run.hosts.clock() == 15, "not asked again every 5 s until it answered"
     assert run.hosts.hosts == ["127.0.0.2", "127.0.0.3"]
     assert run.arguments.hostfile == (tmp_path / "hosts").resolve()

@@ -3,7 +3,8 @@
 A :class:`worker.cluster.Cluster` replaces a lost worker through its backend and drops one by writing the
 run's files again. The hosts of a hostfile the user brought (``textsql launch --hostfile``, plain ssh) have
 no backend, yet offer the supervisor the same (:class:`textsql.launching.recovery.ReplaceableHosts`): a lost
-host is *replaced* by waiting for it to answer ssh again (a VM rebooting, sshd restarted), and dropped by writing the hosts left to
+host is *replaced* by waiting for it to answer ssh again (a VM rebooting, sshd restarted; the supervisor's
+line says ``host HOST answers ssh again``), and dropped by writing the hosts left to
 ``RUN_DIR/hostfile.remaining``, atomically, which the next launch uses. The user's own hostfile is never
 written: it still lists every host for the next run, and the supervisor's ``shrunk`` line names the file the
 run went on with.

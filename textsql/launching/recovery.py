@@ -237,12 +237,14 @@ class Recovery:
                 ) from None
             self._shrink(failure.host, time.monotonic() - started, str(error), attempt)
             return
-        self._event(
-            "replaced",
-            attempt,
-            f"replacement for {failure.host} registered after {time.monotonic() - started:.1f} s",
-            host=failure.host,
+        waited = time.monotonic() - started
+        # A hostfile's host is the same host back, not a replacement: say so.
+        back = (
+            f"host {failure.host} answers ssh again after {waited:.1f} s"
+            if isinstance(self.hosts, HostfileHosts)
+            else f"replacement for {failure.host} registered after {waited:.1f} s"
         )
+        self._event("replaced", attempt, back, host=failure.host)
 
     def _shrink(self, host: str, waited: float, why: str, attempt: int) -> None:
         """Go on without ``host``: keep the global batch on the ranks left, and convert the checkpoint for them."""

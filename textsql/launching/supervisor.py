@@ -12,9 +12,9 @@ collective gives up soon after the stall is seen rather than 30 minutes later.
 Each event is one line on the launch's stream and a record in ``RUN_DIR/supervisor.json``, as it
 happens: ``worker lost at step N (how), detected after T s`` (T: from the last step logged, or the
 launch's start, to the first sign of the failure on the stream: an upper bound of how long it went
-unnoticed), ``replacement for HOST registered``, ``relaunching ... from checkpoint-M`` and, at the
-relaunch's first step, ``resumed from checkpoint-M``. A run that finishes carries the same records in its
-``run.json`` (key ``recovery``).
+unnoticed), ``replacement for HOST registered`` (a hostfile's host: ``host HOST answers ssh again``),
+``relaunching ... from checkpoint-M`` and, at the relaunch's first step, ``resumed from checkpoint-M``. A run
+that finishes carries the same records in its ``run.json`` (key ``recovery``).
 
 Usage::
 
