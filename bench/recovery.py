@@ -36,7 +36,9 @@ from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launching.command import LaunchArguments
-from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
+from textsql.launching.failures import FailureKind
+from textsql.launching.recovery import SUPERVISOR_FILE
+from textsql.launching.supervisor import supervise
 from textsql.rank_lines import STEP_LINE
 from textsql.training.checkpoints import COMPLETE_MARKER
 

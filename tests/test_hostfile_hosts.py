@@ -23,8 +23,10 @@ from helpers.launch import tagged_processes, textsql_launch
 from bench.recovery import TAG_VAR, StepStream, kill_after, kill_pod, supervised_arguments
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.launching.command import LaunchArguments
+from textsql.launching.failures import Failure, FailureKind
 from textsql.launching.hostfile_hosts import REMAINING_HOSTFILE_NAME, HostfileHosts
-from textsql.launching.supervisor import SUPERVISOR_FILE, Failure, FailureKind, Supervisor
+from textsql.launching.recovery import SUPERVISOR_FILE
+from textsql.launching.supervisor import Supervisor
 from worker.errors import WorkerError
 from worker.network import free_port
 
@@ -74,7 +76,7 @@ def supervisor(tmp_path: Path, min_workers: int, back_at: float, replace_timeout
 
 def test_a_hostfile_run_supervises_its_hosts_without_a_cluster(tmp_path: Path) -> None:
     (tmp_path / "hostfile").write_text(HOSTFILE)
-    hosts = Supervisor(LaunchArguments(run_dir=tmp_path, module="standin")).cluster
+    hosts = Supervisor(LaunchArguments(run_dir=tmp_path, module="standin")).hosts
     assert isinstance(hosts, HostfileHosts) and hosts.hosts == ["127.0.0.2", "127.0.0.3"]
     assert hosts.hostfile == (tmp_path / "hostfile").resolve()
 
@@ -82,7 +84,7 @@ def test_a_hostfile_run_supervises_its_hosts_without_a_cluster(tmp_path: Path) -
 def test_a_host_that_answers_at_once_is_reused_without_waiting(tmp_path: Path) -> None:
     run = supervisor(tmp_path, min_workers=1, back_at=0)
     run.recover(LOST, 0)
-    assert run.cluster.probes == [("127.0.0.3", 0.0)] and run.events == []
+    assert run.hosts.probes == [("127.0.0.3", 0.0)] and run.events == []
     assert not (run.arguments.run_dir / REMAINING_HOSTFILE_NAME).exists()
 
 
@@ -90,20 +92,21 @@ def test_a_host_back_within_the_timeout_is_relaunched_on(tmp_path: Path) -> None
     run = supervisor(tmp_path, min_workers=1, back_at=12)
     run.recover(LOST, 0)
     assert [event["event"] for event in run.events] == ["replaced"]
-    assert run.cluster.clock() == 15, "not asked again every 5 s until it answered"
-    assert run.cluster.hosts == ["127.0.0.2", "127.0.0.3"]
+    assert run.events[0]["line"].startswith("host 127.0.0.3 answers ssh again after "), "said a replacement came"
+    assert run.hosts.clock() == 15, "not asked again every 5 s until it answered"
+    assert run.hosts.hosts == ["127.0.0.2", "127.0.0.3"]
     assert run.arguments.hostfile == (tmp_path / "hosts").resolve()
 
 
 def test_a_host_not_back_in_time_is_dropped_when_min_workers_allows(tmp_path: Path) -> None:
     run = supervisor(tmp_path, min_workers=1, back_at=31)
     run.recover(LOST, 0)
-    assert run.cluster.clock() == 30, "waited other than --replace-timeout"
+    assert run.hosts.clock() == 30, "waited other than --replace-timeout"
     remaining = tmp_path / "run" / REMAINING_HOSTFILE_NAME
     assert remaining.read_text() == "127.0.0.2 slots=1\n"
     assert oct(remaining.stat().st_mode & 0o777) == "0o600"
     assert (tmp_path / "hosts").read_text() == HOSTFILE, "the user's hostfile was changed"
-    assert run.arguments.hostfile == remaining.resolve() and run.cluster.hosts == ["127.0.0.2"]
+    assert run.arguments.hostfile == remaining.resolve() and run.hosts.hosts == ["127.0.0.2"]
     (shrunk,) = run.events
     assert (shrunk["event"], shrunk["world_size_before"], shrunk["world_size_after"]) == ("shrunk", 2, 1)
     assert shrunk["line"].startswith("worker 127.0.0.3 lost, no replacement after ")
@@ -125,7 +128,7 @@ def test_a_host_not_back_in_time_ends_the_run_naming_min_workers(tmp_path: Path)
         "host and its sshd; going on without it would leave 1 worker(s), fewer than --min-workers 2 "
         "(lower it to go on with fewer)"
     )
-    assert run.cluster.clock() == 7 and run.cluster.clock.slept == [5, 2]
+    assert run.hosts.clock() == 7 and run.hosts.clock.slept == [5, 2]
     assert not (tmp_path / "run" / REMAINING_HOSTFILE_NAME).exists()
 
 

@@ -16,8 +16,8 @@ from helpers.paths import PROJECT_DIR
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.launch import launch
+from textsql.launching.launch_watch import LaunchWatch
 from textsql.launching.stall import StallDetector
-from textsql.launching.supervisor import LaunchWatch
 from textsql.training.universal import convert, needs_conversion
 from worker.hostfile import read_hostfile
 

@@ -28,7 +28,9 @@ from helpers.launch import tagged_processes
 from bench.events import scalars_per_file
 from bench.recovery import KILLED_RANK, StepStream, kill_after, rank_process, supervised_arguments
 from textsql.constants import RUN_SUMMARY_NAME
-from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
+from textsql.launching.failures import FailureKind
+from textsql.launching.recovery import SUPERVISOR_FILE
+from textsql.launching.supervisor import supervise
 from textsql.training.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
 from textsql.training.events import TENSORBOARD_SUBDIR
 

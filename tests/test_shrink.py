@@ -36,8 +36,10 @@ from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
+from textsql.launching.failures import FailureKind
 from textsql.launching.launch import launch
-from textsql.launching.supervisor import SUPERVISOR_FILE, FailureKind, supervise
+from textsql.launching.recovery import SUPERVISOR_FILE
+from textsql.launching.supervisor import supervise
 from textsql.training.checkpoints import is_complete_checkpoint
 from textsql.training.events import TENSORBOARD_SUBDIR
 from textsql.training.universal import STAGING_DIR, UNIVERSAL_LATEST_FILE, convert, converted, needs_conversion

@@ -10,15 +10,11 @@ import pytest
 from textsql.arguments import train_argv
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
+from textsql.launching.failures import FailureKind
+from textsql.launching.launch_watch import LaunchWatch
+from textsql.launching.recovery import classify
 from textsql.launching.stall import MIN_STALL_TIMEOUT_S, STALL_FACTOR, StallDetector
-from textsql.launching.supervisor import (
-    PROCESS_GROUP_TIMEOUT_S,
-    FailureKind,
-    LaunchWatch,
-    Supervisor,
-    classify,
-    process_group_timeout,
-)
+from textsql.launching.supervisor import PROCESS_GROUP_TIMEOUT_S, Supervisor, process_group_timeout
 from textsql.rank_lines import HEARTBEAT_LINE, heartbeat_line, ranks_by_host, split_host_prefix
 from textsql.training.command_line import parse_command_line
 

@@ -20,16 +20,11 @@ from helpers.paths import PROJECT_DIR
 from textsql.arguments import train_argv
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
-from textsql.launching.supervisor import (
-    SUPERVISOR_FILE,
-    FailureKind,
-    LaunchWatch,
-    Supervisor,
-    TrainingPlan,
-    classify,
-    killing_signal,
-    supervise,
-)
+from textsql.launching.failures import FailureKind, killing_signal
+from textsql.launching.launch_watch import LaunchWatch
+from textsql.launching.recovery import SUPERVISOR_FILE, classify
+from textsql.launching.supervisor import Supervisor, supervise
+from textsql.launching.training_plan import TrainingPlan
 from textsql.training.command_line import parse_command_line
 
 # A rank program: forms the gloo group; rank 1 of the first launch (no --resume yet) fails as asked.

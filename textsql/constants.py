@@ -73,7 +73,7 @@ REAL_PREDICTIONS_NAME = "real_predictions.jsonl"
 REAL_METRICS_NAME = "real_metrics.json"
 TABLES_DIR_NAME = "tables"
 LABEL_PAD_TOKEN_ID = -100
-# Relaunches the supervisor allows after a failed launch (textsql.launching.supervisor).
+# Relaunches the supervisor allows after a failed launch (textsql.launching.recovery).
 DEFAULT_MAX_RESTARTS = 3
 # Seconds a lost worker's replacement has to register (or a static host to answer again).
 DEFAULT_REPLACE_TIMEOUT_S = 300.0

@@ -1,6 +1,6 @@
 """The lines a training rank prints for the launcher's side: one protocol, written by the ranks
 (:mod:`textsql.training.progress`) and read by the supervisor (:mod:`textsql.launching.stall`,
-:mod:`textsql.launching.supervisor`) and the displays (:mod:`textsql.display.terminal`, :mod:`textsql.console`).
+:mod:`textsql.launching.launch_watch`) and the displays (:mod:`textsql.display.terminal`, :mod:`textsql.console`).
 
 - ``step N/M: loss L (T s)`` and ``step N/M: eval ...``: rank 0, on each logged step and evaluation, with
   ``, S s left`` after the time once the run's pace is steady (:mod:`textsql.training.time_left`);

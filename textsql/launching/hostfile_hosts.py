@@ -1,11 +1,13 @@
-"""The hosts of an existing hostfile as the supervisor sees a run's workers (:class:`Workers`).
+"""The hosts of an existing hostfile as the supervisor replaces and drops a run's workers.
 
 A :class:`worker.cluster.Cluster` replaces a lost worker through its backend and drops one by writing the
 run's files again. The hosts of a hostfile the user brought (``textsql launch --hostfile``, plain ssh) have
-no backend: a lost host is *replaced* by waiting for it to answer ssh again (a VM rebooting, sshd
-restarted), and dropped by writing the hosts left to ``RUN_DIR/hostfile.remaining``, atomically, which the
-next launch uses. The user's own hostfile is never written: it still lists every host for the next run,
-and the supervisor's ``shrunk`` line names the file the run went on with.
+no backend, yet offer the supervisor the same (:class:`textsql.launching.recovery.ReplaceableHosts`): a lost
+host is *replaced* by waiting for it to answer ssh again (a VM rebooting, sshd restarted; the supervisor's
+line says ``host HOST answers ssh again``), and dropped by writing the hosts left to
+``RUN_DIR/hostfile.remaining``, atomically, which the next launch uses. The user's own hostfile is never
+written: it still lists every host for the next run, and the supervisor's ``shrunk`` line names the file the
+run went on with.
 
 Usage::
 
@@ -22,7 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from textsql.launching.command import LaunchArguments
 from textsql.launching.preflight import launch_ssh_options
@@ -36,30 +37,6 @@ logger = logging.getLogger(__name__)
 REMAINING_HOSTFILE_NAME = "hostfile.remaining"
 # Seconds between ssh checks of a host that is waited for.
 RETRY_PAUSE_S = 5.0
-
-
-class Workers(Protocol):
-    """What the supervisor needs of a run's workers: a :class:`worker.cluster.Cluster` this process started,
-    or :class:`HostfileHosts`."""
-
-    @property
-    def hosts(self) -> list[str]: ...
-
-    @property
-    def hostfile(self) -> Path: ...
-
-    @property
-    def ssh_config(self) -> Path | None: ...
-
-    def lost(self) -> dict[str, str]: ...
-
-    def answers(self, host: str, /, timeout: float = ...) -> bool: ...
-
-    def replace_worker(self, host: str, timeout: float, /) -> Workers: ...
-
-    def without_worker(self, host: str, /) -> Workers: ...
-
-    def ssh_command(self, host: str, command: str, /) -> list[str]: ...
 
 
 @dataclass(frozen=True)

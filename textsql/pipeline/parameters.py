@@ -128,7 +128,7 @@ def notebook_defaults() -> dict[str, Any]:
         "save_every_minutes": argument_field(RunArguments, "save_every_minutes").default,
         "overwrite_output_dir": argument_field(RunArguments, "overwrite_output_dir").default,
         "max_restarts": DEFAULT_MAX_RESTARTS,
-        # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.supervisor).
+        # None: every worker, so a lost worker that is not replaced ends the run (textsql.launching.recovery).
         "min_workers": None,
         "replace_timeout": DEFAULT_REPLACE_TIMEOUT_S,
         "stall_timeout": DEFAULT_STALL_TIMEOUT_S,
