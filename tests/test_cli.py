@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from textsql.cli.commands import LAUNCH_SECTIONS
-from textsql.cli.help import COMMAND_ORDER, TRAIN_ESSENTIALS
+from textsql.cli.help import TRAIN_ESSENTIALS
+from textsql.cli.main import COMMAND_ORDER
+from textsql.cli.training import LAUNCH_SECTIONS
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import Supervisor

@@ -23,23 +23,6 @@ from textsql.arguments import (
 )
 from textsql.training.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
 
-# The order of `textsql --help`: the whole pipeline at once, then its stages as a run meets them, then cleanup.
-COMMAND_ORDER = (
-    "demo",
-    "preflight",
-    "prepare",
-    "estimate",
-    "rendezvous",
-    "launch",
-    "train",
-    "tensorboard",
-    "infer",
-    "evaluate",
-    "workers",
-)
-# rendezvous: the master serves before workers register.
-SUBCOMMAND_ORDER = ("serve", "register")
-
 # `textsql train -h`: the flags most runs set. Ours take their help from the argument dataclasses; the few of
 # Seq2SeqTrainingArguments are described here, because reading theirs would import transformers and torch.
 TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (

@@ -78,24 +78,7 @@ def parse_command_line(
     :returns: the three argument dataclasses and the keyword arguments of ``Seq2SeqTrainingArguments``.
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
     """
-    parser = _StrictParser(
-        [DataClassType(cls) for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)],
-        prog="textsql train",
-        description=TRAIN_SPELLING,
-        allow_abbrev=False,
-    )
-    parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
-    argv = sys.argv[1:] if argv is None else argv
-    namespace, unknown = parser.parse_known_args(argv)
-    if unknown:
-        raise LaunchError(
-            f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`"
-        )
-    # The recipe depends on the model, known only once parsed; parsed again with its values as defaults, a flag
-    # given on the command line keeps its value (argparse applies defaults only to flags left out).
-    recipe = training_recipe(builds_from_config(namespace.model))
-    parser.set_defaults(**recipe.training_values())
-    values = vars(parser.parse_known_args(argv)[0])
+    values, recipe = _parsed_values(sys.argv[1:] if argv is None else argv)
     model_args = ModelArguments(**_field_values(ModelArguments, values))
     data_args = DataArguments(**_field_values(DataArguments, values))
     run_args = RunArguments(**_field_values(RunArguments, values))
@@ -131,6 +114,32 @@ def parse_command_line(
         "accelerator_config": {"use_configured_state": True, "non_blocking": training_values["dataloader_pin_memory"]},
     }
     return model_args, data_args, run_args, training_values
+
+
+def _parsed_values(argv: list[str]) -> tuple[dict[str, Any], Recipe]:
+    """Every flag's value, parsed strictly, over the defaults of this machine and then of the model's recipe.
+
+    :raises LaunchError: for an unknown flag, naming the closest known one.
+    :returns: the values by field name, and the model's training recipe.
+    :rtype: tuple[dict, Recipe]
+    """
+    parser = _StrictParser(
+        [DataClassType(cls) for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)],
+        prog="textsql train",
+        description=TRAIN_SPELLING,
+        allow_abbrev=False,
+    )
+    parser.set_defaults(**TRAINING_DEFAULTS, **fast_defaults(device_facts()))
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise LaunchError(
+            f"unknown argument {unknown[0]!r}{_suggestion(parser, unknown[0])}; see `textsql train --help`"
+        )
+    # The recipe depends on the model, known only once parsed; parsed again with its values as defaults, a flag
+    # given on the command line keeps its value (argparse applies defaults only to flags left out).
+    recipe = training_recipe(builds_from_config(namespace.model))
+    parser.set_defaults(**recipe.training_values())
+    return vars(parser.parse_known_args(argv)[0]), recipe
 
 
 def check_train_args(argv: list[str]) -> None:
