@@ -1,15 +1,49 @@
-"""The architecture kept by tools: import contracts (pyproject.toml's [tool.importlinter])."""
+"""The architecture kept by tools: the import contracts (pyproject.toml's [tool.importlinter]), the size of modules
+and functions, what each package's docstring says it holds, and how many modules the package's top level has.
+
+Everything is found by walking the packages the contracts name, so a module split or added is covered at once.
+"""
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from helpers.paths import PROJECT_DIR
 
-PACKAGES = ("textsql", "worker")
+IMPORT_LINTER = tomllib.loads((PROJECT_DIR / "pyproject.toml").read_text())["tool"]["importlinter"]
+PACKAGES = tuple(IMPORT_LINTER["root_packages"])
+# The size rules hold for the library, the worker side and the benchmarks (CONTRIBUTING.md, "Conventions").
+SIZED_TREES = (*PACKAGES, "bench")
+MODULE_LINES = 400
+FUNCTION_LINES = 60
+# A module may be longer when its docstring's first paragraph says why, in a sentence that starts so.
+LONGER_BECAUSE = "Longer than 400 lines because"
+TOP_LEVEL_MODULES = 10
+# TODO(lead): the modules still over a size rule while their splits are under way (`python3 /work/notes/sizes.py`
+# lists them). Each is expected to fail; once its split is merged the test passes, which strict xfail reports as a
+# failure: delete its line here then.
+OVERSIZED = {
+    "bench/__main__.py": "main is 74 lines",
+    "bench/gpu.py": "run is 137 lines",
+    "bench/gpu_quick.py": "run is 86 lines",
+    "bench/inference.py": "run is 62 lines",
+    "bench/report.py": "markdown is 77 lines",
+    "bench/tokenization.py": "run is 73 lines",
+    "bench/train_padding.py": "run is 76 lines",
+    "textsql/arguments.py": "476 lines",
+    "textsql/cli/commands.py": "581 lines",
+    "textsql/data/synthetic.py": "684 lines",
+    "textsql/inference/predict.py": "450 lines",
+    "textsql/launching/supervisor.py": "704 lines",
+    "textsql/model_card.py": "_body is 61 lines",
+    "textsql/training/train.py": "413 lines; main is 86 lines",
+    "worker/cluster.py": "start_workers is 66 lines",
+}
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -28,23 +62,25 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_import_contracts_hold():
     result = lint_imports(PROJECT_DIR)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 5 kept, 0 broken" in result.stdout
+    assert f"Contracts: {len(IMPORT_LINTER['contracts'])} kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
     "module, wrong_import, broken",
     [
         ("worker/hostfile.py", "from textsql.errors import DataError", "worker.hostfile -> textsql.errors"),
+        # textsql's packages by layer: no package imports one above it ...
+        ("textsql/data/sql.py", "import textsql.inference", "textsql.data.sql -> textsql.inference"),
+        ("textsql/training/loss.py", "import textsql.launching", "textsql.training.loss -> textsql.launching"),
+        ("textsql/display/step_bar.py", "import textsql.launching", "textsql.display.step_bar -> textsql.launching"),
+        # ... nor one beside it in its layer: training and inference (stages 3 and 4) never import each other.
+        ("textsql/training/loss.py", "import textsql.inference", "textsql.training.loss -> textsql.inference"),
+        ("textsql/inference/guidance.py", "import textsql.training", "textsql.inference.guidance -> textsql.training"),
+        # No cycle between the modules of one package (acyclic_siblings), imports for type checking included.
         (
-            "textsql/data/sql.py",
-            "from textsql.inference.predict import Predictor",
-            "textsql.data.sql -> textsql.inference.predict",
-        ),
-        # Type-checking imports count: the cycle LaunchArguments once hid this way breaks the contract.
-        (
-            "textsql/launching/command.py",
-            "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from textsql.launching.launch import launch",
-            "- .command -> .launch",
+            "textsql/scoring/engine.py",
+            "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from textsql.scoring.evaluate import evaluate",
+            "No cycles are allowed in textsql.scoring.",
         ),
         # worker/'s own layers: a backend never imports the pod's entry program, nor a format a helper.
         (
@@ -60,8 +96,9 @@ def test_import_contracts_hold():
         ),
         ("worker/network.py", "from worker.registration import Registration", "worker.network -> worker.registration"),
         ("worker/hostfile.py", "from worker.runfiles import RunFiles", "worker.hostfile -> worker.runfiles"),
-        # and every module of worker/ has a layer: a new one that has none breaks the contract.
+        # and every module has a layer: a new one that has none breaks the exhaustive contracts.
         ("worker/newcomer.py", "import worker.errors", "- worker.newcomer"),
+        ("textsql/newcomer.py", "import textsql.errors", "- textsql.newcomer"),
     ],
 )
 def test_an_import_going_the_wrong_way_breaks_a_contract(tmp_path, module, wrong_import, broken):
@@ -112,3 +149,117 @@ def test_the_launching_path_imports_no_training_stack(module):
     script = f"import sys, {module}\nprint(' '.join(name for name in {TRAINING_STACK!r} if name in sys.modules))"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=PROJECT_DIR)
     assert done.stdout.split() == [], f"importing {module} imports {done.stdout.strip()}"
+
+
+def python_files(*trees: str) -> list[Path]:
+    return sorted(path for tree in trees for path in (PROJECT_DIR / tree).rglob("*.py") if "assets" not in path.parts)
+
+
+def explains_its_length(tree: ast.Module) -> bool:
+    first_paragraph = (ast.get_docstring(tree) or "").split("\n\n", 1)[0]
+    return LONGER_BECAUSE in " ".join(first_paragraph.split())
+
+
+def function_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """From the ``def`` line to the last line of the body, the docstring's lines left out."""
+    assert function.end_lineno is not None
+    lines = function.end_lineno - function.lineno + 1
+    first = function.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        assert first.end_lineno is not None
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def size_offences(path: Path) -> list[str]:
+    """What in one module breaks the size rules, each offence on a line that names where it is."""
+    source = path.read_text()
+    tree = ast.parse(source, str(path))
+    name = path.relative_to(PROJECT_DIR)
+    lines = len(source.splitlines())
+    offences = []
+    if lines > MODULE_LINES and not explains_its_length(tree):
+        offences.append(
+            f"{name}: {lines} lines, over {MODULE_LINES}: split it by job, or say why in its docstring's first "
+            f"paragraph ({LONGER_BECAUSE} ...)"
+        )
+    offences += [
+        f"{name}:{node.lineno} {node.name}: {function_lines(node)} lines, over {FUNCTION_LINES} (docstring left out)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and function_lines(node) > FUNCTION_LINES
+    ]
+    return offences
+
+
+def sized_modules() -> list:
+    present = {str(path.relative_to(PROJECT_DIR)) for path in python_files(*SIZED_TREES)}
+    return [
+        pytest.param(
+            name,
+            id=name,
+            marks=[pytest.mark.xfail(strict=True, reason=f"TODO(lead): {OVERSIZED[name]}")]
+            if name in OVERSIZED
+            else [],
+        )
+        for name in sorted(present | set(OVERSIZED))
+    ]
+
+
+@pytest.mark.parametrize("module", sized_modules())
+def test_modules_and_functions_are_short(module):
+    """Modules of at most 400 lines (or a reason given), functions of at most 60 (CONTRIBUTING.md)."""
+    path = PROJECT_DIR / module
+    assert path.is_file(), f"{module} is gone: remove it from OVERSIZED"
+    offences = size_offences(path)
+    assert not offences, "\n".join(offences)
+
+
+def subpackages() -> list[Path]:
+    """Every package below the root packages, as its directory."""
+    return sorted(
+        init.parent
+        for package in PACKAGES
+        for init in (PROJECT_DIR / package).rglob("__init__.py")
+        if init.parent.name != package
+    )
+
+
+def package_modules(directory: Path) -> set[str]:
+    """The modules and subpackages directly in a package, by their short names."""
+    modules = {path.stem for path in directory.glob("*.py") if path.stem != "__init__"}
+    return modules | {path.parent.name for path in directory.glob("*/__init__.py")}
+
+
+def defined_names(directory: Path) -> set[str]:
+    """The names a package's modules define or import at their top level."""
+    names = set()
+    for path in directory.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize("directory", subpackages(), ids=lambda directory: str(directory.relative_to(PROJECT_DIR)))
+def test_each_package_docstring_names_its_modules(directory):
+    """A package's docstring is its map: each module in ``double backticks``, and no module that is gone. A
+    name in double backticks that is no module must be one the package defines (``cli``), or a root package."""
+    dotted = ".".join(directory.relative_to(PROJECT_DIR).parts)
+    docstring = ast.get_docstring(ast.parse((directory / "__init__.py").read_text())) or ""
+    named = {name.removeprefix(f"{dotted}.") for name in re.findall(r"``([^`]+)``", docstring)}
+    modules = package_modules(directory)
+    unnamed = sorted(modules - named)
+    assert not unnamed, f"{dotted}'s docstring does not name its modules {unnamed} in ``double backticks``"
+    identifiers = {name for name in named if re.fullmatch(r"[A-Za-z_]\w*", name)}
+    stale = sorted(identifiers - modules - defined_names(directory) - set(PACKAGES))
+    assert not stale, f"{dotted}'s docstring names {stale}: no module of it, nor a name it defines"
+
+
+def test_the_top_level_of_textsql_stays_small():
+    """New modules go into the subpackage of their stage; the top level keeps what every stage shares."""
+    top_level = sorted(path.name for path in (PROJECT_DIR / "textsql").glob("*.py"))
+    assert len(top_level) <= TOP_LEVEL_MODULES, f"{len(top_level)} modules at textsql/'s top level: {top_level}"

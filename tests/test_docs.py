@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # GitHub shows a README's first screen; past about 8 KB it is a manual, and the manual is the site.
 README_LIMIT_BYTES = 8192
+ROOT_PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
+CHROMIUM = shutil.which("chromium")
 PROSE = [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
@@ -78,6 +82,50 @@ def test_the_notebooks_page_lists_every_parameter_with_its_default(site: Path) -
         table = section[1].split("</table>", 1)[0]
         for name in papermill.inspect_notebook(str(notebook)):
             assert f"<code>{name}</code>" in table, f"{notebook.name}'s parameter {name} is not in its table"
+
+
+def package_modules() -> list[str]:
+    """The dotted name of every package and module of the root packages, found by walking them."""
+    names = []
+    for package in ROOT_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if all((ROOT.joinpath(*parts[:depth]) / "__init__.py").is_file() for depth in range(1, len(parts))):
+                names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_the_architecture_page_has_every_package_and_module_and_each_layered_package(site: Path) -> None:
+    page = (site / "explanation" / "architecture.html").read_text()
+    names = package_modules()
+    assert len(names) > 50
+    missing = [name for name in names if f"<code>{name}</code>" not in page]
+    assert not missing, f"not on the architecture page: {missing}"
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layered = [
+        container
+        for contract in contracts
+        if contract["type"] == "layers"
+        for container in contract.get("containers", [""])
+    ]
+    assert page.count('<pre class="mermaid">') > len(layered), "a drawing per layered package, and one of a run"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM, reason="Debian's chromium is absent; run scripts/setup-system.sh --dev")
+def test_the_architecture_drawings_are_drawn_without_the_network(site: Path, tmp_path: Path) -> None:
+    """Material draws a drawing with the Mermaid the site carries (docs/hooks/mermaid.py), or fetches one from a CDN,
+    which this browser cannot reach: every host name fails to resolve."""
+    page = site / "explanation" / "architecture.html"
+    drawings = page.read_text().count('<pre class="mermaid">')
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
+    browser += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    browser += [f"--user-data-dir={tmp_path}", "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=30000"]
+    shown = subprocess.run(
+        [*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180, check=True
+    )
+    # Material replaces each drawing's <pre> by a <div class="mermaid"> holding the drawing once Mermaid drew it.
+    assert shown.stdout.count('<div class="mermaid">') == drawings, shown.stderr[-2000:]
 
 
 def test_the_site_loads_nothing_from_the_network(site: Path) -> None:

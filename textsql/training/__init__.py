@@ -3,7 +3,7 @@
 ``train`` is the rank program (Seq2SeqTrainer on a DeepSpeed engine), ``command_line`` parses its flags and
 ``trainer`` is its evaluation with grammar-constrained generation, whose WikiSQL scores ``metrics`` computes;
 ``profiles`` and ``estimate`` are the DeepSpeed profiles of ``dsconfig/`` and their memory estimate (profile
-``auto``); ``hardware`` and ``batching`` the defaults taken from the GPU and token-budget batches, ``recipe``
+`auto`); ``hardware`` and ``batching`` the defaults taken from the GPU and token-budget batches, ``recipe``
 the learning rate, schedule and warm-up by what the model is, ``schedule`` evaluations and checkpoints spaced by
 training time, ``loss`` the loss, ``clipping`` gradient clipping on the reduced gradients and
 ``throughput`` the questions and tokens that ran; ``checkpoints`` says which checkpoints can be resumed and

@@ -1,4 +1,8 @@
-"""Ways to start worker pods: ``local``, ``cml``, ``kubernetes``, ``static``; see :func:`make_backend`."""
+"""Ways to start worker pods: ``local``, ``cml``, ``kubernetes``, ``static``; see :func:`make_backend`.
+
+``base`` is the interface every backend implements; the ``kubernetes`` backend's objects are written by
+``kubernetes_manifests`` (its token Secret and Pods) and ``kubernetes_policy`` (the run's NetworkPolicy).
+"""
 
 from __future__ import annotations
 

@@ -2,12 +2,13 @@
 
 Modules, split the way :mod:`socketserver` keeps a server apart from its handler:
 
-- :mod:`worker.rendezvous.server`: :class:`~worker.rendezvous.server.RendezvousServer` (listens, keeps the
-  registrations, writes the files, releases) and ``textsql rendezvous serve``;
-- :mod:`worker.rendezvous.handler`: one worker's connection on the master, from hello to release;
-- :mod:`worker.rendezvous.client`: the worker's side (:func:`~worker.rendezvous.client.register`, a held
+- ``server``: :class:`~worker.rendezvous.server.RendezvousServer` (listens, keeps the registrations, writes the
+  files, releases) and ``textsql rendezvous serve``;
+- ``registry``: which workers a run has, and the rules for joining and leaving it;
+- ``handler``: one worker's connection on the master, from hello to release;
+- ``client``: the worker's side (:func:`~worker.rendezvous.client.register`, a held
   :class:`~worker.rendezvous.client.Session`) and ``textsql rendezvous register``;
-- :mod:`worker.rendezvous.token`: the per-run token file both sides read.
+- ``token``: the per-run token file both sides read.
 
 Conversation on one connection (frames and signatures from :mod:`worker.protocol`)::
 
