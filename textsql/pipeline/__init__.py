@@ -2,6 +2,6 @@
 
 ``demo`` runs the whole pipeline on the embedded default and prints its summary, ``runs`` executes one notebook
 with its parameters, ``parameters`` reads and checks each notebook's parameters cell, ``manifest`` records the
-pipeline's progress in ``pipeline.json`` and plans what a resume runs again, and ``leftovers`` ends what a
+pipeline's progress in ``pipeline.json`` and plans what a continuation runs again, and ``leftovers`` ends what a
 hard-killed earlier attempt left running.
 """
