@@ -35,7 +35,8 @@ import datasets
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from textsql.arguments import PrepareArguments, train_argv
+from bench.tiny_run import tiny_run_argv
+from textsql.arguments import PrepareArguments
 from textsql.constants import LABEL_PAD_TOKEN_ID, RUN_SUMMARY_NAME, SAMPLE_SOURCE, UNCASED_FORMAT
 from textsql.data.prepare import prepare
 from textsql.data.wikisql import SYNTHETIC_SELECT_SOURCE
@@ -94,20 +95,18 @@ def train(model: str | Path, data: Path, output: Path, steps: int, batch: int, *
     :raises RuntimeError: naming the log, when the run fails.
     :rtype: dict
     """
-    argv = train_argv(
-        model=str(model),
-        data_dir=data,
-        output_dir=output,
-        profile=PROFILE,
+    argv = tiny_run_argv(
+        data,
+        output,
         max_steps=steps,
+        eval_every=None,
+        model=str(model),
+        profile=PROFILE,
         per_device_train_batch_size=batch,
         loss_vocabulary="batch",
-        logging_steps=1,
-        eval_strategy="no",
         save_strategy="no",
         # The final evaluation scores the loss only: the held-out accuracies are scored here, on both sources.
         predict_with_generate=False,
-        disable_tqdm=True,
         **flags,
     )
     output.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import datasets
 
 from bench.events import samples_per_second, step_wall_times
 from bench.rank_probe import PROBE_DIR_VAR
-from textsql.arguments import train_argv
+from bench.tiny_run import tiny_run_argv
 from textsql.constants import ASSETS_DIR, DEFAULT_MODEL_DIR
 from textsql.files import read_json
 from textsql.launching.command import LaunchArguments
@@ -116,17 +116,15 @@ def train_args(model: Path, data: Path, output: Path, profile: str, steps: int, 
 
     :rtype: list[str]
     """
-    return train_argv(
-        model=model,
-        data_dir=data,
-        output_dir=output,
-        profile=profile,
+    return tiny_run_argv(
+        data,
+        output,
         max_steps=steps,
+        eval_every=None,
+        model=model,
+        profile=profile,
         per_device_train_batch_size=batch_size,
-        logging_steps=1,
-        eval_strategy="no",
         save_strategy="no",
-        disable_tqdm=True,
     )
 
 

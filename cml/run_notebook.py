@@ -1,4 +1,4 @@
-"""CML job: run one of the project's notebooks headless with papermill, recorded so the chain can resume.
+"""CML job: run one of the project's notebooks headless with papermill, recorded so the chain can continue.
 
 Arguments: the notebook (01_prepare_dataset, 02_train_distributed or 03_inference), then optionally --resume.
 Each parameter of the notebook can be set as TEXTSQL_<PARAMETER> in the project's or the job's environment;
@@ -23,7 +23,7 @@ from textsql.errors import TextSQLError
 from textsql.launching.preflight import TRAIN, missing_for
 from textsql.pipeline.manifest import Manifest, chain_run_dir
 from textsql.pipeline.parameters import NOTEBOOKS, job_parameters, notebook_path, parameters_from_environ
-from textsql.pipeline.runs import resume_plan, run_recorded, runtime_checks
+from textsql.pipeline.runs import continuation_plan, run_recorded, runtime_checks
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
 output = PROJECT_DIR / "runs" / "jobs" / f"{sys.argv[1]}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
@@ -33,7 +33,7 @@ try:
     run_dir = chain_run_dir(chosen)
     manifest, step, first = Manifest.load(run_dir), None, None
     if "--resume" in sys.argv[2:] or chosen["02_train_distributed"]["resume"] == "auto":
-        manifest, steps = resume_plan(run_dir, chosen)
+        manifest, steps = continuation_plan(run_dir, chosen)
         step = steps[name]
         if not step.runs:
             print(f"{name} skipped: {step.reason}")

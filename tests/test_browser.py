@@ -27,7 +27,7 @@ import pytest
 from helpers.tensorboard import serve, stop, wait_for_run
 from ipykernel.ipkernel import IPythonKernel
 
-from textsql.arguments import train_argv
+from bench.tiny_run import tiny_run_argv
 from textsql.display.tensorboard import read_scalars
 from textsql.pipeline.parameters import check_parameters, notebook_path
 from worker.network import free_port
@@ -261,18 +261,14 @@ def training(prepared_sample: Path, tmp_path_factory) -> Iterator[tuple[subproce
     evaluated every 2 steps), started in the background: it trains while JupyterLab runs notebook 01,
     which keeps the module well under two minutes. Yields the process and its output dir."""
     output = tmp_path_factory.mktemp("training") / "run"
-    argv = train_argv(
-        data_dir=prepared_sample,
-        output_dir=output,
+    argv = tiny_run_argv(
+        prepared_sample,
+        output,
         max_steps=4,
-        per_device_train_batch_size=4,
+        eval_every=2,
         learning_rate=3e-3,
-        logging_steps=1,
-        eval_steps=2,
         max_eval_samples=4,
         per_device_eval_batch_size=4,
-        generation_max_length=24,
-        disable_tqdm=True,
     )
     with (output.parent / "train.log").open("w") as log:
         process = subprocess.Popen(

@@ -20,20 +20,14 @@ from pathlib import Path
 import pytest
 from helpers.launch import HOSTS, tagged_processes, textsql_launch
 
+from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
 from textsql.training.checkpoints import newest_complete_checkpoint
 
 # Enough steps after the first checkpoint that the interrupt lands mid-run.
 MAX_STEPS = 30
-TRAIN_ARGS = {
-    "max_steps": MAX_STEPS,
-    "per_device_train_batch_size": 4,
-    "save_steps": 2,
-    "eval_steps": 1000,
-    "logging_steps": 1,
-    "max_eval_samples": 8,
-    "log_level": "info",
-}
+# A tiny run that saves every 2 steps and evaluates only at the end.
+TRAIN_ARGS = {"save_steps": 2, "log_level": "info", "generation_max_length": None, "disable_tqdm": None}
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen:
@@ -60,7 +54,7 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
 ) -> None:
     run_dir, out = two_local_workers.run_dir, tmp_path / "out"
     tag = {"LAUNCH_TEST_TAG": uuid.uuid4().hex}
-    args = ["--", *train_argv(data_dir=prepared_sample, output_dir=out, **TRAIN_ARGS)]
+    args = ["--", *tiny_run_argv(prepared_sample, out, max_steps=MAX_STEPS, eval_every=1000, **TRAIN_ARGS)]
 
     first_log = tmp_path / "first.log"
     first = start(textsql_launch(run_dir, env=tag) + args, first_log)

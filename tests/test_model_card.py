@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from textsql.arguments import train_argv
+from bench.tiny_run import tiny_run_argv
 from textsql.constants import METRICS_NAME, PREPARE_JSON_NAME
 from textsql.inference.predict import Predictor, predict
 from textsql.model_card import CARD_NAME, NOT_EVALUATED, record_evaluation, write_training_card
@@ -105,17 +105,16 @@ def test_a_short_training_writes_the_card_and_evaluation_puts_metrics_json_in_it
     command = [
         str(Path(sys.executable).with_name("textsql")),
         "train",
-        *train_argv(
-            data_dir=prepared_sample,
-            output_dir=tmp_path,
-            profile="zero0",
+        *tiny_run_argv(
+            prepared_sample,
+            tmp_path,
             max_steps=2,
-            per_device_train_batch_size=4,
+            eval_every=None,
+            profile="zero0",
             save_steps=2,
-            eval_strategy="no",
             max_eval_samples=4,
             generation_max_length=8,
-            disable_tqdm=True,
+            logging_steps=None,
         ),
     ]
     result = subprocess.run(

@@ -12,6 +12,7 @@ import datasets
 import pytest
 import torch
 
+from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
 from textsql.model import load_model, load_tokenizer
 from textsql.training.batching import TokenBudgetBatchSampler, TokenBudgetTrainer
@@ -122,21 +123,19 @@ def test_a_short_run_with_weights_records_its_recipe_warms_up_logs_grad_norm_and
     epochs = 3
     steps = epochs * len(sampler)
     output = tmp_path / "run"
-    argv = train_argv(
+    argv = tiny_run_argv(
+        prepared_sample,
+        output,
+        max_steps=steps,
+        eval_every=None,
         model=model_with_weights,
-        data_dir=prepared_sample,
-        output_dir=output,
         profile="zero0",
         precision="bf16",
-        max_steps=steps,
         max_tokens_per_batch=budget,
         per_device_train_batch_size=2,
-        logging_steps=1,
-        eval_strategy="no",
         save_strategy="no",
         max_eval_samples=4,
         predict_with_generate=False,
-        disable_tqdm=True,
     )
     result = subprocess.run(
         [sys.executable, "-m", "textsql.training.train", *argv],

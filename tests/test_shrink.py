@@ -32,7 +32,7 @@ from helpers.launch import tagged_processes
 from bench.events import scalars_per_file
 from bench.profiles import train_only
 from bench.recovery import StepStream, kill_after, kill_pod, supervised_arguments
-from textsql.arguments import train_argv
+from bench.tiny_run import tiny_run_argv
 from textsql.constants import DEFAULT_MODEL_DIR, RUN_SUMMARY_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
@@ -179,16 +179,15 @@ def test_a_conversion_killed_half_way_leaves_the_checkpoint_to_resume_from(train
     assert Path(summary["resumed_from"]).name == checkpoint.name and summary["global_step"] == SAVE_STEPS + 1
 
 
-def local_run(tmp_path: Path, data: Path, output: Path, ranks: int, **values) -> int:
+def local_run(tmp_path: Path, data: Path, output: Path, ranks: int, max_steps: int, **values) -> int:
     """A short training run of ``ranks`` local ranks (no pods: what is tested here is the checkpoint)."""
-    args = train_argv(
+    args = tiny_run_argv(
+        data,
+        output,
+        max_steps=max_steps,
+        eval_every=None,
         model=DEFAULT_MODEL_DIR,
-        data_dir=data,
-        output_dir=output,
         profile="zero1",
-        logging_steps=1,
-        eval_strategy="no",
-        disable_tqdm=True,
         save_steps=SAVE_STEPS,
         per_device_train_batch_size=BATCH,
         seed=SEED,

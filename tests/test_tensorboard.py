@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.tensorboard import TEXTSQL, serve, stop, wait_for_run
 
-from textsql.arguments import train_argv
+from bench.tiny_run import tiny_run_argv
 from textsql.display.tensorboard import Address, platform_address, plot_run, plot_scalars, read_scalars
 from textsql.errors import TextSQLError
 from textsql.training.events import ScalarsOnce
@@ -126,17 +126,14 @@ def test_a_real_run_is_named_after_its_directory_with_accuracy_and_no_repeats(pr
     command = [
         *TEXTSQL,
         "train",
-        *train_argv(
-            data_dir=prepared_sample,
-            output_dir=output,
+        *tiny_run_argv(
+            prepared_sample,
+            output,
             max_steps=4,
-            per_device_train_batch_size=4,
-            logging_steps=1,
-            eval_steps=2,
+            eval_every=2,
             save_steps=4,
-            max_eval_samples=8,
             per_device_eval_batch_size=4,
-            generation_max_length=24,
+            disable_tqdm=None,
         ),
     ]
     result = subprocess.run(

@@ -27,6 +27,7 @@ import pytest
 from helpers.launch import textsql_launch
 from helpers.paths import PROJECT_DIR
 
+from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
 from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_VAR
 from textsql.errors import LaunchError
@@ -246,17 +247,14 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
     proxy = BearerProxy(mlflow_server, token)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     run_dir, out = two_local_workers.run_dir, tmp_path / "out"
-    train_args = train_argv(
-        data_dir=prepared_sample,
-        output_dir=out,
+    train_args = tiny_run_argv(
+        prepared_sample,
+        out,
         max_steps=4,
-        per_device_train_batch_size=4,
-        logging_steps=1,
-        eval_steps=2,
+        eval_every=2,
         save_steps=4,
-        max_eval_samples=8,
-        generation_max_length=24,
         report_to="tensorboard,mlflow",
+        disable_tqdm=None,
     )
     environ = os.environ | {
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{proxy.server_address[1]}",
@@ -311,19 +309,19 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
             assert token.encode() not in path.read_bytes(), f"the tracking token is in {path}"
 
 
-def textsql_train(data: Path, output: Path, tracking_uri: str, **values: object) -> subprocess.CompletedProcess:
+def textsql_train(
+    data: Path, output: Path, tracking_uri: str, max_steps: int, **values: object
+) -> subprocess.CompletedProcess:
     """`textsql train` in one process, logging to MLflow with the environment's own variables."""
-    arguments = train_argv(
-        data_dir=data,
-        output_dir=output,
+    arguments = tiny_run_argv(
+        data,
+        output,
+        max_steps=max_steps,
+        eval_every=None,
         profile="zero0",
-        per_device_train_batch_size=4,
-        logging_steps=1,
         save_steps=2,
-        eval_strategy="no",
         max_eval_samples=4,
         report_to="mlflow",
-        disable_tqdm=True,
         **values,
     )
     environ = os.environ | {

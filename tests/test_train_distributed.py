@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from textsql.arguments import train_argv
+from bench.tiny_run import tiny_run_argv
 from textsql.display.tensorboard import read_scalars
 from textsql.training.profiles import available_profiles, get_profile
 from worker.network import free_port
@@ -51,20 +51,15 @@ def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.Co
         str(free_port()),
         "--module",
         "textsql.training.train",
-        *train_argv(
-            data_dir=data,
-            output_dir=output,
-            profile=profile,
+        *tiny_run_argv(
+            data,
+            output,
             max_steps=STEPS,
-            per_device_train_batch_size=4,
+            eval_every=4,
+            profile=profile,
             learning_rate=3e-3,
-            logging_steps=1,
-            eval_steps=4,
             save_steps=STEPS,
-            max_eval_samples=8,
             per_device_eval_batch_size=4,
-            generation_max_length=24,
-            disable_tqdm=True,
         ),
         *flags,
     ]
@@ -133,17 +128,16 @@ def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tm
     command = [
         str(textsql),
         "train",
-        *train_argv(
-            data_dir=prepared_data,
-            output_dir=tmp_path,
-            profile="zero1",
+        *tiny_run_argv(
+            prepared_data,
+            tmp_path,
             max_steps=2,
-            per_device_train_batch_size=4,
+            eval_every=None,
+            profile="zero1",
             save_steps=2,
-            eval_strategy="no",
             max_eval_samples=4,
             generation_max_length=8,
-            disable_tqdm=True,
+            logging_steps=None,
         ),
     ]
     result = subprocess.run(

@@ -37,7 +37,7 @@ def demo(out: str, parameters: tuple[str, ...], resume: bool) -> None:
     from textsql.pipeline.demo import format_summary, run_demo
     from textsql.pipeline.parameters import parse_overrides
 
-    click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)), resume=resume)))
+    click.echo(format_summary(run_demo(out, parse_overrides(list(parameters)), continue_demo=resume)))
 
 
 @click.command(cls=Command)

@@ -107,7 +107,7 @@ class Supervisor(Recovery):
         return LaunchWatch(
             self.stream,
             list(self._hostfile()),
-            on_first_step=self._on_resumed(attempt, resumed_from, aware_at) if attempt else None,
+            on_first_step=self._on_relaunch_first_step(attempt, resumed_from, aware_at) if attempt else None,
             detector=StallDetector(self.stall_timeout, hosts=self._hostfile()),
         )
 
@@ -137,7 +137,9 @@ class Supervisor(Recovery):
             return self.arguments
         return replace(self.arguments, train_args=[*self.arguments.train_args, *train_argv(**self.overrides)])
 
-    def _on_resumed(self, attempt: int, checkpoint: str | None, aware_at: float | None) -> Callable[[int], None]:
+    def _on_relaunch_first_step(
+        self, attempt: int, checkpoint: str | None, aware_at: float | None
+    ) -> Callable[[int], None]:
         """The relaunch's first step: the run is going again (its time, less the failure's, is the downtime seen here)."""
 
         def resumed_at(step: int) -> None:

@@ -3,5 +3,5 @@
 ``demo`` runs the whole pipeline on the embedded default and prints its summary, ``runs`` executes one notebook
 with its parameters, ``parameters`` reads and checks each notebook's parameters cell (and names the training
 defaults notebook 02's repeat), ``manifest`` records the pipeline's progress in ``pipeline.json`` and plans what a
-resume runs again, and ``leftovers`` ends what a hard-killed earlier attempt left running.
+continuation runs again, and ``leftovers`` ends what a hard-killed earlier attempt left running.
 """

@@ -31,7 +31,7 @@ from textsql.display.terminal import StageView, cell_output_to
 from textsql.files import read_json
 from textsql.pipeline.manifest import Manifest, Step
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
-from textsql.pipeline.runs import resume_plan, run_recorded
+from textsql.pipeline.runs import continuation_plan, run_recorded
 from textsql.training.profiles import AUTO_PROFILE, get_profile
 from worker.constants import HOSTFILE_NAME
 
@@ -90,19 +90,19 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
 
 
 def run_demo(
-    out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | None = None, resume: bool = False
+    out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | None = None, continue_demo: bool = False
 ) -> DemoResult:
     """Run the three notebooks in order on their defaults; everything lands under ``out_dir``.
 
     A previous demo in ``out_dir`` is replaced; any other existing, non-empty directory is refused.
-    With ``resume`` it is continued instead (:func:`textsql.pipeline.runs.resume_plan`): a notebook that completed
-    with the same parameters is skipped (one line says so), training continues from its newest complete checkpoint,
-    the rest run. The training parameters are checked first (:func:`check_training_parameters`), so a mistake
-    there leaves ``out_dir`` as it was and starts no worker.
+    With ``continue_demo`` (``--resume``) it is continued instead (:func:`textsql.pipeline.runs.continuation_plan`): a
+    notebook that completed with the same parameters is skipped (one line says so), training resumes from its newest
+    complete checkpoint, the rest run. The training parameters are checked first (:func:`check_training_parameters`),
+    so a mistake there leaves ``out_dir`` as it was and starts no worker.
 
     :param out_dir: run directory (``runs/demo``).
     :param parameters: per-notebook overrides merged onto :func:`demo_parameters`.
-    :param resume: continue the demo in ``out_dir`` rather than replace it.
+    :param continue_demo: continue the demo in ``out_dir`` rather than replace it.
     :raises TextSQLError: a ProfileError, ModelError or DataError from the check, or a NotebookError.
     :rtype: DemoResult
     """
@@ -112,11 +112,11 @@ def run_demo(
         chosen[notebook_path(name).stem].update(overrides)
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / DEMO_MARKER).is_file():
         raise NotebookError(f"{str(out_dir)!r} exists and is not a previous demo; pass another --out")
-    if resume:
+    if continue_demo:
         # Before the checks, which import transformers: a killed demo's ranks may still be training meanwhile.
-        manifest, steps = resume_plan(out_dir, chosen)
+        manifest, steps = continuation_plan(out_dir, chosen)
     check_training_parameters(chosen)
-    if not resume:
+    if not continue_demo:
         if out_dir.is_dir() and any(out_dir.iterdir()):
             logger.warning("replacing the previous demo in %s", out_dir)
             shutil.rmtree(out_dir)
@@ -136,7 +136,7 @@ def run_demo(
         result.notebooks[name] = out_dir / "notebooks" / f"{name}.ipynb"
         if not steps[name].runs:
             view.stream.write(f"{name} skipped: {steps[name].reason}\n")
-        elif resume:
+        elif continue_demo:
             view.stream.write(f"{name} runs: {steps[name].reason}\n")
     if not is_verbose() and running:
         view.stream.write(f"The cells' output goes to {out_dir / DEMO_LOG_NAME} (--verbose shows it here)\n")

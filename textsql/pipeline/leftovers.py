@@ -1,10 +1,10 @@
-"""What a hard-killed run of the notebooks left running on this machine, found and ended before a resume.
+"""What a hard-killed run of the notebooks left running on this machine, found and ended before the pipeline continues.
 
 SIGKILL of a demo's process group ends papermill, but not what runs in sessions of its own: the notebook kernel
 (jupyter_client starts it in a new session; it exits a second after it sees its parent gone, leaving its children),
 the local workers' agents and their sshd (they give up 15 s after the master is gone), DeepSpeed's runner with
 pdsh and its ssh clients (a session of their own: :mod:`textsql.launching.launch`), and the ranks under each
-worker's sshd, which may go on training and writing checkpoints into the run directory the resume continues.
+worker's sshd, which may go on training and writing checkpoints into the run directory the continuation takes up.
 
 They are found by markers, never by name. The attempt's processes carry its id
 (:data:`textsql.pipeline.manifest.ATTEMPT_VAR`, inherited from the demo or job): they get SIGKILL at once, the run
@@ -12,7 +12,7 @@ being dead already, and because DeepSpeed's pdsh runner answers SIGTERM with ``p
 every DeepSpeed launch on the hosts with the same world, other runs' included. The ranks, started under each
 worker's sshd, carry their launch's id (:data:`textsql.launching.ranks.LAUNCH_ID_VAR`, found in ``.deepspeed_env``
 and ``launch.log``): they get SIGTERM, which their per-node launcher passes to its own children, then SIGKILL.
-Once they are gone their ports (sshd, the rendezvous, torch's store) are closed; the resume picks its ports
+Once they are gone their ports (sshd, the rendezvous, torch's store) are closed; the continuation picks its ports
 afresh by binding them (:func:`worker.network.free_port_on_all`), never by reusing the killed run's.
 
 Workers on other machines (cml, kubernetes) are not reached from here: an agent whose master is gone stops its sshd

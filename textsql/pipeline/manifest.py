@@ -1,10 +1,11 @@
-"""The record of a pipeline of notebooks in its run directory (``pipeline.json``), and what a resume runs.
+"""The record of a pipeline of notebooks in its run directory (``pipeline.json``), and what a continuation runs.
 
 Every run of the notebooks in order (``textsql demo``, the AMP's job chain) writes, for each notebook, the
 parameters it ran with, whether it completed, the outputs it left and which run of the notebooks before it
-it read. On resume (:func:`plan`) a notebook that completed with the same parameters, whose outputs are all
-still there and whose inputs did not run again since is skipped; a training notebook that did not complete
-continues from its newest complete checkpoint; the rest run, and so does every notebook after one that runs.
+it read. When the pipeline continues (``textsql demo --resume``, the AMP's jobs: :func:`continuation_steps`) a
+notebook that completed with the same parameters, whose outputs are all still there and whose inputs did not run
+again since is skipped; a training notebook that did not complete is relaunched, its training resumed from its
+newest complete checkpoint; the rest run, and so does every notebook after one that runs.
 
 A change that would make a checkpoint train on something else (another dataset, model, profile, batch or
 learning rate under it) is refused in one line, since the trainer would either fail or silently keep the
@@ -45,7 +46,7 @@ logger = logging.getLogger(__name__)
 MANIFEST_NAME = "pipeline.json"
 MANIFEST_VERSION = 1
 # Every process of one attempt (the notebooks' kernels, their workers, sshd, DeepSpeed's runner) carries
-# this variable with the attempt's id, so a resume can find what a hard kill of the attempt left behind.
+# this variable with the attempt's id, so a continuation can find what a hard kill of the attempt left behind.
 ATTEMPT_VAR = "TEXTSQL_PIPELINE_ATTEMPT"
 PREPARE, TRAIN, INFER = NOTEBOOKS
 RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
@@ -80,8 +81,9 @@ FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Step:
-    """What a resume does with one notebook: ``skip``, ``resume`` (training, from a checkpoint) or ``run``,
-    why, and the parameters it adds to the chosen ones (``resume``, ``overwrite_output_dir``, ``overwrite``)."""
+    """What a continuation does with one notebook: ``skip``, ``relaunch`` (the training notebook again, its training
+    resumed from a checkpoint) or ``run`` (from the start), why, and the parameters it adds to the chosen ones
+    (``resume``, ``overwrite_output_dir``, ``overwrite``)."""
 
     action: str
     reason: str
@@ -292,8 +294,8 @@ def _pinned_changes(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]])
     return changes
 
 
-def plan(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]]) -> dict[str, Step]:
-    """What a resume does with each notebook, in order.
+def continuation_steps(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]]) -> dict[str, Step]:
+    """What a continuation of the pipeline does with each notebook, in order.
 
     :param manifest: the pipeline's record.
     :param chosen: every notebook's parameters now (the demo's or the job's; defaults filled in here).
@@ -329,7 +331,7 @@ def _training_step(
             f"set {'them' if len(changes) > 1 else 'it'} back to resume, or overwrite_output_dir=true to train from step 0"
         )
     return Step(
-        "resume",
+        "relaunch",
         f"{reason}: continuing from {Path(checkpoint).name}",
         {"resume": "auto", "overwrite_output_dir": False},
     )

@@ -1,5 +1,5 @@
 """Run one notebook headless with papermill, as ``textsql demo`` and a CML job do, recorded in the run's
-``pipeline.json`` so a failed chain can resume, and say first what the runtime lacks for the notebooks' parameters.
+``pipeline.json`` so a failed chain can continue, and say first what the runtime lacks for the notebooks' parameters.
 
 The kernel runs in ``notebooks/`` (as in JupyterLab); a failing cell ends the run with one line naming the
 cell's error and the executed copy to open.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textsql.pipeline.leftovers import end_leftovers
-from textsql.pipeline.manifest import Manifest, Step, effective_parameters, plan
+from textsql.pipeline.manifest import Manifest, Step, continuation_steps, effective_parameters
 from textsql.pipeline.parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path
 
 if TYPE_CHECKING:
@@ -70,8 +70,9 @@ def run_notebook(
     return output
 
 
-def resume_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) -> tuple[Manifest, dict[str, Step]]:
-    """Read the chain's record in ``run_dir``, decide what a resume runs (:func:`textsql.pipeline.manifest.plan`),
+def continuation_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) -> tuple[Manifest, dict[str, Step]]:
+    """Read the chain's record in ``run_dir``, decide what continuing it runs
+    (:func:`textsql.pipeline.manifest.continuation_steps`),
     then end what a hard kill of the earlier attempt left running here (:func:`textsql.pipeline.leftovers.end_leftovers`).
 
     :param run_dir: the chain's run directory.
@@ -85,7 +86,7 @@ def resume_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) -> tuple
         raise NotebookError(
             f"the notebooks are still running in {run_dir} (pid {pid}); let them finish, or stop them (kill {pid}) first"
         )
-    steps = plan(manifest, chosen)
+    steps = continuation_steps(manifest, chosen)
     end_leftovers(run_dir, manifest.attempt.get("id"))
     return manifest, steps
 
@@ -94,13 +95,13 @@ def run_recorded(
     manifest: Manifest, name: str, output: Path, parameters: Mapping[str, Any], step: Step | None = None
 ) -> Path:
     """:func:`run_notebook` with its start and end recorded in ``manifest`` (completed, or failed on an error or
-    interrupt; a hard kill leaves it running, which a resume reads as not completed).
+    interrupt; a hard kill leaves it running, which a continuation reads as not completed).
 
     :param manifest: the chain's record (its attempt begun: :meth:`Manifest.begin`).
     :param name: the notebook.
     :param output: path of the executed notebook.
     :param parameters: values for its ``parameters`` cell.
-    :param step: what the resume plan says (its parameters are added), or None for a plain run.
+    :param step: what the continuation plan says (its parameters are added), or None for a plain run.
     :rtype: pathlib.Path
     """
     parameters = {**parameters, **(step.extra if step else {})}

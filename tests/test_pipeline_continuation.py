@@ -1,5 +1,6 @@
-"""Resuming a pipeline of notebooks: what pipeline.json records, what a resume skips, continues or refuses,
-what a hard kill leaves behind and how it is ended; the slow test kills a real demo and resumes it."""
+"""Continuing a pipeline of notebooks (`demo --resume`, the AMP's jobs): what pipeline.json records, what a
+continuation skips, relaunches or refuses, what a hard kill leaves behind and how it is ended; the slow test kills a
+real demo and continues it."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ from textsql.pipeline.manifest import (
     PREPARE,
     TRAIN,
     Manifest,
+    continuation_steps,
     effective_parameters,
     outputs,
-    plan,
 )
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, job_parameters
 from textsql.training.checkpoints import (
@@ -86,19 +87,21 @@ def finished_demo(out: Path) -> tuple[Manifest, dict]:
 
 def test_a_completed_chain_is_skipped_whole_and_a_control_parameter_changes_nothing(tmp_path):
     manifest, chosen = finished_demo(tmp_path)
-    assert actions(plan(manifest, chosen)) == ["skip", "skip", "skip"]
+    assert actions(continuation_steps(manifest, chosen)) == ["skip", "skip", "skip"]
     chosen[PREPARE]["log_level"] = chosen[TRAIN]["max_restarts"] = "info"
-    assert actions(plan(manifest, chosen)) == ["skip", "skip", "skip"], "log level and restarts do not change results"
+    assert actions(continuation_steps(manifest, chosen)) == ["skip", "skip", "skip"], (
+        "log level and restarts do not change results"
+    )
 
 
 def test_a_changed_parameter_reruns_its_notebook_and_every_one_after_it(tmp_path):
     manifest, chosen = finished_demo(tmp_path)
     changed = {**chosen, INFER: {**chosen[INFER], "limit": 4}}
-    steps = plan(manifest, changed)
+    steps = continuation_steps(manifest, changed)
     assert actions(steps) == ["skip", "skip", "run"]
     assert steps[INFER].reason == "changed limit None -> 4"
     changed = {**chosen, PREPARE: {**chosen[PREPARE], "limit": 48}}
-    steps = plan(manifest, changed)
+    steps = continuation_steps(manifest, changed)
     assert actions(steps) == ["run", "run", "run"]
     assert steps[PREPARE].extra == {"overwrite": True}, "notebook 01 replaces its earlier dataset"
     assert steps[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}, "trained again from step 0"
@@ -108,20 +111,22 @@ def test_a_changed_parameter_reruns_its_notebook_and_every_one_after_it(tmp_path
 def test_a_missing_output_reruns_its_notebook(tmp_path):
     manifest, chosen = finished_demo(tmp_path)
     (tmp_path / "metrics.json").unlink()
-    steps = plan(manifest, chosen)
+    steps = continuation_steps(manifest, chosen)
     assert actions(steps) == ["skip", "skip", "run"]
     assert steps[INFER].reason == f"its output {tmp_path / 'metrics.json'} is gone"
 
 
-def test_a_training_killed_after_a_checkpoint_resumes_from_it(tmp_path):
+def test_a_training_killed_after_a_checkpoint_is_relaunched_to_resume_from_it(tmp_path):
     chosen = demo_parameters(tmp_path)
     manifest = Manifest(tmp_path)
     record(manifest, chosen, PREPARE)
     manifest.started(TRAIN, effective_parameters(TRAIN, chosen[TRAIN]), tmp_path / "02.ipynb")  # then a hard kill
     complete_checkpoint(tmp_path, 2)
     (tmp_path / "checkpoint-4").mkdir()  # cut off while saving
-    steps = plan(Manifest.load(tmp_path), {**chosen, TRAIN: {**chosen[TRAIN], "max_steps": 8, "workers": 1}})
-    assert actions(steps) == ["skip", "resume", "run"]
+    steps = continuation_steps(
+        Manifest.load(tmp_path), {**chosen, TRAIN: {**chosen[TRAIN], "max_steps": 8, "workers": 1}}
+    )
+    assert actions(steps) == ["skip", "relaunch", "run"]
     assert steps[TRAIN].extra == {"resume": "auto", "overwrite_output_dir": False}
     assert steps[TRAIN].reason.endswith(": continuing from checkpoint-2")
 
@@ -132,7 +137,7 @@ def test_a_killed_training_without_a_complete_checkpoint_starts_over(tmp_path):
     record(manifest, chosen, PREPARE)
     record(manifest, chosen, TRAIN, completed=False)
     (tmp_path / "checkpoint-2").mkdir()
-    steps = plan(manifest, chosen)
+    steps = continuation_steps(manifest, chosen)
     assert actions(steps) == ["skip", "run", "run"] and steps[TRAIN].extra["overwrite_output_dir"] is True
 
 
@@ -152,13 +157,15 @@ def test_a_change_a_checkpoint_cannot_take_is_refused_in_one_line(tmp_path, note
     complete_checkpoint(tmp_path, 2)
     changed = {**chosen, notebook: {**chosen[notebook], parameter: value}}
     with pytest.raises(NotebookError) as refused:
-        plan(manifest, changed)
+        continuation_steps(manifest, changed)
     assert str(refused.value) == (
         f"cannot resume {TRAIN} from checkpoint-2, which was trained before {shown} changed; "
         "set it back to resume, or overwrite_output_dir=true to train from step 0"
     )
     changed[TRAIN] = {**changed[TRAIN], "overwrite_output_dir": True}
-    assert plan(manifest, changed)[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}, "the fix it names"
+    assert continuation_steps(manifest, changed)[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}, (
+        "the fix it names"
+    )
 
 
 def test_a_job_whose_earlier_notebook_ran_again_runs_again(tmp_path):
@@ -166,7 +173,7 @@ def test_a_job_whose_earlier_notebook_ran_again_runs_again(tmp_path):
     manifest, chosen = finished_demo(tmp_path)
     chosen[PREPARE]["limit"] = 48
     record(manifest, chosen, PREPARE)
-    steps = plan(Manifest.load(tmp_path), chosen)
+    steps = continuation_steps(Manifest.load(tmp_path), chosen)
     assert actions(steps) == ["skip", "run", "run"]
     assert steps[TRAIN].reason == f"{PREPARE} ran again since"
 
@@ -212,7 +219,7 @@ def test_an_attempt_still_running_is_found_and_a_dead_one_is_not(tmp_path):
         other.wait()
 
 
-def test_resume_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path):
+def test_continuing_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path):
     logged, relaunched = "5f0c2a9e41d7b3c8", "9f7c6e7672994136"
     (tmp_path / LAUNCH_LOG_NAME).write_text(
         f"# 2026-11-26 01:00:00 launch {logged}: deepspeed --hostfile h --launcher pdsh\nstep 1/4: loss 3\n"
@@ -243,7 +250,7 @@ def test_resume_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path):
             process.wait()
 
 
-def test_demo_resume_refuses_a_change_under_a_checkpoint_in_one_line_before_any_notebook(tmp_path):
+def test_continuing_a_demo_refuses_a_change_under_a_checkpoint_in_one_line_before_any_notebook(tmp_path):
     out = tmp_path / "demo"
     chosen = demo_parameters(out)
     manifest = Manifest(out)
@@ -258,7 +265,7 @@ def test_demo_resume_refuses_a_change_under_a_checkpoint_in_one_line_before_any_
     assert (out / MANIFEST_NAME).read_text() == before, "nothing ran"
 
 
-def test_demo_resume_refuses_while_the_earlier_demo_still_runs(tmp_path):
+def test_continuing_a_demo_is_refused_while_the_earlier_demo_still_runs(tmp_path):
     out = tmp_path / "demo"
     out.mkdir()
     (out / DEMO_MARKER).touch()
@@ -303,7 +310,7 @@ def demo(out: Path, *arguments: str, timeout: float = 1200) -> subprocess.Comple
 
 
 @pytest.mark.slow
-def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path):
+def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_path):
     out = tmp_path / "demo"
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(
@@ -326,10 +333,10 @@ def test_a_demo_killed_hard_after_a_checkpoint_resumes_where_it_stopped(tmp_path
     assert killed_launches, "the killed launch is on record (launch.log, .deepspeed_env)"
     prepared = (out / "data" / "prepare.json").stat().st_mtime_ns
 
-    resumed = demo(out, "--resume")
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"{PREPARE} skipped: completed with the same parameters" in resumed.stderr
-    assert f"{TRAIN} runs: it did not complete (running): continuing from checkpoint-" in resumed.stderr
+    continued = demo(out, "--resume")
+    assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
+    assert f"{PREPARE} skipped: completed with the same parameters" in continued.stderr
+    assert f"{TRAIN} runs: it did not complete (running): continuing from checkpoint-" in continued.stderr
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     assert manifest["notebooks"][PREPARE] == killed["notebooks"][PREPARE], "notebook 01 did not run again"
     assert (out / "data" / "prepare.json").stat().st_mtime_ns == prepared
@@ -365,7 +372,7 @@ def job(name: str, env: dict, *arguments: str) -> subprocess.CompletedProcess[st
     )
 
 
-def test_a_resumed_job_skips_its_completed_notebook_and_names_the_job_to_run_first(tmp_path):
+def test_a_continued_job_skips_its_completed_notebook_and_names_the_job_to_run_first(tmp_path):
     env = {"TEXTSQL_RUN_DIR": str(tmp_path / "run"), "TEXTSQL_DATA_DIR": str(tmp_path / "run" / "data")}
     refused = job(INFER, env, "--resume")
     assert refused.returncode == 1 and refused.stdout == "", refused.stdout + refused.stderr
