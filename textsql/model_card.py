@@ -272,7 +272,7 @@ and no condition: a model worth calling beats it.
 ## How to call it
 
 ```python
-from textsql.inference.predict import Predictor
+from textsql.inference.predictor import Predictor
 predictor = Predictor.load("path/to/model")   # this directory
 predictor.ask("How many schools did player number 3 play at?", ["Player", "No.", "School/Club Team"])
 ```
