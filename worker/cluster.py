@@ -291,7 +291,7 @@ def start_workers(
     :param env: extra environment for every agent.
     :param rendezvous_port: port of the master's rendezvous server (0: any free port).
     :param master_address: the master's address as workers reach it (default: the backend's guess).
-    :param backend_options: keyword arguments for the backend's constructor.
+    :param backend_options: the backend's options (:meth:`Backend.from_options`; notebook 02's ``backend_options``).
     :rtype: Iterator[Cluster]
     :raises RendezvousError: one line naming how many workers came and which are missing.
     """
