@@ -71,16 +71,7 @@ def run(data_dir: str, sizes: Sizes = Sizes(), device: str = "cpu") -> dict:
         predictor.generate(batch, options)
 
     def seed(batch: list[list[int]]) -> None:
-        tokens = 0
-        with torch.inference_mode():
-            for ids in batch:
-                output = predictor.model.generate(
-                    torch.tensor([ids], device=predictor.model.device),
-                    max_new_tokens=sizes.max_new_tokens,
-                    do_sample=False,
-                )
-                tokens += output.shape[1] - 1  # less the decoder start token
-        generated["seed"] = tokens
+        generated["seed"] = one_at_a_time(predictor.model, batch, sizes.max_new_tokens)
 
     logger.info(
         "infer: %d questions, %d new tokens at most, %d rounds", len(input_ids), sizes.max_new_tokens, sizes.repetitions
@@ -114,6 +105,22 @@ def run(data_dir: str, sizes: Sizes = Sizes(), device: str = "cpu") -> dict:
             "alternating the arms; value = ratio of median wall-clock examples/s; value_cpu_time = the same from process CPU time"
         ),
     }
+
+
+def one_at_a_time(model, input_ids: list[list[int]], max_new_tokens: int) -> int:
+    """The seed's inference: ``model.generate`` on each question alone, greedy, no attention mask.
+
+    :returns: the tokens generated in all.
+    :rtype: int
+    """
+    tokens = 0
+    with torch.inference_mode():
+        for ids in input_ids:
+            output = model.generate(
+                torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, do_sample=False
+            )
+            tokens += output.shape[1] - 1  # less the decoder start token
+    return tokens
 
 
 @dataclass(frozen=True)
