@@ -146,11 +146,7 @@ def measure_gpu_quick(sizes: gpu_quick.QuickSizes, device: str, out: Path, work:
     """
     path = out / gpu_quick.RESULT_NAME
     out.mkdir(parents=True, exist_ok=True)
-    where = {
-        "machine": describe_machine(),
-        "releases": releases(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-    }
+    where = _where()
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
         work = work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
@@ -163,6 +159,53 @@ def measure_gpu_quick(sizes: gpu_quick.QuickSizes, device: str, out: Path, work:
     print(gpu_quick.table(result))
     print(f"{where['process_wall_s']} s since the process started; wrote {path}")
     return 0
+
+
+def measure_figures(
+    names: tuple[str, ...], sizes: dict, out: Path, work: Path | None, device: str | None, keep_others: bool
+) -> tuple[Path, ...]:
+    """Measure ``names`` one after the other, writing results.json and README.md into ``out`` after each.
+
+    :param sizes: each figure's sizes (:data:`FULL` or :data:`SMOKE`).
+    :param work: scratch directory (None: a temporary one, removed afterwards).
+    :param device: where the gpu figure runs (None: CUDA where present, else it is skipped).
+    :param keep_others: start from the existing results.json, so the figures not measured keep their values.
+    :returns: the paths written.
+    :rtype: tuple[Path, ...]
+    """
+    results_path = out / "results.json"
+    results = read_json(results_path) if keep_others and results_path.is_file() else {}
+    results |= _where()
+    paths: tuple[Path, ...] = ()
+    with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
+        work = work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        data_dir = prepare_data(work) if set(names) - {"prepare", "rendezvous", "constrained", "model-latency"} else ""
+        for name in names:
+            started = time.monotonic()
+            logger.info("measuring %s", name)
+            measured_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+
+            def save(figures: dict[str, dict], measured_at: str = measured_at) -> tuple[Path, Path]:
+                # Written after every figure (and every part of a long one), so a failure later loses
+                # nothing measured before it.
+                results.update({key: {**figure, "measured_at": measured_at} for key, figure in figures.items()})
+                results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+                results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+                return write(results, out)
+
+            paths = save(measure(name, sizes[name], data_dir, work, device, save))
+            logger.info("%s took %.0f s", name, time.monotonic() - started)
+    return paths
+
+
+def _where() -> dict:
+    """The machine and releases a bench runs on, and when it started."""
+    return {
+        "machine": describe_machine(),
+        "releases": releases(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
 
 
 # Benches with their own command line (``python -m bench NAME --help``): NAME -> the module whose main() runs it.
@@ -179,25 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in COMMANDS:
         return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "figures",
-        nargs="*",
-        help=f"figures to measure among {', '.join(FIGURE_NAMES)} (default: all), or {gpu_quick.COMMAND} alone",
-    )
-    parser.add_argument("--only", help="the same as comma-separated figures")
-    parser.add_argument(
-        "--device",
-        choices=("cuda", "cpu"),
-        help="where the gpu figure runs (default: cuda where present, else it is skipped); cpu runs every part on the CPU",
-    )
-    parser.add_argument(
-        "--smoke", action="store_true", help="smallest sizes: checks the code paths, measures nothing useful"
-    )
-    parser.add_argument(
-        "--out", type=Path, default=BENCH_DIR, help="where results.json and README.md go (default: bench/)"
-    )
-    parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed afterwards)")
+    parser = _parser()
     args = parser.parse_args(argv)
     chosen = [*args.figures, *(args.only.split(",") if args.only else [])]
     names = tuple(name.strip() for name in chosen) or FIGURE_NAMES
@@ -218,37 +243,33 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             parser.error(str(error))
         return measure_gpu_quick(sizes, device, args.out, args.work)
-
-    results_path = args.out / "results.json"
-    results = read_json(results_path) if chosen and results_path.is_file() else {}
-    results |= {
-        "machine": describe_machine(),
-        "releases": releases(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-    }
-    sizes = SMOKE if args.smoke else FULL
-    with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
-        work = args.work or Path(scratch)
-        work.mkdir(parents=True, exist_ok=True)
-        data_dir = prepare_data(work) if set(names) - {"prepare", "rendezvous", "constrained", "model-latency"} else ""
-        for name in names:
-            started = time.monotonic()
-            logger.info("measuring %s", name)
-            measured_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-
-            def save(figures: dict[str, dict], measured_at: str = measured_at) -> tuple[Path, Path]:
-                # Written after every figure (and every part of a long one), so a failure later loses
-                # nothing measured before it.
-                results.update({key: {**figure, "measured_at": measured_at} for key, figure in figures.items()})
-                results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-                results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
-                return write(results, args.out)
-
-            paths = save(measure(name, sizes[name], data_dir, work, args.device, save))
-            logger.info("%s took %.0f s", name, time.monotonic() - started)
-    for path in paths:
+    figure_sizes = SMOKE if args.smoke else FULL
+    for path in measure_figures(names, figure_sizes, args.out, args.work, args.device, keep_others=bool(chosen)):
         print(f"wrote {path}")
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "figures",
+        nargs="*",
+        help=f"figures to measure among {', '.join(FIGURE_NAMES)} (default: all), or {gpu_quick.COMMAND} alone",
+    )
+    parser.add_argument("--only", help="the same as comma-separated figures")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        help="where the gpu figure runs (default: cuda where present, else it is skipped); cpu runs every part on the CPU",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="smallest sizes: checks the code paths, measures nothing useful"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=BENCH_DIR, help="where results.json and README.md go (default: bench/)"
+    )
+    parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed afterwards)")
+    return parser
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,37 +61,6 @@ logger = logging.getLogger(__name__)
 GIB = 1024**3
 # The curve's reference arm: what the defaults turn on, turned off.
 EAGER_FP32 = {"precision": "fp32", "optim": "adamw_torch", "tf32": False, "torch_compile": False}
-# What the section writes, on any device; tests/test_bench_gpu.py checks them after a smoke run.
-SECTION_KEYS = (
-    "value",
-    "unit",
-    "goal",
-    "device",
-    "versions",
-    "data",
-    "peak_flops",
-    "token_budget",
-    "old_recipe_samples_per_s",
-    "old_recipe_mfu_real_tokens",
-    "profiles",
-    "step_ops",
-    "seconds_to_eval_loss",
-    "loss_curve_vs_eager_fp32",
-    "inference",
-    "flop_convention",
-    "loss_vocabulary",
-    "method",
-)
-ROW_KEYS = (
-    "profile",
-    "samples_per_s",
-    "vs_old_recipe",
-    "mfu_real_tokens",
-    "max_memory_gib_per_rank",
-    "estimate_gpu_gb_per_rank",
-    "ops_per_step",
-    "loss_vocabulary",
-)
 
 
 @dataclass(frozen=True)
@@ -168,75 +137,131 @@ def run(
     :rtype: dict
     """
     load = Workload.build(data_dir, work, device, sizes.tiny_model, sizes.questions)
-    name, model, data, shape, peak = load.device_name, load.model, load.data, load.shape, load.peak
     evaluated = full_scale(data_dir, work / "fullscale-validation", sizes.questions, validation=True)
     budget = sizes.token_budget or fast_defaults(device_facts())["max_tokens_per_batch"]
     memory_gib = torch.cuda.get_device_properties(0).total_memory / GIB if device == "cuda" else 80.0
     section: dict = {
-        "device": name,
+        "device": load.device_name,
         "versions": versions(),
         "data": f"{load.describe_data()}; validation: the sample's",
-        "peak_flops": peak,
+        "peak_flops": load.peak,
         "token_budget": budget,
         "flop_convention": FLOP_CONVENTION,
         "loss_vocabulary": {"old_recipe": LOSS_VOCABULARY},
     }
+    old_rate, old = old_recipe_throughput(load, sizes)
+    section |= old
+    save(section)
+    section["profiles"] = {}
+    for profile, row in profile_rows(load, sizes, work, budget, memory_gib, old_rate):
+        section["profiles"][profile] = row
+        if profile == "default":
+            section["step_ops"]["default"] = {"profile": row["profile"], **row["ops_per_step"]}
+            section |= {"value": row["vs_old_recipe"]}
+            section["loss_vocabulary"]["defaults"] = row["loss_vocabulary"]
+        save(section)
+    section["seconds_to_eval_loss"] = seconds_to_eval_loss(load, evaluated, sizes, work, budget)
+    save(section)
+    section["loss_curve_vs_eager_fp32"] = loss_curve_vs_eager(load, sizes, work, budget)
+    save(section)
+    section["inference"] = inference.run(question_data_dir, sizes.infer, device=device)
+    section |= {
+        "value": section["profiles"]["default"]["vs_old_recipe"],
+        "unit": "x (samples/s defaults / old recipe, same device, same run)",
+        "goal": ">= 10.0",
+        "method": (
+            f"one {load.device_name}; model {load.model_label}; {section['data']}; {old_label(sizes.old_batch)}; ours: "
+            f"textsql launch --ranks 1 (bench.rank_probe), defaults but --loss_vocabulary {LOSS_VOCABULARY}, token "
+            f"budget {budget}; both arms {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} "
+            f"and step {sizes.warmup_steps + sizes.timed_steps} (StepClock in the training process), the last step "
+            f"profiled for op counts; MFU against the peak {load.peak} FLOP/s"
+        ),
+    }
+    save(section)
+    return section
 
+
+def old_recipe_throughput(load: Workload, sizes: Sizes) -> tuple[float, dict]:
+    """The old recipe's throughput run in this process, its last step profiled.
+
+    :returns: its samples/s, and the section's entries for it (samples/s, MFU, op counts).
+    :rtype: tuple[float, dict]
+    """
     with tempfile.TemporaryDirectory(prefix="bench-gpu-old-") as output:
         old = old_recipe(
-            model, data, Path(output), StepClock(profile_step=sizes.steps), sizes.steps, device, sizes.old_batch
+            load.model,
+            load.data,
+            Path(output),
+            StepClock(profile_step=sizes.steps),
+            sizes.steps,
+            load.device,
+            sizes.old_batch,
         )
     old_steps, old_seconds = timed_window(old, sizes.warmup_steps)
     old_rate = old_steps * sizes.old_batch / old_seconds
-    old_flops = mean_sample_flops(shape, trained_examples(data, sizes.steps, sizes.old_batch))
-    section |= {
+    old_flops = mean_sample_flops(load.shape, trained_examples(load.data, sizes.steps, sizes.old_batch))
+    return old_rate, {
         "old_recipe_samples_per_s": round(old_rate, 2),
-        "old_recipe_mfu_real_tokens": rounded(mfu(old_rate * old_flops, 1.0, peak)),
+        "old_recipe_mfu_real_tokens": rounded(mfu(old_rate * old_flops, 1.0, load.peak)),
         "step_ops": {"old_recipe": old["ops"]},
     }
-    save(section)
 
-    per_step = step_samples(load.lengths, budget, shape, sizes.steps)
-    predicted = estimate(str(model), nodes=1, gpus_per_node=1, gpu_memory_gb=memory_gib, cpu=device == "cpu")
-    rows = section["profiles"] = {}
+
+def profile_rows(
+    load: Workload, sizes: Sizes, work: Path, budget: int, memory_gib: float, old_rate: float
+) -> Iterator[tuple[str, dict]]:
+    """One launch of ours per profile, the defaults first: each profile's row as it is measured.
+
+    :param memory_gib: the device's memory, for the estimate beside each row.
+    :param old_rate: the old recipe's samples/s, each row's reference.
+    :rtype: Iterator[tuple[str, dict]]
+    """
+    per_step = step_samples(load.lengths, budget, load.shape, sizes.steps)
+    predicted = estimate(str(load.model), nodes=1, gpus_per_node=1, gpu_memory_gb=memory_gib, cpu=load.device == "cpu")
     common = {"max_steps": sizes.steps, "eval_strategy": "no", "max_tokens_per_batch": budget}
+    default: dict = {}
     for profile in ("default", *(sizes.profiles or available_profiles())):
         # What auto chose was measured as the default: not twice.
-        if profile != "default" and profile == rows["default"]["profile"]:
-            rows[profile] = rows["default"]
+        if profile != "default" and profile == default["profile"]:
+            yield profile, default
             continue
         chosen = {} if profile == "default" else {"profile": profile}
-        run_dir = launch_ours(work, profile, model, data, profile_step=sizes.steps, **common, **chosen)
+        run_dir = launch_ours(work, profile, load.model, load.data, profile_step=sizes.steps, **common, **chosen)
         record = probe_record(run_dir)
         samples, flops = throughput(record, per_step, sizes.warmup_steps)
         summary = run_summary(run_dir)
         used = summary["profile"]
         memory, _ = peak_memory(record)
-        rows[profile] = {
+        row = {
             "profile": used,
             "samples_per_s": round(samples, 2),
             "vs_old_recipe": round(samples / old_rate, 2),
-            "mfu_real_tokens": rounded(mfu(flops, 1.0, peak)),
+            "mfu_real_tokens": rounded(mfu(flops, 1.0, load.peak)),
             "max_memory_gib_per_rank": [round(memory / GIB, 3)],
             "estimate_gpu_gb_per_rank": predicted["profiles"][used]["gpu_gb_per_rank"],
             "ops_per_step": record["ops"],
             "loss_vocabulary": summary["loss_vocabulary"],
         }
         if profile == "default":
-            section["step_ops"]["default"] = {"profile": used, **record["ops"]}
-            section |= {"value": rows[profile]["vs_old_recipe"]}
-            section["loss_vocabulary"]["defaults"] = summary["loss_vocabulary"]
-        save(section)
+            default = row
+        yield profile, row
 
+
+def seconds_to_eval_loss(load: Workload, evaluated: Path, sizes: Sizes, work: Path, budget: int) -> dict:
+    """Training time of each arm to the target evaluation loss, loss-only evaluations at the same steps in both.
+
+    :param evaluated: the full-scale data with the sample's validation split.
+    :rtype: dict
+    """
     target, evaluate = sizes.target_eval_loss, {"eval_strategy": "steps", "eval_steps": sizes.eval_steps}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-loss-") as output:
         old_loss = old_recipe(
-            model,
+            load.model,
             evaluated,
             Path(output),
             StepClock(stop_below=target),
             sizes.loss_steps,
-            device,
+            load.device,
             sizes.old_batch,
             sizes.eval_questions,
             **evaluate,
@@ -244,7 +269,7 @@ def run(
     ours_dir = launch_ours(
         work,
         "to-loss",
-        model,
+        load.model,
         evaluated,
         max_steps=sizes.loss_steps,
         max_tokens_per_batch=budget,
@@ -256,7 +281,7 @@ def run(
         **evaluate,
     )
     ours_loss = probe_record(ours_dir)
-    section["seconds_to_eval_loss"] = {
+    return {
         "target": target,
         "old_recipe": rounded(training_seconds_to(old_loss, target), 1),
         "defaults": rounded(training_seconds_to(ours_loss, target), 1),
@@ -265,34 +290,20 @@ def run(
         f"target, evaluations subtracted; every {sizes.eval_steps} steps in both arms (ours with --eval_share 0; "
         f"its evaluation share is this run's, not the default schedule's), at most {sizes.loss_steps} steps",
     }
-    save(section)
 
+
+def loss_curve_vs_eager(load: Workload, sizes: Sizes, work: Path, budget: int) -> dict:
+    """The defaults' loss curve against the same launch eager in fp32 with plain AdamW, over the same batches.
+
+    :rtype: dict
+    """
     curve = {"max_steps": sizes.curve_steps, "eval_strategy": "no", "logging_steps": 1, "max_tokens_per_batch": budget}
-    fast = [
-        value
-        for *_, value in scalars(launch_ours(work, "curve-defaults", model, data, **curve) / "out" / TENSORBOARD_SUBDIR)
-    ]
-    eager_dir = launch_ours(work, "curve-eager-fp32", model, data, **curve, **EAGER_FP32)
+    fast_dir = launch_ours(work, "curve-defaults", load.model, load.data, **curve)
+    fast = [value for *_, value in scalars(fast_dir / "out" / TENSORBOARD_SUBDIR)]
+    eager_dir = launch_ours(work, "curve-eager-fp32", load.model, load.data, **curve, **EAGER_FP32)
     eager = [value for *_, value in scalars(eager_dir / "out" / TENSORBOARD_SUBDIR)]
-    section["loss_curve_vs_eager_fp32"] = {
+    return {
         **curves_match(eager, fast, sizes.curve_tolerance, sizes.curve_window),
         "reference": f"the same launch with {EAGER_FP32}: eager, fp32, plain AdamW, {LOSS_VOCABULARY}-vocabulary loss",
         "candidate": f"the defaults on this device, {LOSS_VOCABULARY}-vocabulary loss",
     }
-    save(section)
-
-    section["inference"] = inference.run(question_data_dir, sizes.infer, device=device)
-    section |= {
-        "value": rows["default"]["vs_old_recipe"],
-        "unit": "x (samples/s defaults / old recipe, same device, same run)",
-        "goal": ">= 10.0",
-        "method": (
-            f"one {name}; model {load.model_label}; {section['data']}; {old_label(sizes.old_batch)}; ours: textsql "
-            f"launch --ranks 1 (bench.rank_probe), defaults but --loss_vocabulary {LOSS_VOCABULARY}, token budget "
-            f"{budget}; both arms {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
-            f"{sizes.warmup_steps + sizes.timed_steps} (StepClock in the training process), the last step profiled "
-            f"for op counts; MFU against the peak {peak} FLOP/s"
-        ),
-    }
-    save(section)
-    return section

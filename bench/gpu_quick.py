@@ -56,21 +56,6 @@ COMMAND = "gpu-quick"
 RESULT_NAME = "gpu_quick.json"
 GIB = 1024**3
 ARMS = ("old_recipe", "defaults")
-# What every arm records; tests/test_bench_gpu.py checks them after a smoke run.
-ARM_KEYS = (
-    "label",
-    "samples_per_s",
-    "mfu_real_tokens",
-    "peak_memory_gib",
-    "memory_measure",
-    "loss_vocabulary",
-    "warmup_steps",
-    "timed_steps",
-    "warmup_s",
-    "median_step_s",
-    "slowest_step_s",
-    "wall_s",
-)
 
 
 @dataclass(frozen=True)
@@ -141,13 +126,39 @@ def run(
         "flop_convention": FLOP_CONVENTION,
         "arms": {},
     }
+    old_rate, old = old_recipe_arm(load, sizes, started)
+    result["arms"]["old_recipe"] = old
+    save(result)
+    samples, defaults = defaults_arm(load, sizes, work, chosen)
+    result["arms"]["defaults"] = defaults
+    result |= {
+        "value": round(samples / old_rate, 2),
+        "unit": "x (samples/s of the defaults / the old recipe's, same device, same run)",
+        "wall_s": round(time.monotonic() - started, 1),
+        "method": (
+            f"one {load.device_name}; model {load.model_label}; {result['data']}; "
+            f"both arms {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
+            f"{sizes.steps} (StepClock in the training process); MFU against the peak {load.peak} FLOP/s; wall_s "
+            "from the start of the figure (after the imports and preparing the sample; process_wall_s counts them)"
+        ),
+    }
+    save(result)
+    return result
 
+
+def old_recipe_arm(load: Workload, sizes: QuickSizes, started: float) -> tuple[float, dict]:
+    """The old recipe in this process.
+
+    :param started: when the figure started (``time.monotonic``), which the arm's ``wall_s`` counts from.
+    :returns: its samples/s, and its arm.
+    :rtype: tuple[float, dict]
+    """
     with tempfile.TemporaryDirectory(prefix="bench-gpu-quick-old-") as output:
-        old = old_recipe(load.model, load.data, Path(output), StepClock(), sizes.steps, device, sizes.old_batch)
+        old = old_recipe(load.model, load.data, Path(output), StepClock(), sizes.steps, load.device, sizes.old_batch)
     steps, seconds = timed_window(old, sizes.warmup_steps)
     old_rate = steps * sizes.old_batch / seconds
     old_flops = mean_sample_flops(load.shape, trained_examples(load.data, sizes.steps, sizes.old_batch))
-    result["arms"]["old_recipe"] = {
+    return old_rate, {
         "label": old_label(sizes.old_batch),
         "samples_per_s": round(old_rate, 2),
         "mfu_real_tokens": rounded(mfu(old_rate * old_flops, 1.0, load.peak)),
@@ -157,8 +168,15 @@ def run(
         **step_times(old, sizes.warmup_steps),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    save(result)
 
+
+def defaults_arm(load: Workload, sizes: QuickSizes, work: Path, chosen: dict) -> tuple[float, dict]:
+    """The defaults: ``textsql launch`` on one rank.
+
+    :param chosen: :func:`textsql.training.hardware.fast_defaults` of this machine, for the arm's label.
+    :returns: its samples/s, and its arm.
+    :rtype: tuple[float, dict]
+    """
     launched = time.monotonic()
     run_dir = launch_ours(
         work,
@@ -175,7 +193,7 @@ def run(
     samples, flops = throughput(record, step_samples(load.lengths, budget, load.shape, sizes.steps), sizes.warmup_steps)
     memory, measure = peak_memory(record)
     compiled = chosen.get("torch_compile", False)
-    result["arms"]["defaults"] = {
+    return samples, {
         "label": (
             f"defaults: textsql launch --ranks 1, profile {summary['profile']} ({summary['profile_chosen_by']}), "
             f"{summary['precision']}, {'torch.compile' if compiled else 'eager'}, {chosen['optim']}, token budget "
@@ -193,19 +211,6 @@ def run(
         "torch_compile": compiled,
         "token_budget": budget,
     }
-    result |= {
-        "value": round(samples / old_rate, 2),
-        "unit": "x (samples/s of the defaults / the old recipe's, same device, same run)",
-        "wall_s": round(time.monotonic() - started, 1),
-        "method": (
-            f"one {load.device_name}; model {load.model_label}; {result['data']}; "
-            f"both arms {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
-            f"{sizes.steps} (StepClock in the training process); MFU against the peak {load.peak} FLOP/s; wall_s "
-            "from the start of the figure (after the imports and preparing the sample; process_wall_s counts them)"
-        ),
-    }
-    save(result)
-    return result
 
 
 def table(result: dict) -> str:

@@ -1,8 +1,8 @@
 """Inference figures.
 
-``infer_speedup_batched``: batched generation (textsql.inference.predict) against the seed's one question at a time.
+``infer_speedup_batched``: batched generation (textsql.inference.predictor) against the seed's one question at a time.
 Seed arm: ``model.generate(input_ids)`` for each question alone, no attention mask needed or passed.
-Our arm: :meth:`textsql.inference.predict.Predictor.generate`: batches of 64 sorted by length, padded, with their
+Our arm: :meth:`textsql.inference.predictor.Predictor.generate`: batches of 64 sorted by length, padded, with their
 attention mask, decoding freely as the seed does. Both: the same model (``textsql.model.load_model()``,
 seed 42), the same tokenized questions (the prepared sample's validation split), greedy, the same
 ``max_new_tokens``.
@@ -22,8 +22,10 @@ import datasets
 import torch
 
 from bench.timing import alternate, ratio, summary
+from textsql.arguments import GenerationOptions
+from textsql.data.sql import parsed
 from textsql.data.wikisql import load_records
-from textsql.inference.predict import GenerationOptions, Predictor, parsed
+from textsql.inference.predictor import Predictor
 from textsql.model import load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -69,16 +71,7 @@ def run(data_dir: str, sizes: Sizes = Sizes(), device: str = "cpu") -> dict:
         predictor.generate(batch, options)
 
     def seed(batch: list[list[int]]) -> None:
-        tokens = 0
-        with torch.inference_mode():
-            for ids in batch:
-                output = predictor.model.generate(
-                    torch.tensor([ids], device=predictor.model.device),
-                    max_new_tokens=sizes.max_new_tokens,
-                    do_sample=False,
-                )
-                tokens += output.shape[1] - 1  # less the decoder start token
-        generated["seed"] = tokens
+        generated["seed"] = one_at_a_time(predictor.model, batch, sizes.max_new_tokens)
 
     logger.info(
         "infer: %d questions, %d new tokens at most, %d rounds", len(input_ids), sizes.max_new_tokens, sizes.repetitions
@@ -107,11 +100,27 @@ def run(data_dir: str, sizes: Sizes = Sizes(), device: str = "cpu") -> dict:
         "method": (
             f"{len(input_ids)} validation questions of the prepared sample (question-only input), untrained "
             f"textsql.model.load_model() (seed 42), greedy, max_new_tokens {sizes.max_new_tokens}, torch on {device} with "
-            f"{torch.get_num_threads()} threads; ours: textsql.inference.predict.Predictor.generate, batch {BATCH_SIZE}, length-sorted, "
+            f"{torch.get_num_threads()} threads; ours: textsql.inference.predictor.Predictor.generate, batch {BATCH_SIZE}, length-sorted, "
             f"attention mask; seed: model.generate per question; warm-up: each arm on {sizes.warmup_questions} questions; {sizes.repetitions} rounds "
             "alternating the arms; value = ratio of median wall-clock examples/s; value_cpu_time = the same from process CPU time"
         ),
     }
+
+
+def one_at_a_time(model, input_ids: list[list[int]], max_new_tokens: int) -> int:
+    """The seed's inference: ``model.generate`` on each question alone, greedy, no attention mask.
+
+    :returns: the tokens generated in all.
+    :rtype: int
+    """
+    tokens = 0
+    with torch.inference_mode():
+        for ids in input_ids:
+            output = model.generate(
+                torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, do_sample=False
+            )
+            tokens += output.shape[1] - 1  # less the decoder start token
+    return tokens
 
 
 @dataclass(frozen=True)
@@ -182,7 +191,7 @@ def run_constrained(sizes: ConstrainedSizes = ConstrainedSizes()) -> dict:
         "method": (
             f"{len(input_ids)} validation questions of the sample (schema input), untrained textsql.model.load_model() "
             f"(seed 42) on {predictor.device}, beams {sizes.num_beams}, max_new_tokens {sizes.max_new_tokens}, "
-            f"textsql.inference.predict.Predictor.generate batch {BATCH_SIZE}; constrained: a grammar per question compiled per batch "
+            f"textsql.inference.predictor.Predictor.generate batch {BATCH_SIZE}; constrained: a grammar per question compiled per batch "
             f"(textsql.decoding.grammar); 1 warm-up round, {sizes.repetitions} rounds alternating the arms; value = ratio of median "
             "questions/s; parse_rate = share of outputs that parse as queries over their table"
         ),

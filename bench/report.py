@@ -119,8 +119,28 @@ def markdown(results: dict) -> str:
 
     :rtype: str
     """
+    lines = [*_front(results), *_figures_table(results)]
+    profiles = results.get(PROFILES_KEY)
+    if profiles:
+        lines += _profiles_table(profiles)
+    step_ops = results.get(STEP_OPS_KEY)
+    if step_ops:
+        lines += _step_ops_table(step_ops)
+    notes = [
+        f"- `{key}` missed its goal ({results[key]['goal']}): {why}"
+        for key, why in MISSED.items()
+        if key in results and not _met(results[key])
+    ]
+    notes += [f"- {note}" for note in observations(results)]
+    if notes:
+        lines += ["", "## Notes", "", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _front(results: dict) -> list[str]:
+    """The README's title, how it is made, when, and the machine and releases it was measured on."""
     machine, releases = results["machine"], results["releases"]
-    lines = [
+    return [
         "# Benchmarks",
         "",
         (
@@ -143,9 +163,12 @@ def markdown(results: dict) -> str:
         "|---|---|",
         *[f"| {key} | {value} |" for key, value in releases.items()],
         "",
-        "| figure | key | value | goal | how it was measured |",
-        "|---|---|---|---|---|",
     ]
+
+
+def _figures_table(results: dict) -> list[str]:
+    """One row per figure measured, in :data:`FIGURES`' order."""
+    lines = ["| figure | key | value | goal | how it was measured |", "|---|---|---|---|---|"]
     for key, label in FIGURES.items():
         figure = results.get(key)
         # A long figure is saved part by part; its row appears once its value and method are in.
@@ -153,48 +176,46 @@ def markdown(results: dict) -> str:
             goal = figure.get("goal") or ""
             when = f" (measured {figure['measured_at']} UTC)" if "measured_at" in figure else ""
             lines.append(f"| {label} | `{key}` | {_value(key, figure)} | {goal} | {figure['method']}{when} |")
-    profiles = results.get(PROFILES_KEY)
-    if profiles:
-        lines += [
-            "",
-            f"## DeepSpeed profiles on 2 CPU ranks (`{PROFILES_KEY}`)",
-            "",
-            profiles["method"] + ".",
-            "",
-            "| profile | samples/s | vs zero0 | peak RSS GiB/rank (max) | vs zero0 | estimate GPU GB/rank | estimate vs zero0 | estimate GPU+CPU per rank vs zero0 |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for name, row in profiles["profiles"].items():
-            lines.append(
-                f"| {name} | {row['samples_per_s']} | {row['samples_per_s_vs_zero0']} | {row['peak_rss_gib_max_rank']} | "
-                f"{row['peak_rss_vs_zero0']} | {row['estimate_gpu_gb_per_rank']} | {row['estimate_gpu_vs_zero0']} | {row['estimate_ram_vs_zero0']} |"
-            )
-    step_ops = results.get(STEP_OPS_KEY)
-    if step_ops:
-        lines += [
-            "",
-            f"## Ops and host syncs per step (`{STEP_OPS_KEY}`)",
-            "",
-            step_ops["method"] + ".",
-            "",
-            "| arm | ops per training step | host syncs per training step | reduce calls | optimizer-phase ops | optimizer-phase host syncs |",
-            "|---|---|---|---|---|---|",
-        ]
-        for arm in ("default", "old_recipe"):
-            row = step_ops[arm]
-            lines.append(
-                f"| {arm} | {row['ops']} | {row['host_syncs']} | {row['reduce_calls']} | {row['optimizer_ops']} | "
-                f"{row['optimizer_host_syncs']} |"
-            )
-    notes = [
-        f"- `{key}` missed its goal ({results[key]['goal']}): {why}"
-        for key, why in MISSED.items()
-        if key in results and not _met(results[key])
+    return lines
+
+
+def _profiles_table(profiles: dict) -> list[str]:
+    """The DeepSpeed profiles section: samples/s, peak RSS and the estimate of each, against zero0."""
+    lines = [
+        "",
+        f"## DeepSpeed profiles on 2 CPU ranks (`{PROFILES_KEY}`)",
+        "",
+        profiles["method"] + ".",
+        "",
+        "| profile | samples/s | vs zero0 | peak RSS GiB/rank (max) | vs zero0 | estimate GPU GB/rank | estimate vs zero0 | estimate GPU+CPU per rank vs zero0 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    notes += [f"- {note}" for note in observations(results)]
-    if notes:
-        lines += ["", "## Notes", "", *notes]
-    return "\n".join(lines) + "\n"
+    for name, row in profiles["profiles"].items():
+        lines.append(
+            f"| {name} | {row['samples_per_s']} | {row['samples_per_s_vs_zero0']} | {row['peak_rss_gib_max_rank']} | "
+            f"{row['peak_rss_vs_zero0']} | {row['estimate_gpu_gb_per_rank']} | {row['estimate_gpu_vs_zero0']} | {row['estimate_ram_vs_zero0']} |"
+        )
+    return lines
+
+
+def _step_ops_table(step_ops: dict) -> list[str]:
+    """The ops and host syncs per step section, one row per arm."""
+    lines = [
+        "",
+        f"## Ops and host syncs per step (`{STEP_OPS_KEY}`)",
+        "",
+        step_ops["method"] + ".",
+        "",
+        "| arm | ops per training step | host syncs per training step | reduce calls | optimizer-phase ops | optimizer-phase host syncs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in ("default", "old_recipe"):
+        row = step_ops[arm]
+        lines.append(
+            f"| {arm} | {row['ops']} | {row['host_syncs']} | {row['reduce_calls']} | {row['optimizer_ops']} | "
+            f"{row['optimizer_host_syncs']} |"
+        )
+    return lines
 
 
 def _value(key: str, figure: dict) -> str:

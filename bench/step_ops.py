@@ -26,7 +26,6 @@ logger = logging.getLogger(__name__)
 
 # An 80 GB H100 on a 16-core node, as textsql.training.hardware.device_facts describes one.
 HOPPER = DeviceFacts(cuda=True, compute_capability=(9, 0), memory_gib=79.1, gpus=1, cpu_cores=16)
-OPS_KEYS = ("ops", "host_syncs", "reduce_calls", "optimizer_ops", "optimizer_host_syncs")
 
 
 @dataclass(frozen=True)

@@ -78,32 +78,9 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
     cpu_rates: dict[str, list[float]] = {}
 
     def arm(name: str, dataset: datasets.Dataset, collator, strategy: str, steps: int = steps) -> float:
-        clock = StepClock()
-        with tempfile.TemporaryDirectory(prefix="bench-train-") as output:
-            args = Seq2SeqTrainingArguments(
-                output_dir=output,
-                per_device_train_batch_size=sizes.batch_size,
-                max_steps=steps,
-                learning_rate=1e-3,
-                dataloader_drop_last=True,
-                train_sampling_strategy=strategy,
-                report_to=[],
-                save_strategy="no",
-                eval_strategy="no",
-                logging_strategy="no",
-                disable_tqdm=True,
-                use_cpu=True,
-                seed=42,
-            )
-            model = load_model()
-            model.accepts_loss_kwargs = False  # as textsql.training.train sets it
-            trainer = Seq2SeqTrainer(
-                model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[clock]
-            )
-            trainer.train()
-        wall, cpu = (end - start for end, start in zip(clock.ended, clock.started))
-        cpu_rates.setdefault(name, []).append(steps * sizes.batch_size / cpu)
-        return steps * sizes.batch_size / wall
+        wall, cpu = train_rates(dataset, collator, strategy, steps, sizes.batch_size)
+        cpu_rates.setdefault(name, []).append(cpu)
+        return wall
 
     logger.info("train: %d steps of %d, %d rounds", steps, sizes.batch_size, sizes.repetitions)
     our_collator = DataCollatorForSeq2Seq(
@@ -143,6 +120,41 @@ def run(data_dir: str, sizes: Sizes = Sizes()) -> dict:
             "median wall-clock samples/s; value_cpu_time = the same from process CPU time"
         ),
     }
+
+
+def train_rates(dataset: datasets.Dataset, collator, strategy: str, steps: int, batch_size: int) -> tuple[float, float]:
+    """Train the small T5 for ``steps`` steps of ``batch_size`` with a plain Seq2SeqTrainer, one process, fp32.
+
+    :param strategy: the trainer's ``train_sampling_strategy`` (``random`` or ``group_by_length``).
+    :returns: samples per wall-clock second and per second of this process's CPU time, from the first step's
+        start to the last step's end.
+    :rtype: tuple[float, float]
+    """
+    clock = StepClock()
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as output:
+        args = Seq2SeqTrainingArguments(
+            output_dir=output,
+            per_device_train_batch_size=batch_size,
+            max_steps=steps,
+            learning_rate=1e-3,
+            dataloader_drop_last=True,
+            train_sampling_strategy=strategy,
+            report_to=[],
+            save_strategy="no",
+            eval_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            use_cpu=True,
+            seed=42,
+        )
+        model = load_model()
+        model.accepts_loss_kwargs = False  # as textsql.training.train sets it
+        trainer = Seq2SeqTrainer(
+            model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[clock]
+        )
+        trainer.train()
+    wall, cpu = (end - start for end, start in zip(clock.ended, clock.started))
+    return steps * batch_size / wall, steps * batch_size / cpu
 
 
 def seed_padding(batch: dict, tokenizer) -> dict:

@@ -24,22 +24,6 @@ FUNCTION_LINES = 60
 # A module may be longer when its docstring's first paragraph says why, in a sentence that starts so.
 LONGER_BECAUSE = "Longer than 400 lines because"
 TOP_LEVEL_MODULES = 10
-# TODO(lead): the modules still over a size rule while their splits are under way (`python3 /work/notes/sizes.py`
-# lists them). Each is expected to fail; once its split is merged the test passes, which strict xfail reports as a
-# failure: delete its line here then.
-OVERSIZED = {
-    "bench/__main__.py": "main is 74 lines",
-    "bench/gpu.py": "run is 137 lines",
-    "bench/gpu_quick.py": "run is 86 lines",
-    "bench/inference.py": "run is 62 lines",
-    "bench/report.py": "markdown is 77 lines",
-    "bench/tokenization.py": "run is 73 lines",
-    "bench/train_padding.py": "run is 76 lines",
-    "textsql/inference/predict.py": "450 lines",
-    "textsql/model_card.py": "_body is 61 lines",
-    "textsql/training/train.py": "413 lines; main is 86 lines",
-    "worker/cluster.py": "start_workers is 66 lines",
-}
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
@@ -187,26 +171,10 @@ def size_offences(path: Path) -> list[str]:
     return offences
 
 
-def sized_modules() -> list:
-    present = {str(path.relative_to(PROJECT_DIR)) for path in python_files(*SIZED_TREES)}
-    return [
-        pytest.param(
-            name,
-            id=name,
-            marks=[pytest.mark.xfail(strict=True, reason=f"TODO(lead): {OVERSIZED[name]}")]
-            if name in OVERSIZED
-            else [],
-        )
-        for name in sorted(present | set(OVERSIZED))
-    ]
-
-
-@pytest.mark.parametrize("module", sized_modules())
+@pytest.mark.parametrize("module", sorted(str(path.relative_to(PROJECT_DIR)) for path in python_files(*SIZED_TREES)))
 def test_modules_and_functions_are_short(module):
     """Modules of at most 400 lines (or a reason given), functions of at most 60 (CONTRIBUTING.md)."""
-    path = PROJECT_DIR / module
-    assert path.is_file(), f"{module} is gone: remove it from OVERSIZED"
-    offences = size_offences(path)
+    offences = size_offences(PROJECT_DIR / module)
     assert not offences, "\n".join(offences)
 
 

@@ -19,6 +19,7 @@ from worker.backends import BACKENDS, Backend, Resources, WorkerHandle, make_bac
 from worker.backends.cml import CMLBackend
 from worker.backends.kubernetes import KubernetesApis, KubernetesBackend, cleanup
 from worker.backends.kubernetes_manifests import secret_manifest
+from worker.backends.kubernetes_options import KubernetesOptions
 from worker.backends.kubernetes_policy import network_policy_manifest, parse_egress, tracking_egress
 from worker.cluster import start_workers
 from worker.errors import WorkerError
@@ -89,14 +90,14 @@ def test_unknown_backend_lists_the_choices():
 
 
 def k8s_backend() -> KubernetesBackend:
-    backend = KubernetesBackend(
+    options = KubernetesOptions(
         image="registry.example.com/textsql:1.0",
         namespace="ml",
         project_claim="project-pvc",
         project_path="/home/cdsw",
         node_selector={"gpu": "a100"},
-        api=object(),
     )
+    backend = KubernetesBackend(options, api=object())
     backend.run_id, backend.workdir = "demo-abc123", Path("/home/cdsw/runs/demo/workers")  # as start_workers sets it
     return backend
 
@@ -241,14 +242,23 @@ def test_kubernetes_backend_lets_pods_reach_the_tracking_server_only_when_asked(
     for asked, destinations in ((False, []), (True, [("10.0.3.7/32", 5000)])):
         networking = RecordingNetworkingV1()
         backend = KubernetesBackend(
-            image="img", api=RecordingCoreV1(), networking_api=networking, egress_to_tracking=asked
+            KubernetesOptions(image="img", egress_to_tracking=asked), api=RecordingCoreV1(), networking_api=networking
         )
         backend.launch(1, Resources(), env)
         (policy,) = networking.policies.values()
         assert [(rule.to[0].ip_block.cidr, rule.ports[0].port) for rule in policy.spec.egress[3:]] == destinations
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     with pytest.raises(WorkerError, match="egress_to_tracking needs MLFLOW_TRACKING_URI set"):
-        KubernetesBackend(image="img", api=object(), egress_to_tracking=True)
+        KubernetesBackend(KubernetesOptions(image="img", egress_to_tracking=True), api=object())
+
+
+def test_notebook_backend_options_reach_the_kubernetes_options_key_by_key():
+    """Notebook 02's backend_options dict, as start_workers passes it; a misspelt key is one line naming it."""
+    backend = make_backend("kubernetes", image="img", namespace="ml", egress=["10.0.3.7:5000"], api=object())
+    assert backend.options == KubernetesOptions(image="img", namespace="ml", egress=["10.0.3.7:5000"])
+    assert backend.options.project_path == str(Path.cwd()) and backend.egress == [("10.0.3.7/32", 5000)]
+    with pytest.raises(WorkerError, match=r"bad option for the 'kubernetes' backend: .*'namespce'"):
+        make_backend("kubernetes", image="img", namespce="ml")
 
 
 def test_kubernetes_cpu_pod_asks_for_no_gpu():
@@ -328,7 +338,7 @@ def test_kubernetes_launch_wait_stop_cleans_up_pods_and_secrets(tmp_path):
     token_file = tmp_path / "token"
     new_token(token_file)
     api, networking = RecordingCoreV1(), RecordingNetworkingV1()
-    backend = KubernetesBackend(image="img", api=api, networking_api=networking, poll_s=0.01)
+    backend = KubernetesBackend(KubernetesOptions(image="img", poll_s=0.01), api=api, networking_api=networking)
     handles = backend.launch(
         2, Resources(gpus=1), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:29400"}
     )
@@ -349,7 +359,10 @@ def launched_runs(tmp_path, count: int, api=None) -> tuple[KubernetesApis, list[
     token_file = tmp_path / "token"
     new_token(token_file)
     apis = KubernetesApis(api or RecordingCoreV1(), RecordingNetworkingV1())
-    runs = [KubernetesBackend(image="img", api=apis.core, networking_api=apis.networking) for _ in range(count)]
+    runs = [
+        KubernetesBackend(KubernetesOptions(image="img"), api=apis.core, networking_api=apis.networking)
+        for _ in range(count)
+    ]
     for backend in runs:
         backend.launch(2, Resources(), {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:1"})
     return apis, runs
@@ -439,7 +452,7 @@ def test_kubernetes_pods_stuck_pending_are_named_with_their_reason(tmp_path):
     token_file = tmp_path / "token"
     new_token(token_file)
     backend = KubernetesBackend(
-        image="img", api=RecordingCoreV1(phase="Pending", reason="ImagePullBackOff"), poll_s=0.01
+        KubernetesOptions(image="img", poll_s=0.01), api=RecordingCoreV1(phase="Pending", reason="ImagePullBackOff")
     )
     backend.launch(1, Resources(), {c.ENV_TOKEN_FILE: str(token_file)})
     with pytest.raises(WorkerError, match=r"pods not running after 0s: textsql-run-\w+-0 \(ImagePullBackOff\)"):

@@ -17,15 +17,61 @@ from packaging.utils import canonicalize_name
 
 from bench import __main__ as bench_main
 from bench.flops import T5Shape, training_flops
-from bench.gpu import ROW_KEYS, SECTION_KEYS, Sizes, curves_match
-from bench.gpu_quick import ARM_KEYS, ARMS, RESULT_NAME
+from bench.gpu import Sizes, curves_match
+from bench.gpu_quick import ARMS, RESULT_NAME
 from bench.ours import available, step_samples
-from bench.step_ops import OPS_KEYS
 from bench.steps import count_ops, step_times, timed_window, training_seconds_to
 from textsql.constants import PROJECT_DIR
 from textsql.training.batching import TokenBudgetBatchSampler
 
 TINY = T5Shape(d_model=8, d_attention=8, d_ff=16, encoder_layers=1, decoder_layers=1, vocab_size=32)
+# What the gpu section writes on any device, each profile's row of it, and the op counts of a profiled step.
+SECTION_KEYS = (
+    "value",
+    "unit",
+    "goal",
+    "device",
+    "versions",
+    "data",
+    "peak_flops",
+    "token_budget",
+    "old_recipe_samples_per_s",
+    "old_recipe_mfu_real_tokens",
+    "profiles",
+    "step_ops",
+    "seconds_to_eval_loss",
+    "loss_curve_vs_eager_fp32",
+    "inference",
+    "flop_convention",
+    "loss_vocabulary",
+    "method",
+)
+ROW_KEYS = (
+    "profile",
+    "samples_per_s",
+    "vs_old_recipe",
+    "mfu_real_tokens",
+    "max_memory_gib_per_rank",
+    "estimate_gpu_gb_per_rank",
+    "ops_per_step",
+    "loss_vocabulary",
+)
+OPS_KEYS = ("ops", "host_syncs", "reduce_calls", "optimizer_ops", "optimizer_host_syncs")
+# What every arm of gpu-quick records.
+ARM_KEYS = (
+    "label",
+    "samples_per_s",
+    "mfu_real_tokens",
+    "peak_memory_gib",
+    "memory_measure",
+    "loss_vocabulary",
+    "warmup_steps",
+    "timed_steps",
+    "warmup_s",
+    "median_step_s",
+    "slowest_step_s",
+    "wall_s",
+)
 
 
 def record(steps: int, profiled: bool = False) -> dict:

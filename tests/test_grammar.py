@@ -7,13 +7,14 @@ import torch
 from click.testing import CliRunner
 from transformers import GenerationConfig, LogitsProcessorList
 
+from textsql.arguments import GenerationOptions
 from textsql.cli import cli
 from textsql.constants import MAX_CONDITIONS
 from textsql.data.sql import parse_sql, render_sql
 from textsql.data.wikisql import cased_sql, load_split, read_source_text, source_text, target_text
 from textsql.decoding.grammar import QueryAutomaton, compile_automata
 from textsql.decoding.processor import grammar_processor, processor_for_inputs
-from textsql.inference.predict import GenerationOptions, Predictor
+from textsql.inference.predictor import Predictor
 from textsql.model import load_tokenizer
 from textsql.training.trainer import generation_budget
 

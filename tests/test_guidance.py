@@ -3,11 +3,13 @@
 import pytest
 import torch
 
+from textsql.arguments import GenerationOptions
 from textsql.data.sql import parse_sql
 from textsql.errors import SQLParseError
 from textsql.files import write_jsonl
 from textsql.inference.guidance import ExecutionGuide
-from textsql.inference.predict import GenerationOptions, Predictor, predict
+from textsql.inference.predict import predict
+from textsql.inference.predictor import Predictor
 from textsql.scoring.engine import ExecutionError, TableEngine
 
 HEADER = ["Player", "No.", "School"]

@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 from transformers import DataCollatorForSeq2Seq
 
+from textsql.arguments import GenerationOptions
 from textsql.cli import cli
 from textsql.constants import LABEL_PAD_TOKEN_ID, MAX_CONDITIONS, SAMPLE_DATA_DIR
 from textsql.data.prepare import prepare
@@ -23,7 +24,8 @@ from textsql.data.sql import canonical_sql
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
 from textsql.files import read_jsonl
-from textsql.inference.predict import GenerationOptions, Predictor, ask, load_questions, parse_header, predict
+from textsql.inference.predict import load_questions, parse_header, predict
+from textsql.inference.predictor import Predictor, ask
 from textsql.model import load_model, load_tokenizer
 from textsql.scoring.evaluate import evaluate
 

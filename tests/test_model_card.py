@@ -12,7 +12,8 @@ from huggingface_hub import ModelCard
 
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import METRICS_NAME, PREPARE_JSON_NAME
-from textsql.inference.predict import Predictor, predict
+from textsql.inference.predict import predict
+from textsql.inference.predictor import Predictor
 from textsql.model_card import CARD_NAME, NOT_EVALUATED, record_evaluation, write_training_card
 
 RUN = {

@@ -16,7 +16,7 @@ from textsql.training.checkpoints import (
     set_aside_incomplete,
 )
 from textsql.training.command_line import check_train_args, parse_command_line, resolve_precision
-from textsql.training.train import _prepare_on_saving_rank
+from textsql.training.output_dir import _prepare_on_saving_rank
 
 REQUIRED = train_argv(data_dir="data", output_dir="out")
 

@@ -22,6 +22,7 @@ from worker import constants as c
 from worker.backends import Resources
 from worker.backends.kubernetes import KubernetesBackend
 from worker.backends.kubernetes_manifests import TOKEN_MOUNT
+from worker.backends.kubernetes_options import KubernetesOptions
 from worker.errors import RendezvousError, WorkerError
 from worker.rendezvous.token import new_token, read_token
 
@@ -56,7 +57,7 @@ def pod_env(pod) -> dict[str, str]:
 def mounted(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("laying out the kubelet's ownership needs root")
-    backend = KubernetesBackend(image="img", api=object())
+    backend = KubernetesBackend(KubernetesOptions(image="img"), api=object())
     backend.run_id = "demo-abc123"
     pod = backend.pod_spec(0, Resources(), {c.ENV_TOKEN_FILE: "/x"})
     token = secrets.token_urlsafe(32)
@@ -132,7 +133,9 @@ def project(tmp_path):
 
 
 def test_a_worker_pod_can_write_its_run_directory_and_no_code_the_master_imports(project):
-    backend = KubernetesBackend(image="img", api=object(), project_claim="pvc", project_path=str(project))
+    backend = KubernetesBackend(
+        KubernetesOptions(image="img", project_claim="pvc", project_path=str(project)), api=object()
+    )
     backend.run_id, backend.workdir = "demo-abc123", project / "runs" / "r1" / "workers"
     pod = backend.pod_spec(0, Resources(), {c.ENV_TOKEN_FILE: "/x"})
     assert writable_mounts(pod) == [project / "runs" / "r1"]
@@ -150,7 +153,9 @@ def test_a_worker_pod_can_write_its_run_directory_and_no_code_the_master_imports
     ],
 )
 def test_a_run_directory_that_would_open_the_masters_code_to_workers_is_refused(project, run_dir, refused):
-    backend = KubernetesBackend(image="img", api=object(), project_claim="pvc", project_path=str(project))
+    backend = KubernetesBackend(
+        KubernetesOptions(image="img", project_claim="pvc", project_path=str(project)), api=object()
+    )
     backend.run_id, backend.workdir = "demo-abc123", project / run_dir / "workers"
     with pytest.raises(WorkerError, match=rf"run directory .*{refused}.*; pass a run_dir .*/project/runs/NAME"):
         backend.pod_spec(0, Resources(), {c.ENV_TOKEN_FILE: "/x"})
@@ -158,9 +163,8 @@ def test_a_run_directory_that_would_open_the_masters_code_to_workers_is_refused(
 
 def test_a_launch_refused_for_its_run_directory_creates_nothing(project):
     core, networking = RecordingCoreV1(), RecordingNetworkingV1()
-    backend = KubernetesBackend(
-        image="img", api=core, networking_api=networking, project_claim="pvc", project_path=str(project)
-    )
+    options = KubernetesOptions(image="img", project_claim="pvc", project_path=str(project))
+    backend = KubernetesBackend(options, api=core, networking_api=networking)
     backend.workdir = project / "workers"
     env = {c.ENV_TOKEN: "t" * 43, c.ENV_RENDEZVOUS: "10.0.0.4:29400"}
     with pytest.raises(WorkerError, match="is not inside the project volume"):
@@ -213,7 +217,9 @@ def test_worker_pods_reach_the_rendezvous_each_other_and_dns_and_nothing_else(tm
     token_file = tmp_path / "token"
     new_token(token_file)
     networking = RecordingNetworkingV1()
-    backend = KubernetesBackend(image="img", namespace="ml", api=RecordingCoreV1(), networking_api=networking)
+    backend = KubernetesBackend(
+        KubernetesOptions(image="img", namespace="ml"), api=RecordingCoreV1(), networking_api=networking
+    )
     backend.run_id = "demo-abc123"
     env = {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:29400", c.ENV_SSH_PORT: "2222"}
     backend.launch(2, Resources(), env)

@@ -17,6 +17,7 @@ from helpers.paths import PROJECT_DIR
 from kubernetes.client import ApiClient
 
 from worker.backends.kubernetes import APP_LABEL, KubernetesBackend
+from worker.backends.kubernetes_options import KubernetesOptions
 from worker.cluster import Cluster, start_workers
 from worker.errors import WorkerError
 
@@ -70,9 +71,8 @@ def kubernetes_cluster(tmp_path, monkeypatch):
     """Two pods on the emulated API server; yields (cluster, api)."""
     monkeypatch.setenv("POD_IP", "127.0.0.1")  # the session's own pod, where the rendezvous listens
     api = KubeletCoreV1(tmp_path / "kubelet")
-    backend = KubernetesBackend(
-        image="img", api=api, networking_api=RecordingNetworkingV1(), poll_s=0.05, project_path=str(PROJECT_DIR)
-    )
+    options = KubernetesOptions(image="img", poll_s=0.05, project_path=str(PROJECT_DIR))
+    backend = KubernetesBackend(options, api=api, networking_api=RecordingNetworkingV1())
     try:
         with start_workers(backend, 2, tmp_path / "run", timeout=60, ssh_port=0) as cluster:
             yield cluster, api

@@ -102,6 +102,7 @@ def test_kubernetes_workers_get_no_master_secret_through_the_project_volume(tmp_
     from fakes.kubernetes_api import KubeletCoreV1, RecordingNetworkingV1
 
     from worker.backends.kubernetes import KubernetesBackend
+    from worker.backends.kubernetes_options import KubernetesOptions
     from worker.cluster import start_workers
     from worker.rendezvous.token import pod_key
 
@@ -109,14 +110,8 @@ def test_kubernetes_workers_get_no_master_secret_through_the_project_volume(tmp_
     project = tmp_path / "project"
     project.mkdir()
     api = KubeletCoreV1(tmp_path / "kubelet")
-    backend = KubernetesBackend(
-        image="img",
-        api=api,
-        networking_api=RecordingNetworkingV1(),
-        poll_s=0.05,
-        project_claim="pvc",
-        project_path=str(project),
-    )
+    options = KubernetesOptions(image="img", poll_s=0.05, project_claim="pvc", project_path=str(project))
+    backend = KubernetesBackend(options, api=api, networking_api=RecordingNetworkingV1())
     try:
         with start_workers(backend, 2, project / "runs" / "r1", timeout=60, ssh_port=0) as cluster:
             secrets = [cluster.identity_file, cluster.ssh_config, cluster.known_hosts, cluster.hostfile]

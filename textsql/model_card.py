@@ -233,14 +233,26 @@ def _with_result(text: str, key: str, table: str) -> str:
     return f"{text[:start]}{RESULTS_START}\n{rendered}{text[end:]}"
 
 
-def _body(run: dict, prepared: dict, source: str, base: str | None, hardware: str, results: str) -> str:
+def _training_table(run: dict, prepared: dict, source: str, base: str | None, label: str, hardware: str) -> str:
+    """The card's Training section: where the weights came from, the data and input format, steps, profile, hardware."""
     counts = prepared.get("counts") or {}
     train_loss = next(
         (entry["train_loss"] for entry in reversed(run.get("log_history", [])) if "train_loss" in entry), None
     )
-    label = _model_label(str(run.get("model") or ""))
     origin = f"fine-tuned from `{base}`" if base else f"trained from random weights (`{label}`'s architecture)"
     input_format = prepared.get("input_format", "schema")
+    return f"""| | |
+|---|---|
+| model | {origin} |
+| data | `{source}`: {counts.get("train", "?")} training questions, {counts.get("validation", "?")} validation |
+| input format | `{input_format}` (question and column names as `textsql prepare` wrote them; kept in `prepare.json`) |
+| steps | {run.get("global_step", "?")}, final training loss {"n/a" if train_loss is None else f"{train_loss:.4f}"} |
+| DeepSpeed profile | `{run.get("profile", "?")}` (ZeRO stage {run.get("zero_stage", "?")}), precision `{run.get("precision", "?")}` |
+| hardware | {hardware} |"""
+
+
+def _body(run: dict, prepared: dict, source: str, base: str | None, hardware: str, results: str) -> str:
+    label = _model_label(str(run.get("model") or ""))
     return f"""
 # {label} for WikiSQL text-to-SQL (textsql)
 
@@ -250,14 +262,7 @@ Written by textsql at the end of training; each evaluation (`textsql infer`, not
 
 ## Training
 
-| | |
-|---|---|
-| model | {origin} |
-| data | `{source}`: {counts.get("train", "?")} training questions, {counts.get("validation", "?")} validation |
-| input format | `{input_format}` (question and column names as `textsql prepare` wrote them; kept in `prepare.json`) |
-| steps | {run.get("global_step", "?")}, final training loss {"n/a" if train_loss is None else f"{train_loss:.4f}"} |
-| DeepSpeed profile | `{run.get("profile", "?")}` (ZeRO stage {run.get("zero_stage", "?")}), precision `{run.get("precision", "?")}` |
-| hardware | {hardware} |
+{_training_table(run, prepared, source, base, label, hardware)}
 
 ## Scores
 
@@ -272,7 +277,7 @@ and no condition: a model worth calling beats it.
 ## How to call it
 
 ```python
-from textsql.inference.predict import Predictor
+from textsql.inference.predictor import Predictor
 predictor = Predictor.load("path/to/model")   # this directory
 predictor.ask("How many schools did player number 3 play at?", ["Player", "No.", "School/Club Team"])
 ```

@@ -27,7 +27,6 @@ from typing import Any
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
 from worker.errors import RendezvousError, WorkerError
-from worker.files import private_dir
 from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
 from worker.rendezvous.token import new_token, pod_key
@@ -104,13 +103,7 @@ class Cluster:
         self._server.reopen(address)
         handle = self.backend.replace(lost.pod, timeout)
         try:
-            self.backend.wait(max(0.0, deadline - time.monotonic()))
-            workers = self._server.wait(
-                max(0.0, deadline - time.monotonic()),
-                expected_pods=[handle.pod],
-                check=lambda: _check_pods(self.backend),
-                total=timeout,
-            )
+            workers = _registered(self.backend, self._server, [handle.pod], deadline, timeout)
         except (WorkerError, RendezvousError) as error:
             raise WorkerError(
                 f"no replacement for lost worker {address} (pod {lost.pod}) registered within {timeout:.0f}s: {error}"
@@ -214,14 +207,6 @@ class Cluster:
         )
 
 
-def _clear_run_files(run_dir: Path) -> RunFiles:
-    private_dir(run_dir)  # the run's key, token and ssh files are for the user who started it
-    files = RunFiles.in_dir(run_dir)
-    for stale in (files.hostfile, files.known_hosts, files.ssh_config):
-        stale.unlink(missing_ok=True)  # a failed start must not leave an older run's hostfile behind
-    return files
-
-
 def _run_secrets(directory: Path, run_name: str) -> tuple[Path, str, str]:
     """The per-run token and ssh client key (pods get only their own key and the public half):
     (identity file, token, public key)."""
@@ -240,6 +225,28 @@ def _master_dir(run_dir: Path, backend: Backend, stack: ExitStack) -> Path:
     directory = Path(tempfile.mkdtemp(prefix=f"textsql-{run_dir.name}-"))  # 0700
     stack.callback(shutil.rmtree, directory, ignore_errors=True)
     return directory
+
+
+def _backend(backend: str | Backend, options: dict[str, Any]) -> Backend:
+    """The backend named, built with ``options``; or the one given, built already (so it takes none)."""
+    if isinstance(backend, str):
+        return make_backend(backend, **options)
+    if options:
+        raise WorkerError(f"options {sorted(options)} go to the backend's constructor, not with a Backend instance")
+    return backend
+
+
+def _registered(
+    backend: Backend, server: RendezvousServer, pods: list[str], deadline: float, timeout: float
+) -> list[Registration]:
+    """Every worker once ``pods`` run and their agents registered, by ``deadline`` (``timeout``: the whole wait)."""
+    backend.wait(max(0.0, deadline - time.monotonic()))
+    return server.wait(
+        max(0.0, deadline - time.monotonic()),
+        expected_pods=pods,
+        check=lambda: _check_pods(backend),
+        total=timeout,
+    )
 
 
 def _check_pods(backend: Backend) -> None:
@@ -284,26 +291,21 @@ def start_workers(
     :param env: extra environment for every agent.
     :param rendezvous_port: port of the master's rendezvous server (0: any free port).
     :param master_address: the master's address as workers reach it (default: the backend's guess).
-    :param backend_options: keyword arguments for the backend's constructor.
+    :param backend_options: the backend's options (:meth:`Backend.from_options`; notebook 02's ``backend_options``).
     :rtype: Iterator[Cluster]
     :raises RendezvousError: one line naming how many workers came and which are missing.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise RendezvousError(f"worker count {count!r} must be a positive integer")
     run_dir = Path(run_dir).resolve()
-    if isinstance(backend, str):
-        backend = make_backend(backend, **backend_options)
-    elif backend_options:
-        raise WorkerError(
-            f"options {sorted(backend_options)} go to the backend's constructor, not with a Backend instance"
-        )
+    backend = _backend(backend, backend_options)
     backend.workdir = run_dir / c.WORKERS_DIR_NAME
     deadline = time.monotonic() + timeout
     with ExitStack() as stack:
         stack.callback(backend.stop)
-        files = _clear_run_files(run_dir)
+        files = RunFiles.cleared(run_dir)
         if backend.shares_run_dir:
-            files = _clear_run_files(_master_dir(run_dir, backend, stack))
+            files = RunFiles.cleared(_master_dir(run_dir, backend, stack))
         port = backend.ssh_port(ssh_port, count)
         if backend.attaches:
             identity, rendezvous, server = backend.identity_file, ("", 0), None
@@ -332,13 +334,7 @@ def start_workers(
             }
             backend.pod_key = partial(pod_key, token)
             handles = backend.launch(count, resources or Resources(), agent_env)
-            backend.wait(max(0.0, deadline - time.monotonic()))
-            workers = server.wait(
-                max(0.0, deadline - time.monotonic()),
-                expected_pods=[h.pod for h in handles],
-                check=lambda: _check_pods(backend),
-                total=timeout,
-            )
+            workers = _registered(backend, server, [h.pod for h in handles], deadline, timeout)
         logger.info("%d workers ready: %s", len(workers), " ".join(w.address for w in workers))
         yield _cluster(run_dir, files, identity, port, rendezvous, workers, backend, stack.close, server)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.constants import HOSTFILE_NAME, KNOWN_HOSTS_NAME, SSH_CONFIG_NAME
-from worker.files import atomic_write
+from worker.files import atomic_write, private_dir
 from worker.hostfile import format_hostfile
 from worker.registration import Registration, check_address
 from worker.ssh import ssh_settings
@@ -37,6 +37,20 @@ class RunFiles:
         """
         directory = Path(directory).resolve()
         return cls(directory / HOSTFILE_NAME, directory / KNOWN_HOSTS_NAME, directory / SSH_CONFIG_NAME)
+
+    @classmethod
+    def cleared(cls, directory: Path) -> RunFiles:
+        """The standard names inside ``directory``, made private (0700: the run's key, token and ssh files are for
+        the user who started it), with none of an earlier run's files left: a failed start must not leave an
+        older run's hostfile behind.
+
+        :rtype: RunFiles
+        """
+        private_dir(directory)
+        files = cls.in_dir(directory)
+        for stale in (files.hostfile, files.known_hosts, files.ssh_config):
+            stale.unlink(missing_ok=True)
+        return files
 
 
 def known_hosts_pattern(address: str, port: int) -> str:

@@ -77,7 +77,8 @@ def infer(
     """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
     import json
 
-    from textsql.inference.predict import Predictor, format_summary, parse_header, predict
+    from textsql.inference.predict import format_summary, parse_header, predict
+    from textsql.inference.predictor import Predictor
 
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")

@@ -207,9 +207,9 @@ def _score(key: str, value: float | None) -> str:
 
 
 def format_answer(answer: dict) -> str:
-    """One answer of :func:`textsql.inference.predict.ask` for a person: the SQL, and why it is no query when it is not.
+    """One answer of :func:`textsql.inference.predictor.ask` for a person: the SQL, and why it is no query when it is not.
 
-    :param answer: ``{"sql", "query", "error"}`` as :func:`textsql.inference.predict.ask` returns it.
+    :param answer: ``{"sql", "query", "error"}`` as :func:`textsql.inference.predictor.ask` returns it.
     :rtype: str
     """
     if answer.get("error"):

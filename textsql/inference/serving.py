@@ -2,7 +2,7 @@
 
 A request ``{"question": str, "header": [str, ...], "rows": [[cell, ...], ...] optional, "types": [...] optional}``
 is checked against the limits below, the trained model writes the query with constrained decoding
-(:meth:`textsql.inference.predict.Predictor.ask`), and with rows the query runs over them in SQLite through
+(:meth:`textsql.inference.predictor.Predictor.ask`), and with rows the query runs over them in SQLite through
 WikiSQL's own engine (:class:`textsql.scoring.engine.TableEngine`), which gives ``"answer"``. Whatever goes
 wrong, the caller gets ``{"error": "<one line naming the fix>"}``, never an exception: a served function's
 traceback reaches nobody.
@@ -23,7 +23,7 @@ from typing import Any
 
 from textsql.constants import MODEL_SUBDIR, PROJECT_DIR
 from textsql.errors import DataError, ModelError, TextSQLError
-from textsql.inference.predict import Predictor
+from textsql.inference.predictor import Predictor
 from textsql.model import has_weights
 from textsql.scoring.engine import ExecutionError, TableEngine
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 from datetime import timedelta
 from functools import partial
@@ -25,19 +24,18 @@ from typing import TYPE_CHECKING
 import datasets
 import torch
 import transformers
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, set_seed
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, set_seed
 
 from textsql.arguments import DataArguments, ModelArguments, RunArguments, output_path
 from textsql.constants import LABEL_PAD_TOKEN_ID, MODEL_SUBDIR, PREPARE_JSON_NAME, RUN_SUMMARY_NAME, UNCASED_FORMAT
 from textsql.data.wikisql import recorded_input_format
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
-from textsql.errors import DataError, LaunchError, TextSQLError
+from textsql.errors import DataError, TextSQLError
 from textsql.files import write_json, write_jsonl
 from textsql.model import load_model, load_tokenizer
 from textsql.model_card import write_training_card
 from textsql.tracking.mlflow_runs import finish_tracking, run_params, start_tracking
 from textsql.training.batching import TokenBudgetTrainer
-from textsql.training.checkpoints import incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 from textsql.training.collective import exit_on_failure
 from textsql.training.command_line import parse_command_line
 from textsql.training.estimate import AUTO_PROFILE
@@ -46,6 +44,7 @@ from textsql.training.hardware import share_cpu_threads, teardown_distributed, t
 from textsql.training.loss import BatchVocabularyT5, resolve_loss_vocabulary
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
+from textsql.training.output_dir import export_model, prepare_output_dir, resume_checkpoint
 from textsql.training.progress import announce_op_build, announce_run, pace_record, use_step_lines
 from textsql.training.schedule import TimedSchedule
 from textsql.training.trainer import GrammarSeq2SeqTrainer
@@ -53,7 +52,7 @@ from textsql.training.universal import load_universal
 from worker.network import free_port
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -69,23 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     model_args, data_args, run_args, training_args = parse_arguments(argv)
     _configure_logging(training_args)
-    logger.warning(
-        "rank %d/%d (local %d) on %s: profile %s, precision %s",
-        training_args.process_index,
-        training_args.world_size,
-        training_args.local_process_index,
-        training_args.device,
-        run_args.profile,
-        model_args.precision,
-    )
-    if training_args.process_index == 0:
-        announce_run(
-            str(model_args.model),
-            run_args.profile,
-            run_args.auto_profile,
-            training_args.world_size,
-            model_args.precision,
-        )
+    _announce_rank(model_args, run_args, training_args)
     # Before anything slow: ranks that cannot all-reduce end here, naming the host, in seconds.
     collective = exit_on_failure(output_path(training_args))
     checkpoint = prepare_output_dir(training_args, run_args)
@@ -93,15 +76,56 @@ def main(argv: list[str] | None = None) -> int:
 
     splits = load_prepared(data_args)
     tokenizer = load_tokenizer(model_args.model)
+    model = model_to_train(model_args, training_args, splits.get("validation"))
+    trainer = build_trainer(model, tokenizer, splits, data_args, run_args, training_args)
+    start_tracking(trainer, run_params(model_args, data_args, run_args, training_args), resumed=checkpoint is not None)
+
+    throughput = run_training(trainer, checkpoint)
+    if "validation" in splits:
+        evaluate(trainer, tokenizer, splits["validation"])
+    close_run_events(trainer)
+    export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
+    if trainer.is_world_process_zero():
+        summary = _write_summary(trainer, model_args, run_args, checkpoint, collective, throughput)
+        write_training_card(output_path(training_args) / MODEL_SUBDIR, summary)
+    finish_tracking(trainer)
+    teardown_distributed()
+    return 0
+
+
+def model_to_train(
+    model_args: ModelArguments, training_args: Seq2SeqTrainingArguments, validation: datasets.Dataset | None
+) -> PreTrainedModel:
+    """The model, with the loss ``--loss_vocabulary`` asks for and the generation bounds evaluation sets.
+
+    :param validation: the evaluation split, whose targets bound the generated length.
+    :rtype: transformers.PreTrainedModel
+    """
     loss_vocabulary = resolve_loss_vocabulary(model_args.loss_vocabulary, model_args.model)
     model = load_model(model_args.model, model_class=BatchVocabularyT5 if loss_vocabulary == "batch" else None)
     # T5's forward takes **kwargs but averages its loss itself, ignoring num_items_in_batch; left to
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
     model.accepts_loss_kwargs = False  # type: ignore[assignment]  # read by the trainer, undeclared on the model
     # Saved with model/, so inference generates as the evaluation here did.
-    bound_generation(model, training_args, splits.get("validation"))
+    bound_generation(model, training_args, validation)
     if training_args.generation_num_beams:
         model.generation_config.num_beams = training_args.generation_num_beams
+    return model
+
+
+def build_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    splits: datasets.DatasetDict,
+    data_args: DataArguments,
+    run_args: RunArguments,
+    training_args: Seq2SeqTrainingArguments,
+) -> TokenBudgetTrainer:
+    """The run's trainer: token-budget batches padded per batch, the WikiSQL metrics with generation, the run's
+    callbacks, and its step lines and TensorBoard events.
+
+    :rtype: TokenBudgetTrainer
+    """
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=data_args.pad_to_multiple_of
     )
@@ -134,24 +158,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     use_step_lines(trainer)
     use_run_events(trainer)
-    start_tracking(trainer, run_params(model_args, data_args, run_args, training_args), resumed=checkpoint is not None)
+    return trainer
 
+
+def run_training(trainer: TokenBudgetTrainer, checkpoint: str | None) -> dict:
+    """Train (from ``checkpoint`` when resuming), then log and save the training metrics and the trainer's state.
+
+    :returns: questions and tokens per second of the batches that ran, summed over the ranks (every rank calls it).
+    :rtype: dict
+    """
     result = trainer.train(resume_from_checkpoint=checkpoint)
-    # Every rank takes part (the counts are summed over the ranks).
-    throughput = trainer.batch_counts.record(result.metrics["train_runtime"], training_args.device)
+    throughput = trainer.batch_counts.record(result.metrics["train_runtime"], trainer.args.device)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
-    if "validation" in splits:
-        evaluate(trainer, tokenizer, splits["validation"])
-    close_run_events(trainer)
-    export_model(trainer, output_path(training_args) / MODEL_SUBDIR, Path(data_args.prepared_dir()) / PREPARE_JSON_NAME)
-    if trainer.is_world_process_zero():
-        summary = _write_summary(trainer, model_args, run_args, checkpoint, collective, throughput)
-        write_training_card(output_path(training_args) / MODEL_SUBDIR, summary)
-    finish_tracking(trainer)
-    teardown_distributed()
-    return 0
+    return throughput
 
 
 def evaluate(
@@ -225,67 +246,6 @@ def init_distributed(timeout: timedelta) -> None:
     PartialState(backend=backend, timeout=timeout)
 
 
-def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -> str | None:
-    """Prepare the output directory on the saving rank, make the others wait, and pick the checkpoint.
-
-    A previous run's checkpoints or model are never deleted unless ``--overwrite_output_dir`` asks;
-    without it (and without ``--resume``) such a directory is refused.
-
-    :returns: the checkpoint to resume from, or ``None`` for a fresh start.
-    :rtype: str | None
-    """
-    from accelerate import PartialState
-
-    output = output_path(args)
-    if args.should_save:
-        _prepare_on_saving_rank(output, run_args)
-    PartialState().wait_for_everyone()
-    checkpoint = resume_checkpoint(output, run_args.resume)
-    if run_args.resume == "auto":
-        if checkpoint is None:
-            logger.warning("--resume auto: no complete checkpoint in %s, starting fresh", output)
-        else:
-            logger.warning("--resume auto: continuing from %s", checkpoint)
-    return checkpoint
-
-
-def resume_checkpoint(output: Path, resume: str | None) -> str | None:
-    """The checkpoint ``--resume`` names: the newest complete one in ``output`` for ``auto``, else the path given.
-
-    :rtype: str | None
-    :raises LaunchError: when a path given is not a complete checkpoint.
-    """
-    if not resume:
-        return None
-    if resume == "auto":
-        return newest_complete_checkpoint(output)
-    reason = incomplete_reason(Path(resume))
-    if reason is not None:
-        raise LaunchError(
-            f"{resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory"
-        )
-    return resume
-
-
-def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
-    previous = [*output.glob("checkpoint-*"), output / MODEL_SUBDIR] if output.is_dir() else []
-    previous = [path for path in previous if path.exists()]
-    if previous and not run_args.resume:
-        if not run_args.overwrite_output_dir:
-            raise LaunchError(
-                f"output directory {str(output)!r} holds a previous run ({previous[0].name}); "
-                "pass --resume auto to continue it, --overwrite-output-dir to replace it, or another --output-dir "
-                "(in notebook 02: resume='auto', overwrite_output_dir=True, or another run_dir)"
-            )
-        for path in previous:
-            logger.warning("deleting %s of a previous run (--overwrite-output-dir)", path)
-            shutil.rmtree(path)
-    if run_args.resume == "auto":
-        set_aside_incomplete(output)
-    output.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(_staging(output / MODEL_SUBDIR), ignore_errors=True)
-
-
 def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
     """Load the prepared dataset and keep only the model's columns (padding happens per batch).
 
@@ -309,27 +269,6 @@ def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
             list(MODEL_COLUMNS)
         )
     return splits
-
-
-def export_model(trainer: Seq2SeqTrainer, target: Path, prepare_record: Path | None = None) -> None:
-    """Write a consolidated HuggingFace model directory (weights, config, tokenizer, generation config).
-
-    ``prepare_record`` (the dataset's ``prepare.json``) is copied beside the weights, so inference on
-    a user's own question builds the model input the way training saw it.
-
-    Every rank takes part (ZeRO-3 gathers its shards); the world's main process writes to a staging
-    directory and renames it, so a crash never leaves a half-written ``model/``.
-    """
-    staging = _staging(target)
-    trainer.save_model(str(staging))
-    if trainer.is_world_process_zero():
-        if prepare_record is not None and prepare_record.is_file():
-            shutil.copy2(prepare_record, staging / prepare_record.name)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-        logger.info("model written to %s", target)
-    trainer.accelerator.wait_for_everyone()
 
 
 def _write_summary(
@@ -385,6 +324,27 @@ def evaluation_share(log_history: list[dict]) -> float | None:
     return None
 
 
+def _announce_rank(model_args: ModelArguments, run_args: RunArguments, training_args: Seq2SeqTrainingArguments) -> None:
+    """One line per rank (where it runs, its profile and precision), and the run's stage line from rank 0."""
+    logger.warning(
+        "rank %d/%d (local %d) on %s: profile %s, precision %s",
+        training_args.process_index,
+        training_args.world_size,
+        training_args.local_process_index,
+        training_args.device,
+        run_args.profile,
+        model_args.precision,
+    )
+    if training_args.process_index == 0:
+        announce_run(
+            str(model_args.model),
+            run_args.profile,
+            run_args.auto_profile,
+            training_args.world_size,
+            model_args.precision,
+        )
+
+
 def _configure_logging(args: Seq2SeqTrainingArguments) -> None:
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -399,10 +359,6 @@ def _configure_logging(args: Seq2SeqTrainingArguments) -> None:
 
 def _first(dataset: datasets.Dataset, count: int | None) -> datasets.Dataset:
     return dataset if count is None or count >= len(dataset) else dataset.select(range(count))
-
-
-def _staging(path: Path) -> Path:
-    return path.with_name(path.name + ".partial")
 
 
 if __name__ == "__main__":

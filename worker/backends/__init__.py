@@ -1,7 +1,7 @@
 """Ways to start worker pods: ``local``, ``cml``, ``kubernetes``, ``static``; see :func:`make_backend`.
 
-``base`` is the interface every backend implements; the ``kubernetes`` backend's objects are written by
-``kubernetes_manifests`` (its token Secret and Pods) and ``kubernetes_policy`` (the run's NetworkPolicy).
+``base`` is the interface every backend implements; ``kubernetes_manifests`` and ``kubernetes_policy`` are the Pod
+and Secret objects and the NetworkPolicy the ``kubernetes`` backend writes, built from its ``kubernetes_options``.
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ def make_backend(name: str, **options: Any) -> Backend:
     """A backend by name, built with its own options.
 
     :param name: one of ``BACKENDS``.
-    :param options: keyword arguments of that backend's constructor.
+    :param options: that backend's options (:meth:`Backend.from_options`: by default its constructor's keyword
+        arguments).
     :rtype: Backend
     """
     if name not in BACKENDS:
         raise WorkerError(f"unknown worker backend {name!r}; choose one of {', '.join(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
     try:
-        backend: Backend = getattr(importlib.import_module(module), cls)(**options)
+        backend: Backend = getattr(importlib.import_module(module), cls).from_options(**options)
         return backend
     except TypeError as error:
         raise WorkerError(f"bad option for the {name!r} backend: {error}") from None

@@ -84,6 +84,15 @@ class Backend(ABC):
                 f"{cls.__name__} declares attaches = {cls.attaches} but does not override {', '.join(missing)}"
             )
 
+    @classmethod
+    def from_options(cls, **options: Any) -> Self:
+        """The backend built from notebook 02's ``backend_options`` (:func:`~worker.backends.make_backend`): by
+        default, its constructor's keyword arguments.
+
+        :rtype: Backend
+        """
+        return cls(**options)
+
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         """Start ``count`` agents with ``env`` (the run's rendezvous settings) added to their environment,
         and each agent's own :attr:`pod_key` of the name it registers under (``TEXTSQL_WORKER_POD``).

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -35,12 +35,12 @@ from worker.backends.base import Backend, Resources, WorkerHandle
 from worker.backends.kubernetes_manifests import (
     APP_LABEL,
     RUN_LABEL,
-    PodTemplate,
     dns_name,
     pod_manifest,
     secret_manifest,
     secret_name,
 )
+from worker.backends.kubernetes_options import KubernetesOptions
 from worker.backends.kubernetes_policy import Egress, network_policy_manifest, parse_egress, tracking_egress
 from worker.errors import WorkerError
 from worker.network import route_address
@@ -90,66 +90,19 @@ class KubernetesBackend(Backend):
     # With project_claim the pods mount the run dir read-write (as the same user), the rest of the project read-only.
     shares_run_dir = True
 
-    def __init__(
-        self,
-        image: str,
-        namespace: str = "default",
-        project_claim: str | None = None,
-        project_path: str | None = None,
-        service_account: str | None = None,
-        node_selector: dict[str, str] | None = None,
-        api: Any = None,
-        poll_s: float = 2.0,
-        user_id: int = 1000,
-        group_id: int = 1000,
-        max_runtime_s: int = 24 * 3600,
-        home: str = "/home/textsql",
-        ephemeral_storage_gb: float = 20.0,
-        networking_api: Any = None,
-        egress: list[str] | None = None,
-        egress_to_tracking: bool = False,
-    ) -> None:
+    def __init__(self, options: KubernetesOptions, api: Any = None, networking_api: Any = None) -> None:
         """
-        :param image: the worker image (the session's image: python, deepspeed, sshd, pdsh).
-        :param namespace: namespace for pods, Secrets and the NetworkPolicy.
-        :param project_claim: PersistentVolumeClaim holding the project (None: the image has it). The pods mount
-            it read-only, and the run directory (which must lie inside it) read-write.
-        :param project_path: where the project is mounted (default: this process's working directory).
-        :param service_account: pod service account.
-        :param node_selector: pod node selector (e.g. a GPU node pool).
+        :param options: the pods, how often they are looked at and what they may reach.
         :param api: a ``CoreV1Api`` (default: in-cluster config, else ~/.kube/config).
-        :param poll_s: seconds between status polls.
-        :param user_id: the image's non-root user (docker/Dockerfile: 1000).
-        :param group_id: the pod's fsGroup: the group of the mounted token and of the pod's processes.
-        :param max_runtime_s: ``activeDeadlineSeconds``: the pods end after this even if no one stops them.
-        :param home: the image user's home directory (docker/Dockerfile: /home/textsql); its ``.cache`` is writable.
-        :param ephemeral_storage_gb: each pod's limit on node-local disk (its writable volumes and logs).
         :param networking_api: a ``NetworkingV1Api`` for the run's NetworkPolicy (default: one on ``api``'s client).
-        :param egress: further destinations the pods may reach, each ``IP[/PREFIX]:PORT`` (a hub mirror, a
-            tracking server); the NetworkPolicy admits nothing else.
-        :param egress_to_tracking: also admit the host and port of this process's ``MLFLOW_TRACKING_URI`` (the
-            rank that logs to MLflow runs on a pod).
         """
-        self.template = PodTemplate(
-            image=image,
-            namespace=namespace,
-            project_claim=project_claim,
-            project_path=project_path or str(Path.cwd()),
-            service_account=service_account,
-            node_selector=node_selector,
-            user_id=user_id,
-            group_id=group_id,
-            max_runtime_s=max_runtime_s,
-            home=home,
-            ephemeral_storage_gb=ephemeral_storage_gb,
-        )
-        self.poll_s = poll_s
+        self.options = options
         self._api = api
         self._networking = networking_api
         self._policy: str | None = None
         # Checked here, before any pod: a refused destination starts nothing.
-        self.egress: list[Egress] = [parse_egress(entry) for entry in egress or []]
-        if egress_to_tracking:
+        self.egress: list[Egress] = [parse_egress(entry) for entry in options.egress or ()]
+        if options.egress_to_tracking:
             uri = os.environ.get("MLFLOW_TRACKING_URI")
             if not uri:
                 raise WorkerError("egress_to_tracking needs MLFLOW_TRACKING_URI set; set it, or leave the option out")
@@ -162,9 +115,18 @@ class KubernetesBackend(Backend):
         # The Secrets created, one per pod (its key), including those of replaced pods.
         self._secrets: list[str] = []
 
+    @classmethod
+    def from_options(cls, api: Any = None, networking_api: Any = None, **options: Any) -> Self:
+        """The backend for notebook 02's ``backend_options``: :class:`KubernetesOptions` fields by name, and the
+        APIs to call (by default the cluster's own, configured on first use).
+
+        :rtype: KubernetesBackend
+        """
+        return cls(KubernetesOptions(**options), api, networking_api)
+
     @property
     def namespace(self) -> str:
-        return self.template.namespace
+        return self.options.namespace
 
     @property
     def api(self) -> Any:
@@ -201,7 +163,7 @@ class KubernetesBackend(Backend):
         :rtype: kubernetes.client.V1Pod
         """
         run_dir = self.workdir.parent if self.workdir else None
-        return pod_manifest(self.template, self.run_id, index, resources, env, run_dir)
+        return pod_manifest(self.options, self.run_id, index, resources, env, run_dir)
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
         run_name = self.workdir.parent.name if self.workdir else "run"
@@ -267,7 +229,7 @@ class KubernetesBackend(Backend):
                 raise WorkerError(
                     f"pods not running after {timeout:.0f}s: {described}; check image, quota and GPU nodes"
                 )
-            time.sleep(self.poll_s)
+            time.sleep(self.options.poll_s)
 
     def failures(self) -> dict[str, str]:
         return {name: f"ended with phase {phase}" for name, (phase, _) in self._phases().items() if phase in _ENDED}

@@ -1,6 +1,7 @@
 """The objects the ``kubernetes`` backend writes for a run's workers: one token Secret and one Pod per worker
 (the run's NetworkPolicy is :mod:`worker.backends.kubernetes_policy`). No API calls here: these are the
-official client's (validating) models, built from a :class:`PodTemplate` and the run.
+official client's (validating) models, built from the backend's
+:class:`~worker.backends.kubernetes_options.KubernetesOptions` and the run.
 
 A pod gets its own rendezvous key as a Secret mounted read-only (0440, group = the pod's ``fsGroup``; the
 pod spec never holds the value, the run's token stays with the master), ``POD_IP`` and the pod name from
@@ -17,7 +18,6 @@ so no worker can change the code the master imports (``textsql/``, ``worker/``, 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from kubernetes import client
 
 from worker import constants as c
 from worker.backends.base import Resources
+from worker.backends.kubernetes_options import KubernetesOptions
 from worker.errors import WorkerError
 
 TOKEN_MOUNT = "/var/run/textsql"
@@ -35,23 +36,6 @@ RUN_LABEL = "textsql/run"
 APP_LABEL = ",".join(f"{key}={value}" for key, value in APP_LABELS.items())
 SECRET_KEY = "token"
 TMP = "/tmp"  # an emptyDir: the pod's root filesystem is read-only
-
-
-@dataclass(frozen=True)
-class PodTemplate:
-    """What every worker pod of a backend has in common (see :class:`~worker.backends.kubernetes.KubernetesBackend`)."""
-
-    image: str
-    namespace: str = "default"
-    project_claim: str | None = None
-    project_path: str = "."
-    service_account: str | None = None
-    node_selector: dict[str, str] | None = None
-    user_id: int = 1000
-    group_id: int = 1000
-    max_runtime_s: int = 24 * 3600
-    home: str = "/home/textsql"
-    ephemeral_storage_gb: float = 20.0
 
 
 def dns_name(text: str) -> str:
@@ -122,11 +106,11 @@ def run_dir_subpath(project_path: str, run_dir: Path) -> str:
 
 
 def pod_manifest(
-    template: PodTemplate, run_id: str, index: int, resources: Resources, env: dict[str, str], run_dir: Path | None
+    options: KubernetesOptions, run_id: str, index: int, resources: Resources, env: dict[str, str], run_dir: Path | None
 ) -> Any:
     """The Pod for worker ``index``.
 
-    :param template: what every worker pod has in common.
+    :param options: the backend's options, what every worker pod has in common.
     :param run_id: the run's id (its label and the pod name's middle).
     :param index: the worker's index.
     :param resources: CPU, memory, GPUs.
@@ -136,7 +120,7 @@ def pod_manifest(
     :rtype: kubernetes.client.V1Pod
     """
     name = pod_name(run_id, index)
-    mounts, volumes = _scratch_volumes(template, resources)
+    mounts, volumes = _scratch_volumes(options, resources)
     mounts.insert(0, client.V1VolumeMount(name="token", mount_path=TOKEN_MOUNT, read_only=True))
     # 0440: with an fsGroup the kubelet makes the files group-readable anyway; say so, and check it.
     volumes.insert(
@@ -145,41 +129,41 @@ def pod_manifest(
             name="token", secret=client.V1SecretVolumeSource(secret_name=secret_name(name), default_mode=0o440)
         ),
     )
-    if template.project_claim:
-        project_mounts, project_volume = _project_volume(template, run_dir)
+    if options.project_claim:
+        project_mounts, project_volume = _project_volume(options, run_dir)
         mounts += project_mounts
         volumes.append(project_volume)
     return client.V1Pod(
         api_version="v1",
         kind="Pod",
-        metadata=client.V1ObjectMeta(name=name, namespace=template.namespace, labels=run_labels(run_id)),
+        metadata=client.V1ObjectMeta(name=name, namespace=options.namespace, labels=run_labels(run_id)),
         spec=client.V1PodSpec(
             containers=[
-                _container(template, _environment(template, resources, env), _limits(template, resources), mounts)
+                _container(options, _environment(options, resources, env), _limits(options, resources), mounts)
             ],
             volumes=volumes,
             restart_policy="Never",
-            service_account_name=template.service_account,
-            node_selector=template.node_selector,
+            service_account_name=options.service_account,
+            node_selector=options.node_selector,
             automount_service_account_token=False,
-            active_deadline_seconds=template.max_runtime_s,
+            active_deadline_seconds=options.max_runtime_s,
             security_context=client.V1PodSecurityContext(
                 run_as_non_root=True,
-                run_as_user=template.user_id,
-                run_as_group=template.group_id,
-                fs_group=template.group_id,
+                run_as_user=options.user_id,
+                run_as_group=options.group_id,
+                fs_group=options.group_id,
                 seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
             ),
         ),
     )
 
 
-def _environment(template: PodTemplate, resources: Resources, env: dict[str, str]) -> list[Any]:
+def _environment(options: KubernetesOptions, resources: Resources, env: dict[str, str]) -> list[Any]:
     """The agent's variables: ``env`` without the run token, the mounted key's path, and the downward API's."""
     plain = {
         **env,
         c.ENV_TOKEN_FILE: f"{TOKEN_MOUNT}/{SECRET_KEY}",
-        c.ENV_TOKEN_GROUP: str(template.group_id),
+        c.ENV_TOKEN_GROUP: str(options.group_id),
         c.ENV_SLOTS: str(max(1, resources.gpus)),
         c.ENV_SSHD_KEYS_DIR: f"{TMP}/textsql-sshd",  # the home directory is read-only
     }
@@ -193,24 +177,24 @@ def _environment(template: PodTemplate, resources: Resources, env: dict[str, str
     ]
 
 
-def _limits(template: PodTemplate, resources: Resources) -> dict[str, str]:
+def _limits(options: KubernetesOptions, resources: Resources) -> dict[str, str]:
     limits = {
         "cpu": str(resources.cpu),
         "memory": f"{resources.memory_gb:g}Gi",
-        "ephemeral-storage": f"{template.ephemeral_storage_gb:g}Gi",
+        "ephemeral-storage": f"{options.ephemeral_storage_gb:g}Gi",
     }
     if resources.gpus:
         limits["nvidia.com/gpu"] = str(resources.gpus)
     return limits
 
 
-def _scratch_volumes(template: PodTemplate, resources: Resources) -> tuple[list[Any], list[Any]]:
+def _scratch_volumes(options: KubernetesOptions, resources: Resources) -> tuple[list[Any], list[Any]]:
     """The pod's own writable places (mounts, volumes): the root filesystem is read-only, so the agent's and
     sshd's files go to /tmp, the ranks' caches (torch extensions, Hugging Face) to ~/.cache."""
     mounts = [
         client.V1VolumeMount(name="shm", mount_path="/dev/shm"),
         client.V1VolumeMount(name="tmp", mount_path=TMP),
-        client.V1VolumeMount(name="cache", mount_path=f"{template.home}/.cache"),
+        client.V1VolumeMount(name="cache", mount_path=f"{options.home}/.cache"),
     ]
     volumes = [
         # NCCL's shared-memory transport needs more than the runtime's 64 MB /dev/shm.
@@ -223,38 +207,38 @@ def _scratch_volumes(template: PodTemplate, resources: Resources) -> tuple[list[
         client.V1Volume(name="tmp", empty_dir=client.V1EmptyDirVolumeSource(size_limit="1Gi")),
         client.V1Volume(
             name="cache",
-            empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{max(1.0, template.ephemeral_storage_gb / 2):g}Gi"),
+            empty_dir=client.V1EmptyDirVolumeSource(size_limit=f"{max(1.0, options.ephemeral_storage_gb / 2):g}Gi"),
         ),
     ]
     return mounts, volumes
 
 
-def _project_volume(template: PodTemplate, run_dir: Path | None) -> tuple[list[Any], Any]:
+def _project_volume(options: KubernetesOptions, run_dir: Path | None) -> tuple[list[Any], Any]:
     """The project claim's mounts (the project read-only, the run directory read-write over it) and volume."""
     if run_dir is None:
         raise WorkerError(
             "the kubernetes backend with a project_claim needs the run directory its pods may write; "
             "start the workers with start_workers(backend, count, run_dir) rather than backend.launch"
         )
-    subpath = run_dir_subpath(template.project_path, run_dir)
+    subpath = run_dir_subpath(options.project_path, run_dir)
     mounts = [
-        client.V1VolumeMount(name="project", mount_path=template.project_path, read_only=True),
+        client.V1VolumeMount(name="project", mount_path=options.project_path, read_only=True),
         client.V1VolumeMount(
-            name="project", mount_path=str(Path(template.project_path) / subpath), sub_path=subpath, read_only=False
+            name="project", mount_path=str(Path(options.project_path) / subpath), sub_path=subpath, read_only=False
         ),
     ]
-    claim = client.V1PersistentVolumeClaimVolumeSource(claim_name=template.project_claim)
+    claim = client.V1PersistentVolumeClaimVolumeSource(claim_name=options.project_claim)
     return mounts, client.V1Volume(name="project", persistent_volume_claim=claim)
 
 
-def _container(template: PodTemplate, env: list[Any], limits: dict[str, str], mounts: list[Any]) -> Any:
+def _container(options: KubernetesOptions, env: list[Any], limits: dict[str, str], mounts: list[Any]) -> Any:
     return client.V1Container(
         # args, not command: the image's entrypoint (tini) stays pid 1 and reaps sshd's children.
         name="agent",
-        image=template.image,
+        image=options.image,
         args=["python", "-m", "worker.agent"],
         env=env,
-        working_dir=template.project_path,
+        working_dir=options.project_path,
         volume_mounts=mounts,
         resources=client.V1ResourceRequirements(requests=dict(limits), limits=limits),
         security_context=client.V1SecurityContext(
