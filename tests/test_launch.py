@@ -26,11 +26,11 @@ from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
     local_command,
-    mask_credentials,
     rank_environment,
     without_secrets,
 )
 from textsql.launching.launch import launch
+from textsql.sanitize import mask_credentials
 from worker.network import free_port
 
 # A rank program: forms the gloo group, all-reduces, reports; fails or lingers when asked.
@@ -280,3 +280,17 @@ def test_local_launcher_needs_no_ssh(tmp_path: Path, standin_env: dict[str, str]
     # DeepSpeed's per-node launcher started the ranks itself: no runner, no hostfile.
     assert "runner.py" not in result.stdout and not (tmp_path / "run" / "hostfile.local").exists()
     assert tagged_processes(standin_env["LAUNCH_TEST_TAG"]) == []
+
+
+def test_a_long_rank_line_is_masked_in_linear_time() -> None:
+    """pdsh passes lines of ~128 KiB; masking runs on every rank line, on the thread that also stops a stalled run."""
+    for line in ("a" * 128 * 1024, "http" * 32 * 1024, "x://" + "a:" * 64 * 1024, "s://" * 32 * 1024):
+        started = time.perf_counter()
+        assert mask_credentials(line) == line
+        assert time.perf_counter() - started < 0.05, len(line)
+
+
+def test_a_password_holding_at_signs_is_masked_to_the_authoritys_last_at() -> None:
+    assert mask_credentials("see http://alice:p@ss-w0rd@host:5000/api") == "see http://alice:***@host:5000/api"
+    assert mask_credentials("s3://key:a/b@bucket") == "s3://key:a/b@bucket"  # the path starts at the first /
+    assert without_secrets({"MLFLOW_TRACKING_URI": "http://alice:p@ss@host"}) == {}

@@ -355,3 +355,20 @@ def test_a_resumed_training_continues_its_mlflow_run(prepared_sample: Path, tmp_
     (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "1"
     assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
+
+
+def test_a_tracking_failure_shows_no_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MLflow's exception text names the tracking URI, user and password included: the warning masks it."""
+    from mlflow.exceptions import MlflowException
+
+    class RefusingClient:
+        def log_metric(self, *args: object) -> None:
+            raise MlflowException("API request to http://alice:s3cr@t@mlflow:5000/api/2.0/runs failed")
+
+    monkeypatch.setattr("mlflow.MlflowClient", RefusingClient)
+    caplog.set_level(logging.WARNING, logger="textsql.tracking.mlflow_runs")
+    (tmp_path / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": "0" * 32}))
+    assert not log_evaluation(tmp_path, "test", {"lf_accuracy": 0.5}, tmp_path / "metrics.json")
+    assert "http://alice:***@mlflow:5000" in caplog.text and "s3cr" not in caplog.text

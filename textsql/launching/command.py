@@ -30,6 +30,7 @@ from pathlib import Path
 from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR, TRACKING_PREFIX
 from textsql.errors import LaunchError
 from textsql.rank_lines import LAUNCH_ID_VAR
+from textsql.sanitize import has_url_password
 from worker.constants import SOCKET_IFNAME_VARS
 from worker.files import atomic_write
 from worker.network import free_port
@@ -52,10 +53,6 @@ CARRIED_VARS = (
 # Names that hold credentials: never written to .deepspeed_env (it ends up on pdsh's command line and
 # in the log) and kept from DeepSpeed's runner, which exports every MLFLOW*/PYTHON*/... variable.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY", re.IGNORECASE)
-# A password in a URL's user part (a proxy, a package index, a tracking URI): a credential whatever
-# the variable is called. Group 1 is what stays visible when it is masked.
-URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]*):[^/\s@]+@", re.IGNORECASE)
-MASK = "***"
 # DeepSpeed's runner puts each .deepspeed_env value in double quotes on the remote shell's command line,
 # where only `$`, backquotes, backslashes and double quotes act: a value holds none of the last three,
 # and a `$` only as a plain variable reference ($NAME or ${NAME}), never $(...), $((...)) or ${NAME:-...}.
@@ -245,7 +242,7 @@ def check_env_entry(key: str, value: str) -> None:
             f"{key!r} looks like a secret, and .deepspeed_env ends up on pdsh's command line and in launch.log; "
             "give ranks credentials through the hosts' own environment or files"
         )
-    if URL_PASSWORD.search(value):
+    if has_url_password(value):
         raise LaunchError(
             f"the value of {key} holds a password in a URL, and .deepspeed_env ends up on pdsh's command line "
             "and in launch.log; give ranks credentials through the hosts' own environment or files"
@@ -304,7 +301,7 @@ def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     for key, value in environ.items():
         if SECRET_NAME.search(key):
             continue
-        if URL_PASSWORD.search(value):
+        if has_url_password(value):
             logger.warning(
                 "%s holds a password in a URL: not passed to DeepSpeed's runner, whose command line "
                 "shows it; give ranks credentials through the hosts' own environment or files",
@@ -313,19 +310,6 @@ def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
             continue
         kept[key] = value
     return kept
-
-
-def mask_credentials(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``, for logs and terminals.
-
-    Usage::
-
-        >>> mask_credentials("proxy http://alice:hunter2@proxy:3128 used")
-        'proxy http://alice:***@proxy:3128 used'
-
-    :rtype: str
-    """
-    return URL_PASSWORD.sub(rf"\1:{MASK}@", text)
 
 
 def write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:

@@ -65,7 +65,6 @@ from textsql.launching.command import (
     deepspeed_command,
     local_command,
     local_device_count,
-    mask_credentials,
     rank_environment,
     without_secrets,
     write_deepspeed_env,
@@ -73,6 +72,7 @@ from textsql.launching.command import (
 from textsql.launching.preflight import preflight
 from textsql.launching.ranks import LocalRanks, RemoteRanks
 from textsql.launching.tracking_env import tracking_env, without_tracking
+from textsql.sanitize import mask_credentials
 from worker.constants import HOSTFILE_NAME
 from worker.files import private_opener
 from worker.hostfile import read_hostfile

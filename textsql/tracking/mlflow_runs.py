@@ -46,6 +46,7 @@ from textsql.constants import (
 )
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
+from textsql.sanitize import mask_credentials
 
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
@@ -215,7 +216,9 @@ def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metric
             client.log_metric(run_id, name, float(value))
         client.log_artifact(run_id, str(metrics_file), artifact_path=split)
     except (MlflowException, OSError) as error:
-        logger.warning("the scores were not logged to MLflow run %s: %s", run_id, str(error).splitlines()[0])
+        logger.warning(
+            "the scores were not logged to MLflow run %s: %s", run_id, mask_credentials(str(error).splitlines()[0])
+        )
         return False
     return True
 
