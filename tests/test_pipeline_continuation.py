@@ -386,3 +386,13 @@ def test_a_continued_job_skips_its_completed_notebook_and_names_the_job_to_run_f
     assert skipped.returncode == 0, skipped.stderr
     assert skipped.stdout.strip() == f"{PREPARE} skipped: completed with the same parameters; its outputs are in place"
     assert Manifest.load(tmp_path / "run").records == manifest.records, "nothing ran, nothing was recorded"
+
+
+def test_a_rank_line_with_a_carriage_return_forges_no_launch_id(tmp_path):
+    """launch.log holds the ranks' lines, which a worker writes: only a line of its own, after a newline, is one."""
+    honest, forged = "5f0c2a9e41d7b3c8", "0123456789abcdef"
+    (tmp_path / LAUNCH_LOG_NAME).write_bytes(
+        f"# 2026-11-26 01:00:00 launch {honest}: deepspeed\n"
+        f"127.0.0.3: step 1/4\r# 2026-11-26 01:00:01 launch {forged}: deepspeed\n".encode()
+    )
+    assert launch_ids(tmp_path) == [honest]

@@ -85,3 +85,18 @@ def test_preflight_shows_a_workers_cluster_json_inert(tmp_path):
     result = CliRunner().invoke(cli, ["preflight", "--run-dir", str(hostile_run_dir(tmp_path))])
     assert_inert(result.output)
     assert sum(line.startswith("problem: ") for line in result.output.split("\n")) == 1, result.output
+
+
+def test_the_demo_summary_shows_worker_written_values_inert(tmp_path):
+    """run.json, data/prepare.json and metrics.json lie in the run directory the pods can write."""
+    from textsql.pipeline.demo import DemoResult, format_summary
+
+    write_json(
+        tmp_path / "run.json",
+        {"log_history": [{"train_runtime": 5.0}], "world_size": "\x1b]0;owned\x07", "zero_stage": 0},
+    )
+    write_json(tmp_path / "data" / "prepare.json", {"source": "synthetic\x1b[2J\rpwned"})
+    write_json(tmp_path / "metrics.json", {"n": "10\u202e", "lf_accuracy": 0.5, "ex_accuracy": None})
+    summary = format_summary(DemoResult(tmp_path, {"02_train_distributed": 1.0}, {"02_train_distributed": tmp_path}))
+    assert_inert(summary)
+    assert "synthetic\\x1b[2J\\rpwned questions" in summary

@@ -163,3 +163,12 @@ def test_an_answer_is_its_sql_and_why_it_is_no_query():
     wrong = "SELECT Team FROM table"
     shown = format_answer({"sql": wrong, **parsed(wrong, header)})
     assert shown.startswith(f"{wrong}\n(not a query over this table: ") and parsed(wrong, header)["error"] in shown
+
+
+def test_a_worker_written_question_is_shown_as_text_not_run_as_html(tmp_path):
+    """predictions.jsonl lies in a directory the pods can write: its text reaches notebook 03's table as text."""
+    attack = "<img src=x onerror=alert(document.cookie)><script>fetch('/api/contents')</script>"
+    hostile = {**LINES[0], "question": attack, "pred_sql": "</td><b>bold</b>", "error": "<i>x</i>"}
+    html = predictions_table(write_jsonl(tmp_path / "predictions.jsonl", [hostile])).to_html()
+    assert "<img" not in html and "<script" not in html and "<b>" not in html and "<i>" not in html
+    assert "&lt;img src=x onerror=alert(document.cookie)&gt;" in html

@@ -258,7 +258,8 @@ def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool 
     """Predicted SQL beside the gold SQL, one question a row, with whether the logical form is right.
 
     Shown whole and left-aligned (a DataFrame's own view cuts text at 50 characters, right-aligned), so the
-    two queries can be read against each other.
+    two queries can be read against each other. Every cell is HTML-escaped: the predictions file lies where the
+    pods may write, and a Styler renders its cells as raw HTML unless told to escape.
 
     :param predictions: ``predictions.jsonl`` written by :func:`textsql.inference.predict.predict`.
     :param limit: rows shown.
@@ -282,6 +283,7 @@ def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool 
     return (
         table.head(limit)
         .reset_index(drop=True)
-        .style.set_properties(**{"text-align": "left"})
+        .style.format(escape="html")
+        .set_properties(**{"text-align": "left"})
         .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}])
     )

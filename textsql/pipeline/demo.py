@@ -32,6 +32,7 @@ from textsql.files import read_json
 from textsql.pipeline.manifest import Manifest, Step
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
 from textsql.pipeline.runs import continuation_plan, run_recorded
+from textsql.sanitize import sanitized
 from textsql.training.profiles import AUTO_PROFILE, get_profile
 from worker.constants import HOSTFILE_NAME
 
@@ -189,7 +190,8 @@ def format_summary(result: DemoResult) -> str:
                 f"    of which {runtime:.0f} s optimizer steps on {training['world_size']} ranks, ZeRO-{training['zero_stage']}"
             )
     lines.append(f"  {'total':22} {sum(result.seconds.values()):7.1f} s")
-    return "\n".join(lines)
+    # Its values come from files the pods may write (run.json, prepare.json, metrics.json): shown inert.
+    return "\n".join(sanitized(line) for line in lines)
 
 
 def _score_lines(title: str, metrics: dict) -> list[str]:

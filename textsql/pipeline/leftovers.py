@@ -52,7 +52,9 @@ def launch_ids(run_dir: Path) -> list[str]:
     for name, pattern in ((LAUNCH_LOG_NAME, LAUNCH_LINE), (DEEPSPEED_ENV_NAME, LAUNCH_ENV_LINE)):
         path = run_dir / name
         if path.is_file():
-            found += [match["id"] for match in pattern.finditer(path.read_text(encoding="utf-8", errors="replace"))]
+            # Decoded without newline translation: a rank's "\r" in launch.log starts no line of its own.
+            text = path.read_bytes().decode("utf-8", errors="replace")
+            found += [match["id"] for match in pattern.finditer(text)]
     return list(dict.fromkeys(found))
 
 
