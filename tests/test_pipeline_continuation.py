@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from textsql.constants import LAUNCH_LOG_NAME
+from textsql.constants import LAUNCH_LOG_NAME, TRACKING_ENV_NAME
 from textsql.launching.ranks import LAUNCH_ID_VAR, marked_processes
 from textsql.pipeline.demo import DEMO_MARKER, demo_parameters
 from textsql.pipeline.leftovers import end_leftovers, launch_ids
@@ -396,3 +396,9 @@ def test_a_rank_line_with_a_carriage_return_forges_no_launch_id(tmp_path):
         f"127.0.0.3: step 1/4\r# 2026-11-26 01:00:01 launch {forged}: deepspeed\n".encode()
     )
     assert launch_ids(tmp_path) == [honest]
+
+
+def test_ending_leftovers_removes_the_credentials_a_killed_launch_left(tmp_path):
+    (tmp_path / TRACKING_ENV_NAME).write_text('{"MLFLOW_TRACKING_PASSWORD": "p"}')
+    assert end_leftovers(tmp_path, None) == 0
+    assert not (tmp_path / TRACKING_ENV_NAME).exists()

@@ -81,6 +81,15 @@ def test_an_mlflow_variable_given_with_env_is_refused_naming_the_launching_envir
         LaunchArguments(run_dir=tmp_path, env={"MLFLOW_EXPERIMENT_NAME": "x"})
 
 
+def test_a_tracking_file_a_hard_kill_left_is_removed_when_the_next_launch_starts(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / TRACKING_ENV_NAME).write_text(json.dumps({"MLFLOW_TRACKING_PASSWORD": "left-by-a-killed-launch"}))
+    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", str(out)])
+    with tracking_env(arguments, {"HOME": "/root"}) as tracked:
+        assert tracked is arguments and not (out / TRACKING_ENV_NAME).exists()
+
+
 # ---- the logging rank ------------------------------------------------------------------------------
 
 
@@ -372,3 +381,27 @@ def test_a_tracking_failure_shows_no_password(
     (tmp_path / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": "0" * 32}))
     assert not log_evaluation(tmp_path, "test", {"lf_accuracy": 0.5}, tmp_path / "metrics.json")
     assert "http://alice:***@mlflow:5000" in caplog.text and "s3cr" not in caplog.text
+
+
+def test_the_logging_rank_takes_only_mlflow_variables_from_the_file(tmp_path: Path) -> None:
+    """The file lies in the output directory: one a worker swapped could otherwise set LD_PRELOAD for rank 0."""
+    path = tmp_path / TRACKING_ENV_NAME
+    path.write_text(json.dumps({"MLFLOW_TRACKING_URI": "http://master", "LD_PRELOAD": "/tmp/evil.so", "PATH": "/x"}))
+    environ = {TRACKING_ENV_VAR: str(path)}
+    assert load_tracking_env(environ) == ["MLFLOW_TRACKING_URI"]
+    assert "LD_PRELOAD" not in environ and "PATH" not in environ
+
+
+@pytest.mark.parametrize("content", [None, "not json", "[1, 2]"])
+def test_a_tracking_file_the_rank_cannot_read_is_a_warning(
+    tmp_path: Path, content: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Master and pods may run as different users (a 0600 file of another uid), or the file may be damaged."""
+    path = tmp_path / TRACKING_ENV_NAME
+    if content is None:
+        path.mkdir()  # reading a directory fails as an unreadable file does, even as root
+    else:
+        path.write_text(content)
+    caplog.set_level(logging.WARNING, logger="textsql.tracking.mlflow_runs")
+    assert load_tracking_env({TRACKING_ENV_VAR: str(path)}) == []
+    assert "MLflow uses this host's own settings" in caplog.text

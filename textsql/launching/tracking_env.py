@@ -10,7 +10,8 @@ every backend's ranks reach: the shared volume on Kubernetes and CML, the hosts'
 static workers), and only the file's path reaches the ranks (:data:`~textsql.constants.TRACKING_ENV_VAR`
 in ``.deepspeed_env``). The logging rank (world process zero) reads it into its own environment before
 MLflow starts (:func:`textsql.tracking.mlflow_runs.load_tracking_env`). The file lives as long as the launch:
-it is written before the runner starts and removed when the launch ends, however it ends.
+it is written before the runner starts and removed when the launch ends, however it ends; one a hard kill left
+behind is removed when the next launch starts (or its pipeline's leftovers are ended).
 
 Usage::
 
@@ -66,6 +67,9 @@ def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None =
     """
     variables = tracking_variables(os.environ if environ is None else environ)
     output_dir = _output_dir(arguments.train_args)
+    if output_dir is not None:
+        # One a hard-killed launch left behind, credentials in it: gone before anything else starts.
+        (output_dir / TRACKING_ENV_NAME).unlink(missing_ok=True)
     if not variables or output_dir is None:
         yield arguments
         return

@@ -29,7 +29,7 @@ import signal
 import time
 from pathlib import Path
 
-from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME
+from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME, TRACKING_ENV_NAME
 from textsql.launching.ranks import END_GRACE_S, LAUNCH_ID_VAR, POLL_S, end_marked, marked_processes
 from textsql.pipeline.manifest import ATTEMPT_VAR
 
@@ -60,7 +60,8 @@ def launch_ids(run_dir: Path) -> list[str]:
 
 def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S) -> int:
     """End this machine's processes of an earlier attempt in ``run_dir``: those carrying its id (SIGKILL), then the
-    ranks of every launch the run recorded (SIGTERM, SIGKILL after ``grace``).
+    ranks of every launch the run recorded (SIGTERM, SIGKILL after ``grace``); the MLflow credentials file a
+    killed launch left is removed.
 
     :param run_dir: the run directory.
     :param attempt: the earlier attempt's id (``None``: none recorded, only the ranks are looked for).
@@ -71,6 +72,8 @@ def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S
     ended = _kill_attempt(attempt, grace) if attempt else 0
     for launch in launch_ids(run_dir):
         ended += end_marked(launch, grace)
+    # The MLflow credentials a killed launch never got to remove (textsql.launching.tracking_env).
+    (run_dir / TRACKING_ENV_NAME).unlink(missing_ok=True)
     if ended:
         logger.warning("ended %d processes left running by the earlier run in %s", ended, run_dir)
     return ended

@@ -43,15 +43,20 @@ from textsql.constants import (
     PREPARE_JSON_NAME,
     RUN_SUMMARY_NAME,
     TRACKING_ENV_VAR,
+    TRACKING_PREFIX,
 )
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
 from textsql.sanitize import mask_credentials
+from worker.files import UnsafeRead, read_bounded
 
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 logger = logging.getLogger(__name__)
+
+# The launch's MLflow variables take a few hundred bytes; a larger file is no file the launch wrote.
+MAX_TRACKING_FILE_BYTES = 64 * 1024
 
 MLFLOW = "mlflow"
 # The trainer writes these at its end (Trainer.save_metrics): train and final evaluation metrics.
@@ -94,13 +99,21 @@ def load_tracking_env(environ: MutableMapping[str, str] | None = None) -> list[s
     if not path:
         return []
     try:
-        variables = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        variables = json.loads(read_bounded(Path(path), MAX_TRACKING_FILE_BYTES))
+        if not isinstance(variables, dict):
+            raise TypeError(f"a JSON {type(variables).__name__}, not an object")
+    except (OSError, UnsafeRead, ValueError, TypeError) as error:
+        # Another uid's 0600 file (master and pods run as different users), a host that cannot see the directory,
+        # a damaged file: the rank trains on, logging with its host's own settings.
         logger.warning(
-            "%s names %s, which this host cannot read: MLflow uses this host's own settings", TRACKING_ENV_VAR, path
+            "%s names %s, which this host cannot read (%s): MLflow uses this host's own settings",
+            TRACKING_ENV_VAR,
+            path,
+            error,
         )
         return []
-    loaded = [key for key in variables if key not in environ]
+    # Only MLflow's own variables: the file lies in the output directory, and a swapped one must not set LD_PRELOAD.
+    loaded = [key for key in variables if key.startswith(TRACKING_PREFIX) and key not in environ]
     environ.update({key: str(variables[key]) for key in loaded})
     return loaded
 
