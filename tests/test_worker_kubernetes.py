@@ -129,6 +129,11 @@ def project(tmp_path):
         (root / package).mkdir(parents=True)
         (root / package / "__init__.py").write_text("")
     (root / "runs" / "r1").mkdir(parents=True)
+    for name in ("notebooks", ".git", "cml", "scripts", ".venv/lib/python3.11/site-packages"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    for held in ("tools/setup.sh", "venv/pyvenv.cfg", "explore/analysis.ipynb"):
+        (root / "runs" / held).parent.mkdir(parents=True)
+        (root / "runs" / held).write_text("")
     return root
 
 
@@ -150,6 +155,16 @@ def test_a_worker_pod_can_write_its_run_directory_and_no_code_the_master_imports
         ("../elsewhere", "is not inside the project volume"),  # not on the volume: ranks could write nothing
         ("textsql/runs/r1", "lies in the Python package '.*/project/textsql', code the master imports"),
         ("worker", "lies in the Python package '.*/project/worker'"),
+        # Not a package, yet what the master or a person runs: only a directory of its own under runs/ is given.
+        ("notebooks", "is not under the project's runs/ directory"),  # notebook 02's run_dir="." from notebooks/
+        (".venv/lib/python3.11/site-packages", "is not under the project's runs/ directory"),
+        (".git", "is not under the project's runs/ directory"),
+        ("cml", "is not under the project's runs/ directory"),
+        ("scripts", "is not under the project's runs/ directory"),
+        ("runs", "is not under the project's runs/ directory"),  # every run's directory at once
+        ("runs/tools", "holds 'setup.sh', which the master or a person may run"),
+        ("runs/venv", "holds 'pyvenv.cfg', which the master or a person may run"),
+        ("runs/explore", "holds 'analysis.ipynb', which the master or a person may run"),
     ],
 )
 def test_a_run_directory_that_would_open_the_masters_code_to_workers_is_refused(project, run_dir, refused):

@@ -79,6 +79,13 @@ def secret_manifest(run_id: str, pod: str, key: str) -> Any:
     )
 
 
+# The one directory of the project volume whose subdirectories pods may be given to write: an allow-list, where
+# refusing what looks like code (a package, notebooks/, .venv, .git, cml/, scripts/) would always miss one.
+RUNS_ROOT = "runs"
+# What a run directory given to pods must not already hold: what the master or a person runs.
+RUNNABLE = ("*.py", "*.ipynb", "*.sh", ".git", "pyvenv.cfg", "*/pyvenv.cfg")
+
+
 def run_dir_subpath(project_path: str, run_dir: Path) -> str:
     """Where ``run_dir`` lies on the project volume, as a ``subPath``; refused where workers writing it could
     change what the master runs.
@@ -86,7 +93,8 @@ def run_dir_subpath(project_path: str, run_dir: Path) -> str:
     :param project_path: where the project volume is mounted (on the master and in the pods).
     :param run_dir: the run directory, as the master sees it.
     :rtype: str
-    :raises WorkerError: if the run directory is not strictly inside the project, or lies in a Python package.
+    :raises WorkerError: if the run directory is not strictly inside the project, lies in a Python package, is not
+        a directory of its own under the project's ``runs/``, or holds what the master or a person runs.
     """
     project, run = Path(project_path).resolve(), run_dir.resolve()
     if run == project or not run.is_relative_to(project):
@@ -102,6 +110,18 @@ def run_dir_subpath(project_path: str, run_dir: Path) -> str:
                 f"run directory {str(run_dir)!r} lies in the Python package {str(directory)!r}, code the master "
                 f"imports, which worker pods must not write; pass a run_dir outside it, such as {project_path}/runs/NAME"
             )
+    if relative.parts[0] != RUNS_ROOT or len(relative.parts) < 2:
+        raise WorkerError(
+            f"run directory {str(run_dir)!r} is not under the project's {RUNS_ROOT}/ directory, the one place worker "
+            f"pods may write (notebooks, environments, .git and scripts lie elsewhere); pass a run_dir such as "
+            f"{project_path}/{RUNS_ROOT}/NAME"
+        )
+    held = next((path for pattern in RUNNABLE for path in sorted(run.glob(pattern))), None) if run.is_dir() else None
+    if held is not None:
+        raise WorkerError(
+            f"run directory {str(run_dir)!r} holds {str(held.relative_to(run))!r}, which the master or a person may "
+            f"run, and worker pods would write; pass a run_dir of its own, such as {project_path}/{RUNS_ROOT}/NAME"
+        )
     return relative.as_posix()
 
 
