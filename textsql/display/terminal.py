@@ -31,6 +31,7 @@ from tqdm import tqdm
 from textsql.display.step_bar import left_and_text
 from textsql.rank_lines import STAGE_PREFIX, STEP_LINE
 from textsql.sanitize import sanitized_lines
+from worker.files import private_opener
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,8 @@ class CellOutput(logging.Handler):
         self.path = path
         self.view = view
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the handler's life, closed in close()
+        # The log lies in the run directory the pods share: a link planted there is refused, never written through.
+        self.file = open(path, "a", encoding="utf-8", opener=private_opener)  # noqa: SIM115 - closed in close()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.file.write(self.format(record) + "\n")

@@ -7,14 +7,17 @@ cell's error and the executed copy to open.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
+from contextlib import chdir
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textsql.pipeline.leftovers import end_leftovers
 from textsql.pipeline.manifest import Manifest, Step, continuation_steps, effective_parameters
 from textsql.pipeline.parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path
+from worker.files import atomic_write
 
 if TYPE_CHECKING:
     from textsql.launching.preflight import Check
@@ -49,7 +52,8 @@ def run_notebook(
     from papermill.exceptions import PapermillExecutionError
 
     check_parameters(name, parameters or {})
-    output = Path(output)
+    write_notebooks_without_following_links()
+    output = Path(output).absolute()
     output.parent.mkdir(parents=True, exist_ok=True)
     logger.debug("running %s -> %s with %s", name, output, dict(parameters or {}))
     try:
@@ -68,6 +72,26 @@ def run_notebook(
             f"notebook {name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}; open {output}"
         ) from None
     return output
+
+
+@functools.cache  # registered once a process
+def write_notebooks_without_following_links() -> None:
+    """Make papermill write local notebooks as a new file renamed into place (:func:`worker.files.atomic_write`).
+
+    The executed copies lie in the run directory the pods share, and papermill's own local handler opens the path
+    for writing at the start and every 30 s: a link a worker planted there would have the master overwrite the file
+    it points to.
+    """
+    from papermill.iorw import LocalHandler, papermill_io
+
+    class NoFollowHandler(LocalHandler):
+        def write(self, buf: str, path: str) -> None:
+            with chdir(self._cwd or "."):
+                atomic_write(Path(path), buf)
+
+    # For every absolute path (run_notebook passes only those): papermill keeps its oldest "local" handler as the
+    # fallback, so a newer one registered under that name would never be asked.
+    papermill_io.register("/", NoFollowHandler())
 
 
 def continuation_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) -> tuple[Manifest, dict[str, Step]]:
