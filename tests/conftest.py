@@ -11,6 +11,17 @@ from helpers.markers import PROCESS_FIXTURES, unmarked_process_tests
 from helpers.paths import FAKES, SHARED_DATA_DIR
 
 
+@pytest.fixture(scope="session", autouse=True)
+def master_state_dir(tmp_path_factory):
+    """The runs' master-private directories (textsql.files.master_dir) under the session's temp dir, for this
+    process and every one it starts, not in the user's ~/.local/state."""
+    from textsql.constants import STATE_DIR_VAR
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(STATE_DIR_VAR, str(tmp_path_factory.mktemp("state")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """../shared/data beside the checkout (real WikiSQL files); tests needing it skip without it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
-from textsql.constants import LAUNCH_LOG_NAME, TRACKING_ENV_NAME
+from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NAME, TRACKING_ENV_NAME
+from textsql.files import master_dir
+from textsql.launching.launch import record_launch
 from textsql.launching.ranks import LAUNCH_ID_VAR, marked_processes
 from textsql.pipeline.demo import DEMO_MARKER, demo_parameters
 from textsql.pipeline.leftovers import end_leftovers, launch_ids
@@ -30,6 +33,7 @@ from textsql.pipeline.manifest import (
     Manifest,
     continuation_steps,
     effective_parameters,
+    manifest_path,
     outputs,
 )
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, job_parameters
@@ -196,10 +200,10 @@ def test_the_manifest_is_whole_whenever_its_writer_is_killed(tmp_path):
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait()
-        if (tmp_path / MANIFEST_NAME).exists():
-            seen.add(json.loads((tmp_path / MANIFEST_NAME).read_text())["n"])
+        if manifest_path(tmp_path).exists():
+            seen.add(json.loads(manifest_path(tmp_path).read_text())["n"])
     assert seen, "the writer never wrote"
-    leftovers = [path.name for path in tmp_path.iterdir() if path.name != MANIFEST_NAME]
+    leftovers = [path.name for path in master_dir(tmp_path).iterdir() if path.name != MANIFEST_NAME]
     assert all(name.startswith(f".{MANIFEST_NAME}.") for name in leftovers), leftovers
 
 
@@ -221,26 +225,25 @@ def test_an_attempt_still_running_is_found_and_a_dead_one_is_not(tmp_path):
 
 def test_continuing_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path):
     logged, relaunched = "5f0c2a9e41d7b3c8", "9f7c6e7672994136"
-    (tmp_path / LAUNCH_LOG_NAME).write_text(
-        f"# 2026-11-26 01:00:00 launch {logged}: deepspeed --hostfile h --launcher pdsh\nstep 1/4: loss 3\n"
-    )
-    # The next launch's log lines were cut off by the kill; the .deepspeed_env written before it names it.
-    (tmp_path / ".deepspeed_env").write_text(f"{LAUNCH_ID_VAR}={relaunched}\nPATH=/usr/bin:$PATH\n")
+    attempt, another = "a1" * 8, "b2" * 8
+    # Each launch records its id in the run's master-private directory before its runner starts.
+    record_launch(tmp_path, logged)
+    record_launch(tmp_path, relaunched)
     assert launch_ids(tmp_path) == [logged, relaunched]
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
     # Sessions of their own, as the kernel, the workers and DeepSpeed's runner have: a group kill misses them.
     left = [
-        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: "a1"}, start_new_session=True),
+        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: attempt}, start_new_session=True),
         subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: logged}, start_new_session=True),
         subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: relaunched}, start_new_session=True),
     ]
     bystanders = [
-        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: "another"}, start_new_session=True),
+        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: another}, start_new_session=True),
         subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: "0123456789abcdef"}, start_new_session=True),
     ]
     time.sleep(0.5)  # their environment is in /proc once they have started
     try:
-        assert end_leftovers(tmp_path, "a1", grace=5) == 3
+        assert end_leftovers(tmp_path, attempt, grace=5) == 3
         # SIGKILL for the attempt's own (DeepSpeed's runner answers SIGTERM with a pkill by pattern), SIGTERM for ranks.
         assert [process.wait(timeout=10) for process in left] == [-signal.SIGKILL, -signal.SIGTERM, -signal.SIGTERM]
         assert [process.poll() for process in bystanders] == [None, None], "another run's processes are not ours"
@@ -258,11 +261,11 @@ def test_continuing_a_demo_refuses_a_change_under_a_checkpoint_in_one_line_befor
     record(manifest, chosen, TRAIN, completed=False)
     complete_checkpoint(out, 2)
     (out / DEMO_MARKER).touch()
-    before = (out / MANIFEST_NAME).read_text()
+    before = manifest_path(out).read_text()
     result = CliRunner().invoke(cli, ["demo", "--out", str(out), "--resume", "-p", "learning_rate=0.01"])
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert result.output.startswith("Error: cannot resume 02_train_distributed from checkpoint-2")
-    assert (out / MANIFEST_NAME).read_text() == before, "nothing ran"
+    assert manifest_path(out).read_text() == before, "nothing ran"
 
 
 def test_continuing_a_demo_is_refused_while_the_earlier_demo_still_runs(tmp_path):
@@ -326,18 +329,18 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
         time.sleep(0.1)
     os.killpg(first.pid, signal.SIGKILL)  # papermill and all in its group; the kernel, workers and ranks have their own
     first.wait()
-    killed = json.loads((out / MANIFEST_NAME).read_text())
+    killed = json.loads(manifest_path(out).read_text())
     assert killed["notebooks"][TRAIN]["status"] == "running" and killed["notebooks"][PREPARE]["status"] == "completed"
     assert marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the hard kill left processes of the run behind"
     killed_launches = launch_ids(out)
-    assert killed_launches, "the killed launch is on record (launch.log, .deepspeed_env)"
+    assert killed_launches, "the killed launch is on record in the run's master-private directory"
     prepared = (out / "data" / "prepare.json").stat().st_mtime_ns
 
     continued = demo(out, "--resume")
     assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
     assert f"{PREPARE} skipped: completed with the same parameters" in continued.stderr
     assert f"{TRAIN} runs: it did not complete (running): continuing from checkpoint-" in continued.stderr
-    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest = json.loads(manifest_path(out).read_text())
     assert manifest["notebooks"][PREPARE] == killed["notebooks"][PREPARE], "notebook 01 did not run again"
     assert (out / "data" / "prepare.json").stat().st_mtime_ns == prepared
     assert [manifest["notebooks"][name]["status"] for name in NOTEBOOKS] == ["completed"] * 3
@@ -388,14 +391,32 @@ def test_a_continued_job_skips_its_completed_notebook_and_names_the_job_to_run_f
     assert Manifest.load(tmp_path / "run").records == manifest.records, "nothing ran, nothing was recorded"
 
 
-def test_a_rank_line_with_a_carriage_return_forges_no_launch_id(tmp_path):
-    """launch.log holds the ranks' lines, which a worker writes: only a line of its own, after a newline, is one."""
+def test_launch_ids_a_worker_writes_into_the_run_directory_are_never_signalled(tmp_path):
+    """A worker can write the run directory (launch.log holds the ranks' lines; a \\r there once started a line of
+    its own): ids are read only from the master-private directory, and only in the form the master makes them."""
     honest, forged = "5f0c2a9e41d7b3c8", "0123456789abcdef"
+    record_launch(tmp_path, honest)
     (tmp_path / LAUNCH_LOG_NAME).write_bytes(
         f"# 2026-11-26 01:00:00 launch {honest}: deepspeed\n"
         f"127.0.0.3: step 1/4\r# 2026-11-26 01:00:01 launch {forged}: deepspeed\n".encode()
     )
+    (tmp_path / DEEPSPEED_ENV_NAME).write_text(f"{LAUNCH_ID_VAR}={forged}\n")
+    with open(master_dir(tmp_path) / LAUNCH_IDS_NAME, "a") as record:
+        record.write("-1\n0\n*\n")  # what a forged record's kill would reach: every process of the group, init
     assert launch_ids(tmp_path) == [honest]
+
+
+def test_a_pipeline_record_a_worker_forges_in_the_run_directory_skips_nothing(tmp_path):
+    """pipeline.json in the run directory (where it once lived, and a worker can write) is not the record."""
+    out = tmp_path / "demo"
+    chosen = demo_parameters(out)
+    forged = Manifest(out)
+    record(forged, chosen, PREPARE)
+    record(forged, chosen, TRAIN)
+    record(forged, chosen, INFER)
+    (out / MANIFEST_NAME).write_text(manifest_path(out).read_text())
+    shutil.rmtree(master_dir(out))
+    assert {step.action for step in continuation_steps(Manifest.load(out), chosen).values()} == {"run"}
 
 
 def test_ending_leftovers_removes_the_credentials_a_killed_launch_left(tmp_path):

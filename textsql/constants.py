@@ -40,7 +40,12 @@ METRICS_NAME = "metrics.json"
 # The workers' inventories as the master judged them, and the ranks' collective check (bus bandwidth).
 CLUSTER_FILE_NAME = "cluster.json"
 COLLECTIVE_FILE_NAME = "collective.json"
+# What the master writes and later trusts lives in each run's master-private directory (textsql.files.master_dir),
+# never in the run directory the workers may write: the ranks' environment for DeepSpeed's runner, the ids of the
+# launches whose processes a continuation ends, the pipeline's record (textsql.pipeline.manifest.MANIFEST_NAME).
+STATE_DIR_VAR = "TEXTSQL_STATE_DIR"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
+LAUNCH_IDS_NAME = "launch_ids"
 # MLflow tracking (textsql.launching.tracking_env on the master, textsql.tracking.mlflow_runs on the logging rank):
 # the launching environment's MLFLOW_* variables reach the rank in a 0600 file of the output directory, named
 # to the ranks by TRACKING_ENV_VAR, never on a command line; the run's MLflow run id is kept beside run.json.

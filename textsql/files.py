@@ -1,4 +1,4 @@
-"""The library's files: JSON and JSON lines, and WikiSQL's tables files.
+"""The library's files: JSON and JSON lines, WikiSQL's tables files, and each run's master-private directory.
 
 Reads raise :class:`~textsql.errors.DataError` naming the file (and the line, for JSON lines) and
 what to do. Every write goes through :func:`worker.files.atomic_write`, so a reader (TensorBoard, a
@@ -11,15 +11,17 @@ shadow the standard library's ``io`` for the whole interpreter.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from textsql.constants import TABLES_DIR_NAME
+from textsql.constants import STATE_DIR_VAR, TABLES_DIR_NAME
 from textsql.errors import DataError
-from worker.files import UnsafeRead, atomic_write, read_bounded
+from worker.files import UnsafePath, UnsafeRead, atomic_write, private_dir, read_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,32 @@ TABLES_SUFFIX = ".tables.jsonl"
 MAX_JSON_BYTES = 64 * 1024**2
 # What datasets' save_to_disk writes beside the splits of a DatasetDict: their names.
 DATASET_DICT_FILE = "dataset_dict.json"
+
+
+def master_dir(run_dir: str | Path) -> Path:
+    """The run's master-private directory: what the master writes and later trusts, where no worker writes.
+
+    The run directory is shared with the workers on Kubernetes and CML (a project volume) and with hosts that mount
+    it over NFS, so the master's own records live apart, 0700, on the master's disk: under ``$TEXTSQL_STATE_DIR``,
+    else ``$XDG_STATE_HOME/textsql`` (``~/.local/state/textsql``), one directory per run directory, named after it
+    and a hash of its resolved path.
+
+    :param run_dir: the run directory.
+    :rtype: pathlib.Path
+    :raises UnsafePath: if the directory (or its root) is a link or another user's, or lies inside the run directory.
+    """
+    run = Path(run_dir).resolve()
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "textsql"
+    root = Path(os.environ.get(STATE_DIR_VAR) or state).absolute()
+    if root.resolve().is_relative_to(run):
+        raise UnsafePath(
+            f"{STATE_DIR_VAR}={str(root)!r} lies in the run directory the workers may write; set it elsewhere"
+        )
+    directory = root / "runs" / f"{run.name}-{hashlib.sha256(str(run).encode()).hexdigest()[:16]}"
+    for path in (private_dir(root), private_dir(directory)):
+        if path.lstat().st_uid != os.getuid():
+            raise UnsafePath(f"{str(path)!r} belongs to another user; set {STATE_DIR_VAR} to a directory of your own")
+    return directory
 
 
 def read_json(path: str | Path) -> Any:

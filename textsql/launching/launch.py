@@ -58,8 +58,9 @@ from typing import IO, NoReturn, TextIO
 import psutil
 
 from textsql.console import SanitizedLines, TextSink
-from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME
+from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
+from textsql.files import master_dir
 from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
@@ -113,6 +114,7 @@ def launch(
     # MLflow's settings and credentials reach the logging rank in a 0600 file, never a command line.
     with tracking_env(arguments) as tracked:
         command, env, ranks = prepare(tracked, run_dir, launch_id)
+        record_launch(run_dir, launch_id)
         logger.info("cmd = %s", shlex.join(command))
         # Line-buffered: a kernel killed hard (it ends with os._exit once its parent is gone) keeps no lines unwritten.
         with open(run_dir / LAUNCH_LOG_NAME, "a", buffering=1, encoding="utf-8", opener=private_opener) as log:
@@ -122,12 +124,27 @@ def launch(
             return _run(command, env, ranks, stream or SanitizedLines(sys.stdout), log, should_stop)
 
 
+def record_launch(run_dir: Path, launch_id: str) -> None:
+    """Add the launch's id to the run's record in its master-private directory, before the runner starts: a
+    continuation after a hard kill ends the processes carrying it (:func:`textsql.pipeline.leftovers.launch_ids`).
+
+    :param run_dir: the run directory.
+    :param launch_id: the launch's id.
+    """
+    with open(master_dir(run_dir) / LAUNCH_IDS_NAME, "a", encoding="ascii", opener=private_opener) as record:
+        record.write(launch_id + "\n")
+
+
 def _prepare_pdsh(arguments: LaunchArguments, run_dir: Path, launch_id: str) -> Prepared:
     """Check pdsh and ssh to every host, write .deepspeed_env; the runner's environment."""
     hostfile = (arguments.hostfile or run_dir / HOSTFILE_NAME).resolve()
     hosts = list(read_hostfile(hostfile))
     options = preflight(hosts, run_dir, arguments.ssh_config, arguments.ssh_port)
-    env_file = write_deepspeed_env(run_dir / DEEPSPEED_ENV_NAME, rank_environment(arguments, hosts, launch_id))
+    # In the master's own directory: DeepSpeed's runner reads the file again by its path, seconds after the check,
+    # and puts each line into pdsh's remote command; in the run directory a worker could swap it in between.
+    env_file = write_deepspeed_env(
+        master_dir(run_dir) / DEEPSPEED_ENV_NAME, rank_environment(arguments, hosts, launch_id)
+    )
     # pdsh's command line shows in `ps` and the runner exports PYTHON*/MLFLOW*/... variables on it,
     # so credentials and MLflow's settings stay out of the runner's environment.
     env = without_tracking(without_secrets(os.environ)) | {

@@ -28,7 +28,7 @@ from textsql.constants import (
     RUN_SUMMARY_NAME,
 )
 from textsql.display.terminal import StageView, cell_output_to
-from textsql.files import read_json
+from textsql.files import master_dir, read_json
 from textsql.pipeline.manifest import Manifest, Step
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
 from textsql.pipeline.runs import continuation_plan, run_recorded
@@ -121,6 +121,7 @@ def run_demo(
         if out_dir.is_dir() and any(out_dir.iterdir()):
             logger.warning("replacing the previous demo in %s", out_dir)
             shutil.rmtree(out_dir)
+        shutil.rmtree(master_dir(out_dir))  # the replaced demo's record and launch ids
         manifest, steps = Manifest(out_dir), {name: Step("run", "a new demo") for name in NOTEBOOKS}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DEMO_MARKER).touch()

@@ -10,8 +10,8 @@ They are found by markers, never by name. The attempt's processes carry its id
 (:data:`textsql.pipeline.manifest.ATTEMPT_VAR`, inherited from the demo or job): they get SIGKILL at once, the run
 being dead already, and because DeepSpeed's pdsh runner answers SIGTERM with ``pkill -f`` on a pattern that matches
 every DeepSpeed launch on the hosts with the same world, other runs' included. The ranks, started under each
-worker's sshd, carry their launch's id (:data:`textsql.launching.ranks.LAUNCH_ID_VAR`, found in ``.deepspeed_env``
-and ``launch.log``): they get SIGTERM, which their per-node launcher passes to its own children, then SIGKILL.
+worker's sshd, carry their launch's id (:data:`textsql.launching.ranks.LAUNCH_ID_VAR`, which each launch records in
+the run's master-private directory before its runner starts): they get SIGTERM, which their per-node launcher passes to its own children, then SIGKILL.
 Once they are gone their ports (sshd, the rendezvous, torch's store) are closed; the continuation picks its ports
 afresh by binding them (:func:`worker.network.free_port_on_all`), never by reusing the killed run's.
 
@@ -29,33 +29,27 @@ import signal
 import time
 from pathlib import Path
 
-from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_LOG_NAME, TRACKING_ENV_NAME
-from textsql.launching.ranks import END_GRACE_S, LAUNCH_ID_VAR, POLL_S, end_marked, marked_processes
+from textsql.constants import LAUNCH_IDS_NAME, TRACKING_ENV_NAME
+from textsql.files import master_dir
+from textsql.launching.ranks import END_GRACE_S, POLL_S, end_marked, marked_processes
 from textsql.pipeline.manifest import ATTEMPT_VAR
 
 logger = logging.getLogger(__name__)
 
-# The line textsql.launching.launch writes to launch.log as each launch starts: "# DATE TIME launch ID: COMMAND",
-# and the one in the .deepspeed_env it writes before starting DeepSpeed's runner (written whole: a hard kill
-# may cut the log's last lines off, never that file).
-LAUNCH_LINE = re.compile(r"^# \S+ \S+ launch (?P<id>[0-9a-f]+): ", re.MULTILINE)
-LAUNCH_ENV_LINE = re.compile(rf"^{LAUNCH_ID_VAR}=(?P<id>[0-9a-f]+)$", re.MULTILINE)
+# The ids the master made (secrets.token_hex(8)): anything else on record is no id of ours, and never signalled.
+ID = re.compile(r"[0-9a-f]{16}")
 
 
 def launch_ids(run_dir: Path) -> list[str]:
-    """The ids of the launches recorded in the run's ``launch.log`` and ``.deepspeed_env``, oldest first.
+    """The ids of the launches recorded for the run, oldest first: read from its master-private directory, where
+    no worker writes (``launch.log`` holds the ranks' lines, and is never read for them).
 
     :param run_dir: the run directory.
     :rtype: list[str]
     """
-    found = []
-    for name, pattern in ((LAUNCH_LOG_NAME, LAUNCH_LINE), (DEEPSPEED_ENV_NAME, LAUNCH_ENV_LINE)):
-        path = run_dir / name
-        if path.is_file():
-            # Decoded without newline translation: a rank's "\r" in launch.log starts no line of its own.
-            text = path.read_bytes().decode("utf-8", errors="replace")
-            found += [match["id"] for match in pattern.finditer(text)]
-    return list(dict.fromkeys(found))
+    path = master_dir(run_dir) / LAUNCH_IDS_NAME
+    lines = path.read_text(encoding="ascii", errors="replace").split("\n") if path.is_file() else []
+    return list(dict.fromkeys(line for line in lines if ID.fullmatch(line)))
 
 
 def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S) -> int:
@@ -69,7 +63,7 @@ def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S
     :rtype: int
     :returns: how many processes were ended.
     """
-    ended = _kill_attempt(attempt, grace) if attempt else 0
+    ended = _kill_attempt(attempt, grace) if attempt and ID.fullmatch(attempt) else 0
     for launch in launch_ids(run_dir):
         ended += end_marked(launch, grace)
     # The MLflow credentials a killed launch never got to remove (textsql.launching.tracking_env).

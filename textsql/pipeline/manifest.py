@@ -1,4 +1,5 @@
-"""The record of a pipeline of notebooks in its run directory (``pipeline.json``), and what a continuation runs.
+"""The record of a pipeline of notebooks (``pipeline.json``, in the run's master-private directory), and what a
+continuation runs.
 
 Every run of the notebooks in order (``textsql demo``, the AMP's job chain) writes, for each notebook, the
 parameters it ran with, whether it completed, the outputs it left and which run of the notebooks before it
@@ -37,7 +38,7 @@ from textsql.constants import (
     REAL_PREDICTIONS_NAME,
     RUN_SUMMARY_NAME,
 )
-from textsql.files import DATASET_DICT_FILE, read_json, write_json
+from textsql.files import DATASET_DICT_FILE, master_dir, read_json, write_json
 from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
 from textsql.training.checkpoints import newest_complete_checkpoint
 
@@ -95,12 +96,13 @@ class Step:
 
 
 def manifest_path(run_dir: str | Path) -> Path:
-    """Where the pipeline's record lives.
+    """Where the pipeline's record lives: the run's master-private directory, since a continuation trusts it (which
+    notebooks to skip, which attempt's processes to end), and workers may write the run directory.
 
     :param run_dir: the run directory (the demo's ``--out``, notebook 02's ``run_dir``).
     :rtype: pathlib.Path
     """
-    return Path(run_dir) / MANIFEST_NAME
+    return master_dir(run_dir) / MANIFEST_NAME
 
 
 def chain_run_dir(chosen: Mapping[str, Mapping[str, Any]]) -> Path:
