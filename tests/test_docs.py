@@ -160,3 +160,44 @@ def test_the_documents_cite_no_tracker_numbers() -> None:
         for match in re.finditer(r"\bissues? #?\d+", path.read_text(), re.IGNORECASE)
     ]
     assert not cited, cited
+
+
+def master_private_names() -> set[str]:
+    """The file names the code keeps in a run's master-private directory: ``master_dir(...) / NAME`` anywhere in
+    textsql/, NAME a string or a constant of textsql.constants or the module's own."""
+    import ast
+
+    import textsql.constants
+
+    names = set()
+    for path in (ROOT / "textsql").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        local = {
+            target.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)):
+                continue
+            call = node.left
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "master_dir":
+                right = node.right
+                if isinstance(right, ast.Constant):
+                    names.add(right.value)
+                elif isinstance(right, ast.Name):
+                    names.add(local.get(right.id) or getattr(textsql.constants, right.id))
+    return names
+
+
+def test_the_security_pages_trust_table_names_what_the_code_keeps_private() -> None:
+    """Every file the master keeps to itself is on the page's private side, and the page claims no other."""
+    page = (ROOT / "docs" / "explanation" / "security.md").read_text()
+    table = page.split("## What the master keeps to itself", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| `")]
+    private = {
+        name for cells in rows if cells[1].strip() == "master-private" for name in re.findall(r"`([^`]+)`", cells[0])
+    }
+    assert private == master_private_names()

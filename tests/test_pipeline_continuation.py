@@ -37,6 +37,7 @@ from textsql.pipeline.manifest import (
     outputs,
 )
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, job_parameters
+from textsql.rank_lines import RUN_MARK_VAR, run_mark
 from textsql.training.checkpoints import (
     COMPLETE_MARKER,
     DEEPSPEED_LATEST_FILE,
@@ -231,22 +232,30 @@ def test_continuing_ends_what_the_killed_attempt_left_and_nothing_else(tmp_path)
     record_launch(tmp_path, relaunched)
     assert launch_ids(tmp_path) == [logged, relaunched]
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
-    # Sessions of their own, as the kernel, the workers and DeepSpeed's runner have: a group kill misses them.
+    ours, theirs = {RUN_MARK_VAR: run_mark(tmp_path)}, {RUN_MARK_VAR: run_mark(tmp_path / "another-run")}
+
+    def started(**marks: str) -> subprocess.Popen:
+        # Sessions of their own, as the kernel, the workers and DeepSpeed's runner have: a group kill misses them.
+        return subprocess.Popen(sleep, env={**os.environ, **marks}, start_new_session=True)
+
     left = [
-        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: attempt}, start_new_session=True),
-        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: logged}, start_new_session=True),
-        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: relaunched}, start_new_session=True),
+        started(**{ATTEMPT_VAR: attempt}, **ours),
+        started(**{LAUNCH_ID_VAR: logged}, **ours),
+        started(**{LAUNCH_ID_VAR: relaunched}, **ours),
     ]
     bystanders = [
-        subprocess.Popen(sleep, env={**os.environ, ATTEMPT_VAR: another}, start_new_session=True),
-        subprocess.Popen(sleep, env={**os.environ, LAUNCH_ID_VAR: "0123456789abcdef"}, start_new_session=True),
+        started(**{ATTEMPT_VAR: another}, **ours),
+        started(**{LAUNCH_ID_VAR: "0123456789abcdef"}, **ours),
+        # The ids on record, carried by another run's processes: matched on the run's mark too, never signalled.
+        started(**{ATTEMPT_VAR: attempt}, **theirs),
+        started(**{LAUNCH_ID_VAR: logged}, **theirs),
     ]
     time.sleep(0.5)  # their environment is in /proc once they have started
     try:
         assert end_leftovers(tmp_path, attempt, grace=5) == 3
         # SIGKILL for the attempt's own (DeepSpeed's runner answers SIGTERM with a pkill by pattern), SIGTERM for ranks.
         assert [process.wait(timeout=10) for process in left] == [-signal.SIGKILL, -signal.SIGTERM, -signal.SIGTERM]
-        assert [process.poll() for process in bystanders] == [None, None], "another run's processes are not ours"
+        assert [process.poll() for process in bystanders] == [None] * 4, "another run's processes are not ours"
     finally:
         for process in left + bystanders:
             process.kill()

@@ -6,7 +6,8 @@
   ``, S s left`` after the time once the run's pace is steady (:mod:`textsql.training.time_left`);
 - ``stage: ...``: a stage of its own (what trains, DeepSpeed's op compilation);
 - ``heartbeat rank R step S progress P``: every rank, every :data:`HEARTBEAT_INTERVAL_S` seconds;
-- :data:`LAUNCH_ID_VAR`: what every process of one launch carries in its environment.
+- :data:`LAUNCH_ID_VAR`: what every process of one launch carries in its environment, beside
+  :data:`RUN_MARK_VAR`, its run's mark (:func:`run_mark`).
 
 Through pdsh each line arrives behind its host's ``host: `` prefix. A rank controls everything after that
 prefix, so :func:`split_host_prefix` names a host only for the launch's own hosts, and a reader believes a line
@@ -20,11 +21,16 @@ Usage::
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Collection
+from pathlib import Path
 
 # The variable every process of one launch carries (value: a fresh random id per launch).
 LAUNCH_ID_VAR = "TEXTSQL_LAUNCH_ID"
+# The second marker every process of a run carries, its launches' and its pipeline attempt's: a process is ended as
+# a run's leftover only when it carries the run's mark too, so an id on record can never reach another run.
+RUN_MARK_VAR = "TEXTSQL_RUN_MARK"
 # Seconds between a rank's heartbeat lines.
 HEARTBEAT_INTERVAL_S = 5.0
 # A step line, behind pdsh's prefix or not (a person's terminal sees both).
@@ -88,3 +94,12 @@ def ranks_by_host(slots: dict[str, int]) -> dict[str, range]:
         ranks[host] = range(first, first + count)
         first += count
     return ranks
+
+
+def run_mark(run_dir: str | Path) -> str:
+    """The value of :data:`RUN_MARK_VAR` for a run: a hash of its resolved run directory.
+
+    :param run_dir: the run directory.
+    :rtype: str
+    """
+    return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]

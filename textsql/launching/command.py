@@ -29,7 +29,7 @@ from pathlib import Path
 
 from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR, TRACKING_PREFIX
 from textsql.errors import LaunchError
-from textsql.rank_lines import LAUNCH_ID_VAR
+from textsql.rank_lines import LAUNCH_ID_VAR, RUN_MARK_VAR, run_mark
 from textsql.sanitize import has_url_password
 from worker.constants import SOCKET_IFNAME_VARS
 from worker.files import atomic_write
@@ -215,6 +215,7 @@ def rank_environment(arguments: LaunchArguments, hosts: list[str], launch_id: st
     """
     env = {
         LAUNCH_ID_VAR: launch_id,
+        RUN_MARK_VAR: run_mark(arguments.run_dir),
         "PYTHONPATH": str(PROJECT_DIR),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}$PATH",
     }

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 
 from textsql.constants import PROJECT_DIR
-from textsql.rank_lines import LAUNCH_ID_VAR
+from textsql.rank_lines import LAUNCH_ID_VAR, RUN_MARK_VAR
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def marker(launch_id: str, variable: str = LAUNCH_ID_VAR) -> str:
     return f"{variable}={launch_id}"
 
 
-def marked_processes(launch_id: str, variable: str = LAUNCH_ID_VAR) -> list[int]:
+def marked_processes(launch_id: str, variable: str = LAUNCH_ID_VAR, run: str | None = None) -> list[int]:
     """Pids of this machine's processes (this one excepted) whose environment carries the launch's marker.
 
     Read from ``/proc/PID/environ``: the environment a process started with, which is where the
@@ -60,15 +60,16 @@ def marked_processes(launch_id: str, variable: str = LAUNCH_ID_VAR) -> list[int]
 
     :param launch_id: the launch's id.
     :param variable: the marking variable.
+    :param run: the run's mark (:func:`textsql.rank_lines.run_mark`), which the processes must carry too.
     :rtype: list[int]
     """
-    entry = marker(launch_id, variable).encode()
+    entries = {marker(launch_id, variable).encode()} | ({marker(run, RUN_MARK_VAR).encode()} if run else set())
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != os.getpid():
             try:
                 with open(f"/proc/{name}/environ", "rb") as environ:
-                    if entry in environ.read().split(b"\0"):
+                    if entries <= set(environ.read().split(b"\0")):
                         found.append(int(name))
             except OSError:  # ended meanwhile, or not ours
                 pass
@@ -83,22 +84,25 @@ def _send(pids: Sequence[int], signum: int) -> None:
             pass
 
 
-def end_marked(launch_id: str, grace: float = END_GRACE_S, variable: str = LAUNCH_ID_VAR) -> int:
+def end_marked(
+    launch_id: str, grace: float = END_GRACE_S, variable: str = LAUNCH_ID_VAR, run: str | None = None
+) -> int:
     """SIGTERM every marked process on this machine, then SIGKILL what is left after ``grace`` seconds.
 
     :param launch_id: the launch's id.
     :param grace: seconds the processes get to exit by themselves.
     :param variable: the marking variable.
+    :param run: the run's mark, which the processes must carry too.
     :rtype: int
     :returns: how many processes carried the marker.
     """
-    pids = marked_processes(launch_id, variable)
+    pids = marked_processes(launch_id, variable, run)
     count = len(pids)
     _send(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(POLL_S)
-        pids = marked_processes(launch_id, variable)
+        pids = marked_processes(launch_id, variable, run)
     if pids:
         logger.warning(
             "%d processes of launch %s outlived %.0f s after SIGTERM; sending SIGKILL", len(pids), launch_id, grace

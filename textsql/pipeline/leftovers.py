@@ -33,6 +33,7 @@ from textsql.constants import LAUNCH_IDS_NAME, TRACKING_ENV_NAME
 from textsql.files import master_dir
 from textsql.launching.ranks import END_GRACE_S, POLL_S, end_marked, marked_processes
 from textsql.pipeline.manifest import ATTEMPT_VAR
+from textsql.rank_lines import run_mark
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,10 @@ def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S
     :rtype: int
     :returns: how many processes were ended.
     """
-    ended = _kill_attempt(attempt, grace) if attempt and ID.fullmatch(attempt) else 0
+    run = run_mark(run_dir)
+    ended = _kill_attempt(attempt, run, grace) if attempt and ID.fullmatch(attempt) else 0
     for launch in launch_ids(run_dir):
-        ended += end_marked(launch, grace)
+        ended += end_marked(launch, grace, run=run)
     # The MLflow credentials a killed launch never got to remove (textsql.launching.tracking_env).
     (run_dir / TRACKING_ENV_NAME).unlink(missing_ok=True)
     if ended:
@@ -73,9 +75,10 @@ def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S
     return ended
 
 
-def _kill_attempt(attempt: str, timeout: float) -> int:
-    """SIGKILL every process carrying the attempt's id, until none is left (a dying parent may start no more)."""
-    pids = marked_processes(attempt, ATTEMPT_VAR)
+def _kill_attempt(attempt: str, run: str, timeout: float) -> int:
+    """SIGKILL every process carrying the attempt's id and the run's mark, until none is left (a dying parent may
+    start no more)."""
+    pids = marked_processes(attempt, ATTEMPT_VAR, run)
     killed = set(pids)
     deadline = time.monotonic() + timeout
     while pids and time.monotonic() < deadline:
@@ -83,6 +86,6 @@ def _kill_attempt(attempt: str, timeout: float) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(POLL_S)
-        pids = marked_processes(attempt, ATTEMPT_VAR)
+        pids = marked_processes(attempt, ATTEMPT_VAR, run)
         killed |= set(pids)
     return len(killed)

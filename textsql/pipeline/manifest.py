@@ -40,6 +40,7 @@ from textsql.constants import (
 )
 from textsql.files import DATASET_DICT_FILE, master_dir, read_json, write_json
 from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
+from textsql.rank_lines import RUN_MARK_VAR, run_mark
 from textsql.training.checkpoints import newest_complete_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -208,6 +209,7 @@ class Manifest:
         """
         attempt = secrets.token_hex(8)
         os.environ[ATTEMPT_VAR] = attempt
+        os.environ[RUN_MARK_VAR] = run_mark(self.run_dir)
         self.data["attempt"] = {
             "id": attempt,
             "pid": os.getpid(),
