@@ -148,6 +148,23 @@ def test_a_host_cannot_beat_for_another_hosts_rank_or_from_behind_no_prefix(cloc
     assert detector.step == 1
 
 
+def test_a_line_glued_onto_another_hosts_is_nobodys_word(clock):
+    """pdsh prints with %s: a NUL drops a host's newline and the next line, another host's, is glued on. What
+    follows another host's prefix inside a line is credited to neither (a forgery is the same bytes)."""
+    hosts = {"127.0.0.2": 1, "127.0.0.3": 1}
+    glued = "127.0.0.3: x127.0.0.2: " + heartbeat_line(0, 4, 9)
+    assert split_host_prefix(glued, hosts) == ("127.0.0.3", "x")
+    assert split_host_prefix("127.0.0.3: 127.0.0.2: " + heartbeat_line(0, 4, 9), hosts) == ("127.0.0.3", "")
+    assert split_host_prefix("127.0.0.3: see 127.0.0.4: ok", hosts) == ("127.0.0.3", "see 127.0.0.4: ok")
+    detector = StallDetector(timeout=30, clock=clock, hosts=hosts)
+    detector.read(glued)
+    detector.read("127.0.0.3: x127.0.0.3: " + heartbeat_line(1, 4, 9))
+    assert detector.counts == {}
+    # A host's text of 128 KiB of ": " is cut in one pass: at the one prefix at its end.
+    text = "a: " * 43_000 + "127.0.0.2: " + heartbeat_line(0, 4, 9)
+    assert split_host_prefix("127.0.0.3: " + text, hosts) == ("127.0.0.3", "a: " * 43_000)
+
+
 def test_when_every_host_still_beats_every_host_is_named(clock):
     detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS)
     for _ in range(8):
