@@ -17,7 +17,9 @@ from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.launch import launch
 from textsql.launching.launch_watch import LaunchWatch
-from textsql.launching.stall import StallDetector
+from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S, StallDetector
+from textsql.launching.supervisor import Supervisor
+from textsql.rank_lines import split_host_prefix
 from textsql.training.universal import convert, needs_conversion
 from worker.hostfile import read_hostfile
 
@@ -56,6 +58,64 @@ def test_a_rank_cannot_forge_another_hosts_exit_or_heartbeat(two_local_workers, 
     assert code == 0 and watch.exits == []
     # 127.0.0.2's rank 0 said progress 1; what 127.0.0.3 printed in its name is not its word.
     assert detector.counts == {("127.0.0.2", 0): 1, ("127.0.0.3", 1): 1}
+
+
+# Both ranks beat as training ranks do (textsql.training.progress.Heartbeat), every half second for 30 s. Rank 1
+# (on 127.0.0.3) ends everything it prints with a line "x", NUL, newline: pdsh prints a line with %s, so the NUL
+# drops its newline and whatever pdsh prints next, 127.0.0.2's heartbeat included, is glued onto 127.0.0.3's line
+# (its own heartbeat, after a newline that ends the glue, stays a line of its own).
+GLUING_RANK = """
+import os, sys, time
+from types import SimpleNamespace
+from textsql.training.progress import Heartbeat
+
+rank = int(os.environ["RANK"])
+
+
+class Glued:
+    def write(self, text):
+        os.write(1, ("\\n" + text + "x\\0\\n").encode())
+
+    def flush(self):
+        pass
+
+
+if rank == 1:
+    sys.stdout = Glued()
+heartbeat = Heartbeat(interval_s=0.5)
+heartbeat.on_train_begin(SimpleNamespace(process_index=rank), SimpleNamespace(global_step=0), None)
+for step in range(1, 61):
+    time.sleep(0.5)
+    heartbeat.on_step_end(None, SimpleNamespace(global_step=step), None)
+heartbeat.on_train_end(None, None, None)
+"""
+
+
+def test_a_host_gluing_lines_with_nul_neither_takes_nor_silences_another_hosts_heartbeat(
+    two_local_workers, tmp_path
+) -> None:
+    directory = tmp_path / "modules"
+    directory.mkdir()
+    (directory / "gluing_rank.py").write_text(GLUING_RANK)
+    env = {"PYTHONPATH": f"{directory}{os.pathsep}{PROJECT_DIR}"}
+    arguments = LaunchArguments(run_dir=two_local_workers.run_dir, module="gluing_rank", env=env)
+    stream = io.StringIO()
+    supervisor = Supervisor(
+        arguments, two_local_workers, max_restarts=0, stall_timeout=SHORTEST_STALL_TIMEOUT_S, stream=stream
+    )
+
+    code = supervisor.run()
+
+    print(stream.getvalue()[-3000:])
+    lines = (two_local_workers.run_dir / "launch.log").read_text(encoding="utf-8").split("\n")
+    # The attack happened: pdsh glued 127.0.0.2's heartbeats onto 127.0.0.3's lines...
+    glued = [line for line in lines if line.startswith("127.0.0.3: x127.0.0.2: heartbeat rank 0")]
+    assert glued, "pdsh glued no line: the attack did not happen"
+    # ...yet 127.0.0.2 was heard all along (from its agent), so nobody stalled and both hosts ended well...
+    assert code == 0 and [event["event"] for event in supervisor.events] == [], supervisor.events
+    # ...and no line credited to 127.0.0.3 carries 127.0.0.2's heartbeat.
+    credited = [split_host_prefix(line, list(HOSTS)) for line in lines]
+    assert not [text for host, text in credited if host == "127.0.0.3" and "heartbeat rank 0" in text]
 
 
 class Planted:

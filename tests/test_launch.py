@@ -294,3 +294,17 @@ def test_a_password_holding_at_signs_is_masked_to_the_authoritys_last_at() -> No
     assert mask_credentials("see http://alice:p@ss-w0rd@host:5000/api") == "see http://alice:***@host:5000/api"
     assert mask_credentials("s3://key:a/b@bucket") == "s3://key:a/b@bucket"  # the path starts at the first /
     assert without_secrets({"MLFLOW_TRACKING_URI": "http://alice:p@ss@host"}) == {}
+
+
+def test_a_rank_line_ends_at_its_first_nul_as_pdsh_prints_it() -> None:
+    """pdsh prints a line with %s, so nothing after a NUL is shown: no reader sees more of a line than pdsh does."""
+    import queue
+
+    from textsql.launching.launch import _read_pipe
+
+    reader, writer = os.pipe()
+    os.write(writer, b"127.0.0.3: x\x00127.0.0.2: heartbeat rank 0 step 1 progress 1\n127.0.0.2: ok\n")
+    os.close(writer)
+    lines: queue.Queue = queue.Queue()
+    _read_pipe(os.fdopen(reader, "rb"), False, lines)
+    assert [lines.get_nowait() for _ in range(3)] == [(False, "127.0.0.3: x"), (False, "127.0.0.2: ok"), None]

@@ -54,6 +54,26 @@ def test_the_heartbeat_reports_steps_evaluations_and_saves_until_training_ends(c
     assert not heartbeat.thread.is_alive(), "the heartbeat stops when training ends"
 
 
+def test_on_a_worker_pod_the_heartbeat_goes_to_the_pods_agent_too(monkeypatch, capsys):
+    from textsql.training.progress import Heartbeat
+    from worker.beats import Beat, BeatInbox
+    from worker.constants import ENV_BEAT_SOCKET
+
+    with BeatInbox() as inbox:
+        monkeypatch.setenv(ENV_BEAT_SOCKET, inbox.path)
+        heartbeat, state = Heartbeat(interval_s=0.05), SimpleNamespace(global_step=2)
+        heartbeat.on_train_begin(SimpleNamespace(process_index=1), state, None)
+        heard: list[Beat] = []
+        deadline = time.monotonic() + 30
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.05)
+            heard += inbox.drain()
+        heartbeat.on_train_end(None, state, None)
+        heartbeat.thread.join(timeout=30)
+    assert heard == [Beat(rank=1, step=2, progress=0)]
+    assert "heartbeat rank 1 step 2 progress 0" in capsys.readouterr().out, "and its line, for hosts without one"
+
+
 class Clock:
     """A monotonic clock the test moves by hand."""
 

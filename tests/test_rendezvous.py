@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from worker.constants import RELEASE_HANGUP_S
+from worker.constants import PROTOCOL_VERSION, RELEASE_HANGUP_S
 from worker.errors import RendezvousError
 from worker.protocol import FrameError, recv_frame, send_frame, sign
 from worker.registration import Registration
@@ -312,7 +312,7 @@ def test_worker_sees_the_master_go_away():
 
     def vanishing_master():
         conn, _ = listener.accept()
-        send_frame(conn, {"type": "hello", "version": 1, "nonce": "cd" * 16})
+        send_frame(conn, {"type": "hello", "version": PROTOCOL_VERSION, "nonce": "cd" * 16})
         message = recv_frame(conn)
         send_frame(
             conn,
@@ -386,7 +386,8 @@ def test_a_master_of_another_protocol_version_is_refused():
     thread = threading.Thread(target=future_master)
     thread.start()
     with pytest.raises(
-        RegistrationRejected, match="speaks rendezvous protocol 99, this worker 1; run the same textsql version"
+        RegistrationRejected,
+        match=f"speaks rendezvous protocol 99, this worker {PROTOCOL_VERSION}; run the same textsql version",
     ):
         register(listener.getsockname(), TOKEN, worker(0))
     thread.join()

@@ -17,6 +17,7 @@ from textsql.launching.stall import MIN_STALL_TIMEOUT_S, STALL_FACTOR, StallDete
 from textsql.launching.supervisor import PROCESS_GROUP_TIMEOUT_S, Supervisor, process_group_timeout
 from textsql.rank_lines import HEARTBEAT_LINE, heartbeat_line, ranks_by_host, split_host_prefix
 from textsql.training.command_line import parse_command_line
+from worker.beats import Beat
 
 # Hostfiles: host to slots.
 ONE_HOST = {"a": 1}
@@ -146,6 +147,36 @@ def test_a_host_cannot_beat_for_another_hosts_rank_or_from_behind_no_prefix(cloc
     # Rank 0's step lines only from rank 0's host.
     detector.read("b: step 7/10: loss 1.000 (9 s)")
     assert detector.step == 1
+
+
+def test_a_host_heard_from_its_agent_is_believed_from_its_agent_alone(clock):
+    """Where a host's agent relays its ranks' heartbeats (signed with its pod's key), its heartbeat lines on pdsh's
+    stream, which another host can glue away or forge the bytes of, count for nothing."""
+    detector = StallDetector(timeout=30, clock=clock, hosts=TWO_HOSTS, relayed=frozenset({"a"}))
+    beat(detector, "a", 0, 9, 9000)
+    assert detector.counts == {}
+    detector.beat("a", Beat(rank=0, step=1, progress=1))
+    detector.beat("a", Beat(rank=1, step=9, progress=9000))  # rank 1 runs on b
+    detector.beat("c", Beat(rank=1, step=9, progress=9000))  # not a host of the launch
+    beat(detector, "b", 1, 1, 1)  # b has no agent: its lines count
+    assert detector.counts == {("a", 0): 1, ("b", 1): 1}
+
+
+def test_a_line_glued_onto_another_hosts_is_nobodys_word(clock):
+    """pdsh prints with %s: a NUL drops a host's newline and the next line, another host's, is glued on. What
+    follows another host's prefix inside a line is credited to neither (a forgery is the same bytes)."""
+    hosts = {"127.0.0.2": 1, "127.0.0.3": 1}
+    glued = "127.0.0.3: x127.0.0.2: " + heartbeat_line(0, 4, 9)
+    assert split_host_prefix(glued, hosts) == ("127.0.0.3", "x")
+    assert split_host_prefix("127.0.0.3: 127.0.0.2: " + heartbeat_line(0, 4, 9), hosts) == ("127.0.0.3", "")
+    assert split_host_prefix("127.0.0.3: see 127.0.0.4: ok", hosts) == ("127.0.0.3", "see 127.0.0.4: ok")
+    detector = StallDetector(timeout=30, clock=clock, hosts=hosts)
+    detector.read(glued)
+    detector.read("127.0.0.3: x127.0.0.3: " + heartbeat_line(1, 4, 9))
+    assert detector.counts == {}
+    # A host's text of 128 KiB of ": " is cut in one pass: at the one prefix at its end.
+    text = "a: " * 43_000 + "127.0.0.2: " + heartbeat_line(0, 4, 9)
+    assert split_host_prefix("127.0.0.3: " + text, hosts) == ("127.0.0.3", "a: " * 43_000)
 
 
 def test_when_every_host_still_beats_every_host_is_named(clock):

@@ -11,12 +11,18 @@
 
 Through pdsh each line arrives behind its host's ``host: `` prefix. A rank controls everything after that
 prefix, so :func:`split_host_prefix` names a host only for the launch's own hosts, and a reader believes a line
-only for what that host may say (its own ranks' heartbeats).
+only for what that host may say (its own ranks' heartbeats). pdsh prints a line with ``%s``: a rank's NUL drops
+the rest of its line, newline included, and pdsh's next line, another host's too, is glued onto it. So a host's
+text ends where another host's prefix appears in it: what follows is nobody's word (it may be the glued line of
+an honest host, or a hostile host's forgery of one, and the two are the same bytes). A host whose worker agent
+relays its ranks' heartbeats (:mod:`worker.beats`) is heard from there instead, out of every other host's reach.
 
 Usage::
 
-    >>> split_host_prefix("127.0.0.3: " + heartbeat_line(1, 4, 9), ["127.0.0.2", "127.0.0.3"])
+    >>> split_host_prefix("127.0.0.3: " + heartbeat_line(1, 4, 9), {"127.0.0.2", "127.0.0.3"})
     ('127.0.0.3', 'heartbeat rank 1 step 4 progress 9')
+    >>> split_host_prefix("127.0.0.3: x127.0.0.2: " + heartbeat_line(0, 4, 9), {"127.0.0.2", "127.0.0.3"})
+    ('127.0.0.3', 'x')
 """
 
 from __future__ import annotations
@@ -69,17 +75,38 @@ def heartbeat_line(rank: int, step: int, progress: int) -> str:
 
 
 def split_host_prefix(line: str, hosts: Collection[str]) -> tuple[str | None, str]:
-    """Which of the launch's hosts a line of its stream comes from, and the line without pdsh's prefix.
+    """Which of the launch's hosts a line of its stream comes from, and its text: after pdsh's prefix, and before
+    any other line glued onto it (see the module docstring).
 
     :param line: one line of the launch's stream, without its newline.
-    :param hosts: the launch's hosts (empty for the local launcher, whose lines carry no prefix).
+    :param hosts: the launch's hosts, a set or a dict (empty for the local launcher, whose lines carry no prefix).
     :rtype: tuple[str | None, str]
     :returns: ``(host, text)``; ``(None, line)`` when no host of the launch prefixes it.
     """
     host, separator, text = line.partition(": ")
     if separator and host in hosts:
-        return host, text
+        return host, text[: glued_at(text, hosts)]
     return None, line
+
+
+def glued_at(text: str, hosts: Collection[str]) -> int:
+    """Where in a host's text another line of pdsh's stream begins: the first ``HOST: `` of a host of the launch
+    in it; ``len(text)`` when none. Linear in the text (a step per ``": "``, a set lookup per length of host name).
+
+    :param text: a line's text after its host's prefix.
+    :param hosts: the launch's hosts, a set or a dict.
+    :rtype: int
+    """
+    colon = text.find(": ")
+    if colon == -1:  # most lines, heartbeats among them: no host's list is needed
+        return len(text)
+    lengths = sorted({len(host) for host in hosts}, reverse=True)
+    while colon != -1:
+        for length in lengths:
+            if length <= colon and text[colon - length : colon] in hosts:
+                return colon - length
+        colon = text.find(": ", colon + 1)
+    return len(text)
 
 
 def ranks_by_host(slots: dict[str, int]) -> dict[str, range]:

@@ -4,9 +4,11 @@
    the token comes from a file or a variable, never from the command line).
 2. Finds its own address: ``TEXTSQL_WORKER_ADDRESS``, else the platform's variable
    (``CDSW_IP_ADDRESS`` on CML, ``POD_IP`` on Kubernetes), else the interface that routes to the master.
-3. Starts its own sshd with a fresh host key that accepts only the run's client key.
+3. Opens its ranks' heartbeat socket (:class:`worker.beats.BeatInbox`, in a 0700 directory of its own) and starts
+   its own sshd with a fresh host key that accepts only the run's client key, naming the socket to its sessions.
 4. Registers with the master's rendezvous, retrying with jittered exponential backoff until a deadline.
-5. Blocks on the held connection (no polling) until released or the master is gone, stops sshd, exits 0.
+5. Blocks on the held connection (no polling) until released or the master is gone, relaying its ranks'
+   heartbeats on it signed with the pod's key; then stops sshd and exits 0.
 
 SIGTERM and SIGINT stop sshd and exit 0 as well. A refused registration exits 1 with the master's reason.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 from worker import constants as c
+from worker.beats import BeatInbox
 from worker.constants import DEFAULT_SSH_PORT
 from worker.errors import RendezvousError, TextSQLError, WorkerError
 from worker.inventory import Inventory, collect, overrides_for
@@ -121,7 +124,7 @@ class AgentConfig:
         )
 
 
-def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
+def _start_sshd(config: AgentConfig, workdir: Path, beats: BeatInbox) -> Sshd:
     # With port 0, another process may take the port between our probe and sshd's bind: try again.
     assert config.client_public_key is not None  # from_env requires it where sshd runs
     failure: WorkerError | None = None
@@ -133,7 +136,7 @@ def _start_sshd(config: AgentConfig, workdir: Path) -> Sshd:
                 config.address,
                 port,
                 config.client_public_key,
-                env=_session_env(config),
+                env=_session_env(config) | {c.ENV_BEAT_SOCKET: beats.path},
                 keys_dir=config.sshd_keys_dir,
             ).start()
         except WorkerError as error:
@@ -167,7 +170,8 @@ def run(config: AgentConfig) -> bool:
     """
     with ExitStack() as stack:
         workdir = config.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="textsql-worker-")))
-        sshd = stack.enter_context(_start_sshd(config, workdir)) if config.sshd else None
+        beats = stack.enter_context(BeatInbox())
+        sshd = stack.enter_context(_start_sshd(config, workdir, beats)) if config.sshd else None
         # Runs on the way out, just before sshd's stop: the SIGTERM that follows a release (the backend stopping
         # its pods) must not cut that stop short and orphan sshd.
         stack.callback(signal.signal, signal.SIGTERM, signal.SIG_IGN)
@@ -197,7 +201,7 @@ def run(config: AgentConfig) -> bool:
             config.slots,
             *config.master,
         )
-        released = session.wait_released()
+        released = session.wait_released(beats=beats)
         logger.info("released by the master" if released else "the master is gone; shutting down")
         return released
 

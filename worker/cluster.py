@@ -26,6 +26,7 @@ from typing import Any
 
 from worker import constants as c
 from worker.backends import Backend, Resources, make_backend
+from worker.beats import Beat
 from worker.errors import RendezvousError, WorkerError
 from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
@@ -76,6 +77,18 @@ class Cluster:
             if pod in by_pod:
                 lost.setdefault(by_pod[pod], f"pod {pod} {reason}")
         return lost
+
+    def relay_beats(self, receive: Callable[[str, Beat], None] | None) -> frozenset[str]:
+        """Give ``receive`` (None: nobody) every heartbeat the workers' agents relay, signed with each pod's key.
+
+        :param receive: called with the worker's address and one of its ranks' heartbeats.
+        :rtype: frozenset[str]
+        :returns: the workers heard that way: every launched one (attached hosts have no agent of ours).
+        """
+        if self._server is None:
+            return frozenset()
+        self._server.beats_to = receive
+        return frozenset(self.hosts)
 
     def replace_worker(self, address: str, timeout: float = 300.0) -> Cluster:
         """Replace the lost worker at ``address`` through the backend and rewrite the run's files.
@@ -197,13 +210,9 @@ class Cluster:
         :param timeout: seconds before giving up.
         :rtype: subprocess.CompletedProcess
         """
+        command_line = self.ssh_command(host, command)
         return subprocess.run(
-            self.ssh_command(host, command),
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
+            command_line, check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
         )
 
 
@@ -241,12 +250,8 @@ def _registered(
 ) -> list[Registration]:
     """Every worker once ``pods`` run and their agents registered, by ``deadline`` (``timeout``: the whole wait)."""
     backend.wait(max(0.0, deadline - time.monotonic()))
-    return server.wait(
-        max(0.0, deadline - time.monotonic()),
-        expected_pods=pods,
-        check=lambda: _check_pods(backend),
-        total=timeout,
-    )
+    left = max(0.0, deadline - time.monotonic())
+    return server.wait(left, expected_pods=pods, check=lambda: _check_pods(backend), total=timeout)
 
 
 def _check_pods(backend: Backend) -> None:

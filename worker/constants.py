@@ -25,6 +25,8 @@ ENV_SSHD = "TEXTSQL_WORKER_SSHD"  # "0" runs register-only (no sshd), for benchm
 # Where sshd's authorized key goes when the home directory is read-only (a pod's readOnlyRootFilesystem):
 # a directory on a volume the kubelet makes world-writable, so sshd runs with StrictModes off there.
 ENV_SSHD_KEYS_DIR = "TEXTSQL_SSHD_KEYS_DIR"
+# The agent's local socket for its ranks' heartbeats (worker.beats), set by the agent for its ssh sessions.
+ENV_BEAT_SOCKET = "TEXTSQL_BEAT_SOCKET"
 # For tests: JSON {"POD" or "*": {inventory field: value}} a worker reports instead of what it found.
 ENV_INVENTORY_OVERRIDES = "TEXTSQL_WORKER_INVENTORY_OVERRIDES"
 
@@ -52,10 +54,12 @@ FORWARDED_ENV = (
     # The interface carrying this pod's address (worker.inventory), unless the pod's own environment names one:
     # per host, which DeepSpeed's .deepspeed_env (one file for every host) cannot say.
     *SOCKET_IFNAME_VARS,
+    # Where this pod's ranks send their heartbeats: to this pod's own agent.
+    ENV_BEAT_SOCKET,
 )
 
 # Rendezvous protocol limits.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a held worker relays its ranks' heartbeats (worker.beats)
 MAX_FRAME_BYTES = 16 * 1024  # a registration is a few hundred bytes; an ssh public key under 1 KiB
 MAX_FRAME_DEPTH = 8  # a register message nests 2 levels; nothing honest nests deeper than this
 READ_TIMEOUT_S = 10.0  # a whole frame must arrive within this, however slowly it drips
@@ -73,6 +77,8 @@ MAX_CONNECTIONS = 512  # connections handled at once; more are closed at accept
 MAX_UNAUTHENTICATED_PER_ADDRESS = 64
 REFUSAL_LOG_INTERVAL_S = 5.0  # one log line per kind of refusal per this many seconds
 MAX_SLOTS = 16  # GPUs per worker
+# A rank's heartbeat datagram to its agent is a few numbers; anything longer is not one.
+MAX_BEAT_BYTES = 64
 MAX_EXPECTED_WORKERS = 1024
 SSH_KEY_TYPES = (
     "ssh-ed25519",

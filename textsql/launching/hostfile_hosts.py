@@ -27,6 +27,7 @@ from pathlib import Path
 
 from textsql.launching.command import LaunchArguments
 from textsql.launching.preflight import launch_ssh_options
+from worker.beats import Beat
 from worker.constants import HOSTFILE_NAME
 from worker.errors import WorkerError
 from worker.hostfile import read_hostfile, write_hostfile
@@ -78,6 +79,15 @@ class HostfileHosts:
         :rtype: dict[str, str]
         """
         return {}
+
+    def relay_beats(self, receive: Callable[[str, Beat], None] | None) -> frozenset[str]:
+        """No agent of ours runs on a hostfile's hosts: their heartbeats come on the launch's stream alone.
+
+        :param receive: whom the agents' heartbeats would go to.
+        :rtype: frozenset[str]
+        :returns: no host.
+        """
+        return frozenset()
 
     def answers(self, host: str, timeout: float = 15.0) -> bool:
         """Whether ``host`` runs ``true`` over the launch's ssh within ``timeout`` seconds.

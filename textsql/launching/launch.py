@@ -16,7 +16,9 @@ What this module adds to DeepSpeed's runner:
   at the default log level only the lines :func:`textsql.console.shown_rank_line` picks;
 - the output read as bytes and cut into lines at ``\n`` alone, the one place pdsh starts a new prefixed line:
   a rank controls all its text after ``host: `` (a ``\r``, a line separator, invalid UTF-8), and none of it
-  may start a line of its own. pdsh's own messages (``pdsh@master: host: ssh exited with exit code N``) are
+  may start a line of its own. A line ends at its first NUL, as pdsh prints it (with ``%s``), so no reader
+  sees more of it than pdsh shows; where pdsh glued the next line onto it, readers cut there
+  (:func:`textsql.rank_lines.split_host_prefix`). pdsh's own messages (``pdsh@master: host: ssh exited with exit code N``) are
   read only from pdsh's stderr, a pipe of their own, where every rank line still carries its prefix;
 - the exit code of the first host whose ranks failed, and the other hosts' ranks ended at once
   (a rank that dies before the process group forms would otherwise leave the rest waiting for
@@ -256,7 +258,8 @@ def _read_pipe(pipe: IO[bytes], from_stderr: bool, lines: queue.Queue[RunnerLine
     with pipe:
         # A binary file's lines end at b"\n" only; a last line without one comes as it is.
         for raw in pipe:
-            lines.put((from_stderr, raw.removesuffix(b"\n").decode("utf-8", errors="replace")))
+            text = raw.removesuffix(b"\n").partition(b"\0")[0]
+            lines.put((from_stderr, text.decode("utf-8", errors="replace")))
     lines.put(None)
 
 

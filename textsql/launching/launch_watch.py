@@ -55,6 +55,7 @@ class LaunchWatch:
         :param detector: reads every line for progress; :meth:`stalled` asks it.
         """
         self.stream, self.hosts, self.on_first_step = stream, list(hosts), on_first_step
+        self._host_set = frozenset(hosts)
         self.detector = detector or StallDetector()
         # When this side found the launch stalled (and told it to stop), and the stall's failure.
         self.stall: Failure | None = None
@@ -103,7 +104,7 @@ class LaunchWatch:
         if failed:
             self._exit(failed["host"], int(failed["code"]))
             return
-        host, text = split_host_prefix(line, self.hosts)
+        host, text = split_host_prefix(line, self._host_set)
         text = TORCH_RANK_PREFIX.sub("", text)
         stepped = STEP_LINE.match(text)
         # Only rank 0 prints steps: the same line from another host is not its word.

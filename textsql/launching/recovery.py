@@ -47,6 +47,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -63,6 +64,7 @@ from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S
 from textsql.launching.training_plan import TrainingPlan
 from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
 from textsql.training.universal import convert, needs_conversion
+from worker.beats import Beat
 from worker.constants import HOSTFILE_NAME
 from worker.errors import WorkerError
 from worker.files import atomic_write
@@ -98,6 +100,8 @@ class ReplaceableHosts(Protocol):
     def ssh_config(self) -> Path | None: ...
 
     def lost(self) -> dict[str, str]: ...
+
+    def relay_beats(self, receive: Callable[[str, Beat], None] | None, /) -> frozenset[str]: ...
 
     def answers(self, host: str, /, timeout: float = ...) -> bool: ...
 

@@ -3,8 +3,16 @@
 Every training rank prints a heartbeat line every :data:`~textsql.rank_lines.HEARTBEAT_INTERVAL_S` seconds from a
 thread of its own (:class:`textsql.training.progress.Heartbeat`, the line in :mod:`textsql.rank_lines`): its rank,
 its optimizer step and a count of everything it has finished (steps, evaluation batches, saves), so an
-evaluation or a save reads as progress too. The lines reach the supervisor on the launch's stream, where pdsh
-prefixes each with ``host: ``; :class:`StallDetector` reads them.
+evaluation or a save reads as progress too. :class:`StallDetector` hears them on one of two channels:
+
+- **A worker pod's agent** (``start_workers``' launched workers, :attr:`StallDetector.relayed`): each rank also
+  sends its heartbeat to its own pod's agent, which relays it on its rendezvous connection signed with the pod's
+  key (:mod:`worker.beats`); :meth:`StallDetector.beat` takes it for the address that pod registered. Such a
+  host's heartbeat lines on the launch's stream are ignored: no other host can glue them away or speak for them.
+- **The launch's stream**, for hosts with no agent (a hostfile's static hosts reached over ssh): pdsh prefixes
+  each line with ``host: ``; :meth:`StallDetector.read` takes the heartbeat lines. There a host can glue another's
+  lines onto its own with a NUL (:mod:`textsql.rank_lines`): those are nobody's word, so a hostile static host can
+  make an honest one look silent, though never speak for it.
 
 - **Whose word**: a heartbeat counts only for a rank its host runs (the hostfile's order and slots, as
   DeepSpeed numbers the ranks), a count only moves forward, and ``step N/M`` lines only from rank 0's host:
@@ -33,11 +41,13 @@ Usage::
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, STEP_LINE, ranks_by_host, split_host_prefix
+from worker.beats import Beat
 
 # The default stall timeout: this many times the slowest gap between progress, and never below the minimum.
 STALL_FACTOR = 4.0
@@ -54,11 +64,14 @@ class StallDetector:
     :param clock: seconds, monotonic; injected by tests.
     :param hosts: the launch's hostfile, host to slots in its order (pdsh's line prefixes; empty for the local
         launcher).
+    :param relayed: the hosts whose agents relay their ranks' heartbeats (:meth:`beat`); their heartbeat lines
+        are ignored.
     """
 
     timeout: float | None = None
     clock: Callable[[], float] = time.monotonic
     hosts: dict[str, int] = field(default_factory=dict)
+    relayed: frozenset[str] = frozenset()
     # Per (host, rank): the last count of finished work, and when its heartbeat was last read.
     counts: dict[tuple[str | None, int], int] = field(default_factory=dict)
     beats: dict[tuple[str | None, int], float] = field(default_factory=dict)
@@ -70,31 +83,44 @@ class StallDetector:
         self.ranks = ranks_by_host(self.hosts)
         # When progress was first seen: a host never heard from is silent since then.
         self.first_progress_at: float | None = None
+        # Agents' heartbeats arrive on the rendezvous' threads, lines on the launch's.
+        self._lock = threading.Lock()
 
     def read(self, line: str) -> None:
-        """Take one line of the launch's stream (other lines, and what a host says for another's ranks, are
-        ignored).
+        """Take one line of the launch's stream (other lines, what a host says for another's ranks, and the
+        heartbeat lines of a host whose agent relays them, are ignored).
 
         :param line: the line without its newline.
         """
         host, text = split_host_prefix(line, self.hosts)
         if self.hosts and host is None:
             return
-        beat = HEARTBEAT_LINE.match(text)
-        if beat:
-            rank = int(beat["rank"])
-            if host is not None and rank not in self.ranks[host]:
-                return
-            self.beats[host, rank] = self.clock()
-            count = int(beat["progress"])
-            if count > self.counts.get((host, rank), 0):
-                self.counts[host, rank] = count
-                self._advanced(int(beat["step"]))
+        heard = HEARTBEAT_LINE.match(text)
+        if heard:
+            if host not in self.relayed:
+                self.beat(host, Beat(int(heard["rank"]), int(heard["step"]), int(heard["progress"])))
             return
         stepped = STEP_LINE.match(text)
         rank_zero_host = next(iter(self.hosts), None)
-        if stepped and host == rank_zero_host and (self.step is None or int(stepped["step"]) > self.step):
-            self._advanced(int(stepped["step"]))
+        if stepped and host == rank_zero_host:
+            with self._lock:
+                if self.step is None or int(stepped["step"]) > self.step:
+                    self._advanced(int(stepped["step"]))
+
+    def beat(self, host: str | None, beat: Beat) -> None:
+        """Take one rank's heartbeat from ``host`` (ignored for a rank it does not run).
+
+        :param host: the host it comes from: its pdsh prefix, or the address its agent registered (None: the local
+            launcher's one machine).
+        :param beat: the rank's heartbeat.
+        """
+        if host is not None and beat.rank not in self.ranks.get(host, ()):
+            return
+        with self._lock:
+            self.beats[host, beat.rank] = self.clock()
+            if beat.progress > self.counts.get((host, beat.rank), 0):
+                self.counts[host, beat.rank] = beat.progress
+                self._advanced(beat.step)
 
     def limit(self) -> float | None:
         """Seconds without progress that make a stall now; None while there is nothing to scale the default by.

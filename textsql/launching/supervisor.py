@@ -85,7 +85,11 @@ class Supervisor(Recovery):
         previous, aware_at = None, None
         for attempt in range(self.max_restarts + 1):
             watch = self._watch(attempt, aware_at)
-            code = launch(self._launch_arguments(), stream=watch, should_stop=watch.stalled)
+            try:
+                code = launch(self._launch_arguments(), stream=watch, should_stop=watch.stalled)
+            finally:
+                if self.hosts is not None:
+                    self.hosts.relay_beats(None)
             if code == 0:
                 if attempt:
                     self._event("finished", attempt, f"run finished after {attempt} restart(s)")
@@ -102,13 +106,17 @@ class Supervisor(Recovery):
         return self._give_up(code)
 
     def _watch(self, attempt: int, aware_at: float | None) -> LaunchWatch:
-        """The watch on a launch's output: its stall detector, and for a relaunch, the resumed event."""
+        """The watch on a launch's output: its stall detector, which hears the hosts with an agent of ours from
+        their agents (:mod:`worker.beats`), and for a relaunch, the resumed event."""
         resumed_from = self._checkpoint() if attempt else None
+        detector = StallDetector(self.stall_timeout, hosts=self._hostfile())
+        if self.hosts is not None:
+            detector.relayed = self.hosts.relay_beats(detector.beat)
         return LaunchWatch(
             self.stream,
             list(self._hostfile()),
             on_first_step=self._on_relaunch_first_step(attempt, resumed_from, aware_at) if attempt else None,
-            detector=StallDetector(self.stall_timeout, hosts=self._hostfile()),
+            detector=detector,
         )
 
     def _record_failure(self, failure: Failure, watch: LaunchWatch, attempt: int) -> float:

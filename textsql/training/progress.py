@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 from textsql.rank_lines import HEARTBEAT_INTERVAL_S, LAUNCH_ID_VAR, STAGE_PREFIX, heartbeat_line, step_line
 from textsql.training.time_left import TimeLeft, steady_from
+from worker.beats import Beat, send_beat
+from worker.constants import ENV_BEAT_SOCKET
 
 logger = logging.getLogger(__name__)
 
@@ -134,11 +136,14 @@ def pace_record(trainer: Trainer) -> dict[str, Any] | None:
 class Heartbeat(TrainerCallback):
     """Every rank's heartbeat line (:func:`textsql.rank_lines.heartbeat_line`) every ``interval_s``, from a
     thread of its own, so the supervisor can tell a stalled rank from one waiting for it
-    (:mod:`textsql.launching.stall`). The count goes up with every step, evaluation batch and save."""
+    (:mod:`textsql.launching.stall`). The count goes up with every step, evaluation batch and save. On a worker
+    pod the same beat goes to the pod's agent too (:data:`worker.constants.ENV_BEAT_SOCKET`), which relays it
+    to the supervisor signed (:mod:`worker.beats`): out of reach of what other hosts print."""
 
     def __init__(self, interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
         self.interval_s, self.step, self.progress = interval_s, 0, 0
         self._done = threading.Event()
+        self._agent = os.environ.get(ENV_BEAT_SOCKET)
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -166,8 +171,11 @@ class Heartbeat(TrainerCallback):
     def _beat(self, rank: int) -> None:
         # The first at once: the supervisor then knows every rank, even one stopped before its second beat.
         while True:
+            step, progress = self.step, self.progress
+            if self._agent:
+                send_beat(self._agent, Beat(rank, step, progress))
             # One write, so the line never interleaves with the main thread's step lines.
-            sys.stdout.write(heartbeat_line(rank, self.step, self.progress) + "\n")
+            sys.stdout.write(heartbeat_line(rank, step, progress) + "\n")
             sys.stdout.flush()
             if self._done.wait(self.interval_s):
                 return

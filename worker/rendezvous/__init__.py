@@ -15,10 +15,13 @@ Conversation on one connection (frames and signatures from :mod:`worker.protocol
     master -> worker  {"type": "hello", "version": 1, "nonce": SN}
     worker -> master  {"type": "register", "nonce": CN, "worker": {...}, "mac": HMAC(token, "register", SN, CN, worker)}
     master -> worker  {"type": "accepted" | "rejected", "reason": ..., "mac": HMAC(token, type, SN, CN, reason)}
-    master -> worker  {"type": "heartbeat"} every few seconds while the run lasts, then
+    master -> worker  {"type": "heartbeat"} every few seconds while the run lasts, and meanwhile
+    worker -> master  {"type": "beats", "sequence": N, "beats": [[RANK, STEP, PROGRESS], ...],
+                       "mac": HMAC(token, "beats", SN, CN, N, beats)} as its ranks' heartbeats arrive, then
     master -> worker  {"type": "released", "mac": HMAC(token, "released", SN, CN)}
 
-The worker holds its connection open after it is accepted: the master sees a worker that dies before
-the run is complete (its registration is dropped), and the worker sees the master go away (no
-heartbeat, or the connection closes) as well as its release, without polling.
+(``token``: the pod's key.) The worker holds its connection open after it is accepted: the master sees a worker
+that dies before the run is complete (its registration is dropped), and the worker sees the master go away (no
+heartbeat, or the connection closes) as well as its release, without polling. The "beats" frames carry the
+ranks' heartbeats (:mod:`worker.beats`): each sequence number higher than the last, or the connection is dropped.
 """

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import random
+import selectors
 import socket
 import time
 from pathlib import Path
 from typing import Self
 
+from worker.beats import Beat, BeatInbox
 from worker.constants import BACKOFF_MAX_S, BACKOFF_START_S, MASTER_GONE_AFTER_S, PROTOCOL_VERSION, READ_TIMEOUT_S
 from worker.errors import RendezvousError
 from worker.protocol import FrameError, is_nonce, new_nonce, recv_frame, send_frame, sign, verify
@@ -42,30 +44,64 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 
 class Session:
-    """A worker's accepted registration: the open connection it waits for its release on."""
+    """A worker's accepted registration: the open connection it waits for its release on, and relays its ranks'
+    heartbeats on (:mod:`worker.beats`)."""
 
     def __init__(self, sock: socket.socket, token: bytes, server_nonce: str, client_nonce: str) -> None:
         self._sock = sock
         self._token = token
         self._nonces = (server_nonce, client_nonce)
+        # Numbers the relayed frames: the master takes each number once, in order, so none is replayed.
+        self._sequence = 0
 
-    def wait_released(self, gone_after: float = MASTER_GONE_AFTER_S) -> bool:
-        """Block (no polling) until released or the master is gone.
+    def wait_released(self, gone_after: float = MASTER_GONE_AFTER_S, beats: BeatInbox | None = None) -> bool:
+        """Block (no polling) until released or the master is gone, relaying what arrives on ``beats``.
 
         :param gone_after: seconds without any frame after which the master counts as gone.
+        :param beats: this pod's ranks' heartbeats, relayed to the master as they arrive (None: none).
         :rtype: bool
         :returns: True when the master released this worker, False when it went away.
         """
-        while True:
-            try:
-                message = recv_frame(self._sock, timeout=gone_after)
-            except FrameError as error:
-                logger.info("master gone: %s", error)
-                return False
-            if message.get("type") == "released":
-                if verify(self._token, message.get("mac"), "released", *self._nonces):
-                    return True
-                logger.warning("ignoring a release that is not signed with the run's token")
+        heard_at = time.monotonic()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._sock, selectors.EVENT_READ)
+            if beats is not None:
+                selector.register(beats, selectors.EVENT_READ)
+            while True:
+                ready = {key.fileobj for key, _ in selector.select(timeout=heard_at + gone_after - time.monotonic())}
+                try:
+                    if beats is not None and beats in ready:
+                        self.relay(beats.drain())
+                    if self._sock in ready:
+                        heard_at = time.monotonic()
+                        if self._released(recv_frame(self._sock)):
+                            return True
+                    elif time.monotonic() - heard_at >= gone_after:
+                        raise FrameError(f"no frame for {gone_after:g} s")
+                except FrameError as error:
+                    logger.info("master gone: %s", error)
+                    return False
+
+    def _released(self, message: dict[str, object]) -> bool:
+        if message.get("type") != "released":
+            return False
+        if verify(self._token, message.get("mac"), "released", *self._nonces):
+            return True
+        logger.warning("ignoring a release that is not signed with the run's token")
+        return False
+
+    def relay(self, beats: list[Beat]) -> None:
+        """Send this pod's ranks' heartbeats to the master, signed with the pod's key.
+
+        :param beats: the newest beat of each rank (nothing is sent for none).
+        :raises FrameError: when the master cannot be reached.
+        """
+        if not beats:
+            return
+        self._sequence += 1
+        wire = [list(beat) for beat in beats]
+        mac = sign(self._token, "beats", *self._nonces, self._sequence, wire)
+        send_frame(self._sock, {"type": "beats", "sequence": self._sequence, "beats": wire, "mac": mac})
 
     def detach(self) -> None:
         """Leave the registration in place without holding the connection (``textsql rendezvous register``)."""

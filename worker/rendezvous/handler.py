@@ -1,7 +1,8 @@
-"""One worker's connection on the master: hello, authenticated registration, reply, hold until release.
+"""One worker's connection on the master: hello, authenticated registration, reply, hold until release, taking the
+worker's signed heartbeats meanwhile.
 
 The handler speaks the protocol; what it learns it hands to its :class:`~worker.rendezvous.server.RendezvousServer`
-through the server's methods for handlers (:meth:`authenticated`, :meth:`record`, :meth:`forget`,
+through the server's methods for handlers (:meth:`authenticated`, :meth:`record`, :meth:`forget`, :meth:`relay`,
 :attr:`refusals` and :attr:`release_signal`), which keep the run's state and count the connections.
 """
 
@@ -12,8 +13,10 @@ import logging
 import secrets
 import selectors
 import socketserver
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
+from worker.beats import Beat, InvalidBeats, beats_from_wire
 from worker.constants import PROTOCOL_VERSION, READ_TIMEOUT_S, RELEASE_HANGUP_S
 from worker.protocol import FrameError, is_nonce, new_nonce, recv_frame, send_frame, sign, verify
 from worker.registration import InvalidRegistration, Registration
@@ -126,28 +129,69 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
             pass
 
     def _hold(self, registration: Registration, server_nonce: str, client_nonce: str) -> None:
-        """Keep the connection until release, heartbeating; a worker that hangs up is dropped."""
+        """Keep the connection until release, heartbeating and taking the worker's relayed heartbeats; a worker
+        that hangs up or breaks the protocol is dropped."""
         if self.server.released.is_set():  # released while this worker was still shaking hands
             self._send_release(server_nonce, client_nonce)
             return
         release_signal = self.server.release_signal
+        relayed = RelayedBeats(self.key, server_nonce, client_nonce)
         with selectors.DefaultSelector() as selector:
             selector.register(self.connection, selectors.EVENT_READ)
             selector.register(release_signal, selectors.EVENT_READ)
+            next_heartbeat = time.monotonic() + self.server.heartbeat
             while True:
-                ready = {key.fileobj for key, _ in selector.select(timeout=self.server.heartbeat)}
+                ready = {key.fileobj for key, _ in selector.select(timeout=next_heartbeat - time.monotonic())}
                 try:
                     if release_signal in ready or self.server.released.is_set():
                         self._send_release(server_nonce, client_nonce)
                         return
                     if self.connection in ready:
-                        # A held worker sends one thing only: "detach" (registered, not holding on).
+                        message = recv_frame(self.connection, timeout=self.server.read_timeout)
+                        # A held worker sends its ranks' heartbeats, or "detach" (registered, not holding on).
                         # Anything else, or a close, means it is gone.
-                        if recv_frame(self.connection, timeout=self.server.read_timeout).get("type") == "detach":
+                        if message.get("type") == "detach":
                             logger.info("worker %s detached; its registration stays", registration.address)
                             return
-                        raise FrameError("the worker sent something other than detach")
-                    send_frame(self.connection, {"type": "heartbeat"})
+                        self.server.relay(registration, self, relayed.read(message))
+                    if time.monotonic() >= next_heartbeat:
+                        send_frame(self.connection, {"type": "heartbeat"})
+                        next_heartbeat = time.monotonic() + self.server.heartbeat
                 except FrameError as error:
                     self.server.forget(registration, self, reason=str(error))
                     return
+
+
+class RelayedBeats:
+    """The heartbeat frames of one held connection, checked: signed with the pod's key over both nonces, each
+    sequence number higher than the last (none replayed), the beats well formed.
+
+    :param key: the pod's key.
+    :param server_nonce: this connection's master nonce.
+    :param client_nonce: this connection's worker nonce.
+    """
+
+    def __init__(self, key: bytes, server_nonce: str, client_nonce: str) -> None:
+        self.key, self.nonces, self.sequence = key, (server_nonce, client_nonce), 0
+
+    def read(self, message: dict[str, Any]) -> list[Beat]:
+        """The beats of one frame the worker sent.
+
+        :param message: the frame.
+        :rtype: list[Beat]
+        :raises FrameError: when it is not a heartbeat frame, is not signed with the pod's key, repeats or goes
+            back in sequence, or its beats are malformed.
+        """
+        sequence, wire = message.get("sequence"), message.get("beats")
+        if message.get("type") != "beats":
+            raise FrameError("the worker sent something other than heartbeats or detach")
+        if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence <= self.sequence:
+            raise FrameError("a heartbeat frame out of sequence")
+        if not verify(self.key, message.get("mac"), "beats", *self.nonces, sequence, wire):
+            raise FrameError("a heartbeat frame not signed with the pod's key")
+        try:
+            beats = beats_from_wire(wire)
+        except InvalidBeats as error:
+            raise FrameError(str(error)) from None
+        self.sequence = sequence
+        return beats

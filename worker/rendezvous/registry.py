@@ -122,6 +122,17 @@ class Registry:
                 message = "worker %s (pod %s) left before the run was complete: %s"
         logger.warning(message, registration.address, registration.pod, reason)
 
+    def holds(self, registration: Registration, holder: object) -> bool:
+        """Whether ``registration`` stands, held by ``holder``.
+
+        :param registration: what a worker registered.
+        :param holder: its connection.
+        :rtype: bool
+        """
+        with self._lock:
+            current = self._by_address.get(registration.address)
+        return current is not None and current[0] == registration and current[1] is holder
+
     def lost(self) -> dict[str, str]:
         """Workers whose connection ended after the run was complete: address -> why.
 

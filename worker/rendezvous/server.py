@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Self
 
+from worker.beats import Beat
 from worker.constants import (
     DEFAULT_RENDEZVOUS_PORT,
     HEARTBEAT_S,
@@ -51,8 +52,11 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
     Methods for the caller: :meth:`start` (serve in a thread), :meth:`wait`, :meth:`release`,
     :meth:`close` (all three on leaving a ``with`` block), :attr:`endpoint`, :attr:`workers`.
 
-    Methods for handlers: :meth:`authenticated`, :meth:`record`, :meth:`forget`; :attr:`refusals` for
-    lines a hostile peer can trigger; :attr:`release_signal` turns readable once the workers are released.
+    Methods for handlers: :meth:`authenticated`, :meth:`record`, :meth:`forget`, :meth:`relay`; :attr:`refusals`
+    for lines a hostile peer can trigger; :attr:`release_signal` turns readable once the workers are released.
+
+    :attr:`beats_to` (None: nowhere; the launch's stall detector) is given, from the handlers' threads, every
+    heartbeat a held worker relays, with the address it registered.
 
     Connections are counted from accept to close: at most :attr:`max_connections` in all, and at most
     :attr:`max_unauthenticated_per_address` from one address that have not yet authenticated.
@@ -118,6 +122,7 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         self._idle = threading.Condition(self._lock)
         self.refusals = RateLimitedLog(logger, REFUSAL_LOG_INTERVAL_S)
         self.released = threading.Event()
+        self.beats_to: Callable[[str, Beat], None] | None = None
         # Held connections select on this pair so a release wakes them at once, without polling.
         self.release_signal, self._release_writer = socket.socketpair()
         self._thread: threading.Thread | None = None
@@ -233,6 +238,19 @@ class RendezvousServer(socketserver.ThreadingTCPServer):
         """
         self.registry.forget(registration, handler, reason)
 
+    def relay(self, registration: Registration, handler: RegistrationHandler, beats: list[Beat]) -> None:
+        """Heartbeats a held worker relayed, signed with its pod's key: to :attr:`beats_to`, under the address it
+        registered, while its registration stands (a worker given up speaks for no address any more).
+
+        :param registration: what the worker registered.
+        :param handler: its connection.
+        :param beats: its ranks' newest heartbeats.
+        """
+        receive = self.beats_to
+        if receive is not None and self.registry.holds(registration, handler):
+            for beat in beats:
+                receive(registration.address, beat)
+
     def lost(self) -> dict[str, str]:
         """Workers whose agent hung up after the run was complete (its pod is gone or cut off): address -> why.
 
@@ -344,9 +362,8 @@ def serve(
     identity_file: Path | None = None,
     hold: bool = False,
 ) -> list[Registration]:
-    """``textsql rendezvous serve``: wait for ``expect`` workers, write hostfile, known_hosts, ssh_config.
-
-    known_hosts and ssh_config go beside the hostfile. A missing token file is created (0600).
+    """``textsql rendezvous serve``: wait for ``expect`` workers, write hostfile, known_hosts, ssh_config (those two
+    beside the hostfile); a missing token file is created (0600).
 
     :param expect: number of workers.
     :param token_file: the per-run token file.
