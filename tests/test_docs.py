@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import papermill
 import pytest
+from helpers.docs import NEEDS, SHELL_WORDS, SYSTEM_PROGRAMS, commands, parse, program, shell_blocks
 
 from textsql.cli import cli
 
@@ -201,3 +202,111 @@ def test_the_security_pages_trust_table_names_what_the_code_keeps_private() -> N
         name for cells in rows if cells[1].strip() == "master-private" for name in re.findall(r"`([^`]+)`", cells[0])
     }
     assert private == master_private_names()
+
+
+def pymarkdown(*pages: Path) -> subprocess.CompletedProcess[str]:
+    """pymarkdown over ``pages`` with the project's settings (``[tool.pymarkdown]`` in pyproject.toml)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pymarkdown", "--strict-config", "scan", *map(str, pages)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_markdown_pages_pass_the_linter() -> None:
+    linted = pymarkdown(*PROSE)
+    assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-2000:]
+
+
+def test_the_linter_refuses_a_list_that_would_render_as_a_paragraph(tmp_path: Path) -> None:
+    """Without a blank line above it, a list is one paragraph of dashes on the site (Python-Markdown), and
+    ``mkdocs build --strict`` says nothing."""
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\nWhat a continuation does:\n- skips what completed;\n- relaunches training.\n")
+    linted = pymarkdown(page)
+    assert linted.returncode != 0 and "MD032" in linted.stdout, linted.stdout + linted.stderr
+    page.write_text(page.read_text().replace(":\n-", ":\n\n-"))
+    linted = pymarkdown(page)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def documented_tools() -> dict[str, click.Command]:
+    """The click programs whose command lines the pages give, by the name a reader types."""
+    from huggingface_hub.cli.hf import app as hf
+    from mlflow.cli import cli as mlflow
+    from papermill.cli import papermill as papermill_cli
+
+    return {"textsql": cli, "hf": hf, "mlflow": mlflow, "papermill": papermill_cli}
+
+
+def test_every_documented_command_line_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ``textsql``, ``hf``, ``mlflow`` and ``papermill`` command of a page's shell blocks (those that need a
+    hub or a cluster included) parses with the installed program: a missing required option, an unknown or
+    renamed one, or a bad value fails here. Parsed, not run: nothing is called."""
+    for name in [name for name in os.environ if name.startswith("TEXTSQL_")]:
+        monkeypatch.delenv(name)  # an option's variable would stand in for a missing option
+    tools = documented_tools()
+    checked, failures = 0, []
+    for block in shell_blocks(PROSE):
+        for words in commands(block.text):
+            if program(words) not in tools:
+                continue
+            checked += 1
+            try:
+                parse(tools[program(words)], program(words), words[1:])
+            except click.ClickException as error:
+                failures.append(f"{block}: {' '.join(words)}\n    {type(error).__name__}: {error.format_message()}")
+    assert not failures, "\n".join(failures)
+    assert checked >= 12, f"only {checked} command lines found: is the block extraction broken?"
+
+
+def test_the_command_line_check_sees_a_missing_option_and_a_renamed_one() -> None:
+    with pytest.raises(click.MissingParameter) as missing:
+        parse(cli, "textsql", ["launch", "--hostfile", "hosts", "--min-workers", "1", "--", "--profile", "zero1"])
+    assert "--run-dir" in missing.value.format_message()
+    with pytest.raises(click.NoSuchOption):
+        parse(cli, "textsql", ["workers", "cleanup", "--namespace", "ml", "--run-id", "ID"])
+
+
+def test_a_block_marked_as_needing_something_names_a_known_need() -> None:
+    marked = [block for block in shell_blocks(PROSE) if block.needs]
+    assert {block.needs for block in marked} >= {"hub", "cluster"}
+    unknown = [f"{block}: {block.needs}" for block in marked if block.needs not in NEEDS]
+    assert not unknown, f"needs one of {sorted(NEEDS)}: {unknown}"
+
+
+def test_every_program_a_page_runs_is_installed_with_the_project() -> None:
+    """A page runs the project's programs from its virtual environment (``.venv/bin/NAME``, what `make setup-dev`
+    installs from the pinned requirements) or a few from the system; a program no pinned package installs fails
+    (huggingface_hub installs ``hf``, not ``huggingface-cli``)."""
+    venv_bin = Path(sys.executable).parent
+    missing = [
+        f"{block}: {words[0]}"
+        for block in shell_blocks(PROSE)
+        for words in commands(block.text)
+        if words[0] not in SHELL_WORDS | SYSTEM_PROGRAMS and not (venv_bin / program(words)).exists()
+    ]
+    assert not missing, missing
+
+
+@pytest.mark.slow
+def test_the_serving_guides_local_check_answers_from_the_model_it_names(tmp_path: Path) -> None:
+    """The serving page's block, run by bash from the project root with the demo's model replaced by a saved one
+    (the embedded small T5): a query comes back, not "no model to serve"."""
+    from textsql.model import load_model, load_tokenizer
+
+    block = next(block for block in shell_blocks([ROOT / "docs" / "guides" / "serving.md"]) if "model.py" in block.text)
+    model = tmp_path / "model"
+    load_model().save_pretrained(model)
+    load_tokenizer().save_pretrained(model)
+    script = block.text.replace("runs/demo/model", str(model)).replace(".venv/bin/python", sys.executable)
+    assert str(model) in script, f"{block} names no model to serve:\n{block.text}"
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("TEXTSQL_")}
+    ran = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "'sql': 'SELECT " in ran.stdout and "error" not in ran.stdout, ran.stdout + ran.stderr[-2000:]
