@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, STEP_LINE, ranks_by_host, split_host_prefix
+from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, rank0_step, ranks_by_host, split_host_prefix
 
 # The default stall timeout: this many times the slowest gap between progress, and never below the minimum.
 STALL_FACTOR = 4.0
@@ -91,9 +91,8 @@ class StallDetector:
                 self.counts[host, rank] = count
                 self._advanced(int(beat["step"]))
             return
-        stepped = STEP_LINE.match(text)
-        rank_zero_host = next(iter(self.hosts), None)
-        if stepped and host == rank_zero_host and (self.step is None or int(stepped["step"]) > self.step):
+        stepped = rank0_step(line, self.hosts)
+        if stepped and (self.step is None or int(stepped["step"]) > self.step):
             self._advanced(int(stepped["step"]))
 
     def limit(self) -> float | None:
