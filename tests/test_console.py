@@ -25,6 +25,7 @@ from textsql.console import (
 )
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.errors import TextSQLError
+from textsql.files import record_launch_hosts
 from worker.files import UnsafePath
 
 # Lines DeepSpeed's runner and the ranks print in a demo, read from a real launch.log.
@@ -86,9 +87,16 @@ def test_ranks_show_only_their_own_and_error_lines_unless_verbose():
     assert all(shown_rank_line(line) for line in NOISE)
 
 
-def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar():
+@pytest.fixture
+def launched(tmp_path):
+    """A run directory whose launch runs rank 0 on 127.0.0.2, as the launch records it."""
+    record_launch_hosts(tmp_path, ["127.0.0.2", "127.0.0.3"])
+    return tmp_path
+
+
+def test_stage_view_prints_a_line_per_stage_and_keeps_steps_on_one_bar(launched):
     with pseudo_terminal(columns=120, rows=24) as terminal:
-        view = StageView(total=2, stream=terminal.stream)
+        view = StageView(total=2, stream=terminal.stream, run_dir=launched)
         with view.stage("02_train_distributed"):
             for step in range(10, 201, 10):
                 view.feed(f"127.0.0.2: step {step}/200: loss {5 - step / 100:.3f} ({step} s)")
@@ -136,19 +144,22 @@ PLAIN_LINES = [
 ]
 
 
-def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals():
+def test_stage_view_without_a_terminal_prints_plain_progress_lines_at_intervals(launched):
     """A CI log or a pipe cannot redraw a bar: a plain line when the step moved (at most every PLAIN_EVERY_S,
     10 s), and a heartbeat every PLAIN_HEARTBEAT_S (60 s) when it did not, never the same line every 10 s."""
     clock, stream = Clock(), io.StringIO()
-    run_a_stage_of_two_steps_for_95_s(StageView(total=1, stream=stream, clock=clock, tick_s=None), clock)
+    run_a_stage_of_two_steps_for_95_s(
+        StageView(total=1, stream=stream, clock=clock, tick_s=None, run_dir=launched), clock
+    )
     assert stream.getvalue().splitlines() == PLAIN_LINES
 
 
-def test_stage_view_on_a_terminal_of_size_0x0_prints_the_plain_lines():
+def test_stage_view_on_a_terminal_of_size_0x0_prints_the_plain_lines(launched):
     """A bare pty (some CI runners) is a terminal that says it is 0 columns wide: tqdm draws nothing there."""
     clock = Clock()
     with pseudo_terminal(columns=0, rows=0) as terminal:
-        run_a_stage_of_two_steps_for_95_s(StageView(total=1, stream=terminal.stream, clock=clock, tick_s=None), clock)
+        view = StageView(total=1, stream=terminal.stream, clock=clock, tick_s=None, run_dir=launched)
+        run_a_stage_of_two_steps_for_95_s(view, clock)
     assert terminal.output.splitlines() == PLAIN_LINES
 
 
@@ -168,10 +179,10 @@ def test_stage_view_ticks_on_its_own_while_a_stage_runs():
     ]
 
 
-def test_stage_view_shows_the_time_left_the_ranks_said_and_counts_it_down():
+def test_stage_view_shows_the_time_left_the_ranks_said_and_counts_it_down(launched):
     """The ranks' own estimate (textsql.training.time_left), never tqdm's: the stage's clock includes start-up."""
     clock, stream = Clock(), io.StringIO()
-    view = StageView(total=1, stream=stream, clock=clock, tick_s=None)
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=None, run_dir=launched)
     with view.stage("02_train_distributed"):
         view.feed("127.0.0.2: step 20/200: loss 3.120 (14 s)")
         view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s, 300 s left)")
@@ -180,7 +191,7 @@ def test_stage_view_shows_the_time_left_the_ranks_said_and_counts_it_down():
             view.tick()
     assert stream.getvalue().splitlines()[0] == "[1/1] 02_train_distributed: 10 s step 40/200: 04:50 left, loss 2.870"
     with pseudo_terminal(columns=120, rows=24) as terminal:
-        view = StageView(total=1, stream=terminal.stream, clock=clock, tick_s=None)
+        view = StageView(total=1, stream=terminal.stream, clock=clock, tick_s=None, run_dir=launched)
         with view.stage("02_train_distributed"):
             view.feed("127.0.0.2: step 40/200: loss 2.870 (28 s, 300 s left)")
             clock.now += 60
@@ -189,12 +200,12 @@ def test_stage_view_shows_the_time_left_the_ranks_said_and_counts_it_down():
     assert "04:00 left, loss 2.870]" in terminal.output, "counted down at the tick"
 
 
-def test_stage_view_reads_the_steps_from_the_growing_launch_log(tmp_path):
+def test_stage_view_reads_the_steps_from_the_growing_launch_log(launched):
     """Notebook 02 shows its steps as a bar of its own, not as output: the terminal follows launch.log instead,
     only what the stage adds to it, whole lines only, made safe to show like everything a rank prints."""
-    log, clock, stream = tmp_path / "launch.log", Clock(), io.StringIO()
+    log, clock, stream = launched / "launch.log", Clock(), io.StringIO()
     log.write_text("127.0.0.2: step 1990/2000: loss 0.100 (900 s, 5 s left)\n")  # a previous run's
-    view = StageView(total=1, stream=stream, clock=clock, tick_s=None, follow=log)
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=None, follow=log, run_dir=launched)
     with view.stage("02_train_distributed"):
         with log.open("a") as growing:
             growing.write("127.0.0.2: stage: compiling\x1b[2J DeepSpeed's op\n127.0.0.2: step 20/200: loss 3.1")
@@ -210,6 +221,33 @@ def test_stage_view_reads_the_steps_from_the_growing_launch_log(tmp_path):
         "[1/1] 02_train_distributed: 11 s step 20/200: 01:30 left, loss 3.120",
         "[1/1] 02_train_distributed done in 11 s",
     ]
+
+
+def test_stage_view_believes_step_lines_from_rank_0s_host_only(launched):
+    """A worker on the second host prints a step line as if it were rank 0, into launch.log and as cell output:
+    the view stays at rank 0's step 10, as the supervisor does (textsql.launching.launch_watch)."""
+    log, clock, stream = launched / "launch.log", Clock(), io.StringIO()
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=None, follow=log, run_dir=launched)
+    with view.stage("02_train_distributed"):
+        log.write_text(
+            "127.0.0.2: step 10/2000: loss 3.120 (14 s, 900 s left)\n127.0.0.3: step 1999/2000: loss 0.001\n"
+        )
+        view.feed("127.0.0.3: step 1999/2000: loss 0.001 (15 s, 1 s left)")
+        clock.now += 10
+        view.tick()
+    assert stream.getvalue().splitlines()[0] == "[1/1] 02_train_distributed: 10 s step 10/2000: 15:00 left, loss 3.120"
+
+
+def test_the_local_launchers_step_lines_carry_no_prefix():
+    """No launch hosts (the local launcher): unprefixed step lines are rank 0's, a prefixed one is no one's."""
+    clock, stream = Clock(), io.StringIO()
+    view = StageView(total=1, stream=stream, clock=clock, tick_s=None)
+    with view.stage("02_train_distributed"):
+        view.feed("step 10/2000: loss 3.120 (14 s)")
+        view.feed("127.0.0.3: step 1999/2000: loss 0.001 (15 s)")
+        clock.now += 10
+        view.tick()
+    assert stream.getvalue().splitlines()[0] == "[1/1] 02_train_distributed: 10 s step 10/2000: loss 3.120"
 
 
 def test_cell_output_goes_to_the_log_file_not_the_terminal(tmp_path, capsys):

@@ -6,6 +6,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from textsql.rank_lines import STAGE_PREFIX
 from textsql.training.progress import SHM_OP_NAME, op_built, tick_while_building
 
@@ -117,3 +119,35 @@ def test_step_lines_say_the_time_left_once_the_first_evaluation_and_checkpoint_a
     record = lines.record()
     assert record["steady_from_step"] == 20 and record["seconds_per_step"] == 1.0
     assert record["time_left_at_evaluations"] == [{"step": 20, "elapsed_s": 90.0, "time_left_s": None}]
+
+
+@pytest.mark.parametrize(("eval_strategy", "opened"), [("no", 10), ("steps", 30)])
+def test_the_final_evaluation_after_training_is_no_pause_of_the_run(eval_strategy, opened, capsys):
+    """1 s a step to max_steps 40 (no evaluation, or one every 30 steps, which 40 is not a multiple of), then
+    trainer.train() ends and the final evaluation takes 150 s: the pace stays the steps' 1.0 (counted as a pause
+    after the last step it read 6.0 without evaluations, 16.0 with them), and its line says no time left."""
+    from transformers import TrainerControl, TrainerState
+
+    from textsql.rank_lines import STEP_LINE
+    from textsql.training.progress import StepLines
+
+    clock, args = Clock(), SimpleNamespace(eval_strategy=eval_strategy, save_strategy="no")
+    lines = StepLines(clock=clock)
+    state, control = TrainerState(max_steps=40, eval_steps=30), TrainerControl()
+    lines.on_train_begin(args, state, control)
+    clock.now = 60.0
+    for step in range(10, 41, 10):
+        clock.now += 10
+        state.global_step = step
+        lines.on_log(args, state, control, logs={"loss": 3.0})
+        if eval_strategy == "steps" and step == 30:
+            clock.now += 20
+            lines.on_log(args, state, control, logs={"eval_loss": 2.8})
+    lines.on_train_end(args, state, control)
+    clock.now += 150
+    lines.on_log(args, state, control, logs={"eval_loss": 2.5, "eval_runtime": 150})
+    record = lines.record()
+    assert record["steady_from_step"] == opened and record["seconds_per_step"] == 1.0
+    final = STEP_LINE.match(capsys.readouterr().out.splitlines()[-1])
+    assert (final["step"], final["text"], final["left"]) == ("40", "eval loss 2.500", None)
+    assert [said["step"] for said in record["time_left_at_evaluations"]] == [30] * (eval_strategy == "steps")

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from textsql.console import SanitizedLines
 from textsql.display.step_bar import StepBar, shown_output
+from textsql.files import record_launch_hosts
 
 STEPS = 2000
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -22,9 +23,16 @@ def plain_bar(stream: io.StringIO):
     return lambda **arguments: tqdm(file=stream, mininterval=0, ncols=120, **arguments)
 
 
-def test_step_lines_move_the_bar_and_every_other_line_is_printed():
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run whose launch runs rank 0 on 127.0.0.2, as the launch records it."""
+    record_launch_hosts(tmp_path, ["127.0.0.2", "127.0.0.3"])
+    return tmp_path
+
+
+def test_step_lines_move_the_bar_and_every_other_line_is_printed(run_dir):
     printed, drawn = io.StringIO(), io.StringIO()
-    bar = StepBar(printed, bar=plain_bar(drawn))
+    bar = StepBar(printed, bar=plain_bar(drawn), run_dir=run_dir)
     stream = SanitizedLines(bar)
     for step in range(10, STEPS + 1, 10):
         left = f", {(STEPS - step) // 10} s left" if step > 500 else ""
@@ -42,12 +50,36 @@ def test_step_lines_move_the_bar_and_every_other_line_is_printed():
     assert "01:30 left, loss 3.900]" in drawn.getvalue(), "the ranks' time left at step 1100"
 
 
-def test_a_rank_cannot_write_escapes_into_the_bar():
+def test_a_rank_cannot_write_escapes_into_the_bar(run_dir):
     drawn = io.StringIO()
-    bar = StepBar(io.StringIO(), bar=plain_bar(drawn))
+    bar = StepBar(io.StringIO(), bar=plain_bar(drawn), run_dir=run_dir)
     SanitizedLines(bar).write("127.0.0.2: step 10/20: loss 1.000\x1b]0;owned\x07 (3 s)\n")
     bar.close()
     assert "\x1b]0;owned" not in drawn.getvalue() and "\\x1b]0;owned\\x07" in drawn.getvalue()
+
+
+def test_the_bar_believes_step_lines_from_rank_0s_host_only(run_dir):
+    """A worker on the second host prints a step line as if it were rank 0 (as the supervisor reads them,
+    textsql.launching.launch_watch): the bar stays at rank 0's step 10 and the line is shown as any other."""
+    printed, drawn = io.StringIO(), io.StringIO()
+    bar = StepBar(printed, bar=plain_bar(drawn), run_dir=run_dir)
+    stream = SanitizedLines(bar)
+    stream.write(f"127.0.0.2: step 10/{STEPS}: loss 4.990 (1 s)\n")
+    stream.write(f"127.0.0.3: step 1999/{STEPS}: loss 0.001 (2 s, 1 s left)\n")
+    assert bar.bar.n == 10
+    bar.close()
+    assert printed.getvalue() == f"127.0.0.3: step 1999/{STEPS}: loss 0.001 (2 s, 1 s left)\n"
+    assert "1999" not in drawn.getvalue()
+
+
+def test_the_local_launchers_lines_carry_no_prefix_and_move_the_bar():
+    """No launch hosts (the local launcher): unprefixed step lines are rank 0's, a prefixed one is no one's."""
+    printed, drawn = io.StringIO(), io.StringIO()
+    bar = StepBar(printed, bar=plain_bar(drawn))
+    SanitizedLines(bar).write("step 10/20: loss 1.000 (3 s)\n127.0.0.3: step 19/20: loss 0.100 (4 s)\n")
+    assert bar.bar.n == 10
+    bar.close()
+    assert printed.getvalue() == "127.0.0.3: step 19/20: loss 0.100 (4 s)\n"
 
 
 def test_outside_a_notebook_the_lines_are_printed_as_they_come(capsys):
@@ -56,21 +88,22 @@ def test_outside_a_notebook_the_lines_are_printed_as_they_come(capsys):
     assert capsys.readouterr().out == "127.0.0.2: step 10/20: loss 1.000 (3 s)\n"
 
 
-# What notebook 02's training cell does with the ranks' lines, in a real kernel as papermill runs it.
+# What notebook 02's training cell does with the ranks' lines (the local launcher's: no host's prefix), in a
+# real kernel as papermill runs it.
 TRAINING_CELL = f"""
 from textsql.display.step_bar import shown_output
 with shown_output() as stream:
     for step in range(10, {STEPS} + 1, 10):
-        stream.write(f"127.0.0.2: step {{step}}/{STEPS}: loss 1.000 ({{step}} s, {{{STEPS} - step}} s left)\\n")
+        stream.write(f"step {{step}}/{STEPS}: loss 1.000 ({{step}} s, {{{STEPS} - step}} s left)\\n")
         if step % 500 == 0:
-            stream.write(f"127.0.0.2: step {{step}}/{STEPS}: eval loss 0.900 ({{step}} s)\\n")
+            stream.write(f"step {{step}}/{STEPS}: eval loss 0.900 ({{step}} s)\\n")
 """
 # tqdm closes a bar again when the bar is collected, when its widget can no longer read it: no error output then.
 COLLECTED_CELL = """
 import gc
 from textsql.display.step_bar import shown_output
 with shown_output() as stream:
-    stream.write("127.0.0.2: step 10/20: loss 1.000 (10 s)\\n127.0.0.2: step 20/20: loss 1.000 (20 s, 0 s left)\\n")
+    stream.write("step 10/20: loss 1.000 (10 s)\\nstep 20/20: loss 1.000 (20 s, 0 s left)\\n")
 del stream
 gc.collect()
 print("collected")
@@ -90,7 +123,7 @@ def test_an_executed_notebook_holds_one_bar_not_a_line_every_10_steps():
     lines = output_lines(notebook)
     assert lines == [
         f"training: 100%|##########| {STEPS}/{STEPS} steps [00:00, 00:00 left, loss 1.000]",
-        *(f"127.0.0.2: step {step}/{STEPS}: eval loss 0.900 ({step} s)" for step in range(500, STEPS + 1, 500)),
+        *(f"step {step}/{STEPS}: eval loss 0.900 ({step} s)" for step in range(500, STEPS + 1, 500)),
         "training: 100%|##########| 20/20 steps [00:00, 00:00 left, loss 1.000]",
         "collected",
     ], "the bar's text says how it ended"

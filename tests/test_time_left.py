@@ -121,3 +121,17 @@ def test_the_window_opens_after_the_first_evaluation_of_the_schedule(
     start, max_steps, eval_every, save_every, expected
 ):
     assert steady_from(start, max_steps, eval_every, save_every) == expected
+
+
+def test_work_after_the_last_step_is_no_pause():
+    """The last step's evaluation and the model's save (in training or after it) have no step left to be spread
+    over: the pace stays the steps' and its pauses' before it."""
+    left = TimeLeft(100, steady_from(0, 100, None, 20))
+    left.observe(20, 200.0)
+    left.observe(20, 250.0)  # the first checkpoint opens the window
+    left.observe(40, 270.0)
+    left.observe(40, 320.0)  # a checkpoint within the run: 50 s over 20 steps
+    left.observe(100, 380.0)
+    left.observe(100, 430.0)  # the last step's checkpoint
+    left.observe(100, 580.0)  # the final evaluation
+    assert left.seconds_per_step() == 1.0 + 50.0 / 20 and left.seconds_left() == 0.0

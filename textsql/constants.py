@@ -42,10 +42,12 @@ CLUSTER_FILE_NAME = "cluster.json"
 COLLECTIVE_FILE_NAME = "collective.json"
 # What the master writes and later trusts lives in each run's master-private directory (textsql.files.master_dir),
 # never in the run directory the workers may write: the ranks' environment for DeepSpeed's runner, the ids of the
-# launches whose processes a continuation ends, the pipeline's record (textsql.pipeline.manifest.MANIFEST_NAME).
+# launches whose processes a continuation ends, the running launch's hosts (whose first one's step lines the
+# displays believe), the pipeline's record (textsql.pipeline.manifest.MANIFEST_NAME).
 STATE_DIR_VAR = "TEXTSQL_STATE_DIR"
 DEEPSPEED_ENV_NAME = ".deepspeed_env"
 LAUNCH_IDS_NAME = "launch_ids"
+LAUNCH_HOSTS_NAME = "launch_hosts"
 # MLflow tracking (textsql.launching.tracking_env on the master, textsql.tracking.mlflow_runs on the logging rank):
 # the launching environment's MLFLOW_* variables reach the rank in a 0600 file of the output directory, named
 # to the ranks by TRACKING_ENV_VAR, never on a command line; the run's MLflow run id is kept beside run.json.

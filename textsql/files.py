@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from textsql.constants import STATE_DIR_VAR, TABLES_DIR_NAME
+from textsql.constants import LAUNCH_HOSTS_NAME, STATE_DIR_VAR, TABLES_DIR_NAME
 from textsql.errors import DataError
 from worker.files import UnsafePath, UnsafeRead, atomic_write, private_dir, read_bounded
 
@@ -58,6 +58,27 @@ def master_dir(run_dir: str | Path) -> Path:
         if path.lstat().st_uid != os.getuid():
             raise UnsafePath(f"{str(path)!r} belongs to another user; set {STATE_DIR_VAR} to a directory of your own")
     return directory
+
+
+def record_launch_hosts(run_dir: str | Path, hosts: Iterable[str]) -> None:
+    """Keep a launch's hosts, in the hostfile's order (rank 0's first; none for the local launcher), in the run's
+    master-private directory before its runner starts: the displays believe step lines from the first one only.
+
+    :param run_dir: the run directory.
+    :param hosts: the launch's hosts.
+    """
+    atomic_write(master_dir(run_dir) / LAUNCH_HOSTS_NAME, "".join(f"{host}\n" for host in hosts), mode=0o600)
+
+
+def launch_hosts(run_dir: str | Path) -> list[str]:
+    """The hosts of the run's latest launch, rank 0's first (:func:`record_launch_hosts`); none before its first
+    launch and for the local launcher, whose lines carry no host's prefix.
+
+    :param run_dir: the run directory.
+    :rtype: list[str]
+    """
+    path = master_dir(run_dir) / LAUNCH_HOSTS_NAME
+    return path.read_text(encoding="utf-8").split() if path.is_file() else []
 
 
 def read_json(path: str | Path) -> Any:

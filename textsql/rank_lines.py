@@ -11,7 +11,8 @@
 
 Through pdsh each line arrives behind its host's ``host: `` prefix. A rank controls everything after that
 prefix, so :func:`split_host_prefix` names a host only for the launch's own hosts, and a reader believes a line
-only for what that host may say (its own ranks' heartbeats). pdsh prints a line with ``%s``: a rank's NUL drops
+only for what that host may say (its own ranks' heartbeats; step lines only from rank 0's host:
+:func:`rank0_step`). pdsh prints a line with ``%s``: a rank's NUL drops
 the rest of its line, newline included, and pdsh's next line, another host's too, is glued onto it. So a host's
 text ends where another host's prefix appears in it: what follows is nobody's word (it may be the glued line of
 an honest host, or a hostile host's forgery of one, and the two are the same bytes). A host whose worker agent
@@ -39,11 +40,11 @@ LAUNCH_ID_VAR = "TEXTSQL_LAUNCH_ID"
 RUN_MARK_VAR = "TEXTSQL_RUN_MARK"
 # Seconds between a rank's heartbeat lines.
 HEARTBEAT_INTERVAL_S = 5.0
-# A step line, behind pdsh's prefix or not (a person's terminal sees both).
-STEP_LINE = re.compile(
-    r"^(?:\S+: )?step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)"
-    r"(?: \((?P<elapsed>\d+) s(?:, (?P<left>\d+) s left)?\))?$"
-)
+_STEP = r"step (?P<step>\d+)/(?P<total>\d+): (?P<text>.*?)(?: \((?P<elapsed>\d+) s(?:, (?P<left>\d+) s left)?\))?$"
+# A step line, behind pdsh's prefix or not (a person's terminal sees both): what it says, not whose word it is.
+STEP_LINE = re.compile(r"^(?:\S+: )?" + _STEP)
+# A step line as rank 0 prints it, its host's prefix taken off.
+STEP_TEXT = re.compile("^" + _STEP)
 STAGE_PREFIX = "stage: "
 # A heartbeat line once its host's prefix is taken off (:func:`split_host_prefix`).
 HEARTBEAT_LINE = re.compile(r"^heartbeat rank (?P<rank>\d+) step (?P<step>\d+) progress (?P<progress>\d+)$")
@@ -107,6 +108,20 @@ def glued_at(text: str, hosts: Collection[str]) -> int:
                 return colon - length
         colon = text.find(": ", colon + 1)
     return len(text)
+
+
+def rank0_step(line: str, hosts: Collection[str]) -> re.Match[str] | None:
+    """A step line of rank 0's: behind the prefix of the launch's first host, or with no prefix at all for the local
+    launcher. Another host's step line (a worker speaking for rank 0) is none.
+
+    :param line: one line of the launch's stream, without its newline.
+    :param hosts: the launch's hosts in the hostfile's order, rank 0's first (empty for the local launcher).
+    :rtype: re.Match | None
+    """
+    host, text = split_host_prefix(line, hosts)
+    if host != next(iter(hosts), None):
+        return None
+    return STEP_TEXT.match(text)
 
 
 def ranks_by_host(slots: dict[str, int]) -> dict[str, range]:

@@ -2,8 +2,9 @@
 
 ``textsql demo`` runs notebooks whose cells print hundreds of lines; at the default log level they go to
 a log file, and the terminal shows only this: a bar for the running stage that ticks every second (so a
-quiet minute still shows the clock moving), the ranks' ``step N/M`` lines as its progress with the time left
-they measured (:mod:`textsql.training.time_left`, counted down between lines), their ``stage:`` lines (DeepSpeed's
+quiet minute still shows the clock moving), rank 0's ``step N/M`` lines (behind the prefix of the launch's first
+host: :func:`textsql.rank_lines.rank0_step`) as its progress with the time left they measured
+(:mod:`textsql.training.time_left`, counted down between lines), the ranks' ``stage:`` lines (DeepSpeed's
 one-off op compilation) as lines of their own, and each stage's end. The step lines are read from the run's
 ``launch.log`` as it grows (``follow``): notebook 02 shows them as its own bar, not as lines of output.
 
@@ -28,8 +29,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from textsql.display.step_bar import left_and_text
-from textsql.rank_lines import STAGE_PREFIX, STEP_LINE
+from textsql.display.step_bar import left_and_text, rank0_step_line
+from textsql.rank_lines import STAGE_PREFIX
 from textsql.sanitize import sanitized_lines
 from worker.files import private_opener
 
@@ -56,6 +57,8 @@ class StageView:
     :param tick_s: seconds between the ticks of a thread that runs while a stage does (:meth:`tick`);
         ``None``: no thread, the caller ticks (a test driving its own clock).
     :param follow: a log each tick reads the stage's new lines of, as if fed (the run's ``launch.log``).
+    :param run_dir: the run directory whose latest launch's hosts say whose step lines are rank 0's
+        (:func:`textsql.display.step_bar.rank0_step_line`); None: the local launcher's, which carry no host's prefix.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class StageView:
         clock: Callable[[], float] = time.monotonic,
         tick_s: float | None = TICK_S,
         follow: Path | None = None,
+        run_dir: Path | None = None,
     ) -> None:
         self.total = total
         self.stream = stream or sys.stderr
@@ -81,7 +85,7 @@ class StageView:
         # The latest step line's "step N/M" and text, and the time left it said with when it was read.
         self.step: tuple[str, str] | None = None
         self.left: tuple[float, float] | None = None
-        self.follow, self._followed = follow, 0
+        self.follow, self._followed, self.run_dir = follow, 0, run_dir
         # Fed from papermill's log records and from the ticks' reads of `follow`.
         self._lock = threading.RLock()
         # When the last plain line was printed, and the progress it showed.
@@ -127,7 +131,7 @@ class StageView:
                 self._read(line.strip())
 
     def _read(self, line: str) -> None:
-        step = STEP_LINE.match(line)
+        step = rank0_step_line(line, self.run_dir)
         if step:
             self.step = (f"step {step['step']}/{step['total']}", step["text"])
             self.left = (float(step["left"]), self.clock()) if step["left"] is not None else None

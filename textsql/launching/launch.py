@@ -62,7 +62,7 @@ import psutil
 from textsql.console import SanitizedLines, TextSink
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
-from textsql.files import master_dir
+from textsql.files import master_dir, record_launch_hosts
 from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
@@ -117,6 +117,7 @@ def launch(
     with tracking_env(arguments) as tracked:
         command, env, ranks = prepare(tracked, run_dir, launch_id)
         record_launch(run_dir, launch_id)
+        record_launch_hosts(run_dir, ranks.hosts if isinstance(ranks, RemoteRanks) else [])
         logger.info("cmd = %s", shlex.join(command))
         # Line-buffered: a kernel killed hard (it ends with os._exit once its parent is gone) keeps no lines unwritten.
         with open(run_dir / LAUNCH_LOG_NAME, "a", buffering=1, encoding="utf-8", opener=private_opener) as log:

@@ -19,7 +19,7 @@ from textsql.console import TextSink
 from textsql.launching.failures import Failure, FailureKind, killing_signal
 from textsql.launching.launch import PDSH_HOST_FAILED
 from textsql.launching.stall import StallDetector
-from textsql.rank_lines import STEP_LINE, split_host_prefix
+from textsql.rank_lines import rank0_step, split_host_prefix
 from textsql.sanitize import sanitized
 
 logger = logging.getLogger(__name__)
@@ -106,9 +106,9 @@ class LaunchWatch:
             return
         host, text = split_host_prefix(line, self._host_set)
         text = TORCH_RANK_PREFIX.sub("", text)
-        stepped = STEP_LINE.match(text)
         # Only rank 0 prints steps: the same line from another host is not its word.
-        if stepped and host == (self.hosts[0] if self.hosts else None):
+        stepped = rank0_step(line, self.hosts)
+        if stepped:
             self._step(int(stepped["step"]))
         returned = RANK_RETURN.search(text)
         if returned and killing_signal(int(returned["code"])):

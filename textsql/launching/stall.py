@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, STEP_LINE, ranks_by_host, split_host_prefix
+from textsql.rank_lines import HEARTBEAT_INTERVAL_S, HEARTBEAT_LINE, rank0_step, ranks_by_host, split_host_prefix
 from worker.beats import Beat
 
 # The default stall timeout: this many times the slowest gap between progress, and never below the minimum.
@@ -100,9 +100,8 @@ class StallDetector:
             if host not in self.relayed:
                 self.beat(host, Beat(int(heard["rank"]), int(heard["step"]), int(heard["progress"])))
             return
-        stepped = STEP_LINE.match(text)
-        rank_zero_host = next(iter(self.hosts), None)
-        if stepped and host == rank_zero_host:
+        stepped = rank0_step(line, self.hosts)
+        if stepped:
             with self._lock:
                 if self.step is None or int(stepped["step"]) > self.step:
                     self._advanced(int(stepped["step"]))

@@ -206,7 +206,7 @@ def supervise(
     """
     if cluster is not None:
         check_cluster(cluster.workers, arguments.run_dir, TrainingPlan.read(arguments).model, arguments.socket_ifname)
-    with contextlib.nullcontext(stream) if stream is not None else shown_output() as output:
+    with contextlib.nullcontext(stream) if stream is not None else shown_output(run_dir=arguments.run_dir) as output:
         return Supervisor(
             arguments,
             cluster,

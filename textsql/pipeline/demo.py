@@ -132,7 +132,7 @@ def run_demo(
     result = DemoResult(out_dir)
     running = [name for name in NOTEBOOKS if steps[name].runs]
     # Notebook 02 shows its steps as a bar of its own: the terminal reads them from the run's launch.log.
-    view = StageView(len(running), live=not is_verbose(), follow=out_dir / LAUNCH_LOG_NAME)
+    view = StageView(len(running), live=not is_verbose(), follow=out_dir / LAUNCH_LOG_NAME, run_dir=out_dir)
     quiet = contextlib.nullcontext() if is_verbose() else cell_output_to(out_dir / DEMO_LOG_NAME, view)
     for name in NOTEBOOKS:
         result.notebooks[name] = out_dir / "notebooks" / f"{name}.ipynb"

@@ -56,6 +56,9 @@ class StepLines(TrainerCallback):
         self.evaluates, self.clock = evaluates, clock
         self.started = clock()
         self.time_left: TimeLeft | None = None
+        # Whether trainer.train() is stepping: what comes after it (the final evaluation, the model's save) is no
+        # pause of the run, so it is never observed.
+        self.stepping = False
         # The time left said at each evaluation, for a person to check against the run's end.
         self.said_at_evaluations: list[dict[str, float | int | None]] = []
 
@@ -67,6 +70,12 @@ class StepLines(TrainerCallback):
         self.time_left = TimeLeft(
             state.max_steps, steady_from(state.global_step, state.max_steps, eval_every, save_every)
         )
+        self.stepping = True
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.stepping = False
 
     def on_log(
         self,
@@ -89,7 +98,7 @@ class StepLines(TrainerCallback):
         else:
             return
         left = self._observe(state.global_step)
-        if "eval_loss" in logs:
+        if "eval_loss" in logs and self.stepping:
             self.said_at_evaluations.append(
                 {"step": state.global_step, "elapsed_s": round(self.clock() - self.started, 1), "time_left_s": left}
             )
@@ -99,7 +108,7 @@ class StepLines(TrainerCallback):
         self._observe(state.global_step)
 
     def _observe(self, step: int) -> float | None:
-        if self.time_left is None:  # logged outside trainer.train(): the final evaluation
+        if self.time_left is None or not self.stepping:  # logged outside trainer.train(): the final evaluation
             return None
         self.time_left.observe(step, self.clock())
         left = self.time_left.seconds_left()
@@ -107,7 +116,8 @@ class StepLines(TrainerCallback):
 
     def record(self) -> dict[str, Any] | None:
         """The run's pace for ``run.json``: where the steady window opened, its seconds a step (evaluations and
-        checkpoints included), and the time left said at each evaluation; None before training began.
+        checkpoints before the last step included, nothing after it), and the time left said at each evaluation
+        during training; None before training began.
 
         :rtype: dict | None
         """

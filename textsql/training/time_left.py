@@ -9,7 +9,8 @@ that remain as the run's own schedule spreads it (a step-grid schedule or one ti
 Until a second evaluation or checkpoint falls in the window the pace is the steps' alone.
 
 Observations are ``(step, time)``: a step done at that time, or (the same step again) a pause after it
-(evaluation, checkpoint) done then. Pure: the caller brings the clock.
+(evaluation, checkpoint) done then; a pause after the last step is ignored, as no step is left to spread it
+over. Pure: the caller brings the clock.
 
 Usage::
 
@@ -66,6 +67,10 @@ class TimeLeft:
         :param step: the optimizer step.
         :param now: seconds on the caller's clock.
         """
+        if step >= self.max_steps and self.latest is not None and self.latest[0] == step:
+            # Work after the last step (its evaluation, the model's save) is no pause of the run: no step is left
+            # to spread it over, and the steps' pace is what run.json keeps.
+            return
         if step >= self.steady_from and (self.opened is None or self.opened[0] == step):
             # The pauses of the window's first step (evaluation, then checkpoint) are still start-up.
             self.opened = (step, now)
