@@ -1,9 +1,11 @@
-"""What a person sees, in a real browser: JupyterLab runs notebook 01 from its menu, TensorBoard plots a run.
+"""What a person sees, in a real browser: JupyterLab runs notebook 01 from its menu, and notebook 03 with a
+worker's hostile question (which stays text), TensorBoard plots a run.
 
 Both servers are started as a user starts them (`jupyter lab`, `textsql tensorboard`) and driven by
 Debian's headless chromium through its chromedriver (both installed by scripts/setup-system.sh, so
 Selenium downloads nothing). Screenshots land in the test's tmp dir. Everything waits on the page's
-own state (the kernel's status, execution counts, the charts' titles), never on a fixed sleep.
+own state (the kernel's status, execution counts, the charts' titles, a control's handler), never on a fixed
+sleep.
 """
 
 from __future__ import annotations
