@@ -225,12 +225,12 @@ def test_tensorboard_application_script_serves_on_the_application_port(tmp_path)
 
 def test_job_paths_are_relative_to_the_project_root_not_to_notebooks():
     environ = {
-        "TEXTSQL_DATA_DIR": "runs/cml/data",
+        "TEXTSQL_DATA_DIR": "runs/cml-data",
         "TEXTSQL_RUN_DIR": "/abs/run",
         "TEXTSQL_MODEL": "textsql/assets/t5-tiny",
     }
     assert parameters_from_environ("02_train_distributed", environ) == {
-        "data_dir": str(PROJECT_DIR / "runs" / "cml" / "data"),
+        "data_dir": str(PROJECT_DIR / "runs" / "cml-data"),
         "run_dir": "/abs/run",
         "model": str(PROJECT_DIR / "textsql" / "assets" / "t5-tiny"),
     }

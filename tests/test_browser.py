@@ -1,9 +1,11 @@
-"""What a person sees, in a real browser: JupyterLab runs notebook 01 from its menu, TensorBoard plots a run.
+"""What a person sees, in a real browser: JupyterLab runs notebook 01 from its menu, and notebook 03 with a
+worker's hostile question (which stays text), TensorBoard plots a run.
 
 Both servers are started as a user starts them (`jupyter lab`, `textsql tensorboard`) and driven by
 Debian's headless chromium through its chromedriver (both installed by scripts/setup-system.sh, so
 Selenium downloads nothing). Screenshots land in the test's tmp dir. Everything waits on the page's
-own state (the kernel's status, execution counts, the charts' titles), never on a fixed sleep.
+own state (the kernel's status, execution counts, the charts' titles, a control's handler), never on a fixed
+sleep.
 """
 
 from __future__ import annotations
@@ -11,26 +13,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
-import papermill
-import psutil
 import pytest
+from helpers.jupyter import START_S, finished, opened, run_all, serve_notebook, terminate, wait
 from helpers.tensorboard import serve, stop, wait_for_run
-from ipykernel.ipkernel import IPythonKernel
 
 from bench.tiny_run import tiny_run_argv
 from textsql.display.tensorboard import read_scalars
-from textsql.pipeline.parameters import check_parameters, notebook_path
-from worker.network import free_port
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -43,7 +36,6 @@ pytestmark = [
 ]
 
 # Generous bounds for a shared 2-core machine; each wait ends as soon as the page is ready.
-START_S = 60
 RUN_ALL_S = 120
 TRAIN_S = 300
 TEXTSQL = str(Path(sys.executable).with_name("textsql"))
@@ -86,110 +78,12 @@ def screenshot(driver, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def wait(driver, timeout: float, condition, message: str):
-    """Poll ``condition(driver)`` until it returns something true, and return that; fail with ``message``."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.5).until(condition, message)
-
-
-def terminate(process: subprocess.Popen) -> None:
-    """SIGTERM the server, which shuts its kernels down; kill whatever of its tree outlives that."""
-    try:
-        tree = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    stop(process, signal.SIGTERM)
-    for child in tree:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 @pytest.fixture
 def jupyter_lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """`jupyter lab` on a free loopback port with a token, serving a copy of notebook 01 whose
-    parameters papermill's way (an injected cell) point at tmp_path/data; yields (URL, data_dir).
-
-    Its config, runtime, settings and workspaces live under tmp_path, so a user's own ~/.jupyter
-    neither changes the page nor is changed by the test.
-    """
+    """JupyterLab serving notebook 01 with its data_dir at tmp_path/data; yields (URL, data_dir)."""
     data_dir = tmp_path / "data"
-    parameters = {"data_dir": str(data_dir), "limit": LIMIT}
-    check_parameters(NOTEBOOK, parameters)
-    served = tmp_path / "notebooks"
-    served.mkdir()
-    notebook = papermill.parameterize.parameterize_notebook(
-        papermill.iorw.load_notebook_node(str(notebook_path(NOTEBOOK))), parameters
-    )
-    # The shipped file names Python's minor version only as far as test_notebooks checks it; the patch
-    # level is this machine's, so the copy carries this kernel's own, as JupyterLab would save it here.
-    notebook.metadata.language_info = IPythonKernel.language_info
-    nbformat.write(notebook, served / f"{NOTEBOOK}.ipynb")
-    # Answer the "official Jupyter news?" toast beforehand: it would cover the page's corner.
-    settings = tmp_path / "lab" / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-
-    port, token = free_port(), "browser-test-token"
-    command = [
-        str(Path(sys.executable).with_name("jupyter-lab")),
-        "--no-browser",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={served}",
-        f"--LabApp.user_settings_dir={settings.parent.parent}",
-        f"--LabApp.workspaces_dir={tmp_path / 'lab' / 'workspaces'}",
-    ]
-    if os.geteuid() == 0:  # a container's root; JupyterLab refuses it otherwise
-        command.append("--allow-root")
-    environment = os.environ | {
-        name: str(tmp_path / "jupyter" / name.lower())
-        for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR")
-    }
-    with (tmp_path / "jupyter.log").open("w") as log:
-        process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_for_http(f"{url}api/status?token={token}", process, tmp_path / "jupyter.log")
-        yield f"{url}lab/tree/{NOTEBOOK}.ipynb?token={token}", data_dir
-    finally:
-        terminate(process)
-
-
-def wait_for_http(url: str, process: subprocess.Popen, log: Path) -> None:
-    """Until the server answers 200 at ``url``; fails at once with its log if it exits first."""
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"the server exited with {process.returncode}:\n{log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"nothing answered at {url} within {START_S}s:\n{log.read_text()[-3000:]}")
-
-
-def notebook_state(driver) -> dict:
-    """The kernel's status (the status bar's "Python 3 (ipykernel) | Idle"), every code cell's prompt
-    and output text, and the text of the outputs JupyterLab shows as stderr (warnings, progress bars)."""
-    return driver.execute_script(
-        """
-        const kernel = document.querySelector('.jp-StatusBar-TextItem[title^="Change kernel"]');
-        const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
-        return {
-            status: kernel ? kernel.textContent.split('|').pop().trim() : null,
-            prompts: cells.map(cell => cell.querySelector('.jp-InputPrompt').textContent.trim()),
-            outputs: cells.map(cell => [...cell.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent).join('\\n')),
-            stderr: [...document.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')].map(o => o.textContent),
-        };
-        """
-    )
+    with serve_notebook(tmp_path, NOTEBOOK, {"data_dir": str(data_dir), "limit": LIMIT}) as url:
+        yield url, data_dir
 
 
 @pytest.mark.usefixtures("training")  # started now, so the TensorBoard test's run trains meanwhile
@@ -198,11 +92,6 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
 
     url, data_dir = jupyter_lab
     browser.get(url)
-
-    def opened(driver) -> bool:
-        state = notebook_state(driver)
-        return state["status"] == "Idle" and bool(state["prompts"])
-
     wait(browser, START_S, opened, "the notebook never opened with an idle kernel")
     screenshot(browser, tmp_path, "lab-1-opened")
     # By the kernel's first Idle JupyterLab has written the kernel's language_info into the notebook,
@@ -210,20 +99,7 @@ def test_notebook_01_runs_all_cells_from_the_jupyterlab_menu(browser, jupyter_la
     dirty = browser.find_elements(By.CSS_SELECTOR, ".lm-TabBar-tab.jp-mod-current.jp-mod-dirty")
     assert not dirty, "JupyterLab changed the notebook on opening it: it shows as unsaved"
 
-    browser.find_element(By.XPATH, "//li[contains(@class, 'lm-MenuBar-item')][.//div[text()='Run']]").click()
-    wait(
-        browser,
-        10,
-        lambda driver: driver.find_element(By.CSS_SELECTOR, "li[data-command='runmenu:run-all']"),
-        "the Run menu has no Run All Cells",
-    ).click()
-
-    def finished(driver) -> dict | bool:
-        state = notebook_state(driver)
-        ran = all(re.fullmatch(r"\[\d+\]:", prompt) for prompt in state["prompts"])
-        failed = any("Traceback" in output for output in state["outputs"])
-        return state if state["status"] == "Idle" and (ran or failed) else False
-
+    run_all(browser)
     state = wait(browser, RUN_ALL_S, finished, "Run All Cells did not finish")
     summary = browser.find_element(By.XPATH, "//div[contains(@class, 'jp-OutputArea-output')][contains(., 'wrote ')]")
     browser.execute_script("arguments[0].scrollIntoView()", summary)
@@ -344,3 +220,67 @@ def test_tensorboard_plots_every_scalar_of_a_finished_run(browser, finished_run,
     assert float(loss["Value"][0]) == pytest.approx(losses[-1][1], abs=1e-3), (
         "the chart's table shows the last logged loss"
     )
+
+
+# A question a worker wrote where notebook 03 reads its questions: live HTML, its script would mark the page and,
+# with the page's _xsrf cookie, write a file through Jupyter's contents API (the API that also starts kernels).
+MARKER = "written-by-a-worker.txt"
+HOSTILE_QUESTION = (
+    '<img src=x onerror="window.workerScriptRan = true; '
+    f"fetch('/api/contents/{MARKER}', {{method: 'PUT', "
+    "headers: {'X-XSRFToken': document.cookie.match(/_xsrf=([^;]*)/)[1]}, "
+    "body: JSON.stringify({type: 'file', format: 'text', content: 'a worker wrote this'})})\">"
+    " how many wear $3$?"
+)
+
+
+@pytest.fixture
+def hostile_questions(tmp_path: Path) -> tuple[Path, Path]:
+    """A run directory holding a model (the small T5 as built, untrained: what it answers does not matter here)
+    and a questions file whose first question is :data:`HOSTILE_QUESTION`; returns (run_dir, questions)."""
+    from textsql.files import write_jsonl
+    from textsql.model import load_model, load_tokenizer
+
+    run_dir = tmp_path / "run"
+    load_model("default").save_pretrained(run_dir / "model")
+    load_tokenizer("default").save_pretrained(run_dir / "model")
+    header = ["Player", "No."]
+    questions = [
+        {"id": "1", "question": HOSTILE_QUESTION, "header": header, "sql": {"sel": 0, "agg": 3, "conds": []}},
+        {"id": "2", "question": "who wears 3?", "header": header, "sql": {"sel": 0, "agg": 0, "conds": [[1, 0, "3"]]}},
+    ]
+    return run_dir, write_jsonl(tmp_path / "questions.jsonl", questions)
+
+
+def test_a_worker_written_question_runs_no_script_in_notebook_03_and_reads_as_text(
+    browser, hostile_questions, tmp_path
+):
+    """Run All in JupyterLab, as a person runs notebook 03: its predictions tables show the question."""
+    from selenium.webdriver.common.by import By
+
+    run_dir, questions = hostile_questions
+    parameters = {"run_dir": str(run_dir), "data_dir": str(questions), "real_source": "", "max_new_tokens": 32}
+    with serve_notebook(tmp_path, "03_inference", parameters) as url:
+        browser.get(url)
+        wait(browser, START_S, opened, "the notebook never opened with an idle kernel")
+        run_all(browser)
+        state = wait(browser, RUN_ALL_S, finished, "Run All Cells did not finish")
+        assert "Traceback" not in "\n".join(state["outputs"]), "\n".join(state["outputs"])[-3000:]
+        cells = browser.find_elements(
+            By.XPATH, "//div[contains(@class, 'jp-OutputArea-output')]//td[contains(., 'how many wear')]"
+        )
+        browser.execute_script("arguments[0].scrollIntoView()", cells[0])
+        screenshot(browser, tmp_path, "lab-hostile-question")
+        # The control: the same broken image, put in the page after the tables. Once its handler has run, the
+        # question's would have run too, had the question been live HTML.
+        browser.execute_script(
+            "document.body.insertAdjacentHTML('beforeend', '<img src=x onerror=\"window.controlRan = true\">')"
+        )
+        wait(browser, 10, lambda driver: driver.execute_script("return window.controlRan"), "the control never ran")
+        ran = browser.execute_script("return window.workerScriptRan === true")
+        elements = browser.execute_script("return document.querySelectorAll('.jp-OutputArea-output td *').length")
+        shown = [cell.get_attribute("textContent") for cell in cells]
+    assert not ran, "the worker's question ran as HTML in the notebook, its script in the page"
+    assert not (tmp_path / "notebooks" / MARKER).exists(), "the worker's script wrote a file through Jupyter"
+    assert elements == 0, "the question became elements in the tables: HTML, or math MathJax typeset"
+    assert shown == [HOSTILE_QUESTION] * 2, "both tables (the first predictions, the worst) show it as its text"

@@ -134,6 +134,25 @@ def test_the_demo_sets_only_where_its_files_go(tmp_path):
         assert set(values) <= set(PATH_PARAMETERS), f"the demo overrides {notebook}'s defaults; change the notebook's"
 
 
+def test_the_prepared_questions_lie_outside_the_directory_the_pods_write(tmp_path):
+    """Notebook 03 shows the questions it reads from data_dir, and the pods write run_dir (on Kubernetes the one
+    directory they mount read-write): by default the one is never inside the other, in the notebooks, the demo
+    and the AMP."""
+    notebooks = Path(notebook_path("03_inference")).parent
+    defaults = {name: notebook_parameter_defaults(name) for name in ("02_train_distributed", "03_inference")}
+    pairs = {
+        f"notebook {name}": (notebooks / found["data_dir"], notebooks / found["run_dir"])
+        for name, found in defaults.items()
+    }
+    for name, chosen in demo_parameters(tmp_path / "demo").items():
+        if "run_dir" in chosen:
+            pairs[f"the demo's {name}"] = (Path(chosen["data_dir"]), Path(chosen["run_dir"]))
+    amp = {variable: Path(spec["default"]) for variable, spec in AMP_VARIABLES.items() if variable.endswith("_DIR")}
+    pairs["the AMP"] = (amp[f"{ENV_PREFIX}DATA_DIR"], amp[f"{ENV_PREFIX}RUN_DIR"])
+    inside = [owner for owner, (data, run) in pairs.items() if data.resolve().is_relative_to(run.resolve())]
+    assert inside == [], "data_dir lies in run_dir"
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_every_notebook_parameter_has_the_default_of_the_cli_and_the_dataclass(notebook):
     declared = notebook_parameter_defaults(notebook)

@@ -26,7 +26,7 @@ from ipykernel.ipkernel import IPythonKernel
 from textsql.cli import cli
 from textsql.display.tensorboard import read_scalars
 from textsql.errors import DataError, ModelError
-from textsql.pipeline.demo import DEMO_MARKER, run_demo
+from textsql.pipeline.demo import DEMO_MARKER, demo_data_dir, run_demo
 from textsql.pipeline.parameters import (
     NOTEBOOKS,
     NotebookError,
@@ -162,6 +162,17 @@ def test_unknown_notebook_and_foreign_directory_are_refused(tmp_path):
     with pytest.raises(NotebookError, match="is not a previous demo; pass another --out"):
         run_demo(tmp_path)
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_a_new_demo_refuses_a_foreign_directory_where_its_dataset_goes(tmp_path):
+    """The prepared dataset lies beside the run directory (the pods may write the run directory), so notebook 01
+    would replace whatever is there: only a previous demo's dataset is."""
+    beside = demo_data_dir(tmp_path / "demo")
+    beside.mkdir()
+    (beside / "precious.txt").write_text("keep me")
+    with pytest.raises(NotebookError, match=r"demo-data' exists and is not a previous demo; pass another --out"):
+        run_demo(tmp_path / "demo")
+    assert (beside / "precious.txt").read_text() == "keep me"
 
 
 def test_demo_refuses_a_bad_profile_before_any_notebook_or_worker(tmp_path):

@@ -22,7 +22,7 @@ from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NA
 from textsql.files import master_dir
 from textsql.launching.launch import record_launch
 from textsql.launching.ranks import LAUNCH_ID_VAR, marked_processes
-from textsql.pipeline.demo import DEMO_MARKER, demo_parameters
+from textsql.pipeline.demo import DEMO_MARKER, demo_data_dir, demo_parameters
 from textsql.pipeline.leftovers import end_leftovers, launch_ids
 from textsql.pipeline.manifest import (
     ATTEMPT_VAR,
@@ -343,7 +343,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
     assert marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the hard kill left processes of the run behind"
     killed_launches = launch_ids(out)
     assert killed_launches, "the killed launch is on record in the run's master-private directory"
-    prepared = (out / "data" / "prepare.json").stat().st_mtime_ns
+    prepared = (demo_data_dir(out) / "prepare.json").stat().st_mtime_ns
 
     continued = demo(out, "--resume")
     assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
@@ -351,7 +351,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
     assert f"{TRAIN} runs: it did not complete (running): continuing from checkpoint-" in continued.stderr
     manifest = json.loads(manifest_path(out).read_text())
     assert manifest["notebooks"][PREPARE] == killed["notebooks"][PREPARE], "notebook 01 did not run again"
-    assert (out / "data" / "prepare.json").stat().st_mtime_ns == prepared
+    assert (demo_data_dir(out) / "prepare.json").stat().st_mtime_ns == prepared
     assert [manifest["notebooks"][name]["status"] for name in NOTEBOOKS] == ["completed"] * 3
     run = json.loads((out / "run.json").read_text())
     resumed_from = int(Path(run["resumed_from"]).name.removeprefix("checkpoint-"))
@@ -385,7 +385,7 @@ def job(name: str, env: dict, *arguments: str) -> subprocess.CompletedProcess[st
 
 
 def test_a_continued_job_skips_its_completed_notebook_and_names_the_job_to_run_first(tmp_path):
-    env = {"TEXTSQL_RUN_DIR": str(tmp_path / "run"), "TEXTSQL_DATA_DIR": str(tmp_path / "run" / "data")}
+    env = {"TEXTSQL_RUN_DIR": str(tmp_path / "run"), "TEXTSQL_DATA_DIR": str(tmp_path / "data")}
     refused = job(INFER, env, "--resume")
     assert refused.returncode == 1 and refused.stdout == "", refused.stdout + refused.stderr
     assert refused.stderr.strip().splitlines() == [

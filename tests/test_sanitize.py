@@ -88,15 +88,16 @@ def test_preflight_shows_a_workers_cluster_json_inert(tmp_path):
 
 
 def test_the_demo_summary_shows_worker_written_values_inert(tmp_path):
-    """run.json, data/prepare.json and metrics.json lie in the run directory the pods can write."""
-    from textsql.pipeline.demo import DemoResult, format_summary
+    """run.json and metrics.json lie in the run directory the pods can write, prepare.json wherever data_dir is."""
+    from textsql.pipeline.demo import DemoResult, demo_data_dir, format_summary
 
+    out = tmp_path / "demo"
     write_json(
-        tmp_path / "run.json",
+        out / "run.json",
         {"log_history": [{"train_runtime": 5.0}], "world_size": "\x1b]0;owned\x07", "zero_stage": 0},
     )
-    write_json(tmp_path / "data" / "prepare.json", {"source": "synthetic\x1b[2J\rpwned"})
-    write_json(tmp_path / "metrics.json", {"n": "10\u202e", "lf_accuracy": 0.5, "ex_accuracy": None})
-    summary = format_summary(DemoResult(tmp_path, {"02_train_distributed": 1.0}, {"02_train_distributed": tmp_path}))
+    write_json(demo_data_dir(out) / "prepare.json", {"source": "synthetic\x1b[2J\rpwned"})
+    write_json(out / "metrics.json", {"n": "10\u202e", "lf_accuracy": 0.5, "ex_accuracy": None})
+    summary = format_summary(DemoResult(out, {"02_train_distributed": 1.0}, {"02_train_distributed": out}))
     assert_inert(summary)
     assert "synthetic\\x1b[2J\\rpwned questions" in summary

@@ -82,6 +82,23 @@ def test_the_local_launchers_lines_carry_no_prefix_and_move_the_bar():
     assert printed.getvalue() == "127.0.0.3: step 19/20: loss 0.100 (4 s)\n"
 
 
+def test_a_rank_cannot_write_html_into_the_notebook_bar():
+    """In JupyterLab the bar is a widget whose text is HTML: what rank 0 prints after its loss reaches it escaped."""
+    from tqdm.notebook import tqdm as notebook_bar
+
+    made = []
+
+    def widget_bar(**arguments):
+        made.append(notebook_bar(display=False, **arguments))
+        return made[-1]
+
+    bar = StepBar(io.StringIO(), bar=widget_bar)
+    SanitizedLines(bar).write('step 10/20: loss 1.000 <img src=x onerror="alert(1)"> (3 s)\n')
+    bar.close()
+    text = "".join(child.value for child in made[0].container.children if isinstance(child.value, str))
+    assert "<img" not in text and "&lt;img" in text, text
+
+
 def test_outside_a_notebook_the_lines_are_printed_as_they_come(capsys):
     with shown_output() as stream:
         stream.write("127.0.0.2: step 10/20: loss 1.000 (3 s)\n127.0.0.2: [INFO] noise\n")

@@ -99,6 +99,21 @@ def test_plot_run_draws_the_accuracy_beside_the_loss(tmp_path):
     assert [line.get_label() for line in accuracy.lines] == ["eval/lf_accuracy"]
 
 
+def test_a_run_a_worker_names_is_labelled_as_its_name_not_typeset(tmp_path):
+    """Run names are directories under the run's tensorboard/, which the pods may write: matplotlib would typeset
+    a name between ``$`` signs, and a broken one would fail the notebook's plot cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    write_events(tmp_path / "honest", [4.0, 3.0])
+    write_events(tmp_path / r"$\frac{$", [2.0, 1.0])
+    figure = plot_run(tmp_path)
+    figure.canvas.draw()
+    legend = figure.axes[0].get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == [r"$\frac{$ train/loss", "honest train/loss"]
+    assert not any(text.get_parse_math() for text in legend.get_texts()), "each label is drawn as its text"
+
+
 def test_each_scalar_is_written_once_per_step(tmp_path):
     from transformers import TrainerState, TrainingArguments
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import matplotlib
 import pytest
 
@@ -172,3 +174,14 @@ def test_a_worker_written_question_is_shown_as_text_not_run_as_html(tmp_path):
     html = predictions_table(write_jsonl(tmp_path / "predictions.jsonl", [hostile])).to_html()
     assert "<img" not in html and "<script" not in html and "<b>" not in html and "<i>" not in html
     assert "&lt;img src=x onerror=alert(document.cookie)&gt;" in html
+
+
+def test_a_worker_written_question_is_not_typeset_as_math(tmp_path):
+    """JupyterLab typesets $...$ in an output's HTML with MathJax unless the element opts out: a question reading
+    `$\\Huge 3$` would be drawn, not shown as the text it is."""
+    hostile = {**LINES[0], "question": r"how many wear $\Huge 3$?"}
+    html = predictions_table(write_jsonl(tmp_path / "predictions.jsonl", [hostile])).to_html()
+    table = re.search(r"<table[^>]*>", html).group()
+    classes = re.search(r'class="([^"]*)"', table)
+    # MathJax 3 (JupyterLab 4) skips mathjax_ignore; MathJax 2 (classic Notebook, nbviewer) tex2jax_ignore.
+    assert classes and {"mathjax_ignore", "tex2jax_ignore"} <= set(classes.group(1).split()), table

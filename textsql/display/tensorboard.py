@@ -195,5 +195,7 @@ def _draw(axes: Axes, scalars: dict[str, Any], tags: Iterable[str], ylabel: str)
     axes.set_xlabel("step")
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
-    axes.legend()
+    # A run's name is a directory the pods may write: drawn as its text, never typeset between $ signs.
+    for text in axes.legend().get_texts():
+        text.set_parse_math(False)
     return True

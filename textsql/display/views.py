@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 BREAKDOWNS = {"by_aggregation": "aggregation", "by_conditions": "WHERE conditions"}
 SCORES = {"lf_accuracy": "logical form", "ex_accuracy": "execution"}
 TABLE_COLUMNS = ["question", "pred_sql", "gold_sql", "right", "error"]
+# The classes MathJax skips: 3 (JupyterLab 4) and 2 (the classic Notebook, nbviewer), as pandas names them.
+SHOWN_AS_TEXT = "mathjax_ignore tex2jax_ignore"
 # The trainer's evaluation entries that are scores (shown per step); the rest are its timings.
 EVAL_PREFIX = "eval_"
 EVAL_TIMINGS = ("runtime", "samples_per_second", "steps_per_second", "epoch")
@@ -258,8 +260,9 @@ def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool 
     """Predicted SQL beside the gold SQL, one question a row, with whether the logical form is right.
 
     Shown whole and left-aligned (a DataFrame's own view cuts text at 50 characters, right-aligned), so the
-    two queries can be read against each other. Every cell is HTML-escaped: the predictions file lies where the
-    pods may write, and a Styler renders its cells as raw HTML unless told to escape.
+    two queries can be read against each other. Every cell is shown as the text it is: the predictions file lies
+    where the pods may write, and a Styler renders its cells as raw HTML unless told to escape, which JupyterLab
+    then typesets as math between ``$`` signs unless the table opts out.
 
     :param predictions: ``predictions.jsonl`` written by :func:`textsql.inference.predict.predict`.
     :param limit: rows shown.
@@ -284,6 +287,7 @@ def predictions_table(predictions: str | Path, limit: int = 8, wrong_only: bool 
         table.head(limit)
         .reset_index(drop=True)
         .style.format(escape="html")
+        .set_table_attributes(f'class="{SHOWN_AS_TEXT}"')
         .set_properties(**{"text-align": "left"})
         .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}])
     )

@@ -1,5 +1,6 @@
 """``textsql demo`` (``make demo``): the three notebooks run in order on their own defaults, everything under one
-directory, then a summary of what it produced, how training and scoring went, and where the time went.
+directory and the prepared dataset beside it, then a summary of what it produced, how training and scoring went,
+and where the time went.
 
 The notebooks stay the single place the workflow and its defaults are written down: the demo passes only
 where its files go (and the log level under ``--verbose``; under ``--resume``, what continues or replaces an
@@ -42,6 +43,8 @@ logger = logging.getLogger(__name__)
 DEMO_MARKER = ".textsql-demo"
 # The cells' output of a demo at the default log level (the executed notebooks hold it too).
 DEMO_LOG_NAME = "demo.log"
+# The prepared dataset's directory is the run directory's name with this added, beside it.
+DATA_DIR_SUFFIX = "-data"
 
 
 @dataclass
@@ -58,15 +61,25 @@ def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
     synthesised over the sample's tables, uncased, the small T5, two local worker pods, profile auto, 2,000
     steps; then the sample's real questions answered beside the synthetic ones).
 
-    :param out_dir: where everything goes (absolute).
+    :param out_dir: the run directory (absolute); the prepared dataset goes beside it (:func:`demo_data_dir`).
     :rtype: dict
     """
-    paths = {"data_dir": str(out_dir / "data"), "run_dir": str(out_dir)}
+    paths = {"data_dir": str(demo_data_dir(out_dir)), "run_dir": str(out_dir)}
     return {
         "01_prepare_dataset": {"data_dir": paths["data_dir"]},
         "02_train_distributed": dict(paths),
         "03_inference": dict(paths),
     }
+
+
+def demo_data_dir(out_dir: Path) -> Path:
+    """Where the demo prepares its questions: beside its run directory (``runs/demo-data``), not in it, since the
+    worker pods may write the run directory and notebook 03 shows the questions.
+
+    :param out_dir: the demo's run directory.
+    :rtype: pathlib.Path
+    """
+    return out_dir.with_name(out_dir.name + DATA_DIR_SUFFIX)
 
 
 def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
@@ -93,9 +106,11 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
 def run_demo(
     out_dir: str | Path, parameters: Mapping[str, Mapping[str, Any]] | None = None, continue_demo: bool = False
 ) -> DemoResult:
-    """Run the three notebooks in order on their defaults; everything lands under ``out_dir``.
+    """Run the three notebooks in order on their defaults; everything lands under ``out_dir``, but the prepared
+    dataset, beside it (:func:`demo_data_dir`).
 
-    A previous demo in ``out_dir`` is replaced; any other existing, non-empty directory is refused.
+    A previous demo in ``out_dir`` is replaced (its dataset by notebook 01's); any other existing, non-empty
+    directory there or where the dataset goes is refused.
     With ``continue_demo`` (``--resume``) it is continued instead (:func:`textsql.pipeline.runs.continuation_plan`): a
     notebook that completed with the same parameters is skipped (one line says so), training resumes from its newest
     complete checkpoint, the rest run. The training parameters are checked first (:func:`check_training_parameters`),
@@ -111,8 +126,9 @@ def run_demo(
     chosen = demo_parameters(out_dir)
     for name, overrides in (parameters or {}).items():
         chosen[notebook_path(name).stem].update(overrides)
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / DEMO_MARKER).is_file():
-        raise NotebookError(f"{str(out_dir)!r} exists and is not a previous demo; pass another --out")
+    for directory in (out_dir, demo_data_dir(out_dir)):
+        if directory.is_dir() and any(directory.iterdir()) and not (out_dir / DEMO_MARKER).is_file():
+            raise NotebookError(f"{str(directory)!r} exists and is not a previous demo; pass another --out")
     if continue_demo:
         # Before the checks, which import transformers: a killed demo's ranks may still be training meanwhile.
         manifest, steps = continuation_plan(out_dir, chosen)
@@ -161,11 +177,12 @@ def format_summary(result: DemoResult) -> str:
     lines = [f"Everything is under {out}:"]
     for name in (HOSTFILE_NAME, LAUNCH_LOG_NAME, "tensorboard", "model", PREDICTIONS_NAME, METRICS_NAME):
         lines.append(f"  {name:18} {'ok' if (out / name).exists() else 'MISSING'}")
+    lines.append(f"The prepared questions are beside it, in {demo_data_dir(out)}")
     training = _read_json(out / RUN_SUMMARY_NAME)
     losses = [entry["loss"] for entry in training.get("log_history", []) if "loss" in entry]
     if losses:
         lines.append(f"Train loss {losses[0]:.2f} -> {losses[-1]:.2f} over {training['global_step']} steps")
-    prepared = _read_json(out / "data" / PREPARE_JSON_NAME)
+    prepared = _read_json(demo_data_dir(out) / PREPARE_JSON_NAME)
     for title, metrics in (
         (f"{prepared.get('source', 'prepared')} questions", _read_json(out / METRICS_NAME)),
         ("real questions (real_source)", _read_json(out / REAL_METRICS_NAME)),

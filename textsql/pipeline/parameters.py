@@ -164,8 +164,8 @@ def project_path(parameter: str, value: Any, root: Path = PROJECT_DIR) -> Any:
 
     Usage::
 
-        >>> project_path("data_dir", "runs/cml/data", Path("/home/cdsw"))
-        '/home/cdsw/runs/cml/data'
+        >>> project_path("data_dir", "runs/cml-data", Path("/home/cdsw"))
+        '/home/cdsw/runs/cml-data'
 
     :param parameter: the parameter's name.
     :param value: its value.
