@@ -5,6 +5,7 @@ predictions that mean something, so the tests can check that the right SQL comes
 """
 
 import json
+import shutil
 import sys
 import types
 from dataclasses import replace
@@ -18,7 +19,14 @@ from transformers import DataCollatorForSeq2Seq
 
 from textsql.arguments import GenerationOptions
 from textsql.cli import cli
-from textsql.constants import LABEL_PAD_TOKEN_ID, MAX_CONDITIONS, SAMPLE_DATA_DIR
+from textsql.constants import (
+    LABEL_PAD_TOKEN_ID,
+    MAX_CONDITIONS,
+    MLFLOW_RUN_NAME,
+    REAL_METRICS_NAME,
+    REAL_PREDICTIONS_NAME,
+    SAMPLE_DATA_DIR,
+)
 from textsql.data.prepare import prepare
 from textsql.data.sql import canonical_sql
 from textsql.data.wikisql import load_split
@@ -229,6 +237,63 @@ def test_cli_question_and_split(trained, prepared, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert len(list(read_jsonl(out))) == 3 and (tmp_path / "metrics.json").is_file()
+
+
+@pytest.fixture
+def tracked_run(trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A training's run directory (the model in ``model/``, ``mlflow_run.json``) and its run in a local MLflow
+    store (SQLite); yields the directory, the client and the run id."""
+    from mlflow import MlflowClient
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    client = MlflowClient(tracking_uri)
+    run = client.create_run(client.create_experiment("textsql-infer-test", (tmp_path / "artifacts").as_uri()))
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir / "model")
+    (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": run.info.run_id}))
+    return run_dir, client, run.info.run_id
+
+
+def test_textsql_infer_adds_the_scores_to_the_trainings_mlflow_run(tracked_run, prepared):
+    """docs/guides/mlflow.md: `textsql infer` adds `<split>_lf_accuracy` and metrics.json to the training's run."""
+    run_dir, client, run_id = tracked_run
+    result = CliRunner().invoke(
+        cli,
+        ["infer", "--model", str(run_dir / "model"), "--data", str(prepared), "--split", "validation"]
+        + ["--predictions-file", str(run_dir / "predictions.jsonl"), "--limit", "3"],
+    )
+    assert result.exit_code == 0, result.output
+    assert client.get_run(run_id).data.metrics["validation_lf_accuracy"] == 1.0
+    assert [artifact.path for artifact in client.list_artifacts(run_id, "validation")] == ["validation/metrics.json"]
+
+
+def test_notebook_03s_calls_add_both_sources_scores_to_the_run_apart(tracked_run, prepared):
+    """Notebook 03 hands predict() a loaded Predictor, for its questions and then the real ones (real_metrics.json):
+    both reach the run, the real ones under their own names."""
+    run_dir, client, run_id = tracked_run
+    predictor = Predictor.load(run_dir / "model")
+    options = GenerationOptions(batch_size=4)
+    predict(
+        predictor, prepared, "validation", out=run_dir / "predictions.jsonl", options=options, limit=3, progress=False
+    )
+    real = predict(
+        predictor,
+        "sample",
+        "validation",
+        out=run_dir / REAL_PREDICTIONS_NAME,
+        options=options,
+        limit=2,
+        progress=False,
+        metrics_out=run_dir / REAL_METRICS_NAME,
+    )
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["validation_lf_accuracy"] == 1.0 and metrics["validation_n"] == 3
+    assert (
+        metrics["real_validation_lf_accuracy"] == real["metrics"]["lf_accuracy"] and metrics["real_validation_n"] == 2
+    )
+    artifacts = [artifact.path for artifact in client.list_artifacts(run_id, "validation")]
+    assert artifacts == ["validation/metrics.json", f"validation/{REAL_METRICS_NAME}"]
 
 
 def test_cli_mistakes_are_one_line(trained, prepared, tmp_path):

@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers.launch import textsql_launch
@@ -33,7 +34,7 @@ from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_V
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.tracking_env import tracking_env, without_tracking
-from textsql.tracking.mlflow_runs import load_tracking_env, log_evaluation
+from textsql.tracking.mlflow_runs import finish_tracking, load_tracking_env, log_evaluation, start_tracking
 from textsql.training.command_line import parse_command_line
 from worker.network import free_port
 
@@ -138,6 +139,44 @@ def test_inference_scores_join_the_training_run_and_a_tracking_failure_is_a_warn
     (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": "0" * 32}))  # a run this server does not know
     assert not log_evaluation(run_dir, "test", scores, metrics_file)
     assert "the scores were not logged to MLflow run" in caplog.text
+
+
+def logging_rank(output: Path) -> SimpleNamespace:
+    """What start_tracking and finish_tracking read of a trainer: its arguments and whether it logs."""
+    return SimpleNamespace(
+        args=SimpleNamespace(report_to=["mlflow"], output_dir=str(output)), is_world_process_zero=lambda: True
+    )
+
+
+@pytest.fixture
+def local_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A local MLflow store (SQLite) in the environment, its experiment's artifacts under tmp_path; yields a client."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
+    client = MlflowClient(tracking_uri)
+    client.create_experiment(EXPERIMENT, (tmp_path / "artifacts").as_uri())
+    yield client
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
+def test_the_end_of_a_training_uploads_no_metrics_json_an_earlier_model_left(
+    local_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text(json.dumps({"lf_accuracy": 0.9}))  # the previous model's scores
+    (out / "run.json").write_text("{}")
+    trainer = logging_rank(out)
+    monkeypatch.setattr("atexit.register", lambda *args: None)  # the test ends the run itself
+    run_id = start_tracking(trainer, {"model": "default"}, resumed=False)
+    finish_tracking(trainer)
+    assert local_store.get_run(run_id).info.status == "FINISHED"
+    assert [artifact.path for artifact in local_store.list_artifacts(run_id)] == ["run.json"]
 
 
 # ---- a real tracking server and a real two-host run ----------------------------------------------------

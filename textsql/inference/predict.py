@@ -167,8 +167,8 @@ def predict(
         metrics_file = write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
         record_evaluation(predictor.model_dir, metrics, data, split)
         summary["metrics"] = metrics
-        if isinstance(model_dir, str | Path):  # a trained model's run, tracked with --report_to mlflow, gets them too
-            log_evaluation(Path(model_dir).parent, split, metrics, metrics_file)
+        if predictor.model_dir is not None:  # a trained model's run, tracked with --report_to mlflow, gets them too
+            log_evaluation(predictor.model_dir.parent, split, metrics, metrics_file)
     logger.info(
         "%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out
     )

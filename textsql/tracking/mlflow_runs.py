@@ -13,8 +13,10 @@ does not do, this module does around it:
   person compares runs by are logged instead (:func:`run_params`);
 - a relaunch that resumes from a checkpoint continues the same MLflow run (its id is kept in the output
   directory), so a training is one run, however many launches it took;
-- at the end, ``run.json``, the trainer's metrics, inference's ``metrics.json`` and the model card are logged as
-  artifacts and the run ends; a rank that dies with an exception marks it FAILED.
+- at the end, ``run.json``, the trainer's metrics and the model card are logged as artifacts and the run ends;
+  a rank that dies with an exception marks it FAILED. Inference's ``metrics.json`` is not among them: a training
+  writes none, so one there is an earlier model's (``--overwrite-output-dir`` keeps it); scoring this model adds
+  its own (:func:`log_evaluation`).
 
 Usage::
 
@@ -194,7 +196,7 @@ def finish_tracking(trainer: Seq2SeqTrainer) -> None:
     if mlflow.active_run() is None:
         return
     output = output_path(trainer.args)
-    for path in (output / RUN_SUMMARY_NAME, output / TRAINER_METRICS_NAME, output / METRICS_NAME):
+    for path in (output / RUN_SUMMARY_NAME, output / TRAINER_METRICS_NAME):
         if path.is_file():
             mlflow.log_artifact(str(path))
     if (output / MODEL_CARD).is_file():
@@ -205,8 +207,10 @@ def finish_tracking(trainer: Seq2SeqTrainer) -> None:
 def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metrics_file: Path) -> bool:
     """Add an inference's scores (``metrics.json``) to the MLflow run of the training in ``run_dir``, if it had one.
 
-    The scores are logged as ``<split>_lf_accuracy`` and so on, the file as an artifact. Tracking that fails
-    (no server, no credentials here) is a warning: the predictions and ``metrics.json`` are already written.
+    The scores are logged as ``<split>_lf_accuracy`` and so on (those of another file than ``metrics.json``,
+    notebook 03's ``real_metrics.json``, as ``real_<split>_lf_accuracy``), the file as an artifact under
+    ``<split>/``. Tracking that fails (no server, no credentials here) is a warning: the predictions and
+    ``metrics.json`` are already written.
 
     :param run_dir: the training's output directory (where ``mlflow_run.json`` is).
     :param split: the split scored.
@@ -222,7 +226,9 @@ def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metric
     from mlflow.exceptions import MlflowException
 
     run_id = read_json(record)["run_id"]
-    scores = {f"{split}_{name}": value for name, value in metrics.items() if isinstance(value, int | float)}
+    source = metrics_file.stem.removesuffix(Path(METRICS_NAME).stem).rstrip("_")
+    prefix = f"{source}_{split}" if source else split
+    scores = {f"{prefix}_{name}": value for name, value in metrics.items() if isinstance(value, int | float)}
     try:
         client = MlflowClient()
         for name, value in scores.items():
