@@ -173,6 +173,55 @@ def test_a_change_a_checkpoint_cannot_take_is_refused_in_one_line(tmp_path, note
     )
 
 
+def zero_checkpoint(run_dir: Path, step: int, ranks: int) -> Path:
+    """A complete ZeRO-1 checkpoint written by ``ranks`` ranks: one optimizer shard each."""
+    checkpoint = complete_checkpoint(run_dir, step)
+    for rank in range(ranks):
+        (checkpoint / f"global_step{step}" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_text("")
+    return checkpoint
+
+
+def test_a_continuation_pins_what_training_resolved_to_not_the_parameters(tmp_path):
+    chosen = demo_parameters(tmp_path)
+    manifest = Manifest(tmp_path)
+    record(manifest, chosen, PREPARE)
+    record(manifest, chosen, TRAIN, completed=False)
+    checkpoint = zero_checkpoint(tmp_path, 2, ranks=2)
+    recorded = json.loads(manifest_path(tmp_path).read_text())["notebooks"][TRAIN]
+    assert recorded["resolved"] == {"profile": "zero1", "ranks": 2}, "profile auto on two CPU workers"
+
+    on_gpus = {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4, "worker_gpus": 1}}
+    with pytest.raises(NotebookError) as refused:
+        continuation_steps(manifest, on_gpus)
+    assert str(refused.value) == (
+        f"cannot resume {TRAIN} from checkpoint-2, which was trained before the profile it resolved to "
+        "('zero1' -> 'zero0'), its ranks, workers x worker_gpus (2 -> 4) changed; "
+        "set them back to resume, or overwrite_output_dir=true to train from step 0"
+    )
+    more = {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4}}
+    with pytest.raises(NotebookError, match=r"before its ranks, workers x worker_gpus \(2 -> 4\) changed; set it"):
+        continuation_steps(manifest, more)
+    # Converted to a universal checkpoint, it loads at any number of ranks (textsql.training.universal).
+    (checkpoint / "global_step2_universal" / "zero").mkdir(parents=True)
+    (checkpoint / "latest_universal").write_text("global_step2_universal")
+    assert actions(continuation_steps(manifest, more)) == ["skip", "relaunch", "run"]
+
+
+def test_a_record_from_before_resolved_values_compares_only_its_parameters(tmp_path):
+    chosen = demo_parameters(tmp_path)
+    manifest = Manifest(tmp_path)
+    record(manifest, chosen, PREPARE)
+    record(manifest, chosen, TRAIN, completed=False)
+    del manifest.records[TRAIN]["resolved"]
+    manifest.save()
+    zero_checkpoint(tmp_path, 2, ranks=2)
+    older = Manifest.load(tmp_path)
+    steps = continuation_steps(older, {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4}})
+    assert actions(steps) == ["skip", "relaunch", "run"], "nothing recorded to compare the ranks with"
+    with pytest.raises(NotebookError, match=r"before profile \('auto' -> 'zero0'\) changed"):
+        continuation_steps(older, {**chosen, TRAIN: {**chosen[TRAIN], "profile": "zero0"}})
+
+
 def test_a_job_whose_earlier_notebook_ran_again_runs_again(tmp_path):
     # The job chain: 01, 02 and 03 completed, then the 01 job alone ran again with other parameters.
     manifest, chosen = finished_demo(tmp_path)
@@ -291,6 +340,28 @@ def test_continuing_a_demo_is_refused_while_the_earlier_demo_still_runs(tmp_path
         assert f"still running in {out} (pid {other.pid}); let them finish, or stop them (kill {other.pid})" in (
             result.output
         )
+        assert other.poll() is None, "the running demo was left alone"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_new_demo_refuses_to_replace_one_still_running_and_deletes_nothing(tmp_path):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / DEMO_MARKER).touch()
+    complete_checkpoint(out, 2)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        manifest = Manifest(out)
+        manifest.data["attempt"] = {"id": "a1", "pid": other.pid, "created": psutil.Process(other.pid).create_time()}
+        manifest.save()
+        result = CliRunner().invoke(cli, ["demo", "--out", str(out)])
+        assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+        assert f"still running in {out} (pid {other.pid}); let them finish, or stop them (kill {other.pid})" in (
+            result.output
+        )
+        assert (out / "checkpoint-2").is_dir() and manifest_path(out).is_file(), "nothing was deleted"
         assert other.poll() is None, "the running demo was left alone"
     finally:
         other.kill()

@@ -144,7 +144,7 @@ def test_a_sixth_json_file_is_a_profile_everywhere(sixth_profile):
     )
     # Notebook 02's table is format_estimate over that report.
     source = "".join(cell.source for cell in nbformat.read(notebook_path("02_train_distributed"), as_version=4).cells)
-    assert "report = estimate(" in source and "format_estimate(report" in source
+    assert "report = workers_estimate(" in source and "format_estimate(report" in source
     assert any(line.split()[:3] == [sixth_profile, "2", "optimizer"] for line in format_estimate(report).splitlines())
 
     assert f"|{sixth_profile}|" in CliRunner().invoke(cli, ["estimate", "--help"]).output

@@ -32,7 +32,7 @@ from textsql.display.terminal import StageView, cell_output_to
 from textsql.files import master_dir, read_json
 from textsql.pipeline.manifest import Manifest, Step
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
-from textsql.pipeline.runs import continuation_plan, run_recorded
+from textsql.pipeline.runs import continuation_plan, end_earlier_attempt, run_recorded
 from textsql.sanitize import sanitized
 from textsql.training.profiles import AUTO_PROFILE, get_profile
 from worker.constants import HOSTFILE_NAME
@@ -109,8 +109,9 @@ def run_demo(
     """Run the three notebooks in order on their defaults; everything lands under ``out_dir``, but the prepared
     dataset, beside it (:func:`demo_data_dir`).
 
-    A previous demo in ``out_dir`` is replaced (its dataset by notebook 01's); any other existing, non-empty
-    directory there or where the dataset goes is refused.
+    A previous demo in ``out_dir`` is replaced (its dataset by notebook 01's), once what a hard kill of it left
+    running is ended (refused while it still runs: :func:`textsql.pipeline.runs.end_earlier_attempt`); any other
+    existing, non-empty directory there or where the dataset goes is refused.
     With ``continue_demo`` (``--resume``) it is continued instead (:func:`textsql.pipeline.runs.continuation_plan`): a
     notebook that completed with the same parameters is skipped (one line says so), training resumes from its newest
     complete checkpoint, the rest run. The training parameters are checked first (:func:`check_training_parameters`),
@@ -129,9 +130,11 @@ def run_demo(
     for directory in (out_dir, demo_data_dir(out_dir)):
         if directory.is_dir() and any(directory.iterdir()) and not (out_dir / DEMO_MARKER).is_file():
             raise NotebookError(f"{str(directory)!r} exists and is not a previous demo; pass another --out")
+    # Before the checks, which import transformers: a killed demo's ranks may still be training meanwhile.
     if continue_demo:
-        # Before the checks, which import transformers: a killed demo's ranks may still be training meanwhile.
         manifest, steps = continuation_plan(out_dir, chosen)
+    else:
+        end_earlier_attempt(out_dir)
     check_training_parameters(chosen)
     if not continue_demo:
         if out_dir.is_dir() and any(out_dir.iterdir()):

@@ -10,7 +10,9 @@ newest complete checkpoint; the rest run, and so does every notebook after one t
 
 A change that would make a checkpoint train on something else (another dataset, model, profile, batch or
 learning rate under it) is refused in one line, since the trainer would either fail or silently keep the
-checkpoint's values.
+checkpoint's values. What training's parameters resolved to is recorded when it starts (:func:`resolved_training`)
+and compared, not the parameters alone: the profile ``auto`` picks for the workers, and the number of ranks, which a
+ZeRO-1/2/3 checkpoint without a universal conversion cannot change (:mod:`textsql.training.universal`).
 
 The file is replaced whole at every change (:func:`textsql.files.write_json`: a temp file beside it, fsync,
 rename), so a run killed at any moment leaves the previous record or the new one, never half of one.
@@ -23,6 +25,7 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
+from contextlib import chdir
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,8 @@ from textsql.files import DATASET_DICT_FILE, master_dir, read_json, write_json
 from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
 from textsql.rank_lines import RUN_MARK_VAR, run_mark
 from textsql.training.checkpoints import newest_complete_checkpoint
+from textsql.training.profiles import AUTO_PROFILE
+from textsql.training.universal import needs_conversion
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +73,7 @@ CONTROL_PARAMETERS = {
 }
 # Parameters a checkpoint was trained under: changed, the checkpoint cannot be continued (the trainer would
 # fail to load it, or keep the checkpoint's own value without a word).
-PINNED_PARAMETERS = {
+PINNED_PARAMETERS: dict[str, tuple[str, ...]] = {
     PREPARE: ("source", "input_format", "model", "data_dir", "limit"),
     TRAIN: ("model", "data_dir", "profile", "per_device_train_batch_size", "learning_rate"),
 }
@@ -220,7 +225,8 @@ class Manifest:
         return attempt
 
     def started(self, name: str, parameters: Mapping[str, Any], executed: Path) -> None:
-        """Record that ``name`` runs now with these (effective) parameters, after the runs of the notebooks before it.
+        """Record that ``name`` runs now with these (effective) parameters, after the runs of the notebooks before it,
+        and for training what they resolve to (:func:`resolved_training`).
 
         :param name: the notebook.
         :param parameters: its effective parameters (:func:`effective_parameters`).
@@ -236,6 +242,8 @@ class Manifest:
             "started": time.time(),
             "outputs": [],
         }
+        if name == TRAIN:
+            self.records[name]["resolved"] = resolved_training(parameters)
         self.save()
 
     def finished(self, name: str, completed: bool) -> None:
@@ -251,6 +259,31 @@ class Manifest:
             found = [path for path in outputs(name, record["parameters"]) if path.exists()]
             record["outputs"] = [str(path) for path in [*found, Path(record["executed"])]]
         self.save()
+
+
+def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """What notebook 02's parameters resolve to on the master: the profile (``auto``: the one the notebook's estimate
+    picks for its workers, :func:`textsql.training.estimate.workers_estimate`) and the ranks, workers x GPUs per
+    worker (one rank a worker on CPUs). The precision is not among them: each rank resolves it from its own device.
+
+    :param parameters: the notebook's effective parameters.
+    :rtype: dict
+    :raises ProfileError: ``auto`` when no profile fits the workers, naming the fix.
+    """
+    profile = parameters["profile"]
+    if profile == AUTO_PROFILE:
+        from textsql.training.estimate import choose_profile, workers_estimate
+
+        with chdir(NOTEBOOKS_DIR):  # a model directory is relative to the notebook, as its kernel reads it
+            report = workers_estimate(
+                parameters["model"],
+                parameters["workers"],
+                parameters["worker_gpus"],
+                parameters["gpu_memory_gb"],
+                parameters["worker_memory"],
+            )
+        profile = choose_profile(profile, report)
+    return {"profile": profile, "ranks": parameters["workers"] * max(parameters["worker_gpus"], 1)}
 
 
 def changed_parameters(name: str, recorded: Mapping[str, Any], parameters: Mapping[str, Any]) -> dict[str, tuple]:
@@ -287,14 +320,24 @@ def _why_it_runs(manifest: Manifest, name: str, parameters: Mapping[str, Any], u
     return None
 
 
-def _pinned_changes(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _pinned_changes(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]], checkpoint: Path) -> list[str]:
     changes = []
     for name, pinned in PINNED_PARAMETERS.items():
         record = manifest.records.get(name)
         if record is None:
             continue
+        if "resolved" in record:  # the profile it resolved to is compared instead (older records lack it)
+            pinned = tuple(key for key in pinned if key != "profile")
         changed = changed_parameters(name, record["parameters"], effective_parameters(name, chosen[name]))
         changes += [f"{key} ({old!r} -> {new!r})" for key, (old, new) in changed.items() if key in pinned]
+    record = manifest.records[TRAIN]
+    # Another model or profile is refused already, and resolving it could need its config from the network.
+    if "resolved" in record and not changes:
+        old, new = record["resolved"], resolved_training(effective_parameters(TRAIN, chosen[TRAIN]))
+        if old["profile"] != new["profile"]:
+            changes.append(f"the profile it resolved to ({old['profile']!r} -> {new['profile']!r})")
+        if old["ranks"] != new["ranks"] and needs_conversion(checkpoint, new["ranks"]):
+            changes.append(f"its ranks, workers x worker_gpus ({old['ranks']} -> {new['ranks']})")
     return changes
 
 
@@ -328,7 +371,7 @@ def _training_step(
     checkpoint = newest_complete_checkpoint(notebook_relative(parameters["run_dir"]))
     if record is None or record["status"] == COMPLETED or checkpoint is None or parameters["overwrite_output_dir"]:
         return Step("run", reason, FRESH_PARAMETERS[TRAIN])
-    changes = _pinned_changes(manifest, chosen)
+    changes = _pinned_changes(manifest, chosen, Path(checkpoint))
     if changes:
         raise NotebookError(
             f"cannot resume {TRAIN} from {Path(checkpoint).name}, which was trained before {', '.join(changes)} changed; "

@@ -14,8 +14,9 @@ from contextlib import chdir
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from textsql.files import read_json
 from textsql.pipeline.leftovers import end_leftovers
-from textsql.pipeline.manifest import Manifest, Step, continuation_steps, effective_parameters
+from textsql.pipeline.manifest import Manifest, Step, continuation_steps, effective_parameters, manifest_path
 from textsql.pipeline.parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path
 from worker.files import atomic_write
 
@@ -105,14 +106,37 @@ def continuation_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) ->
     :raises NotebookError: while the earlier attempt still runs, or for a change a checkpoint cannot take.
     """
     manifest = Manifest.load(run_dir)
-    pid = manifest.running_elsewhere()
-    if pid is not None:
-        raise NotebookError(
-            f"the notebooks are still running in {run_dir} (pid {pid}); let them finish, or stop them (kill {pid}) first"
-        )
+    refuse_while_running(manifest)
     steps = continuation_steps(manifest, chosen)
     end_leftovers(run_dir, manifest.attempt.get("id"))
     return manifest, steps
+
+
+def end_earlier_attempt(run_dir: Path) -> None:
+    """Before a new chain replaces ``run_dir``: refuse while the chain recorded there still runs, else end what a
+    hard kill of it left running here (:func:`textsql.pipeline.leftovers.end_leftovers`), whose ranks would otherwise
+    go on writing into the new run. The record's version is not checked: it is about to be replaced.
+
+    :param run_dir: the chain's run directory.
+    :raises NotebookError: while the earlier attempt still runs, naming its pid.
+    """
+    path = manifest_path(run_dir)
+    manifest = Manifest(run_dir, read_json(path) if path.is_file() else None)
+    refuse_while_running(manifest)
+    end_leftovers(run_dir, manifest.attempt.get("id"))
+
+
+def refuse_while_running(manifest: Manifest) -> None:
+    """Refuse to continue or replace a chain whose earlier attempt still runs (:meth:`Manifest.running_elsewhere`).
+
+    :raises NotebookError: naming its pid and how to stop it.
+    """
+    pid = manifest.running_elsewhere()
+    if pid is not None:
+        raise NotebookError(
+            f"the notebooks are still running in {manifest.run_dir} (pid {pid}); let them finish, "
+            f"or stop them (kill {pid}) first"
+        )
 
 
 def run_recorded(

@@ -181,6 +181,24 @@ def choose_profile(profile: str, report: dict) -> str:
     return report["recommended"]
 
 
+def workers_estimate(
+    model: str | Path | None, workers: int, worker_gpus: int, gpu_memory_gb: float, worker_memory: float
+) -> dict:
+    """:func:`estimate` for notebook 02's workers (its parameters of the same names): ``workers`` nodes of
+    ``worker_gpus`` GPUs, or on CPUs (``worker_gpus`` 0) one rank each with the pod's memory. The notebook shows it
+    and the pipeline records the profile it picks (:func:`textsql.pipeline.manifest.resolved_training`).
+
+    :rtype: dict
+    """
+    return estimate(
+        model,
+        nodes=workers,
+        gpus_per_node=max(worker_gpus, 1),
+        gpu_memory_gb=gpu_memory_gb if worker_gpus else worker_memory,
+        cpu=not worker_gpus,
+    )
+
+
 def resolve_profile(
     profile: str, model: str | Path | None, nodes: int, gpus_per_node: int, gpu_memory_gb: float, cpu: bool = False
 ) -> str:
