@@ -21,7 +21,9 @@ from helpers.launch import BIN, HOSTS, tagged_processes, textsql_launch
 from helpers.paths import PROJECT_DIR
 
 from textsql.cli import cli
+from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME
 from textsql.errors import LaunchError
+from textsql.files import master_dir
 from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
@@ -240,6 +242,10 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
     assert "export MLFLOW_" not in output + log and "launch-test" not in output + log
     assert "do-not-show" not in output + log and "hunter2" not in output + log
     assert oct(log_path.stat().st_mode & 0o777) == "0o600"
+    # DeepSpeed's runner reads .deepspeed_env again by path, seconds after the check: it lies where no worker writes.
+    private = master_dir(two_local_workers.run_dir)
+    assert not (two_local_workers.run_dir / DEEPSPEED_ENV_NAME).exists() and (private / DEEPSPEED_ENV_NAME).is_file()
+    assert len((private / LAUNCH_IDS_NAME).read_text().split()) == 1, "the launch's id is on record before it ran"
     worker_logs = list((two_local_workers.run_dir / "workers").rglob("*.log"))
     assert worker_logs and {oct(path.stat().st_mode & 0o777) for path in worker_logs} == {"0o600"}
     print(f"failing rank: textsql launch exited {time.monotonic() - failed_at:.1f} s after the rank failed")
