@@ -59,3 +59,12 @@ def field_option(cls: type, name: str, flag: str | None = None, **attrs: Any) ->
     if spec.type in (bool, "bool"):
         return click.option(f"{flag}/--no-{flag[2:]}", flag[2:].replace("-", "_"), **attrs)
     return click.option(flag, flag[2:].replace("-", "_"), **attrs)
+
+
+def notebook_parameter_option(help: str) -> Callable[..., Any]:
+    """``-p/--parameter [NOTEBOOK.]NAME=VALUE``, repeatable: a notebook parameter, as the pipeline's commands take it.
+
+    :param help: the option's help, which says what the command does with the parameters.
+    :rtype: typing.Callable
+    """
+    return click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE", help=help)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from textsql.cli.help import Command
+from textsql.cli.options import notebook_parameter_option
 from textsql.launching.preflight import STAGES
 
 
@@ -17,14 +18,7 @@ from textsql.launching.preflight import STAGES
     type=click.Path(file_okay=False),
     help="Run directory for everything the demo writes (a previous demo there is replaced, unless --resume).",
 )
-@click.option(
-    "-p",
-    "--parameter",
-    "parameters",
-    multiple=True,
-    metavar="[NOTEBOOK.]NAME=VALUE",
-    help="Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.",
-)
+@notebook_parameter_option("Notebook parameter, e.g. -p profile=zero3 or -p 03_inference.split=test.")
 @click.option(
     "--resume/--no-resume",
     default=False,
@@ -47,13 +41,8 @@ def demo(out: str, parameters: tuple[str, ...], resume: bool) -> None:
     multiple=True,
     help="Fail only when what this stage needs is missing; the rest is reported [default: every stage].",
 )
-@click.option(
-    "-p",
-    "--parameter",
-    "parameters",
-    multiple=True,
-    metavar="[NOTEBOOK.]NAME=VALUE",
-    help="Notebook parameter to check with, as `textsql demo -p` [default: the notebooks' own and TEXTSQL_<NAME>].",
+@notebook_parameter_option(
+    "Notebook parameter to check with, as `textsql demo -p` [default: the notebooks' own and TEXTSQL_<NAME>]."
 )
 @click.option(
     "--run-dir",
