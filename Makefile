@@ -43,8 +43,8 @@ bench: setup
 bench-gpu: setup
 	$(BIN)/python -m bench gpu-quick
 
-# What bench/device.sh installs on a lent GPU machine, downloaded here (bench/gpu-wheels.txt) for the Pythons it
-# may have: the device tool carries bench/wheels/ (64 MiB at most) beside the tree. Never torch: the machine's stays.
+# What bench/device.sh installs on a GPU machine without network, downloaded here (bench/gpu-wheels.txt) for the
+# Pythons it may have: copy bench/wheels/ (kept under 64 MiB) there with the tree. Never torch: the machine's stays.
 GPU_WHEELS := bench/wheels
 GPU_PYTHONS := 3.11 3.12
 GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
