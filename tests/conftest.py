@@ -22,6 +22,17 @@ def master_state_dir(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True)
+def no_attempt_marker(monkeypatch):
+    """Manifest.begin marks this process's environment with the attempt and the run's mark; the subprocesses of
+    later tests must not carry them."""
+    from textsql.pipeline.manifest import ATTEMPT_VAR
+    from textsql.rank_lines import RUN_MARK_VAR
+
+    monkeypatch.delenv(ATTEMPT_VAR, raising=False)
+    monkeypatch.delenv(RUN_MARK_VAR, raising=False)
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """../shared/data beside the checkout (real WikiSQL files); tests needing it skip without it."""
