@@ -1,0 +1,259 @@
+"""MLflow tracking against a real server: a real `mlflow server` (SQLite store, artifacts served from a directory)
+behind a proxy that refuses any request without the run's bearer token, and a real two-host `textsql launch` over
+pdsh to the two `local` worker pods: the MLflow run appears once with params, metrics and artifacts (so the token
+reached the logging rank), while no process's command line, log or file of the run holds the token; a resumed
+training continues its MLflow run.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import secrets
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers.launch import textsql_launch
+from helpers.paths import PROJECT_DIR
+
+from bench.tiny_run import tiny_run_argv
+from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME
+from worker.network import free_port
+
+SERVER_START_S = 180
+EXPERIMENT = "textsql-tracking-test"
+
+
+# ---- a real tracking server and a real two-host run ----------------------------------------------------
+
+
+class BearerProxy(http.server.ThreadingHTTPServer):
+    """Forwards to the MLflow server only requests that carry ``Authorization: Bearer <token>``; counts both kinds."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream_port: int, token: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Forward)
+        self.upstream_port, self.token = upstream_port, token
+        self.forwarded, self.refused = 0, 0
+
+
+class _Forward(http.server.BaseHTTPRequestHandler):
+    server: BearerProxy
+
+    def forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.headers.get("Authorization") != f"Bearer {self.server.token}":
+            self.server.refused += 1
+            self.send_error(401)
+            return
+        self.server.forwarded += 1
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=60)
+        dropped = {"host", "connection", "authorization"}
+        upstream.request(
+            self.command, self.path, body, {k: v for k, v in self.headers.items() if k.lower() not in dropped}
+        )
+        response = upstream.getresponse()
+        data = response.read()
+        self.send_response(response.status)
+        for key, value in response.getheaders():
+            if key.lower() not in {"connection", "transfer-encoding", "content-length"}:
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = forward
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path):
+    """`mlflow server` on 127.0.0.1 with a SQLite store and served artifacts; yields its port."""
+    port = free_port()
+    with open(tmp_path / "mlflow-server.log", "w") as log:
+        server = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "mlflow", "server", "--workers", "1"),
+                *("--host", "127.0.0.1", "--port", str(port)),
+                *("--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"),
+                *("--artifacts-destination", str(tmp_path / "mlflow-artifacts")),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + SERVER_START_S
+            while True:
+                assert server.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "mlflow server did not answer /health"
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                        break
+                except OSError:
+                    time.sleep(1)
+            yield port
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # uvicorn's graceful shutdown can outlast a loaded machine
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+
+
+class CommandLines:
+    """Every process command line that holds ``secret``, looked at every 0.2 s until stopped."""
+
+    def __init__(self, secret: str, private_file: Path) -> None:
+        self.secret, self.private_file = secret.encode(), private_file
+        self.holding: list[str] = []
+        self.private_file_modes: set[int] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.2):
+            for entry in Path("/proc").iterdir():
+                try:
+                    command = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if self.secret in command:
+                    self.holding.append(command.replace(b"\0", b" ").decode(errors="replace"))
+            try:
+                self.private_file_modes.add(stat.S_IMODE(self.private_file.stat().st_mode))
+            except FileNotFoundError:
+                pass
+
+
+@pytest.mark.slow
+def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_log_or_file(
+    two_local_workers, prepared_sample: Path, mlflow_server: int, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    token = secrets.token_urlsafe(24)
+    proxy = BearerProxy(mlflow_server, token)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    run_dir, out = two_local_workers.run_dir, tmp_path / "out"
+    train_args = tiny_run_argv(
+        prepared_sample,
+        out,
+        max_steps=4,
+        eval_every=2,
+        save_steps=4,
+        report_to="tensorboard,mlflow",
+        disable_tqdm=None,
+    )
+    environ = os.environ | {
+        "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{proxy.server_address[1]}",
+        "MLFLOW_EXPERIMENT_NAME": EXPERIMENT,
+        "MLFLOW_TRACKING_TOKEN": token,
+        "OMP_NUM_THREADS": "1",
+    }
+    watch = CommandLines(token, out / TRACKING_ENV_NAME)
+    watch.thread.start()
+    try:
+        result = subprocess.run(
+            [*textsql_launch(run_dir), "--", *train_args],
+            check=False,
+            env=environ,
+            cwd=PROJECT_DIR,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        watch.stop.set()
+        watch.thread.join()
+        proxy.shutdown()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+
+    client = MlflowClient(f"http://127.0.0.1:{mlflow_server}")
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None, f"nothing was logged to the server: {output[-6000:]}"
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, "one MLflow run per training, not one per rank"
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert json.loads((out / MLFLOW_RUN_NAME).read_text())["run_id"] == run.info.run_id
+    params = run.data.params
+    assert params["world_size"] == "2" and params["model"] == "default" and params["data_source"] == "sample"
+    assert {"profile", "precision", "per_device_train_batch_size", "learning_rate", "max_steps"} <= set(params)
+    assert len(params) < 30, "the trainer's own dump of every argument stays off"
+    assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
+    assert {"eval_loss", "eval_lf_accuracy", "eval_parse_rate", "train_loss"} <= set(run.data.metrics)
+    artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
+    assert {"run.json", "all_results.json"} <= artifacts
+    # Every request reached the server with the token: the logging rank had it, from the file alone.
+    assert proxy.forwarded > 0 and proxy.refused == 0
+
+    assert watch.holding == [], "the tracking token was on a command line"
+    assert watch.private_file_modes == {0o600}, "the tracking file was not seen, or not private, during the launch"
+    assert not (out / TRACKING_ENV_NAME).exists(), "the tracking file outlived the launch"
+    assert token not in output
+    for path in [*run_dir.rglob("*"), *out.rglob("*")]:
+        if path.is_file():
+            assert token.encode() not in path.read_bytes(), f"the tracking token is in {path}"
+
+
+def textsql_train(
+    data: Path, output: Path, tracking_uri: str, max_steps: int, **values: object
+) -> subprocess.CompletedProcess:
+    """`textsql train` in one process, logging to MLflow with the environment's own variables."""
+    arguments = tiny_run_argv(
+        data,
+        output,
+        max_steps=max_steps,
+        eval_every=None,
+        profile="zero0",
+        save_steps=2,
+        max_eval_samples=4,
+        report_to="mlflow",
+        **values,
+    )
+    environ = os.environ | {
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "MLFLOW_EXPERIMENT_NAME": EXPERIMENT,
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("textsql")), "train", *arguments],
+        check=False,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    return result
+
+
+@pytest.mark.slow
+def test_a_resumed_training_continues_its_mlflow_run(prepared_sample: Path, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    tracking_uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "out"
+    client = MlflowClient(tracking_uri)
+    # A SQLite store keeps artifacts under ./mlruns unless the experiment says where.
+    client.create_experiment(EXPERIMENT, (tmp_path / "artifacts").as_uri())
+    textsql_train(prepared_sample, out, tracking_uri, max_steps=2)
+    textsql_train(prepared_sample, out, tracking_uri, max_steps=4, resume="auto")
+
+    (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["world_size"] == "1"
+    assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
