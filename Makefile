@@ -28,7 +28,7 @@ $(DEV_STAMP): requirements-dev.txt $(STAMP)
 	@touch $@
 
 demo: setup
-	$(BIN)/textsql demo --out runs/demo
+	$(BIN)/textsql demo --run-dir runs/demo
 
 test: setup-dev
 	$(BIN)/python -m pytest

@@ -53,5 +53,5 @@ def prepare_data(work: Path, input_format: str = "question") -> str:
 
     out = work / ("data" if input_format == "question" else f"data-{input_format}")
     if not out.exists():
-        prepare(out=str(out), input_format=input_format)
+        prepare(data_dir=str(out), input_format=input_format)
     return str(out)

@@ -56,7 +56,7 @@ def launch_ours(
     train_args = train_argv(
         model=str(model),
         data_dir=str(data),
-        output_dir=str(run_dir / "out"),
+        run_dir=str(run_dir / "out"),
         overwrite_output_dir=True,
         save_strategy="no",
         disable_tqdm=True,

@@ -185,7 +185,7 @@ def run(work: Path, sizes: Sizes = Sizes()) -> dict:
     synthetic, real = work / "synthetic", work / "real"
     for out, source in ((synthetic, SYNTHETIC_SELECT_SOURCE), (real, SAMPLE_SOURCE)):
         if not out.exists():
-            prepare(PrepareArguments(out=str(out), source=source, input_format=UNCASED_FORMAT))
+            prepare(PrepareArguments(data_dir=str(out), source=source, input_format=UNCASED_FORMAT))
     started = time.monotonic()
     pretrained_run = work / "pretrained"
     pretraining = train("default", synthetic, pretrained_run, sizes.pretrain_steps, sizes.pretrain_batch)

@@ -170,7 +170,7 @@ def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **va
     args = train_argv(
         model=DEFAULT_MODEL_DIR,
         data_dir=data,
-        output_dir=output,
+        run_dir=output,
         logging_steps=1,
         eval_strategy="no",
         disable_tqdm=True,

@@ -30,7 +30,7 @@ def tiny_run_argv(
     Usage::
 
         >>> tiny_run_argv("data", "out", max_steps=4, eval_every=2, save_steps=4)
-        ['--data-dir', 'data', '--output-dir', 'out', '--max-steps', '4', '--per-device-train-batch-size', '4', '--logging-steps', '1', '--disable-tqdm', 'true', '--eval-steps', '2', '--max-eval-samples', '8', '--generation-max-length', '24', '--save-steps', '4']
+        ['--data-dir', 'data', '--run-dir', 'out', '--max-steps', '4', '--per-device-train-batch-size', '4', '--logging-steps', '1', '--disable-tqdm', 'true', '--eval-steps', '2', '--max-eval-samples', '8', '--generation-max-length', '24', '--save-steps', '4']
 
     :param eval_every: evaluate every this many steps, on :data:`TINY_EVALUATION`'s terms; ``None``: no
         evaluation during training (the one after the last step still runs, on the trainer's terms).
@@ -40,5 +40,5 @@ def tiny_run_argv(
     :rtype: list[str]
     """
     evaluation = {"eval_strategy": "no"} if eval_every is None else {"eval_steps": eval_every, **TINY_EVALUATION}
-    values = {"data_dir": data_dir, "output_dir": output_dir, "max_steps": max_steps, **TINY_RUN, **evaluation}
+    values = {"data_dir": data_dir, "run_dir": output_dir, "max_steps": max_steps, **TINY_RUN, **evaluation}
     return train_argv(**(values | overrides))

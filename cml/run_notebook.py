@@ -7,7 +7,7 @@ the project) are relative to the project root, as everything else in CML is, alt
 notebooks/. The executed copy is written to runs/jobs/<notebook>-<time>.ipynb, to open from the Files tab.
 
 Each run is recorded in the chain's run directory (TEXTSQL_RUN_DIR/pipeline.json). With --resume, or
-TEXTSQL_RESUME=auto (notebook 02's own resume parameter), a notebook that completed with the same parameters
+TEXTSQL_RESUME_FROM_CHECKPOINT=auto (notebook 02's own resume_from_checkpoint parameter), a notebook that completed with the same parameters
 is skipped in one line, training continues from its newest complete checkpoint, and a job whose earlier
 notebook must run again first (its parameters changed, or it did not complete) says which job to start.
 A failing cell, a wrong parameter, or a runtime without what training needs (pdsh, sshd: checked before any
@@ -32,7 +32,7 @@ try:
     chosen = job_parameters()
     run_dir = chain_run_dir(chosen)
     manifest, step, first = Manifest.load(run_dir), None, None
-    if "--resume" in sys.argv[2:] or chosen["02_train_distributed"]["resume"] == "auto":
+    if "--resume" in sys.argv[2:] or chosen["02_train_distributed"]["resume_from_checkpoint"] == "auto":
         manifest, steps = continuation_plan(run_dir, chosen)
         step = steps[name]
         if not step.runs:

@@ -68,7 +68,7 @@ def train_data(tmp_path_factory) -> Path:
     from textsql.data.prepare import PrepareArguments, prepare
 
     work = tmp_path_factory.mktemp("recovery")
-    prepare(PrepareArguments(out=str(work / "data"), limit=64, max_source_length=96))
+    prepare(PrepareArguments(data_dir=str(work / "data"), limit=64, max_source_length=96))
     return train_only(str(work / "data"), work)
 
 
@@ -78,7 +78,7 @@ def prepared_sample(tmp_path_factory) -> Path:
     from textsql.data.prepare import PrepareArguments, prepare
 
     out = tmp_path_factory.mktemp("prepared") / "data"
-    prepare(PrepareArguments(out=str(out), limit=64))
+    prepare(PrepareArguments(data_dir=str(out), limit=64))
     return out
 
 

@@ -131,7 +131,7 @@ def sample_lengths(tmp_path_factory) -> tuple[list[int], list[int]]:
     from textsql.data.prepare import PrepareArguments, prepare
 
     out = tmp_path_factory.mktemp("sample") / "data"
-    prepare(PrepareArguments(out=str(out)))
+    prepare(PrepareArguments(data_dir=str(out)))
     train = datasets.load_from_disk(str(out))["train"]
     return [len(ids) for ids in train["input_ids"]], [len(ids) for ids in train["labels"]]
 

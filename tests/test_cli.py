@@ -81,6 +81,68 @@ def test_help_names_the_environment_variable_of_every_option():
             assert f"{prefix}_{option.name.upper()}]" in page.replace("; ", "]"), (path, option.opts)
 
 
+def command_contexts(group: click.Group = cli, parent: click.Context | None = None) -> list[click.Context]:
+    """A context for every command under ``group``, as click builds them when the command runs."""
+    parent = parent or click.Context(cli, info_name="textsql", **cli.context_settings)
+    found = []
+    for name, command in group.commands.items():
+        ctx = click.Context(command, info_name=name, parent=parent)
+        found.append(ctx)
+        if isinstance(command, click.Group):
+            found += command_contexts(command, ctx)
+    return found
+
+
+def test_every_options_variable_is_textsql_command_option():
+    """docs/reference/cli.md: every option can come from TEXTSQL_<COMMAND>_<OPTION>, named after its long flag."""
+    for ctx in command_contexts():
+        words = ctx.command_path.split()[1:]
+        for option in typed_options(ctx.command):
+            if option.hidden:
+                continue
+            flag = next(opt for opt in option.opts if opt.startswith("--"))
+            expected = "_".join(("TEXTSQL", *words, flag[2:])).replace("-", "_").upper()
+            assert option.get_help_extra(ctx)["envvars"] == (expected,), (ctx.command_path, flag)
+
+
+def test_every_summary_fits_its_line():
+    """`textsql --help` and the CLI reference page (mkdocs-click's command list) show each summary whole."""
+    for ctx in command_contexts():
+        assert ctx.command.short_help, f"{ctx.command_path}: no short_help, click would cut its docstring"
+        assert ctx.command.get_short_help_str() == ctx.command.short_help, ctx.command_path
+    for words in ([], ["rendezvous"], ["workers"]):
+        listed = section(CliRunner().invoke(cli, [*words, "--help"]).output, "Commands")
+        assert "..." not in listed, listed
+
+
+@pytest.mark.parametrize(
+    "words, environ, message",
+    [
+        (["demo", "--out", "d"], {}, "--out was renamed --run-dir: textsql demo --run-dir DIR"),
+        (["prepare", "--out", "d"], {}, "--out was renamed --data-dir: textsql prepare --data-dir DIR"),
+        (["infer", "--data", "d"], {}, "--data was renamed --data-dir: textsql infer --data-dir DIR"),
+        (["evaluate", "--pred", "p"], {}, "--pred was renamed --predictions-file: textsql evaluate --predictions-file"),
+        (["train", "--output-dir", "r"], {}, "--output-dir was renamed --run-dir: textsql train --run-dir DIR"),
+        (["train", "--resume", "auto"], {}, "--resume was renamed --resume-from-checkpoint: textsql train"),
+        (["demo"], {"TEXTSQL_DEMO_OUT": "d"}, "TEXTSQL_DEMO_OUT was renamed TEXTSQL_DEMO_RUN_DIR"),
+        (["infer"], {"TEXTSQL_INFER_DATA": "d"}, "TEXTSQL_INFER_DATA was renamed TEXTSQL_INFER_DATA_DIR"),
+        (["demo"], {"TEXTSQL_DEMO_PARAMETERS": "x=1"}, "TEXTSQL_DEMO_PARAMETERS was renamed TEXTSQL_DEMO_PARAMETER"),
+        (
+            ["estimate"],
+            {"TEXTSQL_ESTIMATE_NAMES": "zero1"},
+            "TEXTSQL_ESTIMATE_NAMES was renamed TEXTSQL_ESTIMATE_PROFILE",
+        ),
+        (["evaluate"], {"TEXTSQL_EVALUATE_AS_JSON": "1"}, "TEXTSQL_EVALUATE_AS_JSON was renamed TEXTSQL_EVALUATE_JSON"),
+        (["workers", "cleanup"], {"TEXTSQL_WORKERS_CLEANUP_RUN_ID": "r"}, "was renamed TEXTSQL_WORKERS_CLEANUP_RUN"),
+    ],
+)
+def test_the_previous_releases_names_are_refused_with_the_new_one(words, environ, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, words, env=environ)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert list(tmp_path.iterdir()) == [], "refused before anything ran"
+
+
 def test_the_environment_variable_shown_is_the_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TEXTSQL_LAUNCH_STALL_TIMEOUT", "5")
@@ -194,15 +256,15 @@ def test_train_short_help_is_short_and_imports_no_torch():
 def test_the_short_help_names_only_real_training_flags_in_either_spelling():
     from textsql.training.command_line import parse_command_line
 
-    kebab = ["--data-dir", "data", "--output-dir", "out", "--per-device-train-batch-size", "4", "--no-constrained"]
-    snake = ["--data_dir", "data", "--output_dir", "out", "--per_device_train_batch_size", "4", "--no_constrained"]
+    kebab = ["--data-dir", "data", "--run-dir", "out", "--per-device-train-batch-size", "4", "--no-constrained"]
+    snake = ["--data_dir", "data", "--run_dir", "out", "--per_device_train_batch_size", "4", "--no_constrained"]
     assert parse_command_line(kebab) == parse_command_line(snake)
     *_, training = parse_command_line(kebab)
     assert training["per_device_train_batch_size"] == 4
     _, data, run, _ = parse_command_line([*kebab, "--overwrite-output-dir", "--no-overwrite-output-dir"])
     assert (data.constrained, run.overwrite_output_dir) == (False, False)
-    values = {"data_dir": "data", "output_dir": "out", "model": "default", "profile": "zero1", "precision": "fp32"}
-    values |= {"resume": "auto", "overwrite_output_dir": "false", "learning_rate": "0.01"}
+    values = {"data_dir": "data", "run_dir": "out", "model": "default", "profile": "zero1", "precision": "fp32"}
+    values |= {"resume_from_checkpoint": "auto", "overwrite_output_dir": "false", "learning_rate": "0.01"}
     every = [word for name, _ in TRAIN_ESSENTIALS for word in (f"--{name.replace('_', '-')}", values.get(name, "2"))]
     *_, training = parse_command_line(every)  # an unknown flag raises LaunchError
     assert (training["max_steps"], training["learning_rate"]) == (2, 0.01)
@@ -215,9 +277,19 @@ def test_help_all_is_the_training_parsers_own_with_kebab_case_first():
     assert "kebab-case" in result.output and "--lr-scheduler-type" in result.output
 
 
-def test_infer_needs_a_model():
-    result = CliRunner().invoke(cli, ["infer", "--data", "sample", "--limit", "1"])
-    assert result.exit_code == 2 and "Missing option '--model'" in result.output
+@pytest.mark.parametrize(
+    "words, fix",
+    [
+        (["--source", "sample"], "no model; pass --run-dir RUN (a `textsql train` run) or --model DIR"),
+        (["--model", "default"], "nowhere to write; pass --run-dir RUN or --predictions-file FILE"),
+        (["--run-dir", "run", "--source", "sample", "--data-dir", "."], "pass only one of --data-dir, --source"),
+    ],
+)
+def test_infer_needs_a_model_and_a_place_to_write(words: list[str], fix: str, tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["infer", *words, "--limit", "1"])
+    assert result.exit_code == 2 and f"Error: {fix}" in result.output, result.output
+    assert list(tmp_path.iterdir()) == [], "nothing written into the current directory"
 
 
 @pytest.mark.parametrize(
@@ -226,7 +298,7 @@ def test_infer_needs_a_model():
         (["prepare", "--model", "t5-small"], "--model"),
         (["infer", "--model", "default", "--out", "p.jsonl"], "--out"),
         (["infer", "--model", "default", "--official-out", "o.jsonl"], "--official-out"),
-        (["evaluate", "--pred", __file__, "--out", "r.json"], "--out"),
+        (["evaluate", "--predictions-file", __file__, "--out", "r.json"], "--out"),
         (["infer", "--model", "default", "--constrained", "false"], "false"),
     ],
 )
@@ -238,6 +310,6 @@ def test_old_spellings_are_refused(words: list[str], gone: str):
 def test_prepare_names_the_tokenizer_flag(tmp_path: Path):
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(
-        cli, ["prepare", "--out", str(tmp_path / "out"), "--limit", "2", "--tokenizer", str(tmp_path / "empty")]
+        cli, ["prepare", "--data-dir", str(tmp_path / "out"), "--limit", "2", "--tokenizer", str(tmp_path / "empty")]
     )
     assert result.exit_code == 1 and "pass --tokenizer a directory that has them" in result.output, result.output

@@ -168,7 +168,7 @@ def test_two_local_pods_with_another_torch_and_wrong_slots_are_refused_before_pd
     with start_workers("local", 2, run_dir, timeout=60, env=env) as cluster, pytest.raises(ClusterError) as refused:
         supervise(
             LaunchArguments(
-                run_dir=cluster.run_dir, train_args=["--data_dir", str(tmp_path / "data"), "--output_dir", str(run_dir)]
+                run_dir=cluster.run_dir, train_args=["--data_dir", str(tmp_path / "data"), "--run_dir", str(run_dir)]
             ),
             cluster,
         )

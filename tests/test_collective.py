@@ -29,7 +29,7 @@ import sys
 import torch.distributed as dist
 from textsql.training.collective import exit_on_failure
 dist.init_process_group("gloo")
-result = exit_on_failure(sys.argv[sys.argv.index("--output_dir") + 1])
+result = exit_on_failure(sys.argv[sys.argv.index("--run_dir") + 1])
 print(f"collective ok on rank {dist.get_rank()}: hosts {result['hosts']}", flush=True)
 dist.destroy_process_group()
 """
@@ -44,7 +44,7 @@ def run_check(cluster, tmp_path: Path, **env: str) -> tuple[int | Exception, str
         run_dir=cluster.run_dir,
         module="collective_standin",
         env=rank_env,
-        train_args=["--output_dir", str(cluster.run_dir)],
+        train_args=["--run_dir", str(cluster.run_dir)],
     )
     stream = io.StringIO()
     try:

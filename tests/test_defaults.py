@@ -30,7 +30,7 @@ AMP_VARIABLES = yaml.safe_load((PROJECT_DIR / ".project-metadata.yaml").read_tex
 # Where the AMP differs on purpose: it runs on CML GPU workers with the model hub in reach, not on this
 # machine's local CPU pods with the embedded random-weight T5, so it prepares real questions with their case
 # for a pretrained T5 and trains three epochs; its paths are the CML project's; and a job started again
-# continues what the failed one left (the job chain and the training: TEXTSQL_RESUME=auto).
+# continues what the failed one left (the job chain and the training: TEXTSQL_RESUME_FROM_CHECKPOINT=auto).
 AMP_PLATFORM = {
     "backend",
     "worker_cpu",
@@ -44,7 +44,7 @@ AMP_PLATFORM = {
     "max_steps",
     "eval_steps",
     "real_source",
-    "resume",
+    "resume_from_checkpoint",
 }
 # Where a notebook differs from its command on purpose: Run All must learn with the small T5 from random
 # weights on CPUs (what `textsql demo` runs), so notebook 01 prepares its synthetic, uncased questions;
@@ -66,21 +66,21 @@ DATACLASS_ONLY = {
     ("02_train_distributed", "worker_cpu"): Resources().cpu,
     ("02_train_distributed", "worker_memory"): Resources().memory_gb,
     ("02_train_distributed", "worker_gpus"): Resources().gpus,
-    ("02_train_distributed", "resume"): argument_field(RunArguments, "resume").default,
+    ("02_train_distributed", "resume_from_checkpoint"): None,
 }
 # Notebook parameters with no counterpart elsewhere, and why.
 NOTEBOOK_ONLY = {
     "log_level": "the CLI's --verbose sets the same level for a command",
-    "data_dir": "paths relative to notebooks/: each command names its own (--out, --data, --run-dir)",
-    "run_dir": "paths relative to notebooks/: each command names its own (--out, --data, --run-dir)",
-    "model_dir": "notebook 03 answers with its run's model (run_dir/model); `textsql infer --model` has no default",
+    "data_dir": "paths relative to notebooks/: each command names its own (--data-dir, --run-dir)",
+    "run_dir": "paths relative to notebooks/: each command names its own (--data-dir, --run-dir)",
+    "model_dir": "notebook 03 answers with its run's model (run_dir/model); `textsql infer --run-dir` has no default",
     "backend": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
     "workers": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
     "backend_options": "the workers: notebook 02 starts them (and `textsql demo` runs it), no command does",
     "gpu_memory_gb": "the estimate for the GPUs of the pods it starts; `textsql estimate` reads the machine it runs on",
     "question": "notebook 03's example of a question of your own; `textsql infer` answers one only with --question",
     "header": "notebook 03's example of a question of your own; `textsql infer` answers one only with --question",
-    "real_source": "notebook 03 scores a second source apart (run `textsql infer` again with its --data for the same)",
+    "real_source": "notebook 03 scores a second source apart (run `textsql infer` again with its --source for the same)",
     "max_steps": "notebook 02's schedule fits the small T5 learning on CPUs in minutes; `textsql train` keeps three epochs",
     "eval_steps": "notebook 02's schedule fits the small T5 learning on CPUs in minutes; `textsql train` keeps three epochs",
 }

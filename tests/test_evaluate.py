@@ -321,12 +321,12 @@ def test_cli_finds_tables_beside_gold_and_writes_json(tmp_path: Path):
     pred_path.write_text("".join(json.dumps(item) + "\n" for item in pred))
     out = tmp_path / "metrics.json"
     result = CliRunner().invoke(
-        cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path), "--json", "--report-file", str(out)]
+        cli, ["evaluate", "--gold", str(gold_path), "--predictions-file", str(pred_path), "--json", "--report-file", str(out)]
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["ex_accuracy"] == 0.8
     assert json.loads(out.read_text())["lf_accuracy"] == 0.8
-    table = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path)])
+    table = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--predictions-file", str(pred_path)])
     assert "all" in table.output and "80.00" in table.output
 
 
@@ -334,7 +334,7 @@ def test_cli_mismatched_lengths_is_one_line_error(tmp_path: Path):
     gold_path, pred_path = tmp_path / "dev.jsonl", tmp_path / "pred.jsonl"
     gold_path.write_text(json.dumps(players_gold()[0]) + "\n")
     pred_path.write_text("")
-    result = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path)])
+    result = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--predictions-file", str(pred_path)])
     assert result.exit_code == 1
     assert result.output.strip().startswith("Error: ") and len(result.output.strip().splitlines()) == 1
 
@@ -347,12 +347,12 @@ def test_cli_scores_our_predictions_alone_from_their_gold_queries(tmp_path: Path
     ]
     lines[0]["query"] = q(1)
     pred_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = CliRunner().invoke(cli, ["evaluate", "--pred", str(pred_path), "--json"])
+    result = CliRunner().invoke(cli, ["evaluate", "--predictions-file", str(pred_path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["lf_correct"] == 4
     official = tmp_path / "official.jsonl"
     official.write_text(json.dumps({"query": q(1)}) + "\n")
-    refused = CliRunner().invoke(cli, ["evaluate", "--pred", str(official)])
+    refused = CliRunner().invoke(cli, ["evaluate", "--predictions-file", str(official)])
     assert refused.exit_code == 1 and "pass --gold" in refused.output
 
 
@@ -373,6 +373,6 @@ def test_cli_invalid_utf8_in_gold_is_one_line_naming_file_and_line(tmp_path: Pat
     gold_path.write_bytes(b"\n".join(lines) + b"\n")
     (tmp_path / "dev.tables.jsonl").write_text(json.dumps({"id": "players", **PLAYERS}) + "\n")
     pred_path.write_text("".join(json.dumps({"query": item["sql"]}) + "\n" for item in gold))
-    result = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--pred", str(pred_path)])
+    result = CliRunner().invoke(cli, ["evaluate", "--gold", str(gold_path), "--predictions-file", str(pred_path)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert result.output.count("\n") == 1 and f"{gold_path}:3: not UTF-8" in result.output, result.output

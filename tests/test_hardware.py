@@ -73,14 +73,14 @@ def test_the_token_budget_grows_with_gpu_memory_in_multiples_of_8():
 def test_this_machine_is_described_and_its_defaults_reach_the_trainer():
     facts = device_facts()
     assert facts.cuda == torch.cuda.is_available() and facts.cpu_cores >= 1
-    *_, training = parse_command_line(["--data_dir", "data", "--output_dir", "out"])
+    *_, training = parse_command_line(["--data_dir", "data", "--run_dir", "out"])
     assert training["optim"] == fast_defaults(facts)["optim"]
-    *_, training = parse_command_line(["--data_dir", "data", "--output_dir", "out", "--optim", "sgd"])
+    *_, training = parse_command_line(["--data_dir", "data", "--run_dir", "out", "--optim", "sgd"])
     assert training["optim"] == "sgd"
 
 
 def test_the_token_budget_flag_reaches_the_data_arguments():
-    _, data, *_ = parse_command_line(["--data_dir", "data", "--output_dir", "out", "--max_tokens_per_batch", "4096"])
+    _, data, *_ = parse_command_line(["--data_dir", "data", "--run_dir", "out", "--max_tokens_per_batch", "4096"])
     assert data.max_tokens_per_batch == 4096
 
 

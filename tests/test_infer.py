@@ -47,7 +47,7 @@ CHECKED_BATCH_SIZES = (1, 3, 4, QUESTIONS)
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("infer") / "data"
-    prepare(out=str(out), limit=QUESTIONS)
+    prepare(data_dir=str(out), limit=QUESTIONS)
     return out
 
 
@@ -225,7 +225,7 @@ def test_cli_question_and_split(trained, prepared, tmp_path):
             "infer",
             "--model",
             str(trained),
-            "--data",
+            "--data-dir",
             str(prepared),
             "--predictions-file",
             str(out),
@@ -260,8 +260,7 @@ def test_textsql_infer_adds_the_scores_to_the_trainings_mlflow_run(tracked_run, 
     run_dir, client, run_id = tracked_run
     result = CliRunner().invoke(
         cli,
-        ["infer", "--model", str(run_dir / "model"), "--data", str(prepared), "--split", "validation"]
-        + ["--predictions-file", str(run_dir / "predictions.jsonl"), "--limit", "3"],
+        ["infer", "--run-dir", str(run_dir), "--data-dir", str(prepared), "--split", "validation", "--limit", "3"],
     )
     assert result.exit_code == 0, result.output
     assert client.get_run(run_id).data.metrics["validation_lf_accuracy"] == 1.0
@@ -302,7 +301,7 @@ def test_cli_mistakes_are_one_line(trained, prepared, tmp_path):
     assert missing_header.exit_code == 2 and "--header" in missing_header.output
     bad_header = runner.invoke(cli, ["infer", "--model", str(trained), "--question", "Who?", "--header", "[1, 2"])
     assert bad_header.exit_code == 1 and bad_header.output.startswith("Error: --header")
-    missing_model = runner.invoke(cli, ["infer", "--model", str(tmp_path / "nope"), "--data", str(prepared)])
+    missing_model = runner.invoke(cli, ["infer", "--run-dir", str(tmp_path / "nope"), "--data-dir", str(prepared)])
     assert missing_model.exit_code == 1 and "--model" in missing_model.output
     bad_device = runner.invoke(
         cli, ["infer", "--model", str(trained), "--device", "gpu0", "--question", "Who?", "--header", "A"]

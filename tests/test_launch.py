@@ -72,7 +72,7 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
     from deepspeed.launcher.runner import parse_args
 
     arguments = LaunchArguments(
-        run_dir=tmp_path, train_args=["--output_dir", "out dir", "--resume", "auto"], ssh_port=2022
+        run_dir=tmp_path, train_args=["--run_dir", "out dir", "--resume-from-checkpoint", "auto"], ssh_port=2022
     )
     command = deepspeed_command(arguments, tmp_path / "hostfile", list(HOSTS))
     assert command[0] == str(BIN / "deepspeed")
@@ -86,7 +86,7 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
     assert parsed.module and parsed.no_local_rank and parsed.no_ssh_check
     assert (parsed.user_script, parsed.user_args) == (
         "textsql.training.train",
-        ["--output_dir", "out dir", "--resume", "auto"],
+        ["--run_dir", "out dir", "--resume-from-checkpoint", "auto"],
     )
 
 
@@ -95,7 +95,7 @@ def test_local_command_is_what_deepspeeds_runner_would_run(tmp_path: Path) -> No
     from deepspeed.launcher.launch import parse_args
     from deepspeed.launcher.runner import encode_world_info
 
-    arguments = LaunchArguments(run_dir=tmp_path, launcher="local", master_port=29600, train_args=["--output_dir", "o"])
+    arguments = LaunchArguments(run_dir=tmp_path, launcher="local", master_port=29600, train_args=["--run_dir", "o"])
     command = local_command(arguments, 2)
     assert command[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.launch"]
     sys_argv, sys.argv = sys.argv, ["launch.py", *command[4:]]
@@ -110,7 +110,7 @@ def test_local_command_is_what_deepspeeds_runner_would_run(tmp_path: Path) -> No
         True,
         True,
     )
-    assert (parsed.training_script, parsed.training_script_args) == ("textsql.training.train", ["--output_dir", "o"])
+    assert (parsed.training_script, parsed.training_script_args) == ("textsql.training.train", ["--run_dir", "o"])
 
 
 def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
@@ -167,10 +167,10 @@ def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
         (["--socket-ifname", "lo;id"], "--socket-ifname 'lo;id' is not a network interface name"),
         (["--master-addr", "10.0.0.1 x"], "--master-addr '10.0.0.1 x' is not an IP address or hostname"),
         (["--ranks", "2"], "--ranks is for --launcher local"),
-        (["--", "--output_dir", "$HOME/x"], "characters the hosts' shell would interpret"),
+        (["--", "--run_dir", "$HOME/x"], "characters the hosts' shell would interpret"),
         (["--", "--run_name", "run-%h"], "characters the hosts' shell would interpret"),
         ([], "no dataset given; pass --data-dir"),
-        (["--", "--data_dir", "data", "--output_dir", "out"], "does not exist; start the workers first"),
+        (["--", "--data_dir", "data", "--run_dir", "out"], "does not exist; start the workers first"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_fix(

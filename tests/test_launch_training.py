@@ -3,7 +3,7 @@
 One run shows the two-host path and kill-and-resume together (two launches, not three, to keep CI
 short): the workers register through the rendezvous, pdsh reaches them with their host keys
 verified, the run is interrupted once its first checkpoint is complete, every rank on both hosts
-ends, and `--resume auto` continues from that checkpoint's global step and data position to the
+ends, and `--resume-from-checkpoint auto` continues from that checkpoint's global step and data position to the
 consolidated model/.
 """
 
@@ -72,7 +72,7 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
 
     second_log = tmp_path / "second.log"
     started = time.monotonic()
-    second = start(textsql_launch(run_dir, env=tag) + [*args, *train_argv(resume="auto")], second_log)
+    second = start(textsql_launch(run_dir, env=tag) + [*args, *train_argv(resume_from_checkpoint="auto")], second_log)
     assert second.wait(timeout=900) == 0, second_log.read_text()[-4000:]
     resumed_run = time.monotonic() - started
     output = second_log.read_text()

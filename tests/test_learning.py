@@ -45,7 +45,7 @@ RUN_TIMEOUT_S = 600
 
 def test_the_pipeline_teaches_the_small_t5_to_read_a_header(tmp_path):
     data = tmp_path / "data"
-    prepare(PrepareArguments(out=str(data), source="synthetic-select", input_format="uncased"))
+    prepare(PrepareArguments(data_dir=str(data), source="synthetic-select", input_format="uncased"))
     run = tmp_path / "run"
     result = subprocess.run(
         [
@@ -53,7 +53,7 @@ def test_the_pipeline_teaches_the_small_t5_to_read_a_header(tmp_path):
             "train",
             *train_argv(
                 data_dir=data,
-                output_dir=run,
+                run_dir=run,
                 max_steps=STEPS,
                 per_device_train_batch_size=64,
                 learning_rate=1e-3,

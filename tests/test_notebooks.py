@@ -159,7 +159,7 @@ def test_unknown_notebook_and_foreign_directory_are_refused(tmp_path):
     with pytest.raises(NotebookError, match="unknown notebook 'train'; pass one of 01_prepare_dataset"):
         notebook_path("train")
     (tmp_path / "precious.txt").write_text("keep me")
-    with pytest.raises(NotebookError, match="is not a previous demo; pass another --out"):
+    with pytest.raises(NotebookError, match="is not a previous demo; pass another --run-dir"):
         run_demo(tmp_path)
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
@@ -170,14 +170,14 @@ def test_a_new_demo_refuses_a_foreign_directory_where_its_dataset_goes(tmp_path)
     beside = demo_data_dir(tmp_path / "demo")
     beside.mkdir()
     (beside / "precious.txt").write_text("keep me")
-    with pytest.raises(NotebookError, match=r"demo-data' exists and is not a previous demo; pass another --out"):
+    with pytest.raises(NotebookError, match=r"demo-data' exists and is not a previous demo; pass another --run-dir"):
         run_demo(tmp_path / "demo")
     assert (beside / "precious.txt").read_text() == "keep me"
 
 
 def test_demo_refuses_a_bad_profile_before_any_notebook_or_worker(tmp_path):
     out = tmp_path / "demo"
-    result = CliRunner().invoke(cli, ["demo", "--out", str(out), "-p", "profile=zero9"])
+    result = CliRunner().invoke(cli, ["demo", "--run-dir", str(out), "-p", "profile=zero9"])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1 and result.output.startswith(
         "Error: unknown profile 'zero9'; pass --profile one of zero0"
@@ -192,7 +192,7 @@ def test_demo_refuses_a_bad_parameter_before_importing_torch(tmp_path, parameter
     script = (
         "import json, sys\n"
         "from textsql.cli import cli\n"
-        f"try: cli(['demo', '--out', {str(tmp_path / 'demo')!r}, '-p', {parameter!r}])\n"
+        f"try: cli(['demo', '--run-dir', {str(tmp_path / 'demo')!r}, '-p', {parameter!r}])\n"
         "except SystemExit as exit: code = exit.code\n"
         "heavy = ['torch', 'transformers', 'datasets', 'papermill', 'deepspeed']\n"
         "print(json.dumps([code, [name for name in heavy if name in sys.modules]]))\n"
@@ -245,7 +245,7 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
         "03_inference.limit=6",
     ]
     result = subprocess.run(
-        [TEXTSQL, "demo", "--out", str(out), *small], check=False, capture_output=True, text=True, timeout=DEMO_S
+        [TEXTSQL, "demo", "--run-dir", str(out), *small], check=False, capture_output=True, text=True, timeout=DEMO_S
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "MISSING" not in result.stdout and "textsql tensorboard --logdir" in result.stdout
@@ -328,7 +328,7 @@ def test_an_unknown_notebook_parameter_is_an_error_naming_the_known_ones(tmp_pat
         NotebookError, match=r"notebook 03_inference has no parameter 'profil'; its parameters are run_dir, data_dir"
     ):
         run_notebook("03_inference", tmp_path / "03.ipynb", {"profil": "zero1"})
-    result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "demo"), "-p", "profil=zero1"])
+    result = CliRunner().invoke(cli, ["demo", "--run-dir", str(tmp_path / "demo"), "-p", "profil=zero1"])
     assert result.exit_code == 1 and "sets no notebook parameter" in result.output and "profile" in result.output
     assert not (tmp_path / "demo").exists()
 

@@ -246,7 +246,7 @@ def test_continuing_a_demo_refuses_a_change_under_a_checkpoint_in_one_line_befor
     complete_checkpoint(out, 2)
     (out / DEMO_MARKER).touch()
     before = manifest_path(out).read_text()
-    result = CliRunner().invoke(cli, ["demo", "--out", str(out), "--resume", "-p", "learning_rate=0.01"])
+    result = CliRunner().invoke(cli, ["demo", "--run-dir", str(out), "--resume", "-p", "learning_rate=0.01"])
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert result.output.startswith("Error: cannot resume 02_train_distributed from checkpoint-2")
     assert manifest_path(out).read_text() == before, "nothing ran"
@@ -268,7 +268,7 @@ SMALL_DEMO = [
 
 def demo(out: Path, *arguments: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [TEXTSQL, "demo", "--out", str(out), *SMALL_DEMO, *arguments],
+        [TEXTSQL, "demo", "--run-dir", str(out), *SMALL_DEMO, *arguments],
         check=False,
         capture_output=True,
         text=True,
@@ -281,7 +281,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
     out = tmp_path / "demo"
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(
-            [TEXTSQL, "demo", "--out", str(out), *SMALL_DEMO],
+            [TEXTSQL, "demo", "--run-dir", str(out), *SMALL_DEMO],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -311,7 +311,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
     run = json.loads((out / "run.json").read_text())
     resumed_from = int(Path(run["resumed_from"]).name.removeprefix("checkpoint-"))
     assert resumed_from >= 4 and run["global_step"] == 20, "continued from the checkpoint to max_steps"
-    assert f"--resume auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
+    assert f"--resume-from-checkpoint auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
     assert json.loads((out / "metrics.json").read_text())["n"] == 6
     assert not marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the killed run's processes were ended"
     assert not [pid for launch in killed_launches for pid in marked_processes(launch)], "and its ranks"

@@ -114,7 +114,7 @@ def test_continuing_a_demo_is_refused_while_the_earlier_demo_still_runs(tmp_path
         manifest = Manifest(out)
         manifest.data["attempt"] = {"id": "a1", "pid": other.pid, "created": psutil.Process(other.pid).create_time()}
         manifest.save()
-        result = CliRunner().invoke(cli, ["demo", "--out", str(out), "--resume"])
+        result = CliRunner().invoke(cli, ["demo", "--run-dir", str(out), "--resume"])
         assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
         assert f"still running in {out} (pid {other.pid}); let them finish, or stop them (kill {other.pid})" in (
             result.output
@@ -135,7 +135,7 @@ def test_a_new_demo_refuses_to_replace_one_still_running_and_deletes_nothing(tmp
         manifest = Manifest(out)
         manifest.data["attempt"] = {"id": "a1", "pid": other.pid, "created": psutil.Process(other.pid).create_time()}
         manifest.save()
-        result = CliRunner().invoke(cli, ["demo", "--out", str(out)])
+        result = CliRunner().invoke(cli, ["demo", "--run-dir", str(out)])
         assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
         assert f"still running in {out} (pid {other.pid}); let them finish, or stop them (kill {other.pid})" in (
             result.output

@@ -36,7 +36,7 @@ COLUMNS = [
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepare") / "data"
-    return prepare(out=str(out))
+    return prepare(data_dir=str(out))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def tokenizer():
 
 
 def test_the_full_sample_is_saved_in_the_contract_form(prepared, tokenizer):
-    data = load_from_disk(prepared["out"])
+    data = load_from_disk(prepared["data_dir"])
     assert list(data) == list(SPLITS)
     assert {split: data[split].column_names for split in SPLITS} == {split: COLUMNS for split in SPLITS}
     assert (
@@ -69,12 +69,12 @@ def test_the_full_sample_is_saved_in_the_contract_form(prepared, tokenizer):
 
 
 def test_prepare_json_and_tables_describe_the_output(prepared, tokenizer):
-    prepared_dir = Path(prepared["out"])
+    prepared_dir = Path(prepared["data_dir"])
     summary = json.loads((prepared_dir / "prepare.json").read_text())
     assert summary["source"] == "sample" and summary["tokenizer"] == "default" and summary["input_format"] == "schema"
     assert summary["counts"] == prepared["counts"]
     assert summary["truncated"] == {split: {"source": 0, "target": 0} for split in SPLITS}
-    data = load_from_disk(prepared["out"])
+    data = load_from_disk(prepared["data_dir"])
     assert summary["targets_with_unknown_tokens"] == {
         split: sum(tokenizer.unk_token_id in row["labels"] for row in data[split]) for split in SPLITS
     }
@@ -91,8 +91,8 @@ def test_prepare_json_and_tables_describe_the_output(prepared, tokenizer):
 
 
 def test_truncation_is_counted_and_matches_the_tokenizer(tmp_path, tokenizer):
-    summary = prepare(out=str(tmp_path / "short"), limit=30, max_source_length=24, max_target_length=12)
-    data = load_from_disk(summary["out"])
+    summary = prepare(data_dir=str(tmp_path / "short"), limit=30, max_source_length=24, max_target_length=12)
+    data = load_from_disk(summary["data_dir"])
     for split in SPLITS:
         rows = data[split].to_dict()
         sources = tokenizer(rows["source_text"])["input_ids"]
@@ -107,7 +107,7 @@ def test_truncation_is_counted_and_matches_the_tokenizer(tmp_path, tokenizer):
 
 
 def test_collator_pads_masks_and_labels(prepared, tokenizer):
-    rows = load_from_disk(prepared["out"])["train"].select(range(8)).remove_columns(COLUMNS[:7])
+    rows = load_from_disk(prepared["data_dir"])["train"].select(range(8)).remove_columns(COLUMNS[:7])
     features = [rows[index] for index in range(len(rows))]
     batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, return_tensors="pt")(features)
     assert len({len(f["input_ids"]) for f in features}) > 1 and len({len(f["labels"]) for f in features}) > 1
@@ -126,15 +126,15 @@ def test_collator_pads_masks_and_labels(prepared, tokenizer):
 
 
 def test_num_proc_and_input_format(tmp_path):
-    one = load_from_disk(prepare(out=str(tmp_path / "one"), limit=40, input_format="question")["out"])
-    two = load_from_disk(prepare(out=str(tmp_path / "two"), limit=40, input_format="question", num_proc=2)["out"])
+    one = load_from_disk(prepare(data_dir=str(tmp_path / "one"), limit=40, input_format="question")["data_dir"])
+    two = load_from_disk(prepare(data_dir=str(tmp_path / "two"), limit=40, input_format="question", num_proc=2)["data_dir"])
     for split in SPLITS:
         assert one[split].to_list() == two[split].to_list()
     assert one["train"][0]["source_text"] == "translate to SQL: Tell me what the notes are for South Australia"
 
 
 def test_the_uncased_format_lowers_input_and_target_and_is_recorded(tmp_path):
-    out = prepare(out=str(tmp_path / "data"), limit=5, input_format="uncased")["out"]
+    out = prepare(data_dir=str(tmp_path / "data"), limit=5, input_format="uncased")["data_dir"]
     row = load_from_disk(out)["train"][0]
     body = row["source_text"].removeprefix("translate to SQL: ")
     assert body == body.lower() and row["header"][0].lower() in body and body != row["source_text"]
@@ -144,10 +144,10 @@ def test_the_uncased_format_lowers_input_and_target_and_is_recorded(tmp_path):
 
 def test_overwrite_replaces_and_refuses_without_the_flag(tmp_path):
     out = tmp_path / "data"
-    prepare(out=str(out), limit=3)
+    prepare(data_dir=str(out), limit=3)
     with pytest.raises(DataError, match="already exists; pass --overwrite \\(notebook: overwrite=True\\)"):
-        prepare(out=str(out), limit=4)
-    prepare(out=str(out), limit=4, overwrite=True)
+        prepare(data_dir=str(out), limit=4)
+    prepare(data_dir=str(out), limit=4, overwrite=True)
     assert json.loads((out / "prepare.json").read_text())["counts"]["train"] == 4
     assert sorted(path.name for path in tmp_path.iterdir()) == ["data"]
 
@@ -163,7 +163,7 @@ def test_overwrite_replaces_and_refuses_without_the_flag(tmp_path):
 )
 def test_arguments_are_checked_up_front(tmp_path, options, message):
     with pytest.raises(DataError, match=message):
-        PrepareArguments(out=str(tmp_path / "x"), **options)
+        PrepareArguments(data_dir=str(tmp_path / "x"), **options)
 
 
 def _insert_line(release, stem, line):
@@ -233,7 +233,7 @@ def no_tokenizer(release, tmp_path):
 )
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, wikisql_release_copy, setup, expected):
     arguments = setup(wikisql_release_copy, tmp_path)
-    result = CliRunner().invoke(cli, ["prepare", "--out", str(tmp_path / "out"), "--limit", "5", *arguments])
+    result = CliRunner().invoke(cli, ["prepare", "--data-dir", str(tmp_path / "out"), "--limit", "5", *arguments])
     assert result.exit_code == 1, result.output
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ") and expected in result.stderr
     assert isinstance(result.exception, SystemExit)  # click's exit, not an escaped exception
@@ -243,7 +243,7 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, wikisql_release_
 
 def test_cli_writes_and_summarises(tmp_path):
     result = CliRunner().invoke(
-        cli, ["prepare", "--out", str(tmp_path / "out"), "--limit", "5", "--input-format", "question"]
+        cli, ["prepare", "--data-dir", str(tmp_path / "out"), "--limit", "5", "--input-format", "question"]
     )
     assert result.exit_code == 0, result.output
     assert "train: 5 questions" in result.stdout
@@ -255,7 +255,7 @@ def test_hub_source_reaches_the_network_edge_with_a_clear_error(tmp_path):
     """The real hub path, run offline: datasets refuses at the hub, and the command says what to do."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"}
     completed = subprocess.run(
-        [str(Path(sys.executable).parent / "textsql"), "prepare", "--source", "hub", "--out", str(tmp_path / "out")],
+        [str(Path(sys.executable).parent / "textsql"), "prepare", "--source", "hub", "--data-dir", str(tmp_path / "out")],
         check=False,
         capture_output=True,
         text=True,

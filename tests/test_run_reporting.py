@@ -33,7 +33,7 @@ def model_with_weights(tmp_path_factory) -> Path:
 
 
 def parsed(**values):
-    _, _, run_args, training = parse_command_line(train_argv(data_dir="data", output_dir="out", **values))
+    _, _, run_args, training = parse_command_line(train_argv(data_dir="data", run_dir="out", **values))
     return run_args.recipe, training
 
 

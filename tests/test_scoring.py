@@ -69,7 +69,7 @@ def test_scores_follow_the_inputs_not_the_order():
 
 def test_tables_without_rows_score_no_execution_and_the_split_loads(tmp_path):
     out = tmp_path / "data"
-    prepare(PrepareArguments(out=str(out), limit=4))
+    prepare(PrepareArguments(data_dir=str(out), limit=4))
     questions, tables = eval_questions(out, 3)
     assert [item["id"] for item in questions] == [item["id"] for item in eval_questions(out, None)[0][:3]]
     tokenizer = load_tokenizer(None)

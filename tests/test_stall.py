@@ -220,7 +220,7 @@ def test_a_stall_timeout_too_short_for_the_heartbeat_is_refused_in_one_line(run_
 
 
 def test_the_supervisor_lowers_the_ranks_process_group_timeout_to_the_bound(run_dir):
-    train_args = train_argv(data_dir=run_dir, output_dir=run_dir / "out", profile="zero1")
+    train_args = train_argv(data_dir=run_dir, run_dir=run_dir / "out", profile="zero1")
     supervisor = Supervisor(LaunchArguments(run_dir=run_dir, train_args=train_args), stall_timeout=30)
     assert supervisor.overrides == {"ddp_timeout": 60}
     _, _, _, training = parse_command_line([*train_args, *train_argv(**supervisor.overrides)])

@@ -27,11 +27,11 @@ from textsql.launching.supervisor import Supervisor, supervise
 from textsql.launching.training_plan import TrainingPlan
 from textsql.training.command_line import parse_command_line
 
-# A rank program: forms the gloo group; rank 1 of the first launch (no --resume yet) fails as asked.
+# A rank program: forms the gloo group; rank 1 of the first launch (no --resume-from-checkpoint yet) fails as asked.
 RANK_MODULE = """
 import os, signal, sys
 import psutil, torch.distributed as dist
-rank, mode, resumed = int(os.environ["RANK"]), os.environ["STANDIN_MODE"], "--resume" in sys.argv
+rank, mode, resumed = int(os.environ["RANK"]), os.environ["STANDIN_MODE"], "--resume-from-checkpoint" in sys.argv
 dist.init_process_group("gloo")
 dist.barrier()
 if rank == 1 and mode == "raise":
@@ -180,13 +180,18 @@ def test_the_failure_line_names_the_step_and_the_detection_time() -> None:
 
 def test_a_relaunchs_resume_auto_wins_over_the_users_resume_and_overwrite(tmp_path: Path) -> None:
     """The supervisor adds its training arguments after the user's; the ranks' parser takes the last of a flag."""
-    user = train_argv(data_dir=tmp_path, output_dir=tmp_path / "out", profile="zero1", overwrite_output_dir=True)
-    _, _, run_args, _ = parse_command_line([*user, *train_argv(resume="auto", overwrite_output_dir=False)])
-    assert (run_args.resume, run_args.overwrite_output_dir) == ("auto", False)
-    _, _, run_args, _ = parse_command_line(
-        [*train_argv(data_dir=tmp_path, output_dir=tmp_path, resume="x"), "--resume", "auto"]
+    user = train_argv(data_dir=tmp_path, run_dir=tmp_path / "out", profile="zero1", overwrite_output_dir=True)
+    relaunch = train_argv(resume_from_checkpoint="auto", overwrite_output_dir=False)
+    _, _, run_args, training = parse_command_line([*user, *relaunch])
+    assert (training["resume_from_checkpoint"], run_args.overwrite_output_dir) == ("auto", False)
+    *_, training = parse_command_line(
+        [
+            *train_argv(data_dir=tmp_path, run_dir=tmp_path, resume_from_checkpoint="x"),
+            "--resume-from-checkpoint",
+            "auto",
+        ]
     )
-    assert run_args.resume == "auto"
+    assert training["resume_from_checkpoint"] == "auto"
 
 
 @pytest.mark.parametrize(

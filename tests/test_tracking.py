@@ -29,15 +29,15 @@ EXPERIMENT = "textsql-tracking-test"
 # ---- the launching side: a 0600 file for one launch, nothing on the runner's environment ---------
 
 
-@pytest.mark.parametrize("spelling", ["train_argv", "--output_dir", "--output-dir="])
+@pytest.mark.parametrize("spelling", ["train_argv", "--run_dir", "--run-dir="])
 def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after(tmp_path: Path, spelling: str) -> None:
     out = tmp_path / "out"
     token = secrets.token_hex(16)
     environ = {"MLFLOW_TRACKING_URI": "http://10.0.0.5:5000", "MLFLOW_TRACKING_TOKEN": token, "HOME": "/root"}
     train_args = {
-        "train_argv": train_argv(data_dir=tmp_path, output_dir=out),  # what notebook 02 and the demo launch with
-        "--output_dir": ["--output_dir", str(out)],
-        "--output-dir=": [f"--output-dir={out}"],
+        "train_argv": train_argv(data_dir=tmp_path, run_dir=out),  # what notebook 02 and the demo launch with
+        "--run_dir": ["--run_dir", str(out)],
+        "--run-dir=": [f"--run-dir={out}"],
     }[spelling]
     arguments = LaunchArguments(run_dir=tmp_path / "run", train_args=train_args)
     with tracking_env(arguments, environ) as tracked:
@@ -55,7 +55,7 @@ def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after
 
 
 def test_without_mlflow_variables_the_launch_is_unchanged(tmp_path: Path) -> None:
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", str(tmp_path / "out")])
+    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--run_dir", str(tmp_path / "out")])
     with tracking_env(arguments, {"HOME": "/root"}) as tracked:
         assert tracked is arguments
     assert not (tmp_path / "out").exists()
@@ -70,7 +70,7 @@ def test_a_tracking_file_a_hard_kill_left_is_removed_when_the_next_launch_starts
     out = tmp_path / "out"
     out.mkdir()
     (out / TRACKING_ENV_NAME).write_text(json.dumps({"MLFLOW_TRACKING_PASSWORD": "left-by-a-killed-launch"}))
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--output_dir", str(out)])
+    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--run_dir", str(out)])
     with tracking_env(arguments, {"HOME": "/root"}) as tracked:
         assert tracked is arguments and not (out / TRACKING_ENV_NAME).exists()
 
@@ -91,12 +91,12 @@ def test_the_logging_rank_reads_the_file_keeping_its_hosts_own_values(tmp_path: 
 def test_report_to_mlflow_without_the_package_is_refused_in_one_line_before_anything_starts(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    argv = train_argv(data_dir=tmp_path, output_dir=tmp_path / "out", profile="zero0", report_to="tensorboard,mlflow")
+    argv = train_argv(data_dir=tmp_path, run_dir=tmp_path / "out", profile="zero0", report_to="tensorboard,mlflow")
     assert parse_command_line(argv)[3]["report_to"] == ["tensorboard", "mlflow"]
     monkeypatch.setitem(sys.modules, "mlflow", None)  # importlib.util.find_spec("mlflow") is None: not installed
     with pytest.raises(LaunchError, match=r"needs the mlflow package .*pip install 'textsql\[tracking\]'"):
         parse_command_line(argv)
-    parse_command_line(train_argv(data_dir=tmp_path, output_dir=tmp_path / "out", profile="zero0"))  # tensorboard
+    parse_command_line(train_argv(data_dir=tmp_path, run_dir=tmp_path / "out", profile="zero0"))  # tensorboard
 
 
 def test_inference_scores_join_the_training_run_and_a_tracking_failure_is_a_warning(

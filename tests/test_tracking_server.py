@@ -252,7 +252,7 @@ def test_a_resumed_training_continues_its_mlflow_run(prepared_sample: Path, tmp_
     # A SQLite store keeps artifacts under ./mlruns unless the experiment says where.
     client.create_experiment(EXPERIMENT, (tmp_path / "artifacts").as_uri())
     textsql_train(prepared_sample, out, tracking_uri, max_steps=2)
-    textsql_train(prepared_sample, out, tracking_uri, max_steps=4, resume="auto")
+    textsql_train(prepared_sample, out, tracking_uri, max_steps=4, resume_from_checkpoint="auto")
 
     (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "1"

@@ -4,9 +4,11 @@ import json
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from textsql.arguments import RunArguments, train_argv
-from textsql.errors import DataError, LaunchError, ModelError, ProfileError
+from textsql.cli import cli
+from textsql.errors import DataError, LaunchError, ModelError, ProfileError, RenamedOptionError
 from textsql.training.checkpoints import (
     CHECKPOINT_PREFIX,
     COMPLETE_MARKER,
@@ -18,7 +20,7 @@ from textsql.training.checkpoints import (
 from textsql.training.command_line import check_train_args, parse_command_line, resolve_precision
 from textsql.training.output_dir import _prepare_on_saving_rank
 
-REQUIRED = train_argv(data_dir="data", output_dir="out")
+REQUIRED = train_argv(data_dir="data", run_dir="out")
 
 
 def parse(*flags: str):
@@ -77,7 +79,6 @@ def test_unknown_profile_fails_before_anything_starts():
     [
         (["--deepspeed", "ds.json"], "--profile"),
         (["--bf16", "true"], "--precision bf16"),
-        (["--resume_from_checkpoint", "x"], "--resume"),
     ],
 )
 def test_flags_this_program_sets_are_refused_with_the_one_to_use(flag, replacement):
@@ -85,11 +86,36 @@ def test_flags_this_program_sets_are_refused_with_the_one_to_use(flag, replaceme
         parse(*flag)
 
 
-def test_missing_data_and_output_dirs_name_the_flag():
+def test_missing_data_and_run_dirs_name_the_flag():
     with pytest.raises(DataError, match="--data-dir"):
-        parse_command_line(["--output_dir", "out"])
-    with pytest.raises(LaunchError, match="--output-dir"):
+        parse_command_line(["--run_dir", "out"])
+    with pytest.raises(LaunchError, match="--run-dir"):
         parse_command_line(["--data_dir", "data"])
+
+
+@pytest.mark.parametrize(
+    ("old", "usage"),
+    [
+        (["--run-dir", "out"], "--run-dir DIR"),
+        (["--output_dir=out"], "--run-dir DIR"),
+        (["--resume-from-checkpoint", "auto"], "--resume-from-checkpoint auto|PATH"),
+    ],
+)
+def test_the_previous_releases_flags_are_refused_with_their_new_spelling(old, usage):
+    with pytest.raises(
+        RenamedOptionError, match=f"^{old[0].split('=')[0]} was renamed {usage.split()[0]}: textsql train {usage}$"
+    ):
+        parse_command_line(["--data-dir", "data", *old])
+    result = CliRunner().invoke(cli, ["train", "--data-dir", "data", *old])
+    assert result.exit_code == 2 and f"was renamed {usage.split()[0]}" in result.output, result.output
+
+
+def test_resume_from_checkpoint_is_the_trainers_own_field():
+    *_, training = parse("--resume-from-checkpoint", "auto")
+    assert training["resume_from_checkpoint"] == "auto"
+    assert train_argv(resume_from_checkpoint="auto") == ["--resume-from-checkpoint", "auto"]
+    with pytest.raises(LaunchError, match="did you mean run_dir"):
+        train_argv(output_dir="out")
 
 
 def test_fp16_is_refused_for_t5_unless_forced():
@@ -116,8 +142,8 @@ def test_auto_precision_is_bf16_on_a_gpu_that_has_it(monkeypatch):
 
 
 def test_resume_and_overwrite_contradict():
-    with pytest.raises(LaunchError, match="--resume"):
-        parse("--resume", "auto", "--overwrite_output_dir", "true")
+    with pytest.raises(LaunchError, match="--resume-from-checkpoint and --overwrite-output-dir"):
+        parse("--resume-from-checkpoint", "auto", "--overwrite_output_dir", "true")
 
 
 def fake_checkpoint(output, step: int, complete: bool = True):
@@ -184,14 +210,14 @@ def test_a_checkpoint_with_a_broken_latest_tag_is_skipped_and_named(tmp_path, ca
 def test_a_previous_run_is_kept_unless_asked(tmp_path):
     fake_checkpoint(tmp_path, 5)
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(LaunchError, match="--resume auto.*--overwrite-output-dir"):
-        _prepare_on_saving_rank(tmp_path, RunArguments())
+    with pytest.raises(LaunchError, match="--resume-from-checkpoint auto.*--overwrite-output-dir"):
+        _prepare_on_saving_rank(tmp_path, None, RunArguments())
     assert (tmp_path / "checkpoint-5").is_dir()
 
-    _prepare_on_saving_rank(tmp_path, RunArguments(resume="auto"))
+    _prepare_on_saving_rank(tmp_path, "auto", RunArguments())
     assert (tmp_path / "checkpoint-5").is_dir()
 
-    _prepare_on_saving_rank(tmp_path, RunArguments(overwrite_output_dir=True))
+    _prepare_on_saving_rank(tmp_path, None, RunArguments(overwrite_output_dir=True))
     assert not (tmp_path / "checkpoint-5").exists()
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
@@ -201,7 +227,7 @@ def test_cli_train_errors_are_one_line_without_traceback():
 
     from textsql.cli import cli
 
-    result = CliRunner().invoke(cli, ["train", "--data_dir", "data", "--output_dir", "out", "--lerning_rate", "1e-3"])
+    result = CliRunner().invoke(cli, ["train", "--data_dir", "data", "--run_dir", "out", "--lerning_rate", "1e-3"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         "Error: unknown argument '--lerning_rate' (did you mean --learning_rate?); see `textsql train --help`"
@@ -220,7 +246,7 @@ def fake_prepared(directory):
     [
         ({"profile": "zero9"}, ProfileError, "unknown profile 'zero9'; pass --profile one of zero0, zero1"),
         ({"model": "./no-such-model"}, ModelError, "model directory './no-such-model' does not exist; check --model"),
-        ({"data_dir": "missing"}, DataError, "no such directory); run notebook 01 or `textsql prepare --out DIR`"),
+        ({"data_dir": "missing"}, DataError, "no such directory); run notebook 01 or `textsql prepare --data-dir DIR`"),
         ({"data_dir": "."}, DataError, "not a prepared dataset (no readable dataset_dict.json); run notebook 01"),
         ({"max_stepz": "3"}, LaunchError, "did you mean max_steps?"),
     ],
@@ -229,7 +255,7 @@ def test_check_train_args_refuses_in_one_line_what_the_ranks_would(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     fake_prepared(tmp_path / "data")
     with pytest.raises(error) as raised:
-        check_train_args(train_argv(**({"data_dir": "data", "output_dir": "out"} | values)))
+        check_train_args(train_argv(**({"data_dir": "data", "run_dir": "out"} | values)))
     assert fix in str(raised.value) and "\n" not in str(raised.value)
 
 
@@ -237,7 +263,7 @@ def test_check_train_args_accepts_a_complete_run(tmp_path):
     check_train_args(
         train_argv(
             data_dir=fake_prepared(tmp_path / "data"),
-            output_dir=tmp_path / "out",
+            run_dir=tmp_path / "out",
             profile="zero3",
             overlay=["flops_profiler"],
         )
@@ -261,7 +287,7 @@ def test_textsql_launch_refuses_before_any_rank_starts(tmp_path, monkeypatch, va
     monkeypatch.chdir(tmp_path)
     fake_prepared(tmp_path / "data")
     run_dir = tmp_path / "run"
-    train_args = train_argv(**({"data_dir": "data", "output_dir": "out"} | values))
+    train_args = train_argv(**({"data_dir": "data", "run_dir": "out"} | values))
     result = CliRunner().invoke(cli, ["launch", "--run-dir", str(run_dir), "--launcher", "local", "--", *train_args])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1 and result.output.startswith(message), result.output
@@ -274,7 +300,10 @@ def test_train_argv_refuses_a_name_that_is_no_argument():
         LaunchError, match="unknown training argument 'lerning_rate' \\(did you mean learning_rate\\?\\)"
     ):
         train_argv(lerning_rate=1e-3)
-    assert train_argv(overlay=[], resume=None, overwrite_output_dir=False) == ["--overwrite-output-dir", "false"]
+    assert train_argv(overlay=[], resume_from_checkpoint=None, overwrite_output_dir=False) == [
+        "--overwrite-output-dir",
+        "false",
+    ]
 
 
 def test_evaluation_share_counts_the_evaluations_inside_the_training_loop_only():

@@ -36,7 +36,7 @@ def prepared_data(tmp_path_factory) -> Path:
     from textsql.data.prepare import PrepareArguments, prepare
 
     out = tmp_path_factory.mktemp("prepared") / "data"
-    prepare(PrepareArguments(out=str(out), limit=48, max_source_length=96))
+    prepare(PrepareArguments(data_dir=str(out), limit=48, max_source_length=96))
     return out
 
 
@@ -167,7 +167,7 @@ def test_textsql_train_alone_is_one_rank_on_a_deepspeed_engine(prepared_data, tm
         timeout=REFUSAL_S,
     )
     assert again.returncode == 1
-    assert "holds a previous run" in again.stderr and "--resume auto" in again.stderr
+    assert "holds a previous run" in again.stderr and "--resume-from-checkpoint auto" in again.stderr
     assert (tmp_path / "checkpoint-2").is_dir() and (tmp_path / "model" / "model.safetensors").is_file()
 
 

@@ -38,7 +38,14 @@ REPLACED_FLAGS = {
     "deepspeed": "--profile",
     "bf16": "--precision bf16",
     "fp16": "--precision fp16",
-    "resume_from_checkpoint": "--resume",
+}
+# The run directory is Seq2SeqTrainingArguments' output_dir, spelled as every textsql command spells it.
+RUN_DIR_FLAG = "--run-dir"
+# Training flags of the previous release and how they are written now (refused with it, for one release).
+RENAMED_TRAIN_FLAGS = {
+    "--output-dir": f"{RUN_DIR_FLAG} DIR",
+    "--output_dir": f"{RUN_DIR_FLAG} DIR",
+    "--resume": "--resume-from-checkpoint auto|PATH",
 }
 # How `textsql train` flags are spelled (its help says it; textsql.training.command_line parses both).
 TRAIN_SPELLING = (
@@ -72,7 +79,9 @@ TRAINING_DEFAULTS: dict[str, Any] = {
 class PrepareArguments:
     """What ``textsql prepare`` reads, how it tokenizes, and where it writes."""
 
-    out: str = field(metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."})
+    data_dir: str = field(
+        metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."}
+    )
     source: str = field(
         default=SAMPLE_SOURCE,
         metadata={
@@ -106,11 +115,11 @@ class PrepareArguments:
     limit: int | None = field(
         default=None, metadata={"help": "Keep only the first N questions of each split (quick runs)."}
     )
-    overwrite: bool = field(default=False, metadata={"help": "Replace --out if it exists."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace --data-dir if it exists."})
 
     def __post_init__(self) -> None:
-        if not str(self.out).strip():
-            raise DataError("no output directory; pass --out DIR")
+        if not str(self.data_dir).strip():
+            raise DataError("no data directory to write; pass --data-dir DIR")
         if self.input_format not in INPUT_FORMATS:
             raise DataError(
                 f"unknown input format {self.input_format!r}; pass --input-format {' or '.join(INPUT_FORMATS)}"
@@ -172,10 +181,10 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    """The prepared dataset (``textsql prepare --out DIR``) and how much of it to use."""
+    """The prepared dataset (``textsql prepare --data-dir DIR``) and how much of it to use."""
 
     data_dir: str | None = field(
-        default=None, metadata={"help": "Prepared dataset directory written by `textsql prepare --out DIR`."}
+        default=None, metadata={"help": "Prepared dataset directory written by `textsql prepare --data-dir DIR`."}
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples only."})
     max_eval_samples: int = field(
@@ -216,7 +225,7 @@ class DataArguments:
         :rtype: str
         """
         if not self.data_dir:
-            raise DataError("no dataset given; pass --data-dir DIR written by `textsql prepare --out DIR`")
+            raise DataError("no dataset given; pass --data-dir DIR written by `textsql prepare --data-dir DIR`")
         return self.data_dir
 
 
@@ -234,15 +243,9 @@ class RunArguments:
     overlay: list[str] = field(
         default_factory=list, metadata={"help": "Overlays merged onto the profile, e.g. flops_profiler."}
     )
-    resume: str | None = field(
-        default=None,
-        metadata={
-            "help": "'auto' continues from the newest complete checkpoint in --output-dir (fresh start if none); or a checkpoint path."
-        },
-    )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Delete the checkpoints and model/ of a previous run in --output-dir before training."},
+        metadata={"help": "Delete the checkpoints and model/ of a previous run in --run-dir before training."},
     )
     eval_share: float | None = field(
         default=None,
@@ -268,8 +271,6 @@ class RunArguments:
     recipe: dict[str, Any] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        if self.resume and self.overwrite_output_dir:
-            raise LaunchError("--resume and --overwrite-output-dir contradict each other; pass only one")
         if self.eval_share is not None and not 0 <= self.eval_share < 1:
             raise LaunchError(f"eval_share must be in [0, 1), got {self.eval_share!r}; pass --eval-share 0.05 or 0")
         if self.save_every_minutes is not None and self.save_every_minutes < 0:
@@ -332,29 +333,31 @@ def train_argv(**values: Any) -> list[str]:
     """The command line of ``textsql train`` (and of each rank under ``textsql launch``) for these values.
 
     Names are fields of :class:`ModelArguments`, :class:`DataArguments`, :class:`RunArguments` or
-    ``Seq2SeqTrainingArguments``; ``None`` and empty lists leave a flag out, booleans are written
-    ``true``/``false`` and lists give one value each. The list is what the ranks parse, so checking it
-    with :func:`textsql.training.command_line.check_train_args` checks the run.
+    ``Seq2SeqTrainingArguments``, named as their flags are (``run_dir`` for its ``output_dir``); ``None``
+    and empty lists leave a flag out, booleans are written ``true``/``false`` and lists give one value each.
+    The list is what the ranks parse, so checking it with
+    :func:`textsql.training.command_line.check_train_args` checks the run.
 
     Usage::
 
-        >>> train_argv(data_dir="data", output_dir="out", profile="zero3", max_steps=10, overwrite_output_dir=True)
-        ['--data-dir', 'data', '--output-dir', 'out', '--profile', 'zero3', '--max-steps', '10', '--overwrite-output-dir', 'true']
+        >>> train_argv(data_dir="data", run_dir="out", profile="zero3", max_steps=10, overwrite_output_dir=True)
+        ['--data-dir', 'data', '--run-dir', 'out', '--profile', 'zero3', '--max-steps', '10', '--overwrite-output-dir', 'true']
 
-    :raises LaunchError: for a name that is no training argument (with the closest one).
+    :raises LaunchError: for a name that is no training argument (with the closest one, or its new name).
     :rtype: list[str]
     """
     from transformers import Seq2SeqTrainingArguments
 
+    renamed = {old[2:].replace("-", "_"): new.split()[0][2:].replace("-", "_") for old, new in RENAMED_TRAIN_FLAGS.items()}
     known = [
-        spec.name
+        renamed.get(spec.name, spec.name)
         for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
         for spec in fields(cls)
     ]
     argv: list[str] = []
     for name, value in values.items():
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
+            close = [renamed[name]] if name in renamed else difflib.get_close_matches(name, known, n=1)
             raise LaunchError(
                 f"unknown training argument {name!r}{f' (did you mean {close[0]}?)' if close else ''}; see `textsql train --help`"
             )

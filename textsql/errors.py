@@ -13,6 +13,7 @@ __all__ = [
     "LaunchError",
     "ModelError",
     "ProfileError",
+    "RenamedOptionError",
     "RendezvousError",
     "SQLParseError",
     "TextSQLError",
@@ -38,3 +39,8 @@ class ProfileError(TextSQLError):
 
 class LaunchError(TextSQLError):
     """The distributed launch could not start or a rank failed."""
+
+
+class RenamedOptionError(LaunchError):
+    """An option of the previous release, given under its old name: the message names the new one (click's
+    usage-error exit status, 2, on the command line)."""

@@ -258,7 +258,7 @@ def check_prepared(data_dir: str | Path) -> None:
     :param data_dir: what training will read (``--data_dir``, notebook 02's ``data_dir``).
     :raises DataError: naming the step that writes one.
     """
-    fix = "run notebook 01 or `textsql prepare --out DIR` first and pass that DIR as data_dir (--data-dir)"
+    fix = "run notebook 01 or `textsql prepare --data-dir DIR` first and pass that DIR as data_dir (--data-dir)"
     path = Path(data_dir).expanduser()
     if not path.is_dir():
         raise DataError(f"no prepared dataset at {str(data_dir)!r} (no such directory); {fix}")

@@ -56,7 +56,7 @@ class Dataset:
 def dataset_of(data: str | Path) -> Dataset:
     """The source of a split: a prepared dataset's recorded source, a named source, a release directory or a file.
 
-    :param data: what ``textsql infer --data`` / :func:`textsql.inference.predict.predict` was given.
+    :param data: what ``textsql infer --data-dir/--source/--questions-file`` / :func:`textsql.inference.predict.predict` was given.
     :rtype: Dataset
     """
     path = Path(data).expanduser()

@@ -8,13 +8,14 @@ import click
 
 from textsql.arguments import PrepareArguments
 from textsql.cli.help import Command
-from textsql.cli.options import field_option
+from textsql.cli.options import field_option, renamed_option
 from textsql.constants import INPUT_FORMATS
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, short_help="Tokenize WikiSQL for T5 (notebook 01).")
+@renamed_option("--out", "--data-dir", "textsql prepare --data-dir DIR")
 @field_option(PrepareArguments, "source")
-@field_option(PrepareArguments, "out", type=click.Path(file_okay=False))
+@field_option(PrepareArguments, "data_dir", type=click.Path(file_okay=False))
 @field_option(PrepareArguments, "model", flag="--tokenizer")
 @field_option(PrepareArguments, "input_format", type=click.Choice(INPUT_FORMATS))
 @field_option(PrepareArguments, "num_proc", type=click.IntRange(min=1))

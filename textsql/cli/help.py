@@ -7,6 +7,7 @@ help is written, never how a command line is parsed. Nothing heavy is imported h
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,13 +22,14 @@ from textsql.arguments import (
     argument_field,
     kebab_flag,
 )
+from textsql.cli.options import RENAMED_VARIABLES
 from textsql.training.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
 
 # `textsql train -h`: the flags most runs set. Ours take their help from the argument dataclasses; the few of
 # Seq2SeqTrainingArguments are described here, because reading theirs would import transformers and torch.
 TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (
     ("data_dir", DataArguments),
-    ("output_dir", "Where checkpoints, model/, run.json and tensorboard/ go (required)."),
+    ("run_dir", "Where checkpoints, model/, run.json and tensorboard/ go (required)."),
     ("model", ModelArguments),
     ("profile", RunArguments),
     ("precision", ModelArguments),
@@ -51,7 +53,10 @@ TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (
     ),
     ("eval_steps", f"Evaluate every N steps [default: {TRAINING_DEFAULTS['eval_steps']}]."),
     ("save_steps", f"Checkpoint every N steps [default: {TRAINING_DEFAULTS['save_steps']}]."),
-    ("resume", RunArguments),
+    (
+        "resume_from_checkpoint",
+        "auto: continue from the newest complete checkpoint in --run-dir (a fresh start if none); or a checkpoint path.",
+    ),
     ("overwrite_output_dir", RunArguments),
     ("max_train_samples", DataArguments),
     ("max_tokens_per_batch", DataArguments),
@@ -67,11 +72,18 @@ def _show_envvars(params: Sequence[click.Parameter]) -> None:
 
 
 class Command(click.Command):
-    """A command whose --help names the ``TEXTSQL_<COMMAND>_<OPTION>`` variable of every option."""
+    """A command whose --help names the ``TEXTSQL_<COMMAND>_<OPTION>`` variable of every option, and which
+    refuses a variable of the previous release (:data:`textsql.cli.options.RENAMED_VARIABLES`) with its new name."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _show_envvars(self.params)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for old, new in RENAMED_VARIABLES.items():
+            if old in os.environ and new.startswith(f"{ctx.auto_envvar_prefix}_"):
+                raise click.UsageError(f"{old} was renamed {new}: set that instead", ctx)
+        return super().parse_args(ctx, args)
 
 
 class SectionedCommand(Command):

@@ -3,26 +3,43 @@ predictions with WikiSQL's logical-form and execution accuracy (notebook 03)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
 
 from textsql.arguments import GenerationOptions
 from textsql.cli.help import Command
-from textsql.cli.options import field_option
-from textsql.constants import INPUT_FORMATS
+from textsql.cli.options import field_option, renamed_option
+from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, SAMPLE_SOURCE
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, short_help="Write SQL for questions (notebook 03).")
+@renamed_option("--data", "--data-dir", "textsql infer --data-dir DIR (or --source NAME, --questions-file FILE)")
 @click.option(
-    "--model",
-    required=True,
-    help="Trained model directory (OUTPUT_DIR/model of `textsql train`) or a hub id of a fine-tuned T5 "
-    "(`default`: the untrained embedded T5, which only checks the pipeline).",
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    help="A `textsql train` run: its model/ answers, and predictions.jsonl and metrics.json are written into it.",
 )
 @click.option(
-    "--data",
-    default="sample",
-    show_default=True,
-    help="A `textsql prepare` directory, a records .jsonl, or a source: sample, hub, a release directory.",
+    "--model",
+    help="Trained model directory or a hub id of a fine-tuned T5 (`default`: the untrained embedded T5, which only "
+    "checks the pipeline) [default: RUN_DIR/model].",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="The questions of a `textsql prepare --data-dir DIR`, as it tokenized them.",
+)
+@click.option(
+    "--source",
+    help="The questions of a source, as `textsql prepare --source` names it: sample, synthetic, hub, a release "
+    "directory [default: sample, without --data-dir or --questions-file].",
+)
+@click.option(
+    "--questions-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A .jsonl of records: question and header; id, table_id, sql, types and rows when known.",
 )
 @click.option(
     "--split",
@@ -33,10 +50,8 @@ from textsql.constants import INPUT_FORMATS
 )
 @click.option(
     "--predictions-file",
-    default="predictions.jsonl",
-    show_default=True,
     type=click.Path(dir_okay=False),
-    help="Predictions file; metrics.json goes beside it.",
+    help="Predictions file; metrics.json goes beside it [default: RUN_DIR/predictions.jsonl].",
 )
 @click.option(
     "--official-file",
@@ -58,23 +73,19 @@ from textsql.constants import INPUT_FORMATS
 @field_option(GenerationOptions, "constrained")
 @field_option(GenerationOptions, "execution_guided")
 def infer(
-    model: str,
-    data: str,
+    run_dir: str | None,
+    model: str | None,
     split: str,
-    predictions_file: str,
+    predictions_file: str | None,
     official_file: str | None,
-    batch_size: int,
-    num_beams: int,
-    max_new_tokens: int,
     limit: int | None,
     question: str | None,
     header: str | None,
     input_format: str | None,
     device: str | None,
-    constrained: bool,
-    execution_guided: bool,
+    **options: Any,
 ) -> None:
-    """Write SQL for a split's questions (and metrics.json beside it), or answer one --question."""
+    """Write SQL for a split's questions into the run (predictions.jsonl, metrics.json), or answer one --question."""
     import json
 
     from textsql.inference.predict import format_summary, parse_header, predict
@@ -82,28 +93,38 @@ def infer(
 
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
-    options = GenerationOptions(
-        batch_size=batch_size,
-        num_beams=num_beams,
-        max_new_tokens=max_new_tokens,
-        constrained=constrained,
-        execution_guided=execution_guided,
-    )
-    predictor = Predictor.load(model, input_format=input_format, device=device)
+    data = _questions(options.pop("data_dir"), options.pop("source"), options.pop("questions_file"))
+    if model is None and run_dir is None:
+        raise click.UsageError("no model; pass --run-dir RUN (a `textsql train` run) or --model DIR")
+    if predictions_file is None and run_dir is None and question is None:
+        raise click.UsageError("nowhere to write; pass --run-dir RUN or --predictions-file FILE")
+    predictor = Predictor.load(model or Path(str(run_dir)) / MODEL_SUBDIR, input_format=input_format, device=device)
     if question is not None and header is not None:
-        click.echo(json.dumps(predictor.ask(question, parse_header(header), options), ensure_ascii=False))
-    else:
-        click.echo(format_summary(predict(predictor, data, split, predictions_file, options, limit, official_file)))
+        generation = GenerationOptions(**options)
+        click.echo(json.dumps(predictor.ask(question, parse_header(header), generation), ensure_ascii=False))
+        return
+    out = predictions_file or Path(str(run_dir)) / PREDICTIONS_NAME
+    summary = predict(predictor, data, split, out, GenerationOptions(**options), limit, official_file)
+    click.echo(format_summary(summary))
 
 
-@click.command(cls=Command)
+def _questions(data_dir: str | None, source: str | None, questions_file: str | None) -> str:
+    """The one place infer's questions come from: the option given, or the shipped sample."""
+    given = [value for value in (data_dir, source, questions_file) if value is not None]
+    if len(given) > 1:
+        raise click.UsageError("pass only one of --data-dir, --source and --questions-file")
+    return given[0] if given else SAMPLE_SOURCE
+
+
+@click.command(cls=Command, short_help="Score predictions (WikiSQL's metrics).")
+@renamed_option("--pred", "--predictions-file", "textsql evaluate --predictions-file FILE")
 @click.option(
     "--gold",
     type=click.Path(exists=True, dir_okay=False),
     help="Release question file (dev.jsonl) or our records [default: the gold queries inside our predictions.jsonl].",
 )
 @click.option(
-    "--pred",
+    "--predictions-file",
     required=True,
     type=click.Path(exists=True, dir_okay=False),
     help="Official predictions or our predictions.jsonl.",
@@ -114,19 +135,19 @@ def infer(
     help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].",
 )
 @click.option("--ordered/--no-ordered", help="Conditions must come in the gold order (official --ordered).")
-@click.option("--json/--no-json", "as_json", help="Print the full JSON report instead of a table.")
+@click.option("--json/--no-json", help="Print the full JSON report instead of a table.")
 @click.option("--report-file", type=click.Path(dir_okay=False), help="Also write the JSON report to this file.")
 def evaluate(
-    gold: str | None, pred: str, tables: str | None, ordered: bool, as_json: bool, report_file: str | None
+    gold: str | None, predictions_file: str, tables: str | None, ordered: bool, json: bool, report_file: str | None
 ) -> None:
     """Score predictions with WikiSQL's logical-form and execution accuracy."""
-    import json
+    from json import dumps
 
     from textsql.files import tables_beside, write_json
     from textsql.scoring.evaluate import evaluate as score
     from textsql.scoring.evaluate import format_report
 
-    report = score(gold, pred, tables or (gold and tables_beside(gold)), ordered=ordered)
+    report = score(gold, predictions_file, tables or (gold and tables_beside(gold)), ordered=ordered)
     if report_file:
         write_json(report_file, report)
-    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    click.echo(dumps(report, indent=2) if json else format_report(report))

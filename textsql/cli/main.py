@@ -14,7 +14,7 @@ import click
 from textsql.cli import data, inference, pipeline, training, workers
 from textsql.cli.help import PipelineGroup
 from textsql.console import configure_cli
-from textsql.errors import TextSQLError
+from textsql.errors import RenamedOptionError, TextSQLError
 
 # The order of `textsql --help`: the whole pipeline at once, then its stages as a run meets them, then cleanup.
 COMMANDS: tuple[click.Command, ...] = (
@@ -34,11 +34,14 @@ COMMAND_ORDER = tuple(str(command.name) for command in COMMANDS)
 
 
 class _Group(PipelineGroup):
-    """Turns the package's own errors into click's one-line error output (no traceback)."""
+    """Turns the package's own errors into click's one-line error output (no traceback); an option of the
+    previous release is a usage error, as click's own are."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except RenamedOptionError as error:
+            raise click.UsageError(str(error)) from None
         except TextSQLError as error:
             raise click.ClickException(str(error)) from None
 

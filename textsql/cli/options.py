@@ -1,5 +1,5 @@
-"""Option machinery the command modules share: options built from the arguments dataclasses, and the DeepSpeed
-profile as a click type.
+"""Option machinery the command modules share: options built from the arguments dataclasses, the DeepSpeed
+profile as a click type, and the spellings of the previous release, refused with the new one.
 
 A command's option whose dataclass field already says what it means takes its help and default from there,
 so the command line and the Python API cannot say different things.
@@ -12,6 +12,7 @@ from dataclasses import MISSING
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from textsql.arguments import argument_field, kebab_flag
 from textsql.errors import ProfileError
@@ -67,4 +68,38 @@ def notebook_parameter_option(help: str) -> Callable[..., Any]:
     :param help: the option's help, which says what the command does with the parameters.
     :rtype: typing.Callable
     """
-    return click.option("-p", "--parameter", "parameters", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE", help=help)
+    return click.option("-p", "--parameter", multiple=True, metavar="[NOTEBOOK.]NAME=VALUE", help=help)
+
+
+def renamed_option(old: str, new: str, usage: str) -> Callable[..., Any]:
+    """``old``, an option of the previous release, refused with a usage error (exit 2) that names ``new``; its
+    ``TEXTSQL_<COMMAND>_<OLD>`` variable is refused the same way. Hidden from --help. For one release.
+
+    :param old: the old flag, e.g. ``--out``.
+    :param new: the flag that replaced it, e.g. ``--run-dir``.
+    :param usage: the command written with the new flag, e.g. ``textsql demo --run-dir DIR``.
+    :rtype: typing.Callable
+    """
+
+    def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None:
+            return
+        if ctx.get_parameter_source(str(param.name)) is ParameterSource.ENVIRONMENT:
+            variable = f"{ctx.auto_envvar_prefix}_{str(param.name).upper()}"
+            renamed = f"{ctx.auto_envvar_prefix}_{new[2:].replace('-', '_').upper()}"
+            raise click.UsageError(f"{variable} was renamed {renamed}: set that instead", ctx)
+        raise click.UsageError(f"{old} was renamed {new}: {usage}", ctx)
+
+    return click.option(old, hidden=True, expose_value=False, callback=refuse, is_eager=True)
+
+
+# TEXTSQL_<COMMAND>_<OPTION> variables of the previous release that were named after the function's argument
+# instead of the option; refused with the new name by :class:`textsql.cli.help.Command`, for one release.
+RENAMED_VARIABLES = {
+    "TEXTSQL_DEMO_PARAMETERS": "TEXTSQL_DEMO_PARAMETER",
+    "TEXTSQL_PREFLIGHT_PARAMETERS": "TEXTSQL_PREFLIGHT_PARAMETER",
+    "TEXTSQL_ESTIMATE_NAMES": "TEXTSQL_ESTIMATE_PROFILE",
+    "TEXTSQL_ESTIMATE_AS_JSON": "TEXTSQL_ESTIMATE_JSON",
+    "TEXTSQL_EVALUATE_AS_JSON": "TEXTSQL_EVALUATE_JSON",
+    "TEXTSQL_WORKERS_CLEANUP_RUN_ID": "TEXTSQL_WORKERS_CLEANUP_RUN",
+}

@@ -33,7 +33,11 @@ def _help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
         ctx.exit(main(["--help"]))
 
 
-@click.command(cls=TrainCommand, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.command(
+    cls=TrainCommand,
+    short_help="Fine-tune in this one process.",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 @click.option(
     "--help-all",
     is_flag=True,
@@ -56,6 +60,7 @@ def train(args: tuple[str, ...]) -> None:
 
 @click.command(
     cls=SectionedCommand,
+    short_help="Train on every rank, supervised (notebook 02).",
     sections=LAUNCH_SECTIONS,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
@@ -135,7 +140,7 @@ def launch(
     )
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, short_help="Which DeepSpeed profile fits in memory.")
 @click.option(
     "--model",
     default="default",
@@ -152,20 +157,19 @@ def launch(
 )
 @click.option(
     "--profile",
-    "names",
     type=ProfileType(),
     multiple=True,
     help="Only this profile (repeatable) [default: every one in dsconfig/].",
 )
 @click.option("--cpu/--no-cpu", help="The ranks run on CPUs (--gpu-memory-gb is then host memory per rank).")
-@click.option("--json/--no-json", "as_json", help="Print the estimate as JSON.")
+@click.option("--json/--no-json", help="Print the estimate as JSON.")
 def estimate(
-    model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, names: tuple[str, ...], cpu: bool, as_json: bool
+    model: str, nodes: int, gpus_per_node: int, gpu_memory_gb: float, profile: tuple[str, ...], cpu: bool, json: bool
 ) -> None:
     """Per-rank memory of each DeepSpeed profile for a model, from its config, and the cheapest that fits."""
     import contextlib
-    import json
     import sys
+    from json import dumps
 
     from textsql.training.estimate import estimate as run_estimate
     from textsql.training.estimate import format_estimate
@@ -173,12 +177,12 @@ def estimate(
     # DeepSpeed logs to stdout (its import announces the accelerator); stdout is for the report.
     with contextlib.redirect_stdout(sys.stderr):
         report = run_estimate(
-            model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, names=names or None, cpu=cpu
+            model, nodes=nodes, gpus_per_node=gpus_per_node, gpu_memory_gb=gpu_memory_gb, names=profile or None, cpu=cpu
         )
-    click.echo(json.dumps(report, indent=2) if as_json else format_estimate(report))
+    click.echo(dumps(report, indent=2) if json else format_estimate(report))
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, short_help="Serve TensorBoard on runs' event files.")
 @click.option(
     "--logdir",
     default="runs",

@@ -15,12 +15,12 @@ from worker.constants import MAX_EXPECTED_WORKERS, MAX_SLOTS
 SUBCOMMAND_ORDER = ("serve", "register")
 
 
-@click.group(cls=PipelineGroup, order=SUBCOMMAND_ORDER)
+@click.group(cls=PipelineGroup, order=SUBCOMMAND_ORDER, short_help="Bring a run's workers together.")
 def rendezvous() -> None:
     """Authenticated worker registration: `serve` on the master, `register` on each worker."""
 
 
-@rendezvous.command()
+@rendezvous.command(short_help="On the master: wait for the workers.")
 @click.option(
     "--expect",
     type=click.IntRange(1, MAX_EXPECTED_WORKERS),
@@ -60,7 +60,7 @@ def serve(**options: Any) -> None:
     click.echo(f"{len(workers)} workers registered; wrote {options['hostfile']}")
 
 
-@rendezvous.command()
+@rendezvous.command(short_help="On a worker: register with the master.")
 @click.option("--master", required=True, help="HOST:PORT of `textsql rendezvous serve`.")
 @click.option("--token-file", type=click.Path(dir_okay=False), required=True, help="File holding the run's token.")
 @click.option("--address", required=True, help="This worker's IP address, as other workers reach it.")
@@ -95,17 +95,17 @@ def register(master: str, token_file: str, timeout: float, wait: bool, **fields:
     click.echo(f"registered {fields['address']} with {master}")
 
 
-@click.group(cls=PipelineGroup)
+@click.group(cls=PipelineGroup, short_help="Clean up worker pods outside a run.")
 def workers() -> None:
     """Worker pods outside a run: `cleanup` removes what a dead kernel left behind."""
 
 
-@workers.command()
+@workers.command(short_help="Delete a dead run's Kubernetes objects.")
 @click.option("--namespace", default="default", show_default=True, help="Namespace the worker pods ran in.")
-@click.option("--run", "run_id", help="Only this run's objects (the `textsql/run` label) [default: every textsql run].")
-def cleanup(namespace: str, run_id: str | None) -> None:
+@click.option("--run", help="Only this run's objects (the `textsql/run` label) [default: every textsql run].")
+def cleanup(namespace: str, run: str | None) -> None:
     """Delete the Kubernetes worker Pods, token Secrets and NetworkPolicy of a run, found by their labels."""
     from worker.backends import kubernetes
 
-    removed = kubernetes.cleanup(kubernetes.connect(), namespace, run_id)
+    removed = kubernetes.cleanup(kubernetes.connect(), namespace, run)
     click.echo(f"deleted {removed} in namespace {namespace}")

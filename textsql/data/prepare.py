@@ -6,7 +6,7 @@ source_text (model input), input_ids, attention_mask and labels, unpadded: batch
 train time by ``transformers.DataCollatorForSeq2Seq(label_pad_token_id=-100)``. Beside it,
 ``prepare.json`` records the source, counts, token length percentiles, truncation counts, tokenizer
 and input format, and ``tables/{split}.tables.jsonl`` the tables in the release form (for execution
-accuracy). Everything is written to a temporary directory beside ``--out`` and renamed into place,
+accuracy). Everything is written to a temporary directory beside ``--data-dir`` and renamed into place,
 so a failed run leaves nothing half-written.
 """
 
@@ -60,22 +60,22 @@ def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[s
 
     Usage::
 
-        >>> summary = prepare(out="runs/data", limit=50)          # doctest: +SKIP
+        >>> summary = prepare(data_dir="runs/data", limit=50)          # doctest: +SKIP
         >>> summary["counts"]                                      # doctest: +SKIP
         {'train': 50, 'validation': 50, 'test': 50}
 
     :param arguments: a :class:`PrepareArguments`; or pass its fields as keyword ``options``.
-    :raises DataError: bad input data, an unknown source, or ``out`` existing without ``overwrite``.
+    :raises DataError: bad input data, an unknown source, or ``data_dir`` existing without ``overwrite``.
     :raises ModelError: the tokenizer cannot be loaded.
     :rtype: dict
     """
     arguments = arguments or PrepareArguments(**options)
     started = time.perf_counter()
-    out = Path(arguments.out).expanduser().resolve()
+    out = Path(arguments.data_dir).expanduser().resolve()
     if out.exists() and not arguments.overwrite:
         raise DataError(
             f"{str(out)!r} already exists; pass --overwrite (notebook: overwrite=True) to replace it, "
-            "or another --out (notebook: data_dir)"
+            "or another --data-dir (notebook: data_dir)"
         )
     tokenizer = load_tokenizer(arguments.model, flag=TOKENIZER_FLAG)
     loaded = {split: load_split(arguments.source, split, arguments.limit) for split in SPLITS}
@@ -113,7 +113,7 @@ def prepare(arguments: PrepareArguments | None = None, **options: Any) -> dict[s
     summary["seconds"] = round(time.perf_counter() - started, 2)
     _write(out, tokenized, {split: tables for split, (_, tables) in loaded.items()}, summary, arguments.overwrite)
     logger.info("wrote %s in %.1fs", out, summary["seconds"])
-    return {**summary, "out": str(out)}
+    return {**summary, "data_dir": str(out)}
 
 
 def format_summary(summary: dict) -> str:
@@ -123,7 +123,7 @@ def format_summary(summary: dict) -> str:
     :rtype: str
     """
     lines = [
-        f"wrote {summary['out']} ({summary['input_format']} input, tokenizer {summary['tokenizer']}, {summary['seconds']}s)"
+        f"wrote {summary['data_dir']} ({summary['input_format']} input, tokenizer {summary['tokenizer']}, {summary['seconds']}s)"
     ]
     for split in SPLITS:
         source, target, truncated = (

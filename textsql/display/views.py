@@ -47,7 +47,7 @@ def format_run(run_dir: str | Path) -> str:
         step  loss   exact_match  lf_accuracy  parse_rate
            2  8.763         0.0%         0.0%      100.0%
 
-    :param run_dir: the run directory (``run_dir`` of notebook 02, ``--output_dir`` of ``textsql train``).
+    :param run_dir: the run directory (``run_dir`` of notebook 02, ``--run-dir`` of ``textsql train``).
     :raises TextSQLError: when the run wrote no ``run.json``, naming the run's log.
     :rtype: str
     """

@@ -93,7 +93,7 @@ def _checked_record(item: dict, index: int, path: Path) -> dict:
     if not isinstance(item.get("question"), str) or not isinstance(item.get("header"), list):
         raise DataError(
             f"{path}: line {index + 1} needs a question and a header (list of column names); for the release's "
-            "question files pass --data the directory that also holds their .tables.jsonl"
+            "question files pass their directory as the source (textsql infer --source DIR)"
         )
     return {**item, "id": str(item.get("id", index)), "table_id": item.get("table_id")}
 
@@ -137,7 +137,7 @@ def predict(
     predictor = model_dir if isinstance(model_dir, Predictor) else Predictor.load(model_dir)
     questions = load_questions(data, split, limit)
     if not questions.items:
-        raise DataError(f"no questions in {str(data)!r} split {split!r}; check --data and --split")
+        raise DataError(f"no questions in {str(data)!r} split {split!r}; check the questions given (--data-dir, --source or --questions-file) and --split")
     input_ids = questions.prepared_ids or [
         predictor.encode(item["question"], item["header"], options.max_source_length) for item in questions.items
     ]

@@ -33,7 +33,7 @@ What this module adds to DeepSpeed's runner:
 Usage::
 
     >>> from textsql.launching.launch import LaunchArguments, launch
-    >>> launch(LaunchArguments(run_dir="runs/r1", train_args=["--output-dir", "runs/r1/out"]))
+    >>> launch(LaunchArguments(run_dir="runs/r1", train_args=["--run-dir", "runs/r1/out"]))
     0
 """
 

@@ -8,7 +8,7 @@ every host) the failure is classified (:func:`classify`):
   killed by a signal other than the SIGTERM/SIGINT this side sends (SIGKILL: the OOM killer, an
   eviction). A worker that is gone or does not answer over ssh is replaced through the backend
   (:meth:`worker.cluster.Cluster.replace_worker`); one whose rank alone was killed is reused. Then
-  the run is launched again with ``--resume auto``. When no replacement registers within
+  the run is launched again with ``--resume-from-checkpoint auto``. When no replacement registers within
   ``replace_timeout`` and at least ``min_workers`` remain, the run goes on without it (see *Shrinking*).
 - **application error**: a rank raised (its traceback's last line) or exited non-zero by itself. It
   is retried once, in case it was a consequence of something passing; the same error twice ends the
@@ -298,7 +298,7 @@ class Recovery:
     def _relaunch(self, attempt: int) -> None:
         """Resume the next launch from the newest complete checkpoint; the event names it, and the incomplete
         newer ones set aside."""
-        self.overrides |= {"resume": "auto", "overwrite_output_dir": False}
+        self.overrides |= {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
         checkpoint, incomplete = self._checkpoint(), self._incomplete()
         skipped = "".join(
             f"; {path.name} is incomplete ({reason}): set aside as {SET_ASIDE_PREFIX}{path.name}"

@@ -36,7 +36,7 @@ from worker.files import atomic_write
 logger = logging.getLogger(__name__)
 
 # Both spellings `textsql train` accepts (train_argv writes the first).
-OUTPUT_DIR_FLAGS = ("--output-dir", "--output_dir")
+OUTPUT_DIR_FLAGS = ("--run-dir", "--run_dir")
 
 
 def tracking_variables(environ: Mapping[str, str]) -> dict[str, str]:
@@ -59,7 +59,7 @@ def without_tracking(environ: Mapping[str, str]) -> dict[str, str]:
 def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None = None) -> Iterator[LaunchArguments]:
     """``arguments`` whose ranks find ``environ``'s ``MLFLOW_*`` variables in a 0600 file, for one launch.
 
-    With no such variable, or no ``--output-dir`` among the training arguments, ``arguments`` as they are.
+    With no such variable, or no ``--run-dir`` among the training arguments, ``arguments`` as they are.
 
     :param arguments: the launch.
     :param environ: the launching environment (``os.environ`` when None).
@@ -83,7 +83,7 @@ def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None =
 
 
 def _output_dir(train_args: list[str]) -> Path | None:
-    """The ``--output-dir`` of a training command line (``--output-dir DIR`` or ``--output-dir=DIR``, or the same
+    """The ``--run-dir`` of a training command line (``--run-dir DIR`` or ``--run-dir=DIR``, or the same
     in snake_case): the last one given, as argparse takes it."""
     found = None
     for index, arg in enumerate(train_args):

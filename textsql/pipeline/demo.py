@@ -129,7 +129,7 @@ def run_demo(
         chosen[notebook_path(name).stem].update(overrides)
     for directory in (out_dir, demo_data_dir(out_dir)):
         if directory.is_dir() and any(directory.iterdir()) and not (out_dir / DEMO_MARKER).is_file():
-            raise NotebookError(f"{str(directory)!r} exists and is not a previous demo; pass another --out")
+            raise NotebookError(f"{str(directory)!r} exists and is not a previous demo; pass another --run-dir")
     # Before the checks, which import transformers: a killed demo's ranks may still be training meanwhile.
     if continue_demo:
         manifest, steps = continuation_plan(out_dir, chosen)

@@ -62,7 +62,7 @@ CONTROL_PARAMETERS = {
     PREPARE: {"log_level", "num_proc", "overwrite"},
     TRAIN: {
         "log_level",
-        "resume",
+        "resume_from_checkpoint",
         "overwrite_output_dir",
         "max_restarts",
         "min_workers",
@@ -81,7 +81,7 @@ PINNED_PARAMETERS: dict[str, tuple[str, ...]] = {
 # with checkpoints, unless told.
 FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
     PREPARE: {"overwrite": True},
-    TRAIN: {"resume": None, "overwrite_output_dir": True},
+    TRAIN: {"resume_from_checkpoint": None, "overwrite_output_dir": True},
     INFER: {},
 }
 
@@ -90,7 +90,7 @@ FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
 class Step:
     """What a continuation does with one notebook: ``skip``, ``relaunch`` (the training notebook again, its training
     resumed from a checkpoint) or ``run`` (from the start), why, and the parameters it adds to the chosen ones
-    (``resume``, ``overwrite_output_dir``, ``overwrite``)."""
+    (``resume_from_checkpoint``, ``overwrite_output_dir``, ``overwrite``)."""
 
     action: str
     reason: str
@@ -105,7 +105,7 @@ def manifest_path(run_dir: str | Path) -> Path:
     """Where the pipeline's record lives: the run's master-private directory, since a continuation trusts it (which
     notebooks to skip, which attempt's processes to end), and workers may write the run directory.
 
-    :param run_dir: the run directory (the demo's ``--out``, notebook 02's ``run_dir``).
+    :param run_dir: the run directory (the demo's ``--run-dir``, notebook 02's ``run_dir``).
     :rtype: pathlib.Path
     """
     return master_dir(run_dir) / MANIFEST_NAME
@@ -380,5 +380,5 @@ def _training_step(
     return Step(
         "relaunch",
         f"{reason}: continuing from {Path(checkpoint).name}",
-        {"resume": "auto", "overwrite_output_dir": False},
+        {"resume_from_checkpoint": "auto", "overwrite_output_dir": False},
     )

@@ -40,6 +40,8 @@ ENV_PREFIX = "TEXTSQL_"
 # where users think; the kernel itself runs in notebooks/ as in JupyterLab.
 PATH_PARAMETERS = ("data_dir", "run_dir", "model_dir")
 PATH_OR_NAME_PARAMETERS = ("model", "source", "real_source")
+# Parameters of the previous release and what they are now (refused with the new name, for one release).
+RENAMED_PARAMETERS = {"resume": "resume_from_checkpoint"}
 
 
 class NotebookError(TextSQLError):
@@ -148,6 +150,9 @@ def parameters_from_environ(
     :rtype: dict
     """
     environ = os.environ if environ is None else environ
+    for old, new in RENAMED_PARAMETERS.items():
+        if ENV_PREFIX + old.upper() in environ:
+            raise NotebookError(f"{ENV_PREFIX}{old.upper()} was renamed {ENV_PREFIX}{new.upper()}: set that instead")
     declared = declared_parameters(name)
     return {
         parameter: project_path(parameter, yaml.safe_load(environ[ENV_PREFIX + parameter.upper()]), root)
@@ -231,7 +236,8 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
         if not separator or not targets or any(parameter not in declared[name] for name in targets):
             known = sorted(set().union(*declared.values()))
             # Names that changed (per_device_batch_size, overwrite in notebook 02) are a typo away from the new ones.
-            close = difflib.get_close_matches(parameter, known, n=1)
+            close = [RENAMED_PARAMETERS[parameter]] if parameter in RENAMED_PARAMETERS else []
+            close = close or difflib.get_close_matches(parameter, known, n=1)
             raise NotebookError(
                 f"-p {entry!r} sets no notebook parameter{f' (did you mean {close[0]}?)' if close else ''}; "
                 f"write NAME=VALUE with NAME one of {', '.join(known)}"

@@ -1,7 +1,7 @@
 """Checkpoints of a training run: which ones were written to the end, and so can be resumed.
 
 The trainer writes ``checkpoint-N/`` and DeepSpeed its engine state inside it; a run killed while
-saving leaves one without the last pieces, and ``--resume auto`` must skip it rather than fail.
+saving leaves one without the last pieces, and ``--resume-from-checkpoint auto`` must skip it rather than fail.
 DeepSpeed's ``save_checkpoint`` lets rank 0 write ``latest`` with no barrier before it, while other
 ranks may still be writing their shards, so ``latest`` proves nothing on its own: a checkpoint
 counts only once :class:`textsql.training.mark_complete.MarkComplete` wrote its marker, after every rank had
@@ -120,7 +120,7 @@ def newest_complete_checkpoint(output: Path) -> str | None:
 
 def incomplete_newer(output: Path) -> list[tuple[Path, str]]:
     """The checkpoints newer than the newest complete one in ``output``, newest first, each with why it
-    cannot be resumed (what ``--resume auto`` skips and sets aside).
+    cannot be resumed (what ``--resume-from-checkpoint auto`` skips and sets aside).
 
     :param output: the training output directory.
     :rtype: list[tuple[pathlib.Path, str]]

@@ -19,7 +19,9 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from transformers.hf_argparser import DataClassType
 
 from textsql.arguments import (
+    RENAMED_TRAIN_FLAGS,
     REPLACED_FLAGS,
+    RUN_DIR_FLAG,
     TRAIN_SPELLING,
     TRAINING_DEFAULTS,
     DataArguments,
@@ -27,7 +29,7 @@ from textsql.arguments import (
     RunArguments,
     kebab_flag,
 )
-from textsql.errors import LaunchError
+from textsql.errors import LaunchError, RenamedOptionError
 from textsql.files import check_prepared
 from textsql.model import builds_from_config, load_config
 from textsql.tracking.mlflow_runs import check_tracking
@@ -40,13 +42,32 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 
+class _Renamed(argparse.Action):
+    """A flag of the previous release: refused with the one that replaced it."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None
+    ) -> NoReturn:
+        usage = RENAMED_TRAIN_FLAGS[str(option_string)]
+        raise RenamedOptionError(f"{option_string} was renamed {usage.split()[0]}: textsql train {usage}")
+
+
 class _StrictParser(HfArgumentParser):
     """HfArgumentParser whose errors are one line (a LaunchError) instead of the full usage text, whose
-    every boolean has a ``--no-x`` (HfArgumentParser gives one only to booleans that default to true), and
-    whose help lists each flag's kebab-case spelling first."""
+    every boolean has a ``--no-x`` (HfArgumentParser gives one only to booleans that default to true), whose
+    ``output_dir`` is ``--run-dir`` as in every textsql command, and whose help lists each flag's kebab-case
+    spelling first."""
 
     def __init__(self, dataclass_types: list[DataClassType], **kwargs: Any) -> None:
         super().__init__(dataclass_types, **kwargs)
+        output_dir = self._option_string_actions["--output_dir"]
+        for option in output_dir.option_strings:
+            del self._option_string_actions[option]
+        output_dir.option_strings = [RUN_DIR_FLAG, "--run_dir"]
+        self._option_string_actions |= dict.fromkeys(output_dir.option_strings, output_dir)
+        output_dir.metavar = "RUN_DIR"
+        output_dir.help = "The run directory: checkpoints, model/, run.json and tensorboard/ go there."
+        self.add_argument(*RENAMED_TRAIN_FLAGS, action=_Renamed, nargs="?", help=argparse.SUPPRESS)
         # Kebab-case is the spelling textsql documents (TRAIN_SPELLING): it comes first in the help and errors.
         for action in self._actions:
             action.option_strings = sorted(action.option_strings, key=lambda option: "_" in option)
@@ -86,7 +107,9 @@ def parse_command_line(
         if values[flag]:
             raise LaunchError(f"{kebab_flag(flag)} is set by this program; pass {replacement} instead")
     if values["output_dir"] is None:
-        raise LaunchError("no output directory; pass --output-dir DIR")
+        raise LaunchError(f"no run directory; pass {RUN_DIR_FLAG} DIR")
+    if values["resume_from_checkpoint"] and run_args.overwrite_output_dir:
+        raise LaunchError("--resume-from-checkpoint and --overwrite-output-dir contradict each other; pass only one")
     if isinstance(values["report_to"], str) and "," in values["report_to"]:
         # --report-to takes one word on a command line: tensorboard,mlflow names both (the trainer takes a list).
         values["report_to"] = [name.strip() for name in values["report_to"].split(",")]

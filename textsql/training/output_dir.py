@@ -1,7 +1,7 @@
 """The run's output directory: a previous run refused or cleared, the checkpoint to resume, ``model/`` written whole.
 
-A previous run's checkpoints or model are never deleted unless ``--overwrite_output_dir`` asks; ``--resume``
-names the checkpoint the run continues from (``auto``: the newest complete one, :mod:`textsql.training.checkpoints`).
+A previous run's checkpoints or model are never deleted unless ``--overwrite-output-dir`` asks;
+``--resume-from-checkpoint`` names the checkpoint the run continues from (``auto``: the newest complete one, :mod:`textsql.training.checkpoints`).
 The model directory is written to a staging directory and renamed, so a crash never leaves a half-written ``model/``.
 """
 
@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -> str | None:
     """Prepare the output directory on the saving rank, make the others wait, and pick the checkpoint.
 
-    A previous run's checkpoints or model are never deleted unless ``--overwrite_output_dir`` asks;
-    without it (and without ``--resume``) such a directory is refused.
+    A previous run's checkpoints or model are never deleted unless ``--overwrite-output-dir`` asks;
+    without it (and without ``--resume-from-checkpoint``) such a directory is refused.
 
     :returns: the checkpoint to resume from, or ``None`` for a fresh start.
     :rtype: str | None
@@ -36,19 +36,19 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
 
     output = output_path(args)
     if args.should_save:
-        _prepare_on_saving_rank(output, run_args)
+        _prepare_on_saving_rank(output, args.resume_from_checkpoint, run_args)
     PartialState().wait_for_everyone()
-    checkpoint = resume_checkpoint(output, run_args.resume)
-    if run_args.resume == "auto":
+    checkpoint = resume_checkpoint(output, args.resume_from_checkpoint)
+    if args.resume_from_checkpoint == "auto":
         if checkpoint is None:
-            logger.warning("--resume auto: no complete checkpoint in %s, starting fresh", output)
+            logger.warning("--resume-from-checkpoint auto: no complete checkpoint in %s, starting fresh", output)
         else:
-            logger.warning("--resume auto: continuing from %s", checkpoint)
+            logger.warning("--resume-from-checkpoint auto: continuing from %s", checkpoint)
     return checkpoint
 
 
 def resume_checkpoint(output: Path, resume: str | None) -> str | None:
-    """The checkpoint ``--resume`` names: the newest complete one in ``output`` for ``auto``, else the path given.
+    """The checkpoint ``--resume-from-checkpoint`` names: the newest complete one in ``output`` for ``auto``, else the path given.
 
     :rtype: str | None
     :raises LaunchError: when a path given is not a complete checkpoint.
@@ -60,25 +60,25 @@ def resume_checkpoint(output: Path, resume: str | None) -> str | None:
     reason = incomplete_reason(Path(resume))
     if reason is not None:
         raise LaunchError(
-            f"{resume!r} is not a complete checkpoint ({reason}); pass --resume auto or another checkpoint-N directory"
+            f"{resume!r} is not a complete checkpoint ({reason}); pass --resume-from-checkpoint auto or another checkpoint-N directory"
         )
     return resume
 
 
-def _prepare_on_saving_rank(output: Path, run_args: RunArguments) -> None:
+def _prepare_on_saving_rank(output: Path, resume: str | None, run_args: RunArguments) -> None:
     previous = [*output.glob("checkpoint-*"), output / MODEL_SUBDIR] if output.is_dir() else []
     previous = [path for path in previous if path.exists()]
-    if previous and not run_args.resume:
+    if previous and not resume:
         if not run_args.overwrite_output_dir:
             raise LaunchError(
-                f"output directory {str(output)!r} holds a previous run ({previous[0].name}); "
-                "pass --resume auto to continue it, --overwrite-output-dir to replace it, or another --output-dir "
-                "(in notebook 02: resume='auto', overwrite_output_dir=True, or another run_dir)"
+                f"run directory {str(output)!r} holds a previous run ({previous[0].name}); "
+                "pass --resume-from-checkpoint auto to continue it, --overwrite-output-dir to replace it, or another "
+                "--run-dir (in notebook 02: resume_from_checkpoint='auto', overwrite_output_dir=True, or another run_dir)"
             )
         for path in previous:
             logger.warning("deleting %s of a previous run (--overwrite-output-dir)", path)
             shutil.rmtree(path)
-    if run_args.resume == "auto":
+    if resume == "auto":
         set_aside_incomplete(output)
     output.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(_staging(output / MODEL_SUBDIR), ignore_errors=True)

@@ -1,6 +1,6 @@
 """Fine-tune T5 for text-to-SQL with DeepSpeed: the program every rank runs.
 
-``deepspeed ... --module textsql.training.train --profile zero3 --data_dir DATA --output_dir RUN`` (through
+``deepspeed ... --module textsql.training.train --profile zero3 --data-dir DATA --run-dir RUN`` (through
 ``textsql launch``) or, for one process, ``textsql train ...``. The order follows HuggingFace's
 ``run_translation.py``: parse → logging → output directory and checkpoint → seed → data → tokenizer
 and model → collator → metric → ``Seq2SeqTrainer`` → train → evaluate → export.
@@ -217,7 +217,7 @@ def parse_arguments(
     model_args, data_args, run_args, training_values = parse_command_line(argv)
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(events_dir(training_values["output_dir"])))
     # The engine reads load_universal from its config, so the checkpoint is looked at before the config is used.
-    checkpoint = resume_checkpoint(Path(training_values["output_dir"]), run_args.resume)
+    checkpoint = resume_checkpoint(Path(training_values["output_dir"]), training_values["resume_from_checkpoint"])
     if checkpoint is not None and load_universal(Path(checkpoint), int(os.environ.get("WORLD_SIZE", "1"))):
         config = training_values["deepspeed"]
         training_values["deepspeed"] = config | {"checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
@@ -255,13 +255,13 @@ def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
         loaded = datasets.load_from_disk(data_args.data_dir)
     except (FileNotFoundError, ValueError) as error:
         raise DataError(
-            f"cannot load a prepared dataset from {data_args.data_dir!r} ({error}); run `textsql prepare --out DIR` first"
+            f"cannot load a prepared dataset from {data_args.data_dir!r} ({error}); run `textsql prepare --data-dir DIR` first"
         ) from None
     if not isinstance(loaded, datasets.DatasetDict) or "train" not in loaded:
-        raise DataError(f"{data_args.data_dir!r} has no train split; run `textsql prepare --out DIR` first")
+        raise DataError(f"{data_args.data_dir!r} has no train split; run `textsql prepare --data-dir DIR` first")
     missing = [column for column in MODEL_COLUMNS if column not in loaded["train"].column_names]
     if missing:
-        raise DataError(f"{data_args.data_dir!r} lacks columns {missing}; run `textsql prepare --out DIR` again")
+        raise DataError(f"{data_args.data_dir!r} lacks columns {missing}; run `textsql prepare --data-dir DIR` again")
     splits = datasets.DatasetDict()
     splits["train"] = _first(loaded["train"], data_args.max_train_samples).select_columns(list(MODEL_COLUMNS))
     if "validation" in loaded and len(loaded["validation"]):
