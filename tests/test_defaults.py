@@ -16,7 +16,7 @@ import papermill
 import pytest
 import yaml
 
-from textsql.arguments import GenerationOptions, PrepareArguments, RunArguments, argument_field, train_argv
+from textsql.arguments import GenerationOptions, PrepareArguments, argument_field, train_argv
 from textsql.cli import cli
 from textsql.launching.command import LaunchArguments
 from textsql.pipeline.demo import demo_parameters
@@ -111,7 +111,7 @@ def test_notebook_02_parameters_are_the_one_source():
 
 
 def test_the_cli_trains_with_the_same_defaults(tmp_path):
-    model_args, _, run_args, training = parse_command_line(train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path)))
+    model_args, _, run_args, training = parse_command_line(train_argv(data_dir=str(tmp_path), run_dir=str(tmp_path)))
     defaults = notebook_defaults()
     assert run_args.auto_profile and model_args.model == defaults["model"]
     # Neither sets a rate: the default model is built from its config, so both train at its recipe's.

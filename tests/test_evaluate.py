@@ -321,7 +321,17 @@ def test_cli_finds_tables_beside_gold_and_writes_json(tmp_path: Path):
     pred_path.write_text("".join(json.dumps(item) + "\n" for item in pred))
     out = tmp_path / "metrics.json"
     result = CliRunner().invoke(
-        cli, ["evaluate", "--gold", str(gold_path), "--predictions-file", str(pred_path), "--json", "--report-file", str(out)]
+        cli,
+        [
+            "evaluate",
+            "--gold",
+            str(gold_path),
+            "--predictions-file",
+            str(pred_path),
+            "--json",
+            "--report-file",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["ex_accuracy"] == 0.8

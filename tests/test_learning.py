@@ -1,13 +1,13 @@
 """The learning check: the product's own pipeline teaches the small T5 to read a table's header.
 
 Nothing else on a CPU tells a working pipeline from a broken one: a model from random weights trained on
-the real sample stays at the trivial baseline either way. Here ``textsql prepare`` writes the quick
-synthetic source (``synthetic-select``: 12,000 questions without conditions over 3,000 recombined
-four-column tables) in the ``uncased`` form, ``textsql train`` trains one DeepSpeed rank, and the predictor answers
-the held-out questions, whose 15 real headers hold column names training never saw. Writing the right query
-over such a table takes reading its header from the input: given another table's header, the model still finds
-the column a question names part of the time (the grammar offers only this table's columns), but far less
-often writes the whole query right.
+the real sample stays at the trivial baseline either way. Here the commands docs/explanation/learning-check.md
+shows run as written: ``textsql prepare`` writes the quick synthetic source (``synthetic-select``: 12,000
+questions without conditions over 3,000 recombined four-column tables) in the ``uncased`` form, ``textsql train``
+trains one DeepSpeed rank, and ``textsql infer`` answers the held-out questions, whose 15 real headers hold column
+names training never saw. Writing the right query over such a table takes reading its header from the input:
+given another table's header, the model still finds the column a question names part of the time (the grammar
+offers only this table's columns), but far less often writes the whole query right.
 
 Shown when the check was written (figures below, and in the closing note of issue 28): a loss whose targets are
 shifted by one token, or each question given another table's header, fails it.
@@ -15,19 +15,18 @@ shifted by one token, or each question given another table's header, fails it.
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from textsql.arguments import train_argv
-from textsql.data.prepare import PrepareArguments, prepare
-from textsql.inference.predict import predict
-
 pytestmark = pytest.mark.slow
 
 TEXTSQL = Path(sys.executable).with_name("textsql")
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "explanation" / "learning-check.md"
 STEPS = 700
 # Measured 2026-11-25 on this project's 2-core machine (batch 64, 700 steps, 1 min 57 s for the whole test), on the
 # 200 held-out questions: select 0.485 against the first-column baseline 0.170, logical form 0.415 against 0.160.
@@ -43,38 +42,32 @@ QUERY_MARGIN = 0.15
 RUN_TIMEOUT_S = 600
 
 
-def test_the_pipeline_teaches_the_small_t5_to_read_a_header(tmp_path):
-    data = tmp_path / "data"
-    prepare(PrepareArguments(data_dir=str(data), source="synthetic-select", input_format="uncased"))
-    run = tmp_path / "run"
-    result = subprocess.run(
-        [
-            str(TEXTSQL),
-            "train",
-            *train_argv(
-                data_dir=data,
-                run_dir=run,
-                max_steps=STEPS,
-                per_device_train_batch_size=64,
-                learning_rate=1e-3,
-                lr_scheduler_type="linear",
-                eval_strategy="no",
-                save_strategy="no",
-                logging_steps=100,
-                disable_tqdm=True,
-            ),
-        ],
-        check=False,
-        env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+def page_commands() -> list[list[str]]:
+    """The shell block under "What it runs" in docs/explanation/learning-check.md, one argv per command."""
+    block = PAGE.read_text().split("## What it runs", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line) for line in re.sub(r"\\\n\s*", "", block).splitlines() if line.strip()]
+
+
+def test_the_pages_commands_teach_the_small_t5_to_read_a_header(tmp_path):
+    """The three commands of the page, run as written (from a project whose runs/ is tmp_path's)."""
+    commands = page_commands()
+    assert [words[:2] for words in commands] == [[".venv/bin/textsql", verb] for verb in ("prepare", "train", "infer")]
+    for words in commands:
+        result = subprocess.run(
+            [str(TEXTSQL), *words[1:]],
+            check=False,
+            cwd=tmp_path,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+        )
+        assert result.returncode == 0, (shlex.join(words), (result.stdout + result.stderr)[-6000:])
+    run = tmp_path / "runs" / "check"
     summary = json.loads((run / "run.json").read_text())
     assert summary["global_step"] == STEPS and summary["loss_vocabulary"] == "batch"
 
-    metrics = predict(run / "model", data, "validation", out=tmp_path / "predictions.jsonl", progress=False)["metrics"]
+    metrics = json.loads((run / "metrics.json").read_text())
     selected, first_column = metrics["components"]["sel"], metrics["baseline"]["components"]["sel"]
     exact, trivial = metrics["lf_accuracy"], metrics["baseline"]["lf_accuracy"]
     assert selected >= first_column + SELECT_MARGIN and exact >= trivial + QUERY_MARGIN, (

@@ -311,7 +311,9 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
     run = json.loads((out / "run.json").read_text())
     resumed_from = int(Path(run["resumed_from"]).name.removeprefix("checkpoint-"))
     assert resumed_from >= 4 and run["global_step"] == 20, "continued from the checkpoint to max_steps"
-    assert f"--resume-from-checkpoint auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
+    assert (
+        f"--resume-from-checkpoint auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
+    )
     assert json.loads((out / "metrics.json").read_text())["n"] == 6
     assert not marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the killed run's processes were ended"
     assert not [pid for launch in killed_launches for pid in marked_processes(launch)], "and its ranks"

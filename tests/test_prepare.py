@@ -127,7 +127,9 @@ def test_collator_pads_masks_and_labels(prepared, tokenizer):
 
 def test_num_proc_and_input_format(tmp_path):
     one = load_from_disk(prepare(data_dir=str(tmp_path / "one"), limit=40, input_format="question")["data_dir"])
-    two = load_from_disk(prepare(data_dir=str(tmp_path / "two"), limit=40, input_format="question", num_proc=2)["data_dir"])
+    two = load_from_disk(
+        prepare(data_dir=str(tmp_path / "two"), limit=40, input_format="question", num_proc=2)["data_dir"]
+    )
     for split in SPLITS:
         assert one[split].to_list() == two[split].to_list()
     assert one["train"][0]["source_text"] == "translate to SQL: Tell me what the notes are for South Australia"
@@ -255,7 +257,14 @@ def test_hub_source_reaches_the_network_edge_with_a_clear_error(tmp_path):
     """The real hub path, run offline: datasets refuses at the hub, and the command says what to do."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1"}
     completed = subprocess.run(
-        [str(Path(sys.executable).parent / "textsql"), "prepare", "--source", "hub", "--data-dir", str(tmp_path / "out")],
+        [
+            str(Path(sys.executable).parent / "textsql"),
+            "prepare",
+            "--source",
+            "hub",
+            "--data-dir",
+            str(tmp_path / "out"),
+        ],
         check=False,
         capture_output=True,
         text=True,

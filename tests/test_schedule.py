@@ -104,7 +104,7 @@ def test_gpus_get_the_timed_schedule_and_cpus_the_step_grid(tmp_path, monkeypatc
 
     gpu = DeviceFacts(cuda=True, memory_gib=80, gpus=1, cpu_cores=8)
     assert "eval_share" not in fast_defaults(DeviceFacts(cuda=False, cpu_cores=2))
-    argv = train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path))
+    argv = train_argv(data_dir=str(tmp_path), run_dir=str(tmp_path))
     monkeypatch.setattr(command_line, "device_facts", lambda: gpu)
     _, _, run_args, _ = command_line.parse_command_line(argv)
     assert (run_args.eval_share, run_args.save_every_minutes) == (0.05, 10.0)
@@ -118,7 +118,7 @@ def test_an_impossible_schedule_is_refused_naming_the_flag(tmp_path, flag, value
     from textsql.training.command_line import parse_command_line
 
     with pytest.raises(LaunchError, match=f"pass --{flag.replace('_', '-')}"):
-        parse_command_line(train_argv(data_dir=str(tmp_path), output_dir=str(tmp_path)) + [f"--{flag}", value])
+        parse_command_line(train_argv(data_dir=str(tmp_path), run_dir=str(tmp_path)) + [f"--{flag}", value])
 
 
 def _decide(rank: int, port: int, results) -> None:

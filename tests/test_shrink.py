@@ -174,7 +174,9 @@ def test_a_conversion_killed_half_way_leaves_the_checkpoint_to_resume_from(train
     left = sorted(path.relative_to(checkpoint) for path in checkpoint.rglob("*"))
     assert [path for path in left if path.parts[0] != STAGING_DIR] == before, "the original checkpoint changed"
     # The three ranks that wrote it go on from it as if nothing had happened.
-    assert local_run(tmp_path, train_data, output, ranks=3, max_steps=SAVE_STEPS + 1, resume_from_checkpoint="auto") == 0
+    assert (
+        local_run(tmp_path, train_data, output, ranks=3, max_steps=SAVE_STEPS + 1, resume_from_checkpoint="auto") == 0
+    )
     summary = json.loads((output / RUN_SUMMARY_NAME).read_text())
     assert Path(summary["resumed_from"]).name == checkpoint.name and summary["global_step"] == SAVE_STEPS + 1
 

@@ -79,9 +79,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
 class PrepareArguments:
     """What ``textsql prepare`` reads, how it tokenizes, and where it writes."""
 
-    data_dir: str = field(
-        metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."}
-    )
+    data_dir: str = field(metadata={"help": "Directory to write (save_to_disk DatasetDict, prepare.json, tables/)."})
     source: str = field(
         default=SAMPLE_SOURCE,
         metadata={
@@ -348,7 +346,9 @@ def train_argv(**values: Any) -> list[str]:
     """
     from transformers import Seq2SeqTrainingArguments
 
-    renamed = {old[2:].replace("-", "_"): new.split()[0][2:].replace("-", "_") for old, new in RENAMED_TRAIN_FLAGS.items()}
+    renamed = {
+        old[2:].replace("-", "_"): new.split()[0][2:].replace("-", "_") for old, new in RENAMED_TRAIN_FLAGS.items()
+    }
     known = [
         renamed.get(spec.name, spec.name)
         for cls in (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)

@@ -137,7 +137,9 @@ def predict(
     predictor = model_dir if isinstance(model_dir, Predictor) else Predictor.load(model_dir)
     questions = load_questions(data, split, limit)
     if not questions.items:
-        raise DataError(f"no questions in {str(data)!r} split {split!r}; check the questions given (--data-dir, --source or --questions-file) and --split")
+        raise DataError(
+            f"no questions in {str(data)!r} split {split!r}; check the questions given (--data-dir, --source or --questions-file) and --split"
+        )
     input_ids = questions.prepared_ids or [
         predictor.encode(item["question"], item["header"], options.max_source_length) for item in questions.items
     ]
