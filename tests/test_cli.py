@@ -313,3 +313,10 @@ def test_prepare_names_the_tokenizer_flag(tmp_path: Path):
         cli, ["prepare", "--data-dir", str(tmp_path / "out"), "--limit", "2", "--tokenizer", str(tmp_path / "empty")]
     )
     assert result.exit_code == 1 and "pass --tokenizer a directory that has them" in result.output, result.output
+
+
+def test_notebook_02s_resume_parameter_is_resume_from_checkpoint():
+    result = CliRunner().invoke(cli, ["preflight", "-p", "resume=auto"])
+    assert result.exit_code == 1 and "(did you mean resume_from_checkpoint?)" in result.output, result.output
+    result = CliRunner().invoke(cli, ["preflight"], env={"TEXTSQL_RESUME": "auto"})
+    assert "Error: TEXTSQL_RESUME was renamed TEXTSQL_RESUME_FROM_CHECKPOINT: set that instead" in result.output

@@ -89,7 +89,7 @@ def test_a_changed_parameter_reruns_its_notebook_and_every_one_after_it(tmp_path
     steps = continuation_steps(manifest, changed)
     assert actions(steps) == ["run", "run", "run"]
     assert steps[PREPARE].extra == {"overwrite": True}, "notebook 01 replaces its earlier dataset"
-    assert steps[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}, "trained again from step 0"
+    assert steps[TRAIN].extra == {"resume_from_checkpoint": None, "overwrite_output_dir": True}, "trained again from step 0"
     assert steps[TRAIN].reason == f"{PREPARE} runs again"
 
 
@@ -112,7 +112,7 @@ def test_a_training_killed_after_a_checkpoint_is_relaunched_to_resume_from_it(tm
         Manifest.load(tmp_path), {**chosen, TRAIN: {**chosen[TRAIN], "max_steps": 8, "workers": 1}}
     )
     assert actions(steps) == ["skip", "relaunch", "run"]
-    assert steps[TRAIN].extra == {"resume": "auto", "overwrite_output_dir": False}
+    assert steps[TRAIN].extra == {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
     assert steps[TRAIN].reason.endswith(": continuing from checkpoint-2")
 
 
@@ -148,7 +148,7 @@ def test_a_change_a_checkpoint_cannot_take_is_refused_in_one_line(tmp_path, note
         "set it back to resume, or overwrite_output_dir=true to train from step 0"
     )
     changed[TRAIN] = {**changed[TRAIN], "overwrite_output_dir": True}
-    assert continuation_steps(manifest, changed)[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}, (
+    assert continuation_steps(manifest, changed)[TRAIN].extra == {"resume_from_checkpoint": None, "overwrite_output_dir": True}, (
         "the fix it names"
     )
 
@@ -351,7 +351,7 @@ def test_a_continued_job_skips_its_completed_notebook_and_names_the_job_to_run_f
     chosen = job_parameters(environ={**os.environ, **env})
     manifest = Manifest(tmp_path / "run")
     record(manifest, chosen, PREPARE)
-    skipped = job(PREPARE, {**env, "TEXTSQL_RESUME": "auto"})
+    skipped = job(PREPARE, {**env, "TEXTSQL_RESUME_FROM_CHECKPOINT": "auto"})
     assert skipped.returncode == 0, skipped.stderr
     assert skipped.stdout.strip() == f"{PREPARE} skipped: completed with the same parameters; its outputs are in place"
     assert Manifest.load(tmp_path / "run").records == manifest.records, "nothing ran, nothing was recorded"
