@@ -295,6 +295,17 @@ def test_notebook_03s_calls_add_both_sources_scores_to_the_run_apart(tracked_run
     assert artifacts == ["validation/metrics.json", f"validation/{REAL_METRICS_NAME}"]
 
 
+def test_infer_writes_into_the_run_directory_not_the_current_one(trained, prepared, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model").symlink_to(trained)
+    result = CliRunner().invoke(cli, ["infer", "--run-dir", "run", "--data-dir", str(prepared), "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    assert {"predictions.jsonl", "metrics.json"} <= {path.name for path in run.iterdir()}
+    assert [path.name for path in tmp_path.iterdir()] == ["run"]
+
+
 def test_cli_mistakes_are_one_line(trained, prepared, tmp_path):
     runner = CliRunner()
     missing_header = runner.invoke(cli, ["infer", "--model", str(trained), "--question", "Who?"])
