@@ -28,7 +28,7 @@ from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, SAM
 )
 @click.option(
     "--data-dir",
-    type=click.Path(exists=True, file_okay=False),
+    type=click.Path(file_okay=False),
     help="The questions of a `textsql prepare --data-dir DIR`, as it tokenized them.",
 )
 @click.option(
