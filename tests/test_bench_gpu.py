@@ -313,28 +313,59 @@ def pins(path: Path) -> dict[str, str]:
     }
 
 
+def requirements_of(name: str) -> list[Requirement]:
+    """The installed distribution ``name``'s requirements that apply without extras."""
+    requirements = (Requirement(line) for line in importlib.metadata.distribution(name).requires or [])
+    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def needs(names) -> dict[str, str]:
+    """``name: installed version`` of ``names`` and everything they need."""
+    found: dict[str, str] = {}
+    waiting = list(names)
+    while waiting:
+        name = canonicalize_name(waiting.pop())
+        if name not in found:
+            found[name] = importlib.metadata.version(name)
+            waiting += [requirement.name for requirement in requirements_of(name)]
+    return found
+
+
+def bounded_beyond_torch(carried: set[str]) -> set[str]:
+    """What torch brings that a ``carried`` package bounds beyond torch's own requirement: an upper bound, or a
+    lower one that the oldest version torch accepts (its ``>=``, else any) fails. An image's copy may be that old
+    (or newer than the bound), and pip, offered only the carried folder, could not change it."""
+    brought = needs(["torch"]).keys() - {"torch"}
+    floors = {}
+    for owner in needs(["torch"]):
+        for requirement in requirements_of(owner):
+            floors[canonicalize_name(requirement.name)] = next(
+                (spec.version for spec in requirement.specifier if spec.operator == ">="), None
+            )
+    bounded = set()
+    for name in carried:
+        for requirement in requirements_of(name):
+            other = canonicalize_name(requirement.name)
+            if other not in brought or not requirement.specifier:
+                continue
+            floor = floors.get(other)
+            upper = any(spec.operator in ("<", "<=", "==", "~=") for spec in requirement.specifier)
+            if upper or floor is None or floor not in requirement.specifier:
+                bounded.add(other)
+    return bounded
+
+
 def test_the_wheels_for_a_gpu_machine_are_what_the_pins_need_less_torch_and_the_machine_s_own():
     """bench/gpu-requirements.txt pins what requirements.txt pins; bench/gpu-wheels.txt adds everything those need, at
-    the installed versions, less torch's own and the machine's numpy, pandas and pyarrow (not carried)."""
+    the installed versions, less torch's own and the machine's numpy, pandas and pyarrow (not carried), but with what
+    torch brings that a carried package needs newer (or older) than torch does: typing-extensions above all."""
     roots = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")
     assert roots.items() <= pins(PROJECT_DIR / "requirements.txt").items()
-
-    def needs(names) -> dict[str, str]:
-        found: dict[str, str] = {}
-        waiting = list(names)
-        while waiting:
-            name = canonicalize_name(waiting.pop())
-            if name not in found:
-                distribution = importlib.metadata.distribution(name)
-                found[name] = distribution.version
-                for line in distribution.requires or []:
-                    requirement = Requirement(line)
-                    if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                        waiting.append(requirement.name)
-        return found
-
     machine = needs(["torch"]).keys() | needs(["numpy", "pandas", "pyarrow"]).keys()
-    wanted = {name: version for name, version in needs(roots).items() if name not in machine}
+    carried = {name: version for name, version in needs(roots).items() if name not in machine}
+    bounded = bounded_beyond_torch(set(carried))
+    assert "typing-extensions" in bounded  # pydantic and anyio need >= 4.16, torch >= 4.10
+    wanted = carried | {name: importlib.metadata.version(name) for name in bounded}
     listed = pins(PROJECT_DIR / "bench" / "gpu-wheels.txt")
     assert "-r gpu-requirements.txt" in (PROJECT_DIR / "bench" / "gpu-wheels.txt").read_text()
     assert {**roots, **listed} == wanted
