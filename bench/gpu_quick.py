@@ -29,11 +29,16 @@ model. About 3-4 minutes in all, within the 5 the lease allows it; a compile muc
 
 ``--device cpu --smoke`` runs the same code with the embedded small T5, a few steps and a small token budget
 (tests/test_bench_gpu.py).
+
+Whatever happens, the scratch directory's logs (the ranks' ``bench.log``, the launcher's) are copied into
+``--out``'s ``logs/`` (:func:`keep_logs`): a compile error on the GPU comes back with the results. After each arm a
+line says how much of the device run's budget is spent (:class:`Budget`; ``bench/device.sh`` passes its own).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -56,6 +61,44 @@ COMMAND = "gpu-quick"
 RESULT_NAME = "gpu_quick.json"
 GIB = 1024**3
 ARMS = ("old_recipe", "defaults")
+LOGS = "logs"
+# The end of each log that comes back: a rank's traceback and a compile error's last lines are at the end, and the
+# device tool brings back a bounded amount.
+LOG_TAIL_BYTES = 1024**2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The time of the whole device run: ``seconds`` it may take (None: unbounded), from ``began`` (``time.time()``)."""
+
+    seconds: float | None
+    began: float
+
+    def spent(self, now: float | None = None) -> str:
+        """``123 s of the 460 s budget`` (``123 s`` without one).
+
+        :rtype: str
+        """
+        elapsed = (time.time() if now is None else now) - self.began
+        return f"{elapsed:.0f} s" + ("" if self.seconds is None else f" of the {self.seconds:.0f} s budget")
+
+
+def keep_logs(work: Path, out: Path) -> list[Path]:
+    """Copy every ``*.log`` under ``work`` (the ranks' and the launcher's) into ``out/logs``, keeping where each lay
+    and only its last :data:`LOG_TAIL_BYTES`.
+
+    :returns: the copies.
+    :rtype: list[pathlib.Path]
+    """
+    kept = []
+    for log in sorted(work.rglob("*.log")):
+        copy = out / LOGS / log.relative_to(work)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "rb") as source, open(copy, "wb") as target:
+            source.seek(max(0, log.stat().st_size - LOG_TAIL_BYTES))
+            shutil.copyfileobj(source, target)
+        kept.append(copy)
+    return kept
 
 
 @dataclass(frozen=True)

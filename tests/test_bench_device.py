@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,67 @@ def test_every_carried_wheels_requirements_resolve_offline_beside_the_machines_t
     assert refused.returncode != 0 and "typing-extensions" in (refused.stdout + refused.stderr).lower().replace(
         "_", "-"
     )
+
+
+def device_sh(*args: str, wheels: Path, budget_s: int = 460) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(DEVICE_SCRIPT), *args],
+        check=False,
+        cwd=PROJECT_DIR,
+        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "BUDGET_S": str(budget_s)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_device_script_prints_its_time_against_its_budget_however_it_ends(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    refused = device_sh(str(tmp_path / "refused"), wheels=tmp_path / "wheels", budget_s=300)
+    assert refused.returncode == 2 and re.search(
+        r"^device.sh: \d+ s of the 300 s budget$", refused.stdout, re.MULTILINE
+    )
+    pin = next(
+        line
+        for line in (PROJECT_DIR / "bench" / "gpu-requirements.txt").read_text().splitlines()
+        if line.startswith("deepspeed==")
+    )
+    (tmp_path / "wheels" / f"deepspeed-{pin.split('==')[1]}.tar.gz").write_bytes(b"")
+    checked = device_sh("--dry-run", str(tmp_path / "checked"), wheels=tmp_path / "wheels")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert re.search(r"^device.sh: \d+ s of the 460 s budget$", checked.stdout, re.MULTILINE)
+    assert "of the 460 s budget" in (tmp_path / "checked" / "device.log").read_text()
+
+
+def test_gpu_quick_keeps_the_ranks_logs_and_says_the_budget_spent_when_an_arm_fails(tmp_path, monkeypatch, capsys):
+    from bench import __main__ as bench_main
+    from bench import gpu_quick
+
+    def failing_run(data_dir, work, sizes, device, save):
+        save({"arms": {"old_recipe": {}}})
+        (work / "gpu-quick-defaults").mkdir()
+        (work / "gpu-quick-defaults" / "bench.log").write_text(
+            "x" * gpu_quick.LOG_TAIL_BYTES + "InductorError: no cc\n"
+        )
+        (work / "gpu-quick-defaults" / "launch.log").write_text("rank 0 exited with 1\n")
+        raise RuntimeError("defaults failed with exit code 1; see bench.log")
+
+    monkeypatch.setattr(bench_main, "prepare_data", lambda work, form: str(work / "data"))
+    monkeypatch.setattr(gpu_quick, "run", failing_run)
+    budget = gpu_quick.Budget(seconds=460, began=time.time() - 100)
+    with pytest.raises(RuntimeError, match="defaults failed"):
+        bench_main.measure_gpu_quick(gpu_quick.SMOKE, "cpu", tmp_path / "out", None, budget)
+    logs = tmp_path / "out" / gpu_quick.LOGS / "gpu-quick-defaults"
+    assert (logs / "launch.log").read_text() == "rank 0 exited with 1\n"
+    kept = (logs / "bench.log").read_text()
+    assert len(kept) == gpu_quick.LOG_TAIL_BYTES and kept.endswith("InductorError: no cc\n")  # the end comes back
+    printed = capsys.readouterr().out
+    assert re.search(r"^gpu-quick: arm old_recipe done; 10\d s of the 460 s budget$", printed, re.MULTILINE), printed
+    assert "kept 2 logs" in printed
+
+
+def test_a_budget_says_what_is_spent_of_it():
+    from bench.gpu_quick import Budget
+
+    assert Budget(460, began=1000.0).spent(now=1123.4) == "123 s of the 460 s budget"
+    assert Budget(None, began=1000.0).spent(now=1010.0) == "10 s"
