@@ -406,3 +406,21 @@ def test_device_script_dry_run_installs_nothing_where_everything_is_present(tmp_
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "nothing to install" in ran.stdout and not re.search(r"^Would install", ran.stdout, re.MULTILINE)
     assert (tmp_path / "out" / "device.log").is_file() and not (tmp_path / "out" / RESULT_NAME).exists()
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_step_clock_waits_for_the_gpu_before_each_read_where_cuda_is_in_use(monkeypatch, cuda):
+    import torch
+
+    from bench import steps
+
+    happened = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: happened.append("synchronize"))
+    monkeypatch.setattr(steps.time, "perf_counter", lambda: happened.append("read") or float(len(happened)))
+    clock = steps.StepClock()
+    clock.on_step_begin(None, None, None)
+    clock.on_step_end(None, None, None)
+    assert happened == (["synchronize", "read"] * 2 if cuda else ["read"] * 2)
+    assert len(clock.step_began) == len(clock.step_ended) == 1
