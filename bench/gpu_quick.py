@@ -47,7 +47,14 @@ from pathlib import Path
 
 from bench.flops import FLOP_CONVENTION, mfu
 from bench.fullscale import WIKISQL_TRAIN_QUESTIONS
-from bench.old_recipe import LOSS_VOCABULARY, OLD_BATCH, mean_sample_flops, old_recipe, trained_examples
+from bench.old_recipe import (
+    LOSS_VOCABULARY,
+    OLD_BATCH,
+    mean_sample_flops,
+    mean_sample_tokens,
+    old_recipe,
+    trained_examples,
+)
 from bench.old_recipe import label as old_label
 from bench.ours import available, launch_ours, peak_memory, probe_record, run_summary, step_samples, throughput
 from bench.steps import StepClock, step_times, timed_window
@@ -200,10 +207,12 @@ def old_recipe_arm(load: Workload, sizes: QuickSizes, started: float) -> tuple[f
         old = old_recipe(load.model, load.data, Path(output), StepClock(), sizes.steps, load.device, sizes.old_batch)
     steps, seconds = timed_window(old, sizes.warmup_steps)
     old_rate = steps * sizes.old_batch / seconds
-    old_flops = mean_sample_flops(load.shape, trained_examples(load.data, sizes.steps, sizes.old_batch))
+    trained = trained_examples(load.data, sizes.steps, sizes.old_batch)
+    old_flops = mean_sample_flops(load.shape, trained)
     return old_rate, {
         "label": old_label(sizes.old_batch),
         "samples_per_s": round(old_rate, 2),
+        "real_tokens_per_s": round(old_rate * mean_sample_tokens(trained)),
         "mfu_real_tokens": rounded(mfu(old_rate * old_flops, 1.0, load.peak)),
         "peak_memory_gib": round(old["peak_memory_bytes"] / GIB, 3),
         "memory_measure": old["memory_measure"],
@@ -233,17 +242,18 @@ def defaults_arm(load: Workload, sizes: QuickSizes, work: Path, chosen: dict) ->
     )
     summary, record = run_summary(run_dir), probe_record(run_dir)
     budget = summary["token_budget"]["max_tokens_per_batch"]
-    samples, flops = throughput(record, step_samples(load.lengths, budget, load.shape, sizes.steps), sizes.warmup_steps)
+    rates = throughput(record, step_samples(load.lengths, budget, load.shape, sizes.steps), sizes.warmup_steps)
     memory, measure = peak_memory(record)
     compiled = chosen.get("torch_compile", False)
-    return samples, {
+    return rates.samples, {
         "label": (
             f"defaults: textsql launch --ranks 1, profile {summary['profile']} ({summary['profile_chosen_by']}), "
             f"{summary['precision']}, {'torch.compile' if compiled else 'eager'}, {chosen['optim']}, token budget "
             f"{budget}, --loss_vocabulary {LOSS_VOCABULARY}, --report_to none"
         ),
-        "samples_per_s": round(samples, 2),
-        "mfu_real_tokens": rounded(mfu(flops, 1.0, load.peak)),
+        "samples_per_s": round(rates.samples, 2),
+        "real_tokens_per_s": round(rates.tokens),
+        "mfu_real_tokens": rounded(mfu(rates.flops, 1.0, load.peak)),
         "peak_memory_gib": round(memory / GIB, 3),
         "memory_measure": measure,
         "loss_vocabulary": summary["loss_vocabulary"],
@@ -265,8 +275,9 @@ def table(result: dict) -> str:
     lines = [
         f"gpu-quick on {result['device']} (torch {versions['torch']}, CUDA {versions['cuda']}), model {result['model']}",
         "",
-        "| arm | samples/s | MFU | peak memory GiB | loss vocabulary | warm-up s | median step s | slowest step s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | samples/s | real tokens/s | MFU | peak memory GiB | loss vocabulary | warm-up s | median step s |"
+        + " slowest step s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in ARMS:
         arm = result["arms"].get(name)
@@ -274,7 +285,8 @@ def table(result: dict) -> str:
             continue
         share = "n/a" if arm["mfu_real_tokens"] is None else f"{arm['mfu_real_tokens']:.2%}"
         lines.append(
-            f"| {name} | {arm['samples_per_s']} | {share} | {arm['peak_memory_gib']} | {arm['loss_vocabulary']} | "
+            f"| {name} | {arm['samples_per_s']} | {arm['real_tokens_per_s']} | {share} | {arm['peak_memory_gib']} | "
+            f"{arm['loss_vocabulary']} | "
             f"{arm['warmup_s']} | {arm['median_step_s']} | {arm['slowest_step_s']} |"
         )
     lines += ["", *(f"- {name}: {result['arms'][name]['label']}" for name in ARMS if name in result["arms"])]

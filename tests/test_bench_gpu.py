@@ -49,6 +49,7 @@ SECTION_KEYS = (
 ROW_KEYS = (
     "profile",
     "samples_per_s",
+    "real_tokens_per_s",
     "vs_old_recipe",
     "mfu_real_tokens",
     "max_memory_gib_per_rank",
@@ -61,6 +62,7 @@ OPS_KEYS = ("ops", "host_syncs", "reduce_calls", "optimizer_ops", "optimizer_hos
 ARM_KEYS = (
     "label",
     "samples_per_s",
+    "real_tokens_per_s",
     "mfu_real_tokens",
     "peak_memory_gib",
     "memory_measure",
@@ -150,9 +152,10 @@ def test_step_samples_rebuild_every_epoch_of_the_seeded_sampler():
     lengths = ([10 + i % 40 for i in range(200)], [5 + i % 17 for i in range(200)])
     per_epoch = len(TokenBudgetBatchSampler(*lengths, 512, seed=42))
     steps = step_samples(lengths, 512, TINY, 2 * per_epoch)
-    assert len(steps) == 2 * per_epoch and sum(n for n, _ in steps) == 400
+    assert len(steps) == 2 * per_epoch and sum(step.samples for step in steps) == 400
+    assert sum(step.tokens for step in steps) == 2 * (sum(lengths[0]) + sum(lengths[1]))  # real tokens, no padding
     total_flops = sum(training_flops(TINY, s, t) for s, t in zip(*lengths))
-    assert sum(f for _, f in steps) == pytest.approx(2 * total_flops)
+    assert sum(step.flops for step in steps) == pytest.approx(2 * total_flops)
     assert step_samples(lengths, 512, TINY, 3) == steps[:3]
 
 
@@ -199,6 +202,34 @@ def test_the_gpu_section_runs_at_smoke_size(tmp_path):
     figure = run_bench(tmp_path, "--only", "gpu", timeout=840)["gpu"]  # under the suite's 900 s per test
     assert figure["old_recipe_samples_per_s"] > 0 and figure["profiles"]["default"]["samples_per_s"] > 0
     assert figure["device"] and figure["versions"]["cuda"]
+
+
+def test_throughput_gives_tokens_per_second_beside_samples_per_second():
+    from bench.ours import StepWork, throughput
+
+    per_step = [StepWork(10, 100.0, 1000), StepWork(20, 200.0, 3000), StepWork(30, 300.0, 5000)]
+    assert throughput(record(3), per_step, skip=1) == StepWork(25.0, 250.0, 4000.0)  # steps 2-3 over 2 s
+
+
+def test_the_gpu_quick_table_shows_tokens_per_second_beside_samples_per_second():
+    from bench.gpu_quick import table
+
+    arm = {
+        "label": "x",
+        "samples_per_s": 508.1,
+        "real_tokens_per_s": 40123,
+        "mfu_real_tokens": 0.05,
+        "peak_memory_gib": 1.0,
+        "loss_vocabulary": "full",
+        "warmup_s": 3.0,
+        "median_step_s": 0.06,
+        "slowest_step_s": 0.07,
+    }
+    shown = table(
+        {"device": "H100", "versions": {"torch": "2", "cuda": "13"}, "model": "m", "arms": {"old_recipe": arm}}
+    )
+    header, _, row = shown.splitlines()[2:5]
+    assert header.startswith("| arm | samples/s | real tokens/s |") and row.startswith("| old_recipe | 508.1 | 40123 |")
 
 
 def test_step_times_separate_the_warm_up_from_the_timed_steps():
