@@ -10,9 +10,10 @@ Both arms train a model of t5-small's shape (``textsql/assets/t5-small``, random
   steps either way), so on CUDA the profile ``auto`` picks, bf16, torch.compile, fused AdamW, TF32 and the
   token budget for the GPU's memory.
 
-Samples/s is taken inside each training process between the end of the last warm-up step and the end of the last
-step (:class:`bench.steps.StepClock`): compilation and recompilation for new batch shapes fall in the warm-up;
-``slowest_step_s`` beside ``median_step_s`` shows one that did not. MFU counts each sample's FLOPs at the lengths
+Samples/s (and real tokens/s: each sample's input and labels at their own lengths) is taken inside each training
+process between the end of the last warm-up step and the end of the last step (:class:`bench.steps.StepClock`,
+which waits for the GPU before each read): compilation falls in the warm-up; ``slowest_step_s`` beside
+``median_step_s`` shows a recompilation that did not. MFU counts each sample's FLOPs at the lengths
 it trains at, the full output layer included (:mod:`bench.flops`); peak memory is torch's high-water mark of
 allocated CUDA memory (on a CPU, peak RSS). One JSON (``gpu_quick.json`` in ``--out``), written after each arm,
 with ``process_wall_s`` (from the process's start) at the end, and a table on stdout.
@@ -22,9 +23,8 @@ JSON says what it took): imports and preparing the data about 30 s (measured on 
 resampling 56,355 questions take seconds); the old recipe about 30 s (230 steps at the 62-63 ms a step of
 DESIGN.md's H100 run, 508 samples/s at batch 32, plus CUDA start-up); the defaults about 2-3 minutes:
 launcher and rank start-up and DeepSpeed's set-up about 30 s, torch.compile of t5-small's training step about a
-minute and each recompilation for new batch shapes as much again (dynamo marks the changing dimensions dynamic
-at the first, so one or two), 230 steps of at most the 62 ms a launch-bound step took eager, and writing the
-model. About 3-4 minutes in all, within the 5 the lease allows it; a compile much slower than this shows in
+minute (once: the trainer marks the token-budget batches' dimensions dynamic, so no batch shape recompiles), 230
+steps of at most the 62 ms a launch-bound step took eager, and writing the model. About 3-4 minutes in all, within the 5 the lease allows it; a compile much slower than this shows in
 ``warmup_s``.
 
 ``--device cpu --smoke`` runs the same code with the embedded small T5, a few steps and a small token budget
@@ -112,7 +112,7 @@ def keep_logs(work: Path, out: Path) -> list[Path]:
 class QuickSizes:
     """How much work ``gpu-quick`` does."""
 
-    # Left out of samples/s: the first compilation and the recompilations for new token-budget batch shapes.
+    # Left out of samples/s: the compilation, and the allocator's and cuBLAS's first choices.
     warmup_steps: int = 30
     timed_steps: int = 200
     questions: int = WIKISQL_TRAIN_QUESTIONS
