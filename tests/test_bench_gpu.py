@@ -328,6 +328,9 @@ def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(checkout, tmp_path
         assert arm["loss_vocabulary"] == "full" and arm["timed_steps"] == 2, (name, arm)
     assert result["value"] > 0 and result["device"] == "cpu" and result["machine"]["cores"]
     assert "| old_recipe |" in ran.stdout and "| defaults |" in ran.stdout and "defaults / old recipe" in ran.stdout
+    assert "| real tokens/s |" in ran.stdout and "gpu-quick: arm defaults done; " in ran.stdout
+    # The rank's log comes back with the results, as it would from a GPU machine.
+    assert (tmp_path / "out" / "logs" / "gpu-quick-defaults" / "bench.log").is_file()
     # The rank trained the copy's model, not the worktree's.
     assert (
         str(checkout / "textsql" / "assets" / "t5-tiny")
