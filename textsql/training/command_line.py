@@ -173,7 +173,7 @@ def check_train_args(argv: list[str]) -> None:
 
     Usage::
 
-        >>> check_train_args(train_argv(data_dir="runs/data", output_dir="runs/r1", profile="zero9"))
+        >>> check_train_args(train_argv(data_dir="runs/data", run_dir="runs/r1", profile="zero9"))
         Traceback (most recent call last):
         textsql.errors.ProfileError: unknown profile 'zero9'; pass --profile one of zero0, ...
 
