@@ -89,7 +89,9 @@ def test_a_changed_parameter_reruns_its_notebook_and_every_one_after_it(tmp_path
     steps = continuation_steps(manifest, changed)
     assert actions(steps) == ["run", "run", "run"]
     assert steps[PREPARE].extra == {"overwrite": True}, "notebook 01 replaces its earlier dataset"
-    assert steps[TRAIN].extra == {"resume_from_checkpoint": None, "overwrite_output_dir": True}, "trained again from step 0"
+    assert steps[TRAIN].extra == {"resume_from_checkpoint": None, "overwrite_output_dir": True}, (
+        "trained again from step 0"
+    )
     assert steps[TRAIN].reason == f"{PREPARE} runs again"
 
 
@@ -148,9 +150,10 @@ def test_a_change_a_checkpoint_cannot_take_is_refused_in_one_line(tmp_path, note
         "set it back to resume, or overwrite_output_dir=true to train from step 0"
     )
     changed[TRAIN] = {**changed[TRAIN], "overwrite_output_dir": True}
-    assert continuation_steps(manifest, changed)[TRAIN].extra == {"resume_from_checkpoint": None, "overwrite_output_dir": True}, (
-        "the fix it names"
-    )
+    assert continuation_steps(manifest, changed)[TRAIN].extra == {
+        "resume_from_checkpoint": None,
+        "overwrite_output_dir": True,
+    }, "the fix it names"
 
 
 def zero_checkpoint(run_dir: Path, step: int, ranks: int) -> Path:
