@@ -96,9 +96,9 @@ def test_missing_data_and_run_dirs_name_the_flag():
 @pytest.mark.parametrize(
     ("old", "usage"),
     [
-        (["--run-dir", "out"], "--run-dir DIR"),
+        (["--output-dir", "out"], "--run-dir DIR"),
         (["--output_dir=out"], "--run-dir DIR"),
-        (["--resume-from-checkpoint", "auto"], "--resume-from-checkpoint auto|PATH"),
+        (["--resume", "auto"], "--resume-from-checkpoint auto|PATH"),
     ],
 )
 def test_the_previous_releases_flags_are_refused_with_their_new_spelling(old, usage):
