@@ -77,6 +77,8 @@ PINNED_PARAMETERS: dict[str, tuple[str, ...]] = {
     PREPARE: ("source", "input_format", "model", "data_dir", "limit"),
     TRAIN: ("model", "data_dir", "profile", "per_device_train_batch_size", "learning_rate"),
 }
+# What precision auto resolves to on workers with GPUs, as the master can tell: each rank picks by its GPU.
+GPU_PRECISION = "bf16 or fp32, by the GPU"
 # What a notebook needs to replace what an earlier run of it left: 01 refuses an existing data_dir, 02 a run_dir
 # with checkpoints, unless told.
 FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
@@ -156,7 +158,7 @@ class Manifest:
     Usage::
 
         manifest = Manifest.load(run_dir)
-        manifest.begin()                          # this attempt's id into the environment of what it starts
+        manifest.begin()                          # a new attempt; manifest.marks() go to what it starts
         manifest.started("01_prepare_dataset", parameters, executed_copy)
         manifest.finished("01_prepare_dataset", completed=True)
     """
@@ -206,15 +208,14 @@ class Manifest:
             return None
 
     def begin(self) -> str:
-        """Start an attempt: a new id, recorded with this process, and put into this process's environment,
-        which every notebook kernel, worker and launcher it starts inherits.
+        """Start an attempt: a new id, recorded with this process. This process's environment is left as it is: the
+        notebooks' kernels get the attempt's marks from :meth:`marks`, and every worker and launcher they start
+        inherits them.
 
         :rtype: str
         :returns: the attempt's id.
         """
         attempt = secrets.token_hex(8)
-        os.environ[ATTEMPT_VAR] = attempt
-        os.environ[RUN_MARK_VAR] = run_mark(self.run_dir)
         self.data["attempt"] = {
             "id": attempt,
             "pid": os.getpid(),
@@ -223,6 +224,14 @@ class Manifest:
         }
         self.save()
         return attempt
+
+    def marks(self) -> dict[str, str]:
+        """The variables every process of the attempt carries: its id and the run's mark, by which a continuation
+        finds what a hard kill of it left (:mod:`textsql.pipeline.leftovers`).
+
+        :rtype: dict[str, str]
+        """
+        return {ATTEMPT_VAR: self.attempt["id"], RUN_MARK_VAR: run_mark(self.run_dir)}
 
     def started(self, name: str, parameters: Mapping[str, Any], executed: Path) -> None:
         """Record that ``name`` runs now with these (effective) parameters, after the runs of the notebooks before it,
@@ -263,8 +272,10 @@ class Manifest:
 
 def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """What notebook 02's parameters resolve to on the master: the profile (``auto``: the one the notebook's estimate
-    picks for its workers, :func:`textsql.training.estimate.workers_estimate`) and the ranks, workers x GPUs per
-    worker (one rank a worker on CPUs). The precision is not among them: each rank resolves it from its own device.
+    picks for its workers, :func:`textsql.training.estimate.workers_estimate`), the precision (``auto``, which each
+    rank resolves from its device: fp32 on CPUs; on GPUs bf16 where the GPU has it, else fp32,
+    :func:`textsql.training.command_line.resolve_precision`) and the ranks, workers x GPUs per worker (one rank a
+    worker on CPUs).
 
     :param parameters: the notebook's effective parameters.
     :rtype: dict
@@ -283,7 +294,11 @@ def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
                 parameters["worker_memory"],
             )
         profile = choose_profile(profile, report)
-    return {"profile": profile, "ranks": parameters["workers"] * max(parameters["worker_gpus"], 1)}
+    return {
+        "profile": profile,
+        "precision": GPU_PRECISION if parameters["worker_gpus"] else "fp32",
+        "ranks": parameters["workers"] * max(parameters["worker_gpus"], 1),
+    }
 
 
 def changed_parameters(name: str, recorded: Mapping[str, Any], parameters: Mapping[str, Any]) -> dict[str, tuple]:
@@ -334,8 +349,9 @@ def _pinned_changes(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]],
     # Another model or profile is refused already, and resolving it could need its config from the network.
     if "resolved" in record and not changes:
         old, new = record["resolved"], resolved_training(effective_parameters(TRAIN, chosen[TRAIN]))
-        if old["profile"] != new["profile"]:
-            changes.append(f"the profile it resolved to ({old['profile']!r} -> {new['profile']!r})")
+        for key in ("profile", "precision"):
+            if key in old and old[key] != new[key]:  # records from before the precision lack it
+                changes.append(f"the {key} it resolved to ({old[key]!r} -> {new[key]!r})")
         if old["ranks"] != new["ranks"] and needs_conversion(checkpoint, new["ranks"]):
             changes.append(f"its ranks, workers x worker_gpus ({old['ranks']} -> {new['ranks']})")
     return changes
