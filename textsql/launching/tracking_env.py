@@ -32,7 +32,6 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 
 from textsql.constants import TRACKING_ENV_NAME, TRACKING_ENV_VAR, TRACKING_PREFIX
 from textsql.launching.command import LaunchArguments
@@ -94,4 +93,3 @@ def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None =
         path.unlink(missing_ok=True)
         if run_id:
             end_killed_run(arguments.run_dir)
-

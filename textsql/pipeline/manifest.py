@@ -10,7 +10,8 @@ newest complete checkpoint; the rest run, and so does every notebook after one t
 
 A change that would make a checkpoint train on something else (another dataset, model, profile, batch or
 learning rate under it) is refused in one line, since the trainer would either fail or silently keep the
-checkpoint's values. What training's parameters resolved to is recorded when it starts (:func:`resolved_training`)
+checkpoint's values. What training's parameters resolved to is recorded when it starts
+(:func:`~textsql.pipeline.parameters.resolved_training`)
 and compared, not the parameters alone: the profile ``auto`` picks for the workers, and the number of ranks, which a
 ZeRO-1/2/3 checkpoint without a universal conversion cannot change (:mod:`textsql.training.universal`).
 
@@ -25,7 +26,6 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
-from contextlib import chdir
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,9 @@ from textsql.constants import (
     RUN_SUMMARY_NAME,
 )
 from textsql.files import DATASET_DICT_FILE, master_dir, read_json, write_json
-from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
+from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults, resolved_training
 from textsql.rank_lines import RUN_MARK_VAR, run_mark
 from textsql.training.checkpoints import newest_complete_checkpoint
-from textsql.training.profiles import AUTO_PROFILE
 from textsql.training.universal import needs_conversion
 
 logger = logging.getLogger(__name__)
@@ -77,8 +76,6 @@ PINNED_PARAMETERS: dict[str, tuple[str, ...]] = {
     PREPARE: ("source", "input_format", "model", "data_dir", "limit"),
     TRAIN: ("model", "data_dir", "profile", "per_device_train_batch_size", "learning_rate"),
 }
-# What precision auto resolves to on workers with GPUs, as the master can tell: each rank picks by its GPU.
-GPU_PRECISION = "bf16 or fp32, by the GPU"
 # What a notebook needs to replace what an earlier run of it left: 01 refuses an existing data_dir, 02 a run_dir
 # with checkpoints, unless told.
 FRESH_PARAMETERS: dict[str, dict[str, Any]] = {
@@ -235,7 +232,7 @@ class Manifest:
 
     def started(self, name: str, parameters: Mapping[str, Any], executed: Path) -> None:
         """Record that ``name`` runs now with these (effective) parameters, after the runs of the notebooks before it,
-        and for training what they resolve to (:func:`resolved_training`).
+        and for training what they resolve to (:func:`~textsql.pipeline.parameters.resolved_training`).
 
         :param name: the notebook.
         :param parameters: its effective parameters (:func:`effective_parameters`).
@@ -268,37 +265,6 @@ class Manifest:
             found = [path for path in outputs(name, record["parameters"]) if path.exists()]
             record["outputs"] = [str(path) for path in [*found, Path(record["executed"])]]
         self.save()
-
-
-def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """What notebook 02's parameters resolve to on the master: the profile (``auto``: the one the notebook's estimate
-    picks for its workers, :func:`textsql.training.estimate.workers_estimate`), the precision (``auto``, which each
-    rank resolves from its device: fp32 on CPUs; on GPUs bf16 where the GPU has it, else fp32,
-    :func:`textsql.training.command_line.resolve_precision`) and the ranks, workers x GPUs per worker (one rank a
-    worker on CPUs).
-
-    :param parameters: the notebook's effective parameters.
-    :rtype: dict
-    :raises ProfileError: ``auto`` when no profile fits the workers, naming the fix.
-    """
-    profile = parameters["profile"]
-    if profile == AUTO_PROFILE:
-        from textsql.training.estimate import choose_profile, workers_estimate
-
-        with chdir(NOTEBOOKS_DIR):  # a model directory is relative to the notebook, as its kernel reads it
-            report = workers_estimate(
-                parameters["model"],
-                parameters["workers"],
-                parameters["worker_gpus"],
-                parameters["gpu_memory_gb"],
-                parameters["worker_memory"],
-            )
-        profile = choose_profile(profile, report)
-    return {
-        "profile": profile,
-        "precision": GPU_PRECISION if parameters["worker_gpus"] else "fp32",
-        "ranks": parameters["workers"] * max(parameters["worker_gpus"], 1),
-    }
 
 
 def changed_parameters(name: str, recorded: Mapping[str, Any], parameters: Mapping[str, Any]) -> dict[str, tuple]:
@@ -376,25 +342,33 @@ def continuation_steps(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any
         upstream_runs.append(name)
         steps[name] = Step("run", reason, FRESH_PARAMETERS[name])
         if name == TRAIN:
-            steps[name] = _training_step(manifest, chosen, parameters, reason)
+            steps[name] = _training_step(manifest, chosen, parameters, reason, data_again=len(upstream_runs) > 1)
     return steps
 
 
 def _training_step(
-    manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]], parameters: Mapping[str, Any], reason: str
+    manifest: Manifest,
+    chosen: Mapping[str, Mapping[str, Any]],
+    parameters: Mapping[str, Any],
+    reason: str,
+    data_again: bool,
 ) -> Step:
     record = manifest.records.get(TRAIN)
     checkpoint = newest_complete_checkpoint(notebook_relative(parameters["run_dir"]))
-    if record is None or record["status"] == COMPLETED or checkpoint is None or parameters["overwrite_output_dir"]:
+    if record is None or record["status"] == COMPLETED or parameters["overwrite_output_dir"]:
         return Step("run", reason, FRESH_PARAMETERS[TRAIN])
+    relaunch = {"resume": "auto", "overwrite_output_dir": False}
+    if checkpoint is None:
+        # The same training starts over from step 0, in the same MLflow run (textsql.tracking.launch_runs), unless
+        # it is another training now: its dataset prepared again, or a parameter of its changed.
+        prepared_since = record["inputs"].get(PREPARE) != manifest.records.get(PREPARE, {}).get("run")
+        if data_again or prepared_since or changed_parameters(TRAIN, record["parameters"], parameters):
+            return Step("run", reason, FRESH_PARAMETERS[TRAIN])
+        return Step("relaunch", f"{reason}: no complete checkpoint, starting again from step 0", relaunch)
     changes = _pinned_changes(manifest, chosen, Path(checkpoint))
     if changes:
         raise NotebookError(
             f"cannot resume {TRAIN} from {Path(checkpoint).name}, which was trained before {', '.join(changes)} changed; "
             f"set {'them' if len(changes) > 1 else 'it'} back to resume, or overwrite_output_dir=true to train from step 0"
         )
-    return Step(
-        "relaunch",
-        f"{reason}: continuing from {Path(checkpoint).name}",
-        {"resume": "auto", "overwrite_output_dir": False},
-    )
+    return Step("relaunch", f"{reason}: continuing from {Path(checkpoint).name}", relaunch)

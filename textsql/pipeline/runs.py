@@ -94,10 +94,11 @@ def kernel_with_variables() -> type:
     from jupyter_client import AsyncKernelManager
     from traitlets import Dict
 
-    class KernelWithVariables(AsyncKernelManager):  # type: ignore[misc]
+    class KernelWithVariables(AsyncKernelManager):
         variables = Dict(config=True, help="Variables the kernel gets beside this process's environment.")
 
-        async def start_kernel(self, **kw: Any) -> None:
+        # AsyncKernelManager's start_kernel is a coroutine; jupyter_client declares it with the blocking one's type.
+        async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
             kw["env"] = {**kw.get("env", os.environ), **self.variables}
             await super().start_kernel(**kw)
 

@@ -297,7 +297,9 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         # one more step before its first stop check ("step 9/8"): nothing is left to train, the checkpoint loaded
         # goes straight on to the final evaluation and the model.
         if self.state.global_step >= self.state.max_steps > 0:
-            logger.warning("resumed at step %d of %d: nothing left to train", self.state.global_step, self.state.max_steps)
+            logger.warning(
+                "resumed at step %d of %d: nothing left to train", self.state.global_step, self.state.max_steps
+            )
             self.control.should_training_stop = True
             return
         super()._run_epoch(*args, **kwargs)
