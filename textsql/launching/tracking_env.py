@@ -9,14 +9,16 @@ they are written, as JSON, to a file of mode 0600 in the training's output direc
 every backend's ranks reach: the shared volume on Kubernetes and CML, the hosts' own path for local and
 static workers), and only the file's path reaches the ranks (:data:`~textsql.constants.TRACKING_ENV_VAR`
 in ``.deepspeed_env``). The logging rank (world process zero) reads it into its own environment before
-MLflow starts (:func:`textsql.tracking.mlflow_runs.load_tracking_env`); with the MLflow run it is to log into,
-``MLFLOW_RUN_ID``, which the master decides and keeps (:func:`textsql.tracking.launch_runs.launch_run`: a relaunch
-continues the training's run), for a training that reports to MLflow on a tracking server the master names. The
-output directory, whether the training resumes and where it reports come from the training's own parser
-(:class:`~textsql.launching.training_plan.TrainingPlan`), so every spelling it accepts is understood here. The file lives as long as the launch:
-it is written before the runner starts and removed when the launch ends, however it ends; one a hard kill left
-behind is removed when the next launch starts (or its pipeline's leftovers are ended). A run its ranks left RUNNING
-(ended by the supervisor, or by a signal) is marked KILLED when the launch is over (a relaunch reopens it).
+MLflow starts (:func:`textsql.tracking.mlflow_runs.load_tracking_env`). For a training that reports to MLflow on a
+tracking server the master names, the file also holds ``MLFLOW_RUN_ID``, the run to log into, which the master
+decides and keeps (:func:`textsql.tracking.launch_runs.launch_run`: a relaunch continues the training's run).
+The output directory, whether the training resumes and where it reports come from the training's own parser
+(:class:`~textsql.launching.training_plan.TrainingPlan`), so every spelling it accepts is understood here.
+
+The file lives as long as the launch: it is written before the runner starts and removed when the launch ends,
+however it ends; one a hard kill left behind is removed when the next launch starts (or its pipeline's leftovers
+are ended). A run its ranks left RUNNING (ended by the supervisor, or by a signal) is marked KILLED when the launch
+is over (a relaunch reopens it).
 
 Usage::
 
