@@ -342,18 +342,6 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         with engine_autocast(self.model_wrapped):
             return super().prediction_step(*args, **kwargs)
 
-    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
-        # Resumed from a checkpoint at max_steps (the last one a killed run's ranks wrote), the trainer would take
-        # one more step before its first stop check ("step 9/8"): nothing is left to train, the checkpoint loaded
-        # goes straight on to the final evaluation and the model.
-        if self.state.global_step >= self.state.max_steps > 0:
-            logger.warning(
-                "resumed at step %d of %d: nothing left to train", self.state.global_step, self.state.max_steps
-            )
-            self.control.should_training_stop = True
-            return
-        super()._run_epoch(*args, **kwargs)
-
     def _maybe_log_save_evaluate(self, tr_loss: torch.Tensor, grad_norm: Any, *args: Any, **kwargs: Any) -> None:
         # DeepSpeed has no norm of a plain optimizer's gradients (get_global_grad_norm is None): the clipping hook's
         # tensor stands in, read on the host (.item()) by the parent only at a logging step.
