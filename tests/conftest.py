@@ -24,8 +24,8 @@ def master_state_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_attempt_marker(monkeypatch):
-    """Manifest.begin marks this process's environment with the attempt and the run's mark; the subprocesses of
-    later tests must not carry them."""
+    """No test's subprocess carries an attempt's marks from the environment the tests run in (a demo's kernel, a
+    CML job): a continuation would take it for the run's."""
     from textsql.pipeline.manifest import ATTEMPT_VAR
     from textsql.rank_lines import RUN_MARK_VAR
 

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from helpers.launch import BIN, HOSTS, tagged_processes, textsql_launch
 from helpers.paths import PROJECT_DIR
 
+from textsql.arguments import train_argv
 from textsql.cli import cli
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME
 from textsql.errors import LaunchError
@@ -50,6 +51,9 @@ print(f"stand-in rank {rank}/{dist.get_world_size()} node {os.environ['CROSS_RAN
 time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
 dist.destroy_process_group()
 """
+
+# A training command line the launch reads (its output directory) before anything starts.
+TRAINING = train_argv(data_dir="data", output_dir="out")
 
 
 @pytest.fixture
@@ -190,7 +194,7 @@ def test_missing_pdsh_names_the_package(tmp_path: Path, monkeypatch: pytest.Monk
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n")
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(LaunchError, match="pdsh is not installed; run `make setup`"):
-        launch(LaunchArguments(run_dir=tmp_path))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=TRAINING))
 
 
 def test_unreachable_host_fails_before_anything_starts(tmp_path: Path) -> None:
@@ -199,7 +203,7 @@ def test_unreachable_host_fails_before_anything_starts(tmp_path: Path) -> None:
         f"Host 127.0.0.2\n  Port {free_port('127.0.0.2')}\n  StrictHostKeyChecking yes\n"
     )
     with pytest.raises(LaunchError, match=r"passwordless ssh failed for 127\.0\.0\.2 \(.*Connection refused"):
-        launch(LaunchArguments(run_dir=tmp_path))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=TRAINING))
     assert not (tmp_path / "launch.log").exists()
 
 
@@ -207,7 +211,7 @@ def test_unverified_host_keys_are_refused(tmp_path: Path) -> None:
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n")
     (tmp_path / "ssh_config").write_text("Host *\n  StrictHostKeyChecking no\n")
     with pytest.raises(LaunchError, match="would not verify its host key"):
-        launch(LaunchArguments(run_dir=tmp_path))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=TRAINING))
 
 
 # ---- real launches ----------------------------------------------------------------------------

@@ -118,14 +118,22 @@ def test_a_training_killed_after_a_checkpoint_is_relaunched_to_resume_from_it(tm
     assert steps[TRAIN].reason.endswith(": continuing from checkpoint-2")
 
 
-def test_a_killed_training_without_a_complete_checkpoint_starts_over(tmp_path):
+def test_a_killed_training_without_a_complete_checkpoint_starts_over_as_the_same_training(tmp_path):
+    """From step 0, but relaunched as the supervisor relaunches it: resuming, so it logs on into the same MLflow run
+    (textsql.tracking.launch_runs); changed, or on a dataset prepared again, it is another training."""
     chosen = demo_parameters(tmp_path)
     manifest = Manifest(tmp_path)
     record(manifest, chosen, PREPARE)
     record(manifest, chosen, TRAIN, completed=False)
     (tmp_path / "checkpoint-2").mkdir()
     steps = continuation_steps(manifest, chosen)
-    assert actions(steps) == ["skip", "run", "run"] and steps[TRAIN].extra["overwrite_output_dir"] is True
+    assert actions(steps) == ["skip", "relaunch", "run"]
+    assert steps[TRAIN].extra == {"resume": "auto", "overwrite_output_dir": False}
+    assert steps[TRAIN].reason.endswith(": no complete checkpoint, starting again from step 0")
+    changed = {**chosen, TRAIN: {**chosen[TRAIN], "max_steps": 8}}
+    assert continuation_steps(manifest, changed)[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}
+    prepared_again = {**chosen, PREPARE: {**chosen[PREPARE], "limit": 48}}
+    assert continuation_steps(manifest, prepared_again)[TRAIN].extra["overwrite_output_dir"] is True
 
 
 @pytest.mark.parametrize(
@@ -171,15 +179,16 @@ def test_a_continuation_pins_what_training_resolved_to_not_the_parameters(tmp_pa
     record(manifest, chosen, TRAIN, completed=False)
     checkpoint = zero_checkpoint(tmp_path, 2, ranks=2)
     recorded = json.loads(manifest_path(tmp_path).read_text())["notebooks"][TRAIN]
-    assert recorded["resolved"] == {"profile": "zero1", "ranks": 2}, "profile auto on two CPU workers"
+    assert recorded["resolved"] == {"profile": "zero1", "precision": "fp32", "ranks": 2}, "auto on two CPU workers"
 
     on_gpus = {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4, "worker_gpus": 1}}
     with pytest.raises(NotebookError) as refused:
         continuation_steps(manifest, on_gpus)
     assert str(refused.value) == (
         f"cannot resume {TRAIN} from checkpoint-2, which was trained before the profile it resolved to "
-        "('zero1' -> 'zero0'), its ranks, workers x worker_gpus (2 -> 4) changed; "
-        "set them back to resume, or overwrite_output_dir=true to train from step 0"
+        "('zero1' -> 'zero0'), the precision it resolved to ('fp32' -> 'bf16 or fp32, by the GPU'), its ranks, "
+        "workers x worker_gpus (2 -> 4) changed; set them back to resume, or overwrite_output_dir=true to train "
+        "from step 0"
     )
     more = {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4}}
     with pytest.raises(NotebookError, match=r"before its ranks, workers x worker_gpus \(2 -> 4\) changed; set it"):
@@ -188,6 +197,27 @@ def test_a_continuation_pins_what_training_resolved_to_not_the_parameters(tmp_pa
     (checkpoint / "global_step2_universal" / "zero").mkdir(parents=True)
     (checkpoint / "latest_universal").write_text("global_step2_universal")
     assert actions(continuation_steps(manifest, more)) == ["skip", "relaunch", "run"]
+
+
+def test_gpus_for_the_workers_change_the_precision_auto_resolves_to_and_are_refused(tmp_path):
+    """The same profile and ranks, given by name: only the device changes, and with it what precision auto is."""
+    chosen = demo_parameters(tmp_path)
+    chosen[TRAIN] |= {"profile": "zero1"}
+    manifest = Manifest(tmp_path)
+    record(manifest, chosen, PREPARE)
+    record(manifest, chosen, TRAIN, completed=False)
+    zero_checkpoint(tmp_path, 2, ranks=2)
+    with pytest.raises(NotebookError) as refused:
+        continuation_steps(manifest, {**chosen, TRAIN: {**chosen[TRAIN], "worker_gpus": 1}})
+    assert str(refused.value) == (
+        f"cannot resume {TRAIN} from checkpoint-2, which was trained before the precision it resolved to "
+        "('fp32' -> 'bf16 or fp32, by the GPU') changed; set it back to resume, or overwrite_output_dir=true to "
+        "train from step 0"
+    )
+    del manifest.records[TRAIN]["resolved"]["precision"]  # a record from before the precision was kept
+    assert actions(continuation_steps(manifest, {**chosen, TRAIN: {**chosen[TRAIN], "worker_gpus": 1}}))[1] == (
+        "relaunch"
+    )
 
 
 def test_a_record_from_before_resolved_values_compares_only_its_parameters(tmp_path):

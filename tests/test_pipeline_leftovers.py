@@ -32,8 +32,10 @@ from textsql.rank_lines import RUN_MARK_VAR, run_mark
 
 def test_an_attempt_still_running_is_found_and_a_dead_one_is_not(tmp_path):
     manifest = Manifest(tmp_path)
+    before = dict(os.environ)
     manifest.begin()
-    assert os.environ[ATTEMPT_VAR] == manifest.attempt["id"]
+    assert dict(os.environ) == before, "the attempt's marks go to the kernels it starts, not into this process"
+    assert manifest.marks() == {ATTEMPT_VAR: manifest.attempt["id"], RUN_MARK_VAR: run_mark(tmp_path)}
     assert manifest.running_elsewhere() is None, "this very process"
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

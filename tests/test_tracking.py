@@ -36,8 +36,8 @@ def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after
     environ = {"MLFLOW_TRACKING_URI": "http://10.0.0.5:5000", "MLFLOW_TRACKING_TOKEN": token, "HOME": "/root"}
     train_args = {
         "train_argv": train_argv(data_dir=tmp_path, run_dir=out),  # what notebook 02 and the demo launch with
-        "--run_dir": ["--run_dir", str(out)],
-        "--run-dir=": [f"--run-dir={out}"],
+        "--run_dir": ["--data_dir", str(tmp_path), "--run_dir", str(out)],
+        "--run-dir=": ["--data-dir", str(tmp_path), f"--run-dir={out}"],
     }[spelling]
     arguments = LaunchArguments(run_dir=tmp_path / "run", train_args=train_args)
     with tracking_env(arguments, environ) as tracked:
@@ -55,7 +55,7 @@ def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after
 
 
 def test_without_mlflow_variables_the_launch_is_unchanged(tmp_path: Path) -> None:
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--run_dir", str(tmp_path / "out")])
+    arguments = LaunchArguments(run_dir=tmp_path, train_args=train_argv(data_dir=tmp_path, run_dir=tmp_path / "out"))
     with tracking_env(arguments, {"HOME": "/root"}) as tracked:
         assert tracked is arguments
     assert not (tmp_path / "out").exists()
@@ -70,7 +70,7 @@ def test_a_tracking_file_a_hard_kill_left_is_removed_when_the_next_launch_starts
     out = tmp_path / "out"
     out.mkdir()
     (out / TRACKING_ENV_NAME).write_text(json.dumps({"MLFLOW_TRACKING_PASSWORD": "left-by-a-killed-launch"}))
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=["--run_dir", str(out)])
+    arguments = LaunchArguments(run_dir=tmp_path, train_args=train_argv(data_dir=tmp_path, run_dir=out))
     with tracking_env(arguments, {"HOME": "/root"}) as tracked:
         assert tracked is arguments and not (out / TRACKING_ENV_NAME).exists()
 

@@ -11,6 +11,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import secrets
 import signal
 import stat
@@ -19,14 +20,20 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
-from helpers.launch import textsql_launch
+from helpers.launch import tagged_processes, textsql_launch
 from helpers.paths import PROJECT_DIR
 
 from bench.tiny_run import tiny_run_argv
-from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME
+from textsql.arguments import train_argv
+from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_VAR
+from textsql.files import master_dir, read_json
+from textsql.launching.command import LaunchArguments
+from textsql.launching.tracking_env import tracking_env
+from textsql.pipeline.leftovers import end_leftovers
 from worker.network import free_port
 
 SERVER_START_S = 180
@@ -257,3 +264,84 @@ def test_a_resumed_training_continues_its_mlflow_run(prepared_sample: Path, tmp_
     (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "1"
     assert [point.step for point in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3, 4]
+
+
+def rank_pids(tag: str) -> list[int]:
+    """The training ranks among the processes of a launch tagged ``tag`` (not DeepSpeed's launcher above them)."""
+    return [
+        pid for pid in tagged_processes(tag) if b"textsql.training.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+@pytest.mark.slow
+def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
+    prepared_sample: Path, mlflow_server: int, tmp_path: Path
+) -> None:
+    """The supervisor relaunches a rank killed before any checkpoint: the training starts over from step 0, and logs
+    on into the MLflow run the master opened for it and keeps in its own directory, not into a second one."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir, out, log, tag = tmp_path / "run", tmp_path / "out", tmp_path / "launch.out", uuid.uuid4().hex
+    train_args = tiny_run_argv(
+        prepared_sample, out, max_steps=12, eval_every=None, profile="zero0", save_steps=1000, report_to="mlflow"
+    )
+    options = ("--launcher", "local", "--ranks", "1", "--max-restarts", "1")
+    uri = f"http://127.0.0.1:{mlflow_server}"
+    environ = os.environ | {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": EXPERIMENT, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as output:
+        launch = subprocess.Popen(
+            [*textsql_launch(run_dir, *options, env={"LAUNCH_TEST_TAG": tag}), "--", *train_args],
+            env=environ,
+            cwd=PROJECT_DIR,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while not re.search(r"step \d+/12: loss ", log.read_text()):
+            assert launch.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        for pid in rank_pids(tag):
+            os.kill(pid, signal.SIGKILL)
+        assert launch.wait(timeout=600) == 0, log.read_text()[-6000:]
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert "relaunching" in log.read_text(), "the supervisor did not relaunch"
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["max_steps"] == "12"
+    steps = [point.step for point in client.get_metric_history(run.info.run_id, "loss")]
+    assert steps.count(1) == 2 and steps[-12:] == list(range(1, 13)), f"both launches' losses in one run: {steps}"
+    assert read_json(master_dir(run_dir) / MLFLOW_RUN_NAME)["run_id"] == run.info.run_id
+
+
+@pytest.mark.slow
+def test_a_run_killed_hard_is_marked_killed_when_its_pipeline_continues_and_the_continuation_reopens_it(
+    mlflow_server: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master opened the run for a launch, then the demo was SIGKILLed: the run stays RUNNING until the
+    continuation ends the killed run's leftovers; the resumed launch is handed the same run."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"http://127.0.0.1:{mlflow_server}"
+    settings = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": EXPERIMENT}
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    run_dir, out = tmp_path / "run", tmp_path / "run"
+    train_args = train_argv(data_dir=tmp_path, output_dir=out, report_to="mlflow")
+    with tracking_env(LaunchArguments(run_dir=run_dir, train_args=train_args)) as tracked:
+        handed = json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"]
+        client = MlflowClient(uri)
+        assert client.get_run(handed).info.status == "RUNNING"
+        # A hard kill: the launch never gets to its end (the tracking file is removed by the next step too).
+        end_leftovers(run_dir, None)
+        assert client.get_run(handed).info.status == "KILLED"
+    resumed = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(resume="auto")])
+    with tracking_env(resumed) as tracked:
+        assert json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"] == handed
+    fresh = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(overwrite_output_dir=True)])
+    with tracking_env(fresh) as tracked:
+        assert json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"] != handed, "a new training"
+    assert len(client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])) == 2

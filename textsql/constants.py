@@ -50,7 +50,8 @@ LAUNCH_IDS_NAME = "launch_ids"
 LAUNCH_HOSTS_NAME = "launch_hosts"
 # MLflow tracking (textsql.launching.tracking_env on the master, textsql.tracking.mlflow_runs on the logging rank):
 # the launching environment's MLFLOW_* variables reach the rank in a 0600 file of the output directory, named
-# to the ranks by TRACKING_ENV_VAR, never on a command line; the run's MLflow run id is kept beside run.json.
+# to the ranks by TRACKING_ENV_VAR, never on a command line; the run's MLflow run id is kept beside run.json, and by
+# the master in the run's master-private directory (textsql.tracking.launch_runs), the copy it trusts.
 TRACKING_PREFIX = "MLFLOW_"
 TRACKING_ENV_VAR = "TEXTSQL_TRACKING_ENV"
 TRACKING_ENV_NAME = ".tracking_env.json"

@@ -9,9 +9,16 @@ they are written, as JSON, to a file of mode 0600 in the training's output direc
 every backend's ranks reach: the shared volume on Kubernetes and CML, the hosts' own path for local and
 static workers), and only the file's path reaches the ranks (:data:`~textsql.constants.TRACKING_ENV_VAR`
 in ``.deepspeed_env``). The logging rank (world process zero) reads it into its own environment before
-MLflow starts (:func:`textsql.tracking.mlflow_runs.load_tracking_env`). The file lives as long as the launch:
-it is written before the runner starts and removed when the launch ends, however it ends; one a hard kill left
-behind is removed when the next launch starts (or its pipeline's leftovers are ended).
+MLflow starts (:func:`textsql.tracking.mlflow_runs.load_tracking_env`). For a training that reports to MLflow on a
+tracking server the master names, the file also holds ``MLFLOW_RUN_ID``, the run to log into, which the master
+decides and keeps (:func:`textsql.tracking.launch_runs.launch_run`: a relaunch continues the training's run).
+The output directory, whether the training resumes and where it reports come from the training's own parser
+(:class:`~textsql.launching.training_plan.TrainingPlan`), so every spelling it accepts is understood here.
+
+The file lives as long as the launch: it is written before the runner starts and removed when the launch ends,
+however it ends; one a hard kill left behind is removed when the next launch starts (or its pipeline's leftovers
+are ended). A run its ranks left RUNNING (ended by the supervisor, or by a signal) is marked KILLED when the launch
+is over (a relaunch reopens it).
 
 Usage::
 
@@ -27,16 +34,17 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 
 from textsql.constants import TRACKING_ENV_NAME, TRACKING_ENV_VAR, TRACKING_PREFIX
 from textsql.launching.command import LaunchArguments
+from textsql.launching.training_plan import TrainingPlan
+from textsql.tracking.launch_runs import end_killed_run, launch_run
+from textsql.tracking.mlflow_runs import RUN_ID_VAR, wants_mlflow
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
-# Both spellings `textsql train` accepts (train_argv writes the first).
-OUTPUT_DIR_FLAGS = ("--run-dir", "--run_dir")
+TRACKING_URI_VAR = "MLFLOW_TRACKING_URI"
 
 
 def tracking_variables(environ: Mapping[str, str]) -> dict[str, str]:
@@ -59,20 +67,25 @@ def without_tracking(environ: Mapping[str, str]) -> dict[str, str]:
 def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None = None) -> Iterator[LaunchArguments]:
     """``arguments`` whose ranks find ``environ``'s ``MLFLOW_*`` variables in a 0600 file, for one launch.
 
-    With no such variable, or no ``--run-dir`` among the training arguments, ``arguments`` as they are.
+    With no such variable, or no run directory among the training arguments, ``arguments`` as they are.
 
     :param arguments: the launch.
     :param environ: the launching environment (``os.environ`` when None).
     :rtype: typing.Iterator[LaunchArguments]
     """
     variables = tracking_variables(os.environ if environ is None else environ)
-    output_dir = _output_dir(arguments.train_args)
+    plan = TrainingPlan.read(arguments)
+    output_dir = plan.output_dir
     if output_dir is not None:
         # One a hard-killed launch left behind, credentials in it: gone before anything else starts.
         (output_dir / TRACKING_ENV_NAME).unlink(missing_ok=True)
     if not variables or output_dir is None:
         yield arguments
         return
+    run_id = None
+    if wants_mlflow(plan.report_to) and TRACKING_URI_VAR in variables and RUN_ID_VAR not in variables:
+        run_id = launch_run(arguments.run_dir, output_dir, plan.resume is not None, variables)
+    variables |= {RUN_ID_VAR: run_id} if run_id else {}
     output_dir.mkdir(parents=True, exist_ok=True)
     path = atomic_write(output_dir / TRACKING_ENV_NAME, json.dumps(variables), mode=0o600).resolve()
     logger.info("MLflow settings %s reach the logging rank through %s", sorted(variables), path)
@@ -80,15 +93,5 @@ def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None =
         yield dataclasses.replace(arguments, env=arguments.env | {TRACKING_ENV_VAR: str(path)})
     finally:
         path.unlink(missing_ok=True)
-
-
-def _output_dir(train_args: list[str]) -> Path | None:
-    """The ``--run-dir`` of a training command line (``--run-dir DIR`` or ``--run-dir=DIR``, or the same
-    in snake_case): the last one given, as argparse takes it."""
-    found = None
-    for index, arg in enumerate(train_args):
-        if arg in OUTPUT_DIR_FLAGS and index + 1 < len(train_args):
-            found = Path(train_args[index + 1])
-        elif arg.partition("=")[0] in OUTPUT_DIR_FLAGS:
-            found = Path(arg.partition("=")[2])
-    return found
+        if run_id:
+            end_killed_run(arguments.run_dir)

@@ -1,8 +1,9 @@
-"""What the supervisor reads of the ranks' training arguments, and the batch that keeps a run's on fewer ranks.
+"""What the master reads of the ranks' training arguments, and the batch that keeps a run's on fewer ranks.
 
-The supervisor parses the launch's training arguments with the ranks' own parser
-(:func:`textsql.training.command_line.parse_command_line`) for where the checkpoints are, the model (for the
-cluster check), the ranks' process-group timeout and the batch; when a run goes on with fewer workers,
+The supervisor and the launch parse the launch's training arguments with the ranks' own parser
+(:func:`textsql.training.command_line.parse_command_line`, which knows every spelling of every flag) for where the
+checkpoints are, whether the training resumes and reports to MLflow (:mod:`textsql.launching.tracking_env`), the
+model (for the cluster check), the ranks' process-group timeout and the batch; when a run goes on with fewer workers,
 :meth:`TrainingPlan.batch_for` says the training arguments that keep its global batch and order of examples.
 
 Usage::
@@ -37,6 +38,8 @@ class TrainingPlan:
     length_group_size: int | None = None
     model: str | None = None
     ddp_timeout: int | None = None
+    resume: str | None = None
+    report_to: str | list[str] | None = None
 
     @classmethod
     def read(cls, arguments: LaunchArguments) -> TrainingPlan:
@@ -48,7 +51,7 @@ class TrainingPlan:
             return cls()
         from textsql.training.command_line import parse_command_line
 
-        model_args, data_args, _, training = parse_command_line(arguments.train_args)
+        model_args, data_args, run_args, training = parse_command_line(arguments.train_args)
         return cls(
             Path(training["output_dir"]),
             training["per_device_train_batch_size"],
@@ -57,6 +60,8 @@ class TrainingPlan:
             data_args.length_group_size,
             model_args.model,
             training["ddp_timeout"],
+            training.get("resume_from_checkpoint"),
+            training["report_to"],
         )
 
     def batch_for(self, first_world: int, world: int) -> dict[str, Any]:

@@ -15,6 +15,9 @@ the run's master-private directory before its runner starts): they get SIGTERM, 
 Once they are gone their ports (sshd, the rendezvous, torch's store) are closed; the continuation picks its ports
 afresh by binding them (:func:`worker.network.free_port_on_all`), never by reusing the killed run's.
 
+The MLflow run the killed training logged into stays RUNNING, its ranks gone without a word: it is marked KILLED
+(:func:`textsql.tracking.launch_runs.end_killed_run`); a continuation that resumes the training reopens it.
+
 Workers on other machines (cml, kubernetes) are not reached from here: an agent whose master is gone stops its sshd
 and exits, which ends its pod and the ranks in it.
 """
@@ -34,6 +37,7 @@ from textsql.files import master_dir
 from textsql.launching.ranks import END_GRACE_S, POLL_S, end_marked, marked_processes
 from textsql.pipeline.manifest import ATTEMPT_VAR
 from textsql.rank_lines import run_mark
+from textsql.tracking.launch_runs import end_killed_run
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ def launch_ids(run_dir: Path) -> list[str]:
 def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S) -> int:
     """End this machine's processes of an earlier attempt in ``run_dir``: those carrying its id (SIGKILL), then the
     ranks of every launch the run recorded (SIGTERM, SIGKILL after ``grace``); the MLflow credentials file a
-    killed launch left is removed.
+    killed launch left is removed, and the MLflow run it left RUNNING marked KILLED.
 
     :param run_dir: the run directory.
     :param attempt: the earlier attempt's id (``None``: none recorded, only the ranks are looked for).
@@ -70,6 +74,7 @@ def end_leftovers(run_dir: Path, attempt: str | None, grace: float = END_GRACE_S
         ended += end_marked(launch, grace, run=run)
     # The MLflow credentials a killed launch never got to remove (textsql.launching.tracking_env).
     (run_dir / TRACKING_ENV_NAME).unlink(missing_ok=True)
+    end_killed_run(run_dir)
     if ended:
         logger.warning("ended %d processes left running by the earlier run in %s", ended, run_dir)
     return ended

@@ -10,7 +10,8 @@ newest complete checkpoint; the rest run, and so does every notebook after one t
 
 A change that would make a checkpoint train on something else (another dataset, model, profile, batch or
 learning rate under it) is refused in one line, since the trainer would either fail or silently keep the
-checkpoint's values. What training's parameters resolved to is recorded when it starts (:func:`resolved_training`)
+checkpoint's values. What training's parameters resolved to is recorded when it starts
+(:func:`~textsql.pipeline.parameters.resolved_training`)
 and compared, not the parameters alone: the profile ``auto`` picks for the workers, and the number of ranks, which a
 ZeRO-1/2/3 checkpoint without a universal conversion cannot change (:mod:`textsql.training.universal`).
 
@@ -25,7 +26,6 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
-from contextlib import chdir
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,9 @@ from textsql.constants import (
     RUN_SUMMARY_NAME,
 )
 from textsql.files import DATASET_DICT_FILE, master_dir, read_json, write_json
-from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults
+from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults, resolved_training
 from textsql.rank_lines import RUN_MARK_VAR, run_mark
 from textsql.training.checkpoints import newest_complete_checkpoint
-from textsql.training.profiles import AUTO_PROFILE
 from textsql.training.universal import needs_conversion
 
 logger = logging.getLogger(__name__)
@@ -156,7 +155,7 @@ class Manifest:
     Usage::
 
         manifest = Manifest.load(run_dir)
-        manifest.begin()                          # this attempt's id into the environment of what it starts
+        manifest.begin()                          # a new attempt; manifest.marks() go to what it starts
         manifest.started("01_prepare_dataset", parameters, executed_copy)
         manifest.finished("01_prepare_dataset", completed=True)
     """
@@ -206,15 +205,14 @@ class Manifest:
             return None
 
     def begin(self) -> str:
-        """Start an attempt: a new id, recorded with this process, and put into this process's environment,
-        which every notebook kernel, worker and launcher it starts inherits.
+        """Start an attempt: a new id, recorded with this process. This process's environment is left as it is: the
+        notebooks' kernels get the attempt's marks from :meth:`marks`, and every worker and launcher they start
+        inherits them.
 
         :rtype: str
         :returns: the attempt's id.
         """
         attempt = secrets.token_hex(8)
-        os.environ[ATTEMPT_VAR] = attempt
-        os.environ[RUN_MARK_VAR] = run_mark(self.run_dir)
         self.data["attempt"] = {
             "id": attempt,
             "pid": os.getpid(),
@@ -224,9 +222,17 @@ class Manifest:
         self.save()
         return attempt
 
+    def marks(self) -> dict[str, str]:
+        """The variables every process of the attempt carries: its id and the run's mark, by which a continuation
+        finds what a hard kill of it left (:mod:`textsql.pipeline.leftovers`).
+
+        :rtype: dict[str, str]
+        """
+        return {ATTEMPT_VAR: self.attempt["id"], RUN_MARK_VAR: run_mark(self.run_dir)}
+
     def started(self, name: str, parameters: Mapping[str, Any], executed: Path) -> None:
         """Record that ``name`` runs now with these (effective) parameters, after the runs of the notebooks before it,
-        and for training what they resolve to (:func:`resolved_training`).
+        and for training what they resolve to (:func:`~textsql.pipeline.parameters.resolved_training`).
 
         :param name: the notebook.
         :param parameters: its effective parameters (:func:`effective_parameters`).
@@ -259,31 +265,6 @@ class Manifest:
             found = [path for path in outputs(name, record["parameters"]) if path.exists()]
             record["outputs"] = [str(path) for path in [*found, Path(record["executed"])]]
         self.save()
-
-
-def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    """What notebook 02's parameters resolve to on the master: the profile (``auto``: the one the notebook's estimate
-    picks for its workers, :func:`textsql.training.estimate.workers_estimate`) and the ranks, workers x GPUs per
-    worker (one rank a worker on CPUs). The precision is not among them: each rank resolves it from its own device.
-
-    :param parameters: the notebook's effective parameters.
-    :rtype: dict
-    :raises ProfileError: ``auto`` when no profile fits the workers, naming the fix.
-    """
-    profile = parameters["profile"]
-    if profile == AUTO_PROFILE:
-        from textsql.training.estimate import choose_profile, workers_estimate
-
-        with chdir(NOTEBOOKS_DIR):  # a model directory is relative to the notebook, as its kernel reads it
-            report = workers_estimate(
-                parameters["model"],
-                parameters["workers"],
-                parameters["worker_gpus"],
-                parameters["gpu_memory_gb"],
-                parameters["worker_memory"],
-            )
-        profile = choose_profile(profile, report)
-    return {"profile": profile, "ranks": parameters["workers"] * max(parameters["worker_gpus"], 1)}
 
 
 def changed_parameters(name: str, recorded: Mapping[str, Any], parameters: Mapping[str, Any]) -> dict[str, tuple]:
@@ -334,8 +315,9 @@ def _pinned_changes(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]],
     # Another model or profile is refused already, and resolving it could need its config from the network.
     if "resolved" in record and not changes:
         old, new = record["resolved"], resolved_training(effective_parameters(TRAIN, chosen[TRAIN]))
-        if old["profile"] != new["profile"]:
-            changes.append(f"the profile it resolved to ({old['profile']!r} -> {new['profile']!r})")
+        for key in ("profile", "precision"):
+            if key in old and old[key] != new[key]:  # records from before the precision lack it
+                changes.append(f"the {key} it resolved to ({old[key]!r} -> {new[key]!r})")
         if old["ranks"] != new["ranks"] and needs_conversion(checkpoint, new["ranks"]):
             changes.append(f"its ranks, workers x worker_gpus ({old['ranks']} -> {new['ranks']})")
     return changes
@@ -360,25 +342,33 @@ def continuation_steps(manifest: Manifest, chosen: Mapping[str, Mapping[str, Any
         upstream_runs.append(name)
         steps[name] = Step("run", reason, FRESH_PARAMETERS[name])
         if name == TRAIN:
-            steps[name] = _training_step(manifest, chosen, parameters, reason)
+            steps[name] = _training_step(manifest, chosen, parameters, reason, data_again=len(upstream_runs) > 1)
     return steps
 
 
 def _training_step(
-    manifest: Manifest, chosen: Mapping[str, Mapping[str, Any]], parameters: Mapping[str, Any], reason: str
+    manifest: Manifest,
+    chosen: Mapping[str, Mapping[str, Any]],
+    parameters: Mapping[str, Any],
+    reason: str,
+    data_again: bool,
 ) -> Step:
     record = manifest.records.get(TRAIN)
     checkpoint = newest_complete_checkpoint(notebook_relative(parameters["run_dir"]))
-    if record is None or record["status"] == COMPLETED or checkpoint is None or parameters["overwrite_output_dir"]:
+    if record is None or record["status"] == COMPLETED or parameters["overwrite_output_dir"]:
         return Step("run", reason, FRESH_PARAMETERS[TRAIN])
+    relaunch = {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
+    if checkpoint is None:
+        # The same training starts over from step 0, in the same MLflow run (textsql.tracking.launch_runs), unless
+        # it is another training now: its dataset prepared again, or a parameter of its changed.
+        prepared_since = record["inputs"].get(PREPARE) != manifest.records.get(PREPARE, {}).get("run")
+        if data_again or prepared_since or changed_parameters(TRAIN, record["parameters"], parameters):
+            return Step("run", reason, FRESH_PARAMETERS[TRAIN])
+        return Step("relaunch", f"{reason}: no complete checkpoint, starting again from step 0", relaunch)
     changes = _pinned_changes(manifest, chosen, Path(checkpoint))
     if changes:
         raise NotebookError(
             f"cannot resume {TRAIN} from {Path(checkpoint).name}, which was trained before {', '.join(changes)} changed; "
             f"set {'them' if len(changes) > 1 else 'it'} back to resume, or overwrite_output_dir=true to train from step 0"
         )
-    return Step(
-        "relaunch",
-        f"{reason}: continuing from {Path(checkpoint).name}",
-        {"resume_from_checkpoint": "auto", "overwrite_output_dir": False},
-    )
+    return Step("relaunch", f"{reason}: continuing from {Path(checkpoint).name}", relaunch)

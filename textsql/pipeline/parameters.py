@@ -6,7 +6,8 @@ from ``-p [NOTEBOOK.]NAME=VALUE``, and refuses a name no notebook declares befor
 
 A parameters cell must hold literals, so notebook 02's repeat the training defaults: :func:`notebook_defaults`
 names those defaults as the notebook does, from the argument dataclasses, and ``tests/test_defaults.py``
-fails when the notebook drifts from them.
+fails when the notebook drifts from them. What notebook 02's parameters resolve to on the master (the profile
+``auto`` picks, the precision, the ranks: :func:`resolved_training`) is what a continuation pins.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ast
 import difflib
 import os
 from collections.abc import Mapping
+from contextlib import chdir
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from textsql.constants import (
 )
 from textsql.errors import TextSQLError
 from textsql.files import read_json
+from textsql.training.profiles import AUTO_PROFILE
 
 NOTEBOOKS_DIR = PROJECT_DIR / "notebooks"
 NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed", "03_inference")
@@ -46,6 +49,10 @@ RENAMED_PARAMETERS = {"resume": "resume_from_checkpoint"}
 
 class NotebookError(TextSQLError):
     """A notebook's name or parameters are wrong, or a notebook run by papermill failed."""
+
+
+# What precision auto resolves to on workers with GPUs, as the master can tell: each rank picks by its GPU.
+GPU_PRECISION = "bf16 or fp32, by the GPU"
 
 
 def notebook_path(name: str) -> Path:
@@ -245,3 +252,34 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
         for name in targets:
             overrides[name][parameter] = yaml.safe_load(text)
     return overrides
+
+
+def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """What notebook 02's parameters resolve to on the master: the profile (``auto``: the one the notebook's estimate
+    picks for its workers, :func:`textsql.training.estimate.workers_estimate`), the precision (``auto``, which each
+    rank resolves from its device: fp32 on CPUs; on GPUs bf16 where the GPU has it, else fp32,
+    :func:`textsql.training.command_line.resolve_precision`) and the ranks, workers x GPUs per worker (one rank a
+    worker on CPUs).
+
+    :param parameters: the notebook's effective parameters.
+    :rtype: dict
+    :raises ProfileError: ``auto`` when no profile fits the workers, naming the fix.
+    """
+    profile = parameters["profile"]
+    if profile == AUTO_PROFILE:
+        from textsql.training.estimate import choose_profile, workers_estimate
+
+        with chdir(NOTEBOOKS_DIR):  # a model directory is relative to the notebook, as its kernel reads it
+            report = workers_estimate(
+                parameters["model"],
+                parameters["workers"],
+                parameters["worker_gpus"],
+                parameters["gpu_memory_gb"],
+                parameters["worker_memory"],
+            )
+        profile = choose_profile(profile, report)
+    return {
+        "profile": profile,
+        "precision": GPU_PRECISION if parameters["worker_gpus"] else "fp32",
+        "ranks": parameters["workers"] * max(parameters["worker_gpus"], 1),
+    }

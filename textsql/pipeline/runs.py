@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Mapping
 from contextlib import chdir
 from pathlib import Path
@@ -33,7 +34,11 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 def run_notebook(
-    name: str, output: str | Path, parameters: Mapping[str, Any] | None = None, log_output: bool = True
+    name: str,
+    output: str | Path,
+    parameters: Mapping[str, Any] | None = None,
+    log_output: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> Path:
     """Execute one notebook with papermill and write the executed copy to ``output``.
 
@@ -47,10 +52,12 @@ def run_notebook(
     :param output: path of the executed notebook.
     :param parameters: values for the notebook's ``parameters`` cell.
     :param log_output: stream the cells' output to this process's log as they run.
+    :param env: variables the kernel gets beside this process's environment (and passes to what it starts).
     :rtype: pathlib.Path
     """
     import papermill
     from papermill.exceptions import PapermillExecutionError
+    from traitlets.config import Config
 
     check_parameters(name, parameters or {})
     write_notebooks_without_following_links()
@@ -67,12 +74,35 @@ def run_notebook(
             log_output=log_output,
             progress_bar=False,
             extra_arguments=KERNEL_ARGUMENTS,
+            kernel_manager_class=kernel_with_variables(),
+            config=Config({"KernelWithVariables": {"variables": dict(env or {})}}),
         )
     except PapermillExecutionError as error:
         raise NotebookError(
             f"notebook {name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}; open {output}"
         ) from None
     return output
+
+
+@functools.cache  # one class: papermill (an extra) and jupyter_client are imported only when a notebook runs
+def kernel_with_variables() -> type:
+    """jupyter_client's kernel manager whose kernel gets its ``variables`` beside this process's environment: a
+    notebook's kernel carries its attempt's marks, and this process's environment is left as it is.
+
+    :rtype: type
+    """
+    from jupyter_client import AsyncKernelManager
+    from traitlets import Dict
+
+    class KernelWithVariables(AsyncKernelManager):
+        variables = Dict(config=True, help="Variables the kernel gets beside this process's environment.")
+
+        # AsyncKernelManager's start_kernel is a coroutine; jupyter_client declares it with the blocking one's type.
+        async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
+            kw["env"] = {**kw.get("env", os.environ), **self.variables}
+            await super().start_kernel(**kw)
+
+    return KernelWithVariables
 
 
 @functools.cache  # registered once a process
@@ -96,9 +126,10 @@ def write_notebooks_without_following_links() -> None:
 
 
 def continuation_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) -> tuple[Manifest, dict[str, Step]]:
-    """Read the chain's record in ``run_dir``, decide what continuing it runs
-    (:func:`textsql.pipeline.manifest.continuation_steps`),
-    then end what a hard kill of the earlier attempt left running here (:func:`textsql.pipeline.leftovers.end_leftovers`).
+    """Read the chain's record in ``run_dir``, end what a hard kill of the earlier attempt left running here
+    (:func:`textsql.pipeline.leftovers.end_leftovers`), then decide what continuing it runs
+    (:func:`textsql.pipeline.manifest.continuation_steps`): in that order, since the killed attempt's ranks may
+    write a newer checkpoint until they are ended.
 
     :param run_dir: the chain's run directory.
     :param chosen: every notebook's parameters now.
@@ -107,9 +138,8 @@ def continuation_plan(run_dir: Path, chosen: Mapping[str, Mapping[str, Any]]) ->
     """
     manifest = Manifest.load(run_dir)
     refuse_while_running(manifest)
-    steps = continuation_steps(manifest, chosen)
     end_leftovers(run_dir, manifest.attempt.get("id"))
-    return manifest, steps
+    return manifest, continuation_steps(manifest, chosen)
 
 
 def end_earlier_attempt(run_dir: Path) -> None:
@@ -145,7 +175,8 @@ def run_recorded(
     """:func:`run_notebook` with its start and end recorded in ``manifest`` (completed, or failed on an error or
     interrupt; a hard kill leaves it running, which a continuation reads as not completed).
 
-    :param manifest: the chain's record (its attempt begun: :meth:`Manifest.begin`).
+    :param manifest: the chain's record (its attempt begun: :meth:`Manifest.begin`; the kernel carries its
+        :meth:`~Manifest.marks`).
     :param name: the notebook.
     :param output: path of the executed notebook.
     :param parameters: values for its ``parameters`` cell.
@@ -157,7 +188,7 @@ def run_recorded(
     manifest.started(name, effective_parameters(name, parameters), output)
     completed = False
     try:
-        run_notebook(name, output, parameters)
+        run_notebook(name, output, parameters, env=manifest.marks())
         completed = True
     finally:
         manifest.finished(name, completed)

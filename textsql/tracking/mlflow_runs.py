@@ -11,8 +11,10 @@ does not do, this module does around it:
   leaves it open (it ends only runs it started), and its dump of every training argument and the model
   config (hundreds of parameters) is switched off with its own ``MLFLOW_MAX_LOG_PARAMS=0``; the parameters a
   person compares runs by are logged instead (:func:`run_params`);
-- a relaunch that resumes from a checkpoint continues the same MLflow run (its id is kept in the output
-  directory), so a training is one run, however many launches it took;
+- a relaunch continues the same MLflow run, so a training is one run, however many launches it took: a launch
+  hands the logging rank the run to log into as ``MLFLOW_RUN_ID`` (:mod:`textsql.tracking.launch_runs` decides it
+  on the master); ``textsql train`` on its own, resuming from a checkpoint, continues the run recorded in its output
+  directory. The parameters are logged once, on the run's first launch;
 - at the end, ``run.json``, the trainer's metrics and the model card are logged as artifacts and the run ends;
   a rank that dies with an exception marks it FAILED. Inference's ``metrics.json`` is not among them: a training
   writes none, so one there is an earlier model's (``--overwrite-output-dir`` keeps it); scoring this model adds
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The run a launch hands the logging rank (textsql.tracking.launch_runs); MLflow's own variable.
+RUN_ID_VAR = "MLFLOW_RUN_ID"
 # The launch's MLflow variables take a few hundred bytes; a larger file is no file the launch wrote.
 MAX_TRACKING_FILE_BYTES = 64 * 1024
 
@@ -168,18 +172,23 @@ def start_tracking(trainer: Seq2SeqTrainer, params: Mapping[str, Any], resumed: 
     # The callback's own parameter dump (every training argument and the model config) is off: see run_params.
     os.environ.setdefault("MLFLOW_MAX_LOG_PARAMS", "0")
     record = output_path(trainer.args) / MLFLOW_RUN_NAME
-    run_id = read_json(record).get("run_id") if resumed and record.is_file() else None
+    # The launch's choice (textsql.tracking.launch_runs), taken out of the environment: transformers' callback starts
+    # a run of its own whenever MLFLOW_RUN_ID is set, and must join this one instead.
+    run_id = os.environ.pop(RUN_ID_VAR, None)
+    if run_id is None and resumed and record.is_file():  # `textsql train` on its own, resuming
+        run_id = read_json(record).get("run_id")
     if run_id is None and os.environ.get("MLFLOW_EXPERIMENT_NAME"):
         # Created when missing, as the callback does.
         mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
     run = mlflow.start_run(run_id=run_id, run_name=None if run_id else output_path(trainer.args).name)
-    if run_id is None:
+    continued = bool(run.data.params)
+    if not continued:
         mlflow.log_params(dict(params))
-        write_json(record, {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
+    write_json(record, {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
     # Registered after mlflow's own exit hook, so it runs first: a rank ending by an exception fails the run.
     atexit.register(_end_unfinished, mlflow)
     logger.warning(
-        "MLflow run %s (experiment %s)%s", run.info.run_id, run.info.experiment_id, " continued" if run_id else ""
+        "MLflow run %s (experiment %s)%s", run.info.run_id, run.info.experiment_id, " continued" if continued else ""
     )
     return str(run.info.run_id)
 

@@ -1,7 +1,8 @@
 """Stage 3, notebook 02 (`textsql train` on every rank): the rank program and what shapes its run.
 
 ``train`` is the rank program (Seq2SeqTrainer on a DeepSpeed engine), ``command_line`` parses its flags and
-``trainer`` is its evaluation with grammar-constrained generation, whose WikiSQL scores ``metrics`` computes;
+``trainer`` is its trainer (no step past the end when resumed there) and evaluation with grammar-constrained
+generation, whose WikiSQL scores ``metrics`` computes;
 ``profiles`` and ``estimate`` are the DeepSpeed profiles of ``dsconfig/`` and their memory estimate (profile
 `auto`); ``hardware`` and ``batching`` the defaults taken from the GPU and token-budget batches, ``recipe``
 the learning rate, schedule and warm-up by what the model is, ``schedule`` evaluations and checkpoints spaced by

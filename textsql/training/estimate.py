@@ -186,7 +186,7 @@ def workers_estimate(
 ) -> dict:
     """:func:`estimate` for notebook 02's workers (its parameters of the same names): ``workers`` nodes of
     ``worker_gpus`` GPUs, or on CPUs (``worker_gpus`` 0) one rank each with the pod's memory. The notebook shows it
-    and the pipeline records the profile it picks (:func:`textsql.pipeline.manifest.resolved_training`).
+    and the pipeline records the profile it picks (:func:`textsql.pipeline.parameters.resolved_training`).
 
     :rtype: dict
     """

@@ -47,7 +47,7 @@ from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.output_dir import export_model, prepare_output_dir, resume_checkpoint
 from textsql.training.progress import announce_op_build, announce_run, pace_record, use_step_lines
 from textsql.training.schedule import TimedSchedule
-from textsql.training.trainer import GrammarSeq2SeqTrainer
+from textsql.training.trainer import GrammarSeq2SeqTrainer, ResumableTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
 
@@ -133,7 +133,7 @@ def build_trainer(
     trainer_class = (
         partial(GrammarSeq2SeqTrainer, uncased=recorded_input_format(data_args.prepared_dir()) == UNCASED_FORMAT)
         if data_args.constrained
-        else TokenBudgetTrainer
+        else ResumableTrainer
     )
     trainer = trainer_class(
         max_tokens_per_batch=data_args.max_tokens_per_batch,

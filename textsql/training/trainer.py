@@ -1,4 +1,9 @@
-"""The evaluation that runs during training, with generation constrained to the WikiSQL grammar.
+"""The run's trainer: no step past ``max_steps`` when resumed at the end, and the evaluation that runs during
+training, with generation constrained to the WikiSQL grammar.
+
+:class:`ResumableTrainer` is the token-budget trainer that resumes from a checkpoint already at ``max_steps`` (the
+last one a killed run's ranks wrote) without training a step past it: the checkpoint loaded goes straight on to the
+final evaluation and the model.
 
 ``Seq2SeqTrainer`` generates for each evaluation batch with the same keyword arguments; the grammar,
 though, is each question's own, and a batch knows its questions only as token ids. So
@@ -34,7 +39,26 @@ def generation_budget(gen_kwargs: dict[str, Any], config: GenerationConfig) -> i
     return int(gen_kwargs.get("max_length") or config.max_length) - 1
 
 
-class GrammarSeq2SeqTrainer(TokenBudgetTrainer):
+class ResumableTrainer(TokenBudgetTrainer):
+    """:class:`~textsql.training.batching.TokenBudgetTrainer` that trains no step past ``max_steps`` when resumed there.
+
+    Usage::
+
+        >>> ResumableTrainer(model=model, args=training_args, ...).train(resume_from_checkpoint=last)  # doctest: +SKIP
+    """
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
+        # The trainer checks for the end only after a step: resumed at max_steps it would take one more ("step 9/8").
+        if self.state.global_step >= self.state.max_steps > 0:
+            logger.warning(
+                "resumed at step %d of %d: nothing left to train", self.state.global_step, self.state.max_steps
+            )
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)
+
+
+class GrammarSeq2SeqTrainer(ResumableTrainer):
     """A ``Seq2SeqTrainer`` whose generating evaluation writes only WikiSQL queries over each question's table.
 
     Usage::

@@ -1,0 +1,54 @@
+"""A training resumed from a checkpoint already at max_steps (the last one a killed run's ranks wrote before they
+were ended) trains no further step: it goes straight on to the final evaluation and writes the model."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.tiny_run import tiny_run_argv
+from textsql.arguments import train_argv
+from textsql.training.checkpoints import newest_complete_checkpoint
+
+pytestmark = pytest.mark.slow
+
+TEXTSQL = Path(sys.executable).with_name("textsql")
+
+
+def textsql_train(argv: list[str]) -> str:
+    result = subprocess.run(
+        [str(TEXTSQL), "--verbose", "train", *argv],
+        check=False,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    return result.stdout + result.stderr
+
+
+def test_a_checkpoint_at_max_steps_goes_straight_to_the_evaluation_and_the_model(
+    prepared_sample: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    argv = tiny_run_argv(
+        prepared_sample, out, max_steps=2, eval_every=None, profile="zero0", save_steps=2, max_eval_samples=4
+    )
+    textsql_train(argv)
+    # What a kill right after the last checkpoint leaves: no model, no run.json.
+    shutil.rmtree(out / "model")
+    (out / "run.json").unlink()
+    assert Path(str(newest_complete_checkpoint(out))).name == "checkpoint-2"
+
+    output = textsql_train([*argv, *train_argv(resume="auto")])
+    assert "resumed at step 2 of 2: nothing left to train" in output
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["global_step"] == 2 and Path(summary["resumed_from"]).name == "checkpoint-2"
+    assert [entry["step"] for entry in summary["log_history"] if "loss" in entry] == [1, 2], "no step 3/2"
+    assert any("eval_loss" in entry for entry in summary["log_history"]), "the final evaluation ran"
+    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "config.json").is_file()
