@@ -15,6 +15,7 @@ __all__ = [
     "ProfileError",
     "RendezvousError",
     "SQLParseError",
+    "StoreError",
     "TextSQLError",
     "WorkerError",
 ]
@@ -38,3 +39,7 @@ class ProfileError(TextSQLError):
 
 class LaunchError(TextSQLError):
     """The distributed launch could not start or a rank failed."""
+
+
+class StoreError(TextSQLError):
+    """The checkpoint store (``--checkpoint-store``) cannot be used: unknown scheme, bucket, keys, permission."""

@@ -19,7 +19,7 @@ from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S
 
 # `textsql launch --help`: its options by what they are about (click.Command lists them in one block).
 LAUNCH_SECTIONS = {
-    "Run": ("run_dir", "module", "env"),
+    "Run": ("run_dir", "module", "env", "checkpoint_store"),
     "Hosts and ssh": ("launcher", "hostfile", "ssh_config", "ssh_port", "ranks"),
     "Distributed": ("master_addr", "master_port", "socket_ifname"),
     "Recovery": ("max_restarts", "stall_timeout", "min_workers", "replace_timeout"),
@@ -70,6 +70,7 @@ def train(args: tuple[str, ...]) -> None:
 @field_option(LaunchArguments, "socket_ifname")
 @field_option(LaunchArguments, "env", multiple=True, metavar="KEY=VALUE")
 @field_option(LaunchArguments, "module")
+@field_option(LaunchArguments, "checkpoint_store")
 @click.option(
     "--max-restarts",
     type=click.IntRange(min=0),

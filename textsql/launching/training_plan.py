@@ -37,6 +37,8 @@ class TrainingPlan:
     length_group_size: int | None = None
     model: str | None = None
     ddp_timeout: int | None = None
+    save_total_limit: int | None = None
+    resume: str | None = None
 
     @classmethod
     def read(cls, arguments: LaunchArguments) -> TrainingPlan:
@@ -48,7 +50,7 @@ class TrainingPlan:
             return cls()
         from textsql.training.command_line import parse_command_line
 
-        model_args, data_args, _, training = parse_command_line(arguments.train_args)
+        model_args, data_args, run_args, training = parse_command_line(arguments.train_args)
         return cls(
             Path(training["output_dir"]),
             training["per_device_train_batch_size"],
@@ -57,6 +59,8 @@ class TrainingPlan:
             data_args.length_group_size,
             model_args.model,
             training["ddp_timeout"],
+            training.get("save_total_limit"),
+            run_args.resume,
         )
 
     def batch_for(self, first_world: int, world: int) -> dict[str, Any]:

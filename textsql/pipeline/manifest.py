@@ -64,6 +64,7 @@ CONTROL_PARAMETERS = {
         "log_level",
         "resume",
         "overwrite_output_dir",
+        "checkpoint_store",
         "max_restarts",
         "min_workers",
         "replace_timeout",
