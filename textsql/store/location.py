@@ -101,9 +101,10 @@ def open_store(uri: str) -> Store:
             f"{INSTALL_HINT.get(package, f'pip install {package}')}"
         ) from None
     # A filesystem of its own, with the credentials the environment holds now (fsspec caches one per arguments).
-    fs, root = url_to_fs(uri, skip_instance_cache=True)
-    if LOCAL_PROTOCOL in fs.protocol:
-        # Object stores have no directories to create; a local (or mounted) one needs its root.
+    # Object stores have no directories to create; a local (or mounted) one needs them made.
+    local = {"auto_mkdir": True} if scheme == LOCAL_PROTOCOL else {}
+    fs, root = url_to_fs(uri, skip_instance_cache=True, **local)
+    if local:
         fs.makedirs(root, exist_ok=True)
     return Store(uri, fs, root)
 
