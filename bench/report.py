@@ -22,6 +22,7 @@ FIGURES = {
     "startup_to_first_step_s": "Start-up, `textsql launch` to the first training step done",
     "recovery_local_downtime_s": "A rank SIGKILLed on one of two `local` pods: downtime, kill to the resumed run's first step",
     "recovery_shrink_downtime_s": "A pod of three killed, no replacement: downtime, kill to the first step on the two left",
+    "checkpoint_store": "Checkpoint store (S3 on loopback): step time with the store over without; uploads and resume",
     "gpu": "One CUDA GPU: training samples/s of the defaults over the old notebook's recipe (details in results.json)",
 }
 PROFILES_KEY = "deepspeed_profiles"
@@ -240,6 +241,13 @@ def _value(key: str, figure: dict) -> str:
         text += (
             f"<br>detection (kill to supervisor aware) {figure['detection_s']['median']} s, "
             f"repeated steps {figure['repeated_steps']}"
+        )
+    if "upload_seconds_per_checkpoint" in figure:
+        resume = figure["resume_to_first_step_s"]
+        text += (
+            f"<br>upload {figure['upload_seconds_per_checkpoint']['median']} s per checkpoint "
+            f"({figure['upload_megabytes_per_checkpoint']} MB); resume to the next step: from the store "
+            f"{resume['from_store']} s, from local disk {resume['from_local_disk']} s"
         )
     if "value_cpu_time" in figure:
         text += f"<br>per CPU second: {figure['value_cpu_time']}x"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from helpers.checkpoints import complete_checkpoint
 from helpers.paths import PROJECT_DIR
-from helpers.seaweed import BUCKET, S3Server, s3_server
 
+from bench.seaweed import BUCKET, S3Server, s3_server
 from textsql.errors import StoreError
 from textsql.launching.launch import _prepare_local
 from textsql.store.location import check_store, open_store
@@ -101,11 +101,15 @@ def test_keys_that_cannot_write_are_refused_in_one_line(s3: S3Server, monkeypatc
         monkeypatch.setenv(key, value)
     with pytest.raises(StoreError) as refused:
         check_store(open_store(f"s3://{BUCKET}/runs/refused"))
-    assert str(refused.value) == f"checkpoint store s3://{BUCKET}/runs/refused: {reason}" + {
-        "wrong-secret": ": check AWS_SECRET_ACCESS_KEY",
-        "reader": ": use keys with write permission on the bucket",
-        "unknown-key": ": check AWS_ACCESS_KEY_ID",
-    }[keys]
+    assert (
+        str(refused.value)
+        == f"checkpoint store s3://{BUCKET}/runs/refused: {reason}"
+        + {
+            "wrong-secret": ": check AWS_SECRET_ACCESS_KEY",
+            "reader": ": use keys with write permission on the bucket",
+            "unknown-key": ": check AWS_ACCESS_KEY_ID",
+        }[keys]
+    )
     assert s3.secret_key not in str(refused.value) and "not-the-secret" not in str(refused.value)
 
 

@@ -1,26 +1,32 @@
 """Two-worker runs with a checkpoint store on a real S3 server (SeaweedFS): every checkpoint and the model go to the
 store and no credential leaks; a fresh launch with an empty run directory resumes from the store alone and ends
-at the loss of an uninterrupted run; bad keys end `textsql launch` in one line before any rank starts."""
+at the loss of an uninterrupted run; bad keys end `textsql launch` in one line before any rank starts; the guide's
+commands (docs/guides/checkpoint-store.md) run as written."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+from helpers.docs import shell_blocks
 from helpers.launch import textsql_launch
 from helpers.paths import PROJECT_DIR
-from helpers.seaweed import BUCKET, S3Server, s3_server
 
+from bench.seaweed import BUCKET, S3Server, s3_server
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.store.location import open_store
 from textsql.store.sync import complete_steps
+from textsql.training.checkpoints import COMPLETE_MARKER
 
 pytestmark = pytest.mark.slow
+
+GUIDE = PROJECT_DIR / "docs" / "guides" / "checkpoint-store.md"
 
 # Same ranks, same data order, same seed, DeepSpeed's engine state restored: a resumed run's loss matches the
 # uninterrupted run's to float32 rounding (gloo's reductions run in the same order).
@@ -159,3 +165,27 @@ def test_wrong_keys_end_the_launch_in_one_line_before_any_rank_starts(
     )
     assert (launch_log.read_text() if launch_log.exists() else "") == before, "a launch started"
     assert "wrong-secret-value" not in result.stdout + result.stderr
+
+
+def test_the_guides_commands_train_into_a_store_and_resume_from_it_in_a_new_run_directory(tmp_path: Path) -> None:
+    blocks = [block for block in shell_blocks([GUIDE]) if block.needs is None]
+    assert len(blocks) == 2, "the guide's runnable blocks: train into the store, resume from it"
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    said = []
+    for block in blocks:
+        ran = subprocess.run(
+            ["bash", "-e", "-c", block.text],
+            check=False,
+            cwd=tmp_path,
+            env=os.environ | {"OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert ran.returncode == 0, f"{block}: {(ran.stdout + ran.stderr)[-4000:]}"
+        said.append(ran.stdout + ran.stderr)
+    assert "checkpoint store: checkpoint-2 uploaded to file://" in said[0]
+    assert "checkpoint store: checkpoint-4 downloaded from" in said[1]
+    store = tmp_path / "runs" / "checkpoint-store"
+    assert (store / "checkpoint-6" / COMPLETE_MARKER).is_file() and (store / "model" / "README.md").is_file()
+    assert json.loads((tmp_path / "runs" / "store-r2" / RUN_SUMMARY_NAME).read_text())["global_step"] == 6

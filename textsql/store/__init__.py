@@ -6,10 +6,10 @@ marked it complete, in a thread beside training, and marks it complete in the st
 a new launch with an empty run directory downloads the newest checkpoint marked complete before any rank starts.
 The ranks never see the store or its credentials: they write and read the run directory as without a store.
 
-- :mod:`textsql.store.location`: the URI opened through fsspec, and the checks before anything starts (scheme and
+- ``location`` (:mod:`textsql.store.location`): the URI opened through fsspec, and the checks before anything starts (scheme and
   its package, bucket, keys, write permission), each failure one line;
-- :mod:`textsql.store.sync`: a checkpoint uploaded and marked, the complete ones listed, the newest downloaded,
+- ``sync`` (:mod:`textsql.store.sync`): a checkpoint uploaded and marked, the complete ones listed, the newest downloaded,
   retention, and the run's outputs at its end;
-- :mod:`textsql.store.uploads`: the background thread that uploads each new complete checkpoint, one at a time,
+- ``uploads`` (:mod:`textsql.store.uploads`): the background thread that uploads each new complete checkpoint, one at a time,
   with retries, and records the bytes and seconds.
 """

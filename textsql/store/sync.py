@@ -23,7 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
-from textsql.constants import METRICS_NAME, MODEL_SUBDIR, RUN_SUMMARY_NAME
+from textsql.constants import METRICS_NAME, MODEL_SUBDIR, RUN_SUMMARY_NAME, TENSORBOARD_SUBDIR
 from textsql.store.location import Store
 from textsql.training.checkpoints import (
     CHECKPOINT_PREFIX,
@@ -32,7 +32,6 @@ from textsql.training.checkpoints import (
     checkpoint_dirs,
     is_complete_checkpoint,
 )
-from textsql.training.events import events_dir
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +145,7 @@ def upload_outputs(store: Store, output: Path) -> int:
     """
     files = [
         *files_of(output / MODEL_SUBDIR),
-        *files_of(events_dir(output)),
+        *files_of(output / TENSORBOARD_SUBDIR),
         *sorted(output.glob(RESULTS_GLOB)),
         *[path for path in (output / METRICS_NAME, output / RUN_SUMMARY_NAME) if path.is_file()],
     ]

