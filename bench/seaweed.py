@@ -67,6 +67,7 @@ def s3_server(work: Path) -> Iterator[S3Server]:
         {"name": "reader", "credentials": [{"accessKey": server.reader_key, "secretKey": server.reader_secret}],
          "actions": ["Read", "List"]},
     ]  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
     config = work / "s3.json"
     config.write_text(json.dumps({"identities": identities}))
     config.chmod(0o600)

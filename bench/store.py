@@ -45,9 +45,9 @@ class Sizes:
     """``repetitions`` rounds of both arms (alternated), each a run of ``steps`` with a checkpoint every
     ``save_steps``."""
 
-    steps: int = 12
-    save_steps: int = 3
-    repetitions: int = 2
+    steps: int = 10
+    save_steps: int = 2
+    repetitions: int = 1
 
 
 def launch(run_dir: Path, train_args: list[str], env: dict[str, str], store: str | None) -> tuple[float, str]:

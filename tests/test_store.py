@@ -159,3 +159,26 @@ def test_an_upload_killed_half_way_leaves_no_checkpoint_marked_complete(
     # The next upload of the same step completes it.
     upload_checkpoint(store, big)
     assert complete_steps(store) == [2, 4]
+
+
+@pytest.mark.slow
+def test_textsql_train_uploads_each_checkpoint_and_the_model_to_a_local_store(
+    prepared_sample: Path, tmp_path: Path
+) -> None:
+    from bench.tiny_run import tiny_run_argv
+
+    uri = f"file://{tmp_path / 'store'}"
+    train_args = tiny_run_argv(prepared_sample, tmp_path / "out", max_steps=2, eval_every=None, save_steps=1)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "textsql"), "train", "--checkpoint-store", uri, *train_args],
+        check=False,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    store = open_store(uri)
+    assert complete_steps(store) == [1, 2]
+    assert (tmp_path / "store" / "model" / "config.json").is_file()
+    assert (tmp_path / "store" / "run.json").is_file()

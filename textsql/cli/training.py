@@ -7,6 +7,7 @@ neither torch nor transformers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -42,16 +43,27 @@ def _help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     callback=_help_all,
     help="Every flag (transformers' Seq2SeqTrainingArguments too) with its default, and exit.",
 )
+@field_option(LaunchArguments, "checkpoint_store")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def train(args: tuple[str, ...]) -> None:
+def train(args: tuple[str, ...], checkpoint_store: str | None) -> None:
     """Fine-tune in this one process; `textsql launch` runs it on every rank.
 
     The flags are those of `python -m textsql.training.train`: HfArgumentParser over the model, data and run
-    arguments plus Seq2SeqTrainingArguments, parsed strictly.
+    arguments plus Seq2SeqTrainingArguments, parsed strictly; --checkpoint-store is this command's own.
     """
+    from textsql.store.uploads import store_uploads
+    from textsql.training.command_line import parse_command_line
     from textsql.training.train import main
 
-    raise SystemExit(main(list(args)))
+    if checkpoint_store is None:
+        raise SystemExit(main(list(args)))
+    _, _, run_args, training = parse_command_line(list(args))
+    output, keep = Path(training["output_dir"]), training.get("save_total_limit")
+    with store_uploads(checkpoint_store, output, keep, run_args.resume) as uploads:
+        code = main(list(args))
+        if code == 0 and uploads is not None:
+            uploads.finish()
+    raise SystemExit(code)
 
 
 @click.command(

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,9 +52,7 @@ from textsql.launching.launch_watch import LaunchWatch
 from textsql.launching.recovery import Recovery, classify
 from textsql.launching.stall import StallDetector
 from textsql.launching.training_plan import TrainingPlan
-from textsql.store.location import check_store, open_store
-from textsql.store.sync import download_newest
-from textsql.store.uploads import StoreUploads
+from textsql.store.uploads import StoreUploads, store_uploads
 from worker.cluster import Cluster
 
 logger = logging.getLogger(__name__)
@@ -225,7 +223,9 @@ def supervise(
     if cluster is not None:
         check_cluster(cluster.workers, arguments.run_dir, plan.model, arguments.socket_ifname)
     with contextlib.ExitStack() as stack:
-        uploads = stack.enter_context(store_uploads(arguments.checkpoint_store, plan))
+        uploads = stack.enter_context(
+            store_uploads(arguments.checkpoint_store, plan.output_dir, plan.save_total_limit, plan.resume)
+        )
         output = stream if stream is not None else stack.enter_context(shown_output(run_dir=arguments.run_dir))
         code = Supervisor(
             arguments,
@@ -240,32 +240,6 @@ def supervise(
         if code == 0 and uploads is not None:
             uploads.finish()
         return code
-
-
-@contextlib.contextmanager
-def store_uploads(uri: str | None, plan: TrainingPlan) -> Iterator[StoreUploads | None]:
-    """With a checkpoint store: the store checked (one line if it cannot be used), its newest complete checkpoint
-    downloaded into an output directory that holds none as new (``--resume auto``), and its uploads running.
-
-    :param uri: the ``--checkpoint-store`` (None: no store, nothing happens).
-    :param plan: the launch's training plan (output directory, ``save_total_limit``, ``--resume``).
-    :rtype: typing.Iterator[StoreUploads | None]
-    :raises StoreError: when the store cannot be used.
-    """
-    if uri is None or plan.output_dir is None:
-        yield None
-        return
-    store = open_store(uri)
-    check_store(store)
-    if plan.resume == "auto":
-        started = time.monotonic()
-        restored = download_newest(store, plan.output_dir)
-        if restored is not None:
-            logger.warning(
-                "checkpoint store: %s downloaded from %s in %.1f s", restored.name, uri, time.monotonic() - started
-            )
-    with StoreUploads(store, plan.output_dir, keep=plan.save_total_limit) as uploads:
-        yield uploads
 
 
 def process_group_timeout(stall_timeout: float | None) -> int:

@@ -18,10 +18,11 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -30,8 +31,8 @@ from typing import Self
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.errors import StoreError
 from textsql.files import read_json, write_json
-from textsql.store.location import Store, refusal
-from textsql.store.sync import apply_retention, complete_steps, upload_checkpoint, upload_outputs
+from textsql.store.location import Store, check_store, open_store, refusal
+from textsql.store.sync import apply_retention, complete_steps, download_newest, upload_checkpoint, upload_outputs
 from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -178,3 +179,33 @@ def _waited(checkpoint: Path, finished_at: float) -> float:
     if not finished_at:
         return 0.0
     return max(0.0, finished_at - (checkpoint / COMPLETE_MARKER).stat().st_mtime)
+
+
+@contextlib.contextmanager
+def store_uploads(
+    uri: str | None, output: Path | None, keep: int | None = None, resume: str | None = None
+) -> Iterator[StoreUploads | None]:
+    """With a checkpoint store: the store checked (one line if it cannot be used), its newest complete checkpoint
+    downloaded into an output directory that holds none as new (``--resume auto``), and its uploads running.
+
+    :param uri: the ``--checkpoint-store`` (None: no store, nothing happens).
+    :param output: the training's output directory.
+    :param keep: the training's ``save_total_limit``.
+    :param resume: the training's ``--resume``.
+    :rtype: typing.Iterator[StoreUploads | None]
+    :raises StoreError: when the store cannot be used.
+    """
+    if uri is None or output is None:
+        yield None
+        return
+    store = open_store(uri)
+    check_store(store)
+    if resume == "auto":
+        started = time.monotonic()
+        restored = download_newest(store, output)
+        if restored is not None:
+            logger.warning(
+                "checkpoint store: %s downloaded from %s in %.1f s", restored.name, uri, time.monotonic() - started
+            )
+    with StoreUploads(store, output, keep=keep) as uploads:
+        yield uploads
