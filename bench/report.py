@@ -89,6 +89,15 @@ def observations(results: dict) -> list[str]:
                 f"zero0's own runs spread from {min(base_runs)} to {max(base_runs)} samples/s, so every samples/s ratio to "
                 "zero0 carries that spread; compare the profiles' samples/s with each other rather than the ratios alone."
             )
+    store = results.get("checkpoint_store")
+    if store:
+        notes.append(
+            f"`checkpoint_store`: steps took {store['value']}x as long with the store. Here the S3 server (SeaweedFS), "
+            "the upload in the launching process and both ranks share the same 2 cores, so the ratio is what sharing "
+            "them costs; on a cluster the upload runs in the launching process, off the workers. Resuming from the "
+            f"store added a {store['download_s']} s download of one checkpoint; the two resumes' totals are single "
+            "launches on a loaded machine, and their difference is mostly the launches' own spread."
+        )
     prepare = results.get("prepare_examples_per_s")
     if prepare and prepare["sample"]["speedup"] < 1:
         parts = {name: prepare[name] for name in ("sample", "dev_questions") if name in prepare}

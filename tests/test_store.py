@@ -182,3 +182,55 @@ def test_textsql_train_uploads_each_checkpoint_and_the_model_to_a_local_store(
     assert complete_steps(store) == [1, 2]
     assert (tmp_path / "store" / "model" / "config.json").is_file()
     assert (tmp_path / "store" / "run.json").is_file()
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_an_upload_that_keeps_failing_ends_in_one_line_naming_the_store(tmp_path: Path, monkeypatch) -> None:
+    from textsql.store.uploads import StoreUploads
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    fake_checkpoint(tmp_path / "run", 2)
+    tries = []
+
+    def refused(*args, **kwargs):
+        tries.append(args)
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(store.fs, "put", refused)
+    with StoreUploads(store, tmp_path / "run", poll_s=0.05, tries=3, backoff_s=0.01) as uploads:
+        wait_for(uploads.failed)
+        with pytest.raises(StoreError) as ended:
+            uploads.finish()
+    assert len(tries) == 3
+    assert str(ended.value) == (
+        f"checkpoint store file://{tmp_path / 'store'}: uploading checkpoint-2 failed 3 times: "
+        "ConnectionResetError: connection reset by peer"
+    )
+    assert complete_steps(store) == []
+
+
+def test_a_checkpoint_rotated_away_during_its_upload_is_skipped_and_the_next_uploaded(tmp_path: Path) -> None:
+    import shutil
+
+    from textsql.store.uploads import StoreUploads
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    older, newer = fake_checkpoint(tmp_path / "run", 2), fake_checkpoint(tmp_path / "run", 4)
+    put = store.fs.put
+
+    def rotating(sources, *args, **kwargs):
+        if str(older) in sources[0]:
+            shutil.rmtree(older)  # the trainer's save_total_limit, while the upload runs
+        return put(sources, *args, **kwargs)
+
+    object.__setattr__(store.fs, "put", rotating)
+    with StoreUploads(store, tmp_path / "run", poll_s=0.05, backoff_s=0.01) as uploads:
+        uploads.finish()
+    assert complete_steps(store) == [4] and not uploads.failed()
+    assert [entry["name"] for entry in uploads.record["checkpoints"]] == [newer.name]

@@ -109,7 +109,11 @@ class StoreUploads:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_s) and self.failure is None:
-            self._upload_pending()
+            try:
+                self._upload_pending()
+            except Exception as error:  # noqa: BLE001 - a thread that died silently would leave gaps unsaid
+                self.failure = f"checkpoint store {self.store.where()}: {type(error).__name__}: {error}"
+                logger.error("%s", self.failure)
 
     def _pending(self) -> list[Path]:
         return [
@@ -146,7 +150,11 @@ class StoreUploads:
                 copied / 1e6,
                 seconds,
             )
-            apply_retention(self.store, self.keep)
+            try:
+                apply_retention(self.store, self.keep)
+            except (OSError, ValueError) as error:
+                # Nothing is missing from the store, only too much kept: the next checkpoint's retention tries again.
+                logger.warning("checkpoint store: retention after %s failed (%s)", checkpoint.name, refusal(error))
             previous, finished_at = checkpoint.name, time.time()
 
     def _with_retries(self, what: str, upload: Callable[[], int]) -> int | None:
