@@ -47,7 +47,7 @@ class Sizes:
 
     steps: int = 10
     save_steps: int = 2
-    repetitions: int = 1
+    repetitions: int = 2
 
 
 def launch(run_dir: Path, train_args: list[str], env: dict[str, str], store: str | None) -> tuple[float, str]:

@@ -234,3 +234,20 @@ def test_a_checkpoint_rotated_away_during_its_upload_is_skipped_and_the_next_upl
         uploads.finish()
     assert complete_steps(store) == [4] and not uploads.failed()
     assert [entry["name"] for entry in uploads.record["checkpoints"]] == [newer.name]
+
+
+def test_a_store_holding_a_previous_run_is_refused_unless_resumed_or_overwritten(tmp_path: Path) -> None:
+    from textsql.store.uploads import store_uploads
+
+    uri = f"file://{tmp_path / 'store'}"
+    upload_checkpoint(open_store(uri), fake_checkpoint(tmp_path / "old", 2))
+    with pytest.raises(StoreError) as refused, store_uploads(uri, tmp_path / "run"):
+        pass
+    assert str(refused.value) == (
+        f"checkpoint store {uri} holds checkpoint-2 of a previous run; pass --resume auto to continue it, "
+        "--overwrite-output-dir to replace it, or another store prefix"
+    )
+    with store_uploads(uri, tmp_path / "run", resume="auto") as uploads:
+        assert uploads is not None and (tmp_path / "run" / "checkpoint-2").is_dir()
+    with store_uploads(uri, tmp_path / "fresh", overwrite=True):
+        assert complete_steps(open_store(uri)) == []

@@ -224,7 +224,13 @@ def supervise(
         check_cluster(cluster.workers, arguments.run_dir, plan.model, arguments.socket_ifname)
     with contextlib.ExitStack() as stack:
         uploads = stack.enter_context(
-            store_uploads(arguments.checkpoint_store, plan.output_dir, plan.save_total_limit, plan.resume)
+            store_uploads(
+                arguments.checkpoint_store,
+                plan.output_dir,
+                plan.save_total_limit,
+                plan.resume,
+                plan.overwrite_output_dir,
+            )
         )
         output = stream if stream is not None else stack.enter_context(shown_output(run_dir=arguments.run_dir))
         code = Supervisor(

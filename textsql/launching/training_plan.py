@@ -39,6 +39,7 @@ class TrainingPlan:
     ddp_timeout: int | None = None
     save_total_limit: int | None = None
     resume: str | None = None
+    overwrite_output_dir: bool = False
 
     @classmethod
     def read(cls, arguments: LaunchArguments) -> TrainingPlan:
@@ -61,6 +62,7 @@ class TrainingPlan:
             training["ddp_timeout"],
             training.get("save_total_limit"),
             run_args.resume,
+            run_args.overwrite_output_dir,
         )
 
     def batch_for(self, first_world: int, world: int) -> dict[str, Any]:

@@ -130,11 +130,28 @@ def apply_retention(store: Store, keep: int | None) -> list[int]:
         for path in store.fs.glob(store.path(f"{CHECKPOINT_PREFIX}-*"))
         if (step := _step_of(path)) is not None and step < steps[-1] and step not in steps
     ]
-    for step in doomed:
+    return _delete(store, doomed, leftovers)
+
+
+def clear_checkpoints(store: Store) -> list[int]:
+    """Delete every checkpoint from the store (a run that replaces a previous one); markers go first.
+
+    :returns: the steps deleted.
+    :rtype: list[int]
+    """
+    marked = complete_steps(store)
+    found = [
+        step for path in store.fs.glob(store.path(f"{CHECKPOINT_PREFIX}-*")) if (step := _step_of(path)) is not None
+    ]
+    return _delete(store, marked, [step for step in found if step not in marked])
+
+
+def _delete(store: Store, marked: list[int], unmarked: list[int]) -> list[int]:
+    for step in marked:
         store.fs.rm(store.path(f"{CHECKPOINT_PREFIX}-{step}", COMPLETE_MARKER))
-    for step in [*doomed, *leftovers]:
+    for step in [*marked, *unmarked]:
         store.fs.rm(store.path(f"{CHECKPOINT_PREFIX}-{step}"), recursive=True)
-    return sorted([*doomed, *leftovers])
+    return sorted([*marked, *unmarked])
 
 
 def upload_outputs(store: Store, output: Path) -> int:

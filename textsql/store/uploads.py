@@ -32,7 +32,14 @@ from textsql.constants import RUN_SUMMARY_NAME
 from textsql.errors import StoreError
 from textsql.files import read_json, write_json
 from textsql.store.location import Store, check_store, open_store, refusal
-from textsql.store.sync import apply_retention, complete_steps, download_newest, upload_checkpoint, upload_outputs
+from textsql.store.sync import (
+    apply_retention,
+    clear_checkpoints,
+    complete_steps,
+    download_newest,
+    upload_checkpoint,
+    upload_outputs,
+)
 from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -191,7 +198,7 @@ def _waited(checkpoint: Path, finished_at: float) -> float:
 
 @contextlib.contextmanager
 def store_uploads(
-    uri: str | None, output: Path | None, keep: int | None = None, resume: str | None = None
+    uri: str | None, output: Path | None, keep: int | None = None, resume: str | None = None, overwrite: bool = False
 ) -> Iterator[StoreUploads | None]:
     """With a checkpoint store: the store checked (one line if it cannot be used), its newest complete checkpoint
     downloaded into an output directory that holds none as new (``--resume auto``), and its uploads running.
@@ -200,14 +207,25 @@ def store_uploads(
     :param output: the training's output directory.
     :param keep: the training's ``save_total_limit``.
     :param resume: the training's ``--resume``.
+    :param overwrite: the training's ``--overwrite-output-dir``: a previous run's checkpoints in the store are
+        deleted, as in the output directory; without it (and ``--resume auto``) a store holding some is refused.
     :rtype: typing.Iterator[StoreUploads | None]
-    :raises StoreError: when the store cannot be used.
+    :raises StoreError: when the store cannot be used, or holds a previous run it may not continue or replace.
     """
     if uri is None or output is None:
         yield None
         return
     store = open_store(uri)
     check_store(store)
+    previous = complete_steps(store) if resume != "auto" else []
+    if previous and not overwrite:
+        raise StoreError(
+            f"checkpoint store {uri} holds checkpoint-{previous[-1]} of a previous run; pass --resume auto to continue "
+            "it, --overwrite-output-dir to replace it, or another store prefix"
+        )
+    if previous:
+        logger.warning("checkpoint store: deleting %s's checkpoints of a previous run (--overwrite-output-dir)", uri)
+        clear_checkpoints(store)
     if resume == "auto":
         started = time.monotonic()
         restored = download_newest(store, output)
