@@ -92,9 +92,11 @@ def observations(results: dict) -> list[str]:
     store = results.get("checkpoint_store")
     if store:
         notes.append(
-            f"`checkpoint_store`: steps took {store['value']}x as long with the store. Here the S3 server (SeaweedFS), "
-            "the upload in the launching process and both ranks share the same 2 cores, so the ratio is what sharing "
-            "them costs; on a cluster the upload runs in the launching process, off the workers. Resuming from the "
+            f"`checkpoint_store`: steps took {store['value']}x as long with the store (seconds a step, runs without "
+            f"{store['step_seconds']['without_store']['runs']}, with {store['step_seconds']['with_store']['runs']}: "
+            "on this loaded machine one arm's runs spread further apart than the arms' medians). The S3 server "
+            "(SeaweedFS), the upload in the launching process and both ranks share the same 2 cores here; on a "
+            "cluster the upload runs in the launching process, off the workers. Resuming from the "
             f"store added a {store['download_s']} s download of one checkpoint; the two resumes' totals are single "
             "launches on a loaded machine, and their difference is mostly the launches' own spread."
         )
