@@ -89,17 +89,8 @@ def observations(results: dict) -> list[str]:
                 f"zero0's own runs spread from {min(base_runs)} to {max(base_runs)} samples/s, so every samples/s ratio to "
                 "zero0 carries that spread; compare the profiles' samples/s with each other rather than the ratios alone."
             )
-    store = results.get("checkpoint_store")
-    if store:
-        notes.append(
-            f"`checkpoint_store`: steps took {store['value']}x as long with the store (seconds a step, runs without "
-            f"{store['step_seconds']['without_store']['runs']}, with {store['step_seconds']['with_store']['runs']}: "
-            "on this loaded machine one arm's runs spread further apart than the arms' medians). The S3 server "
-            "(SeaweedFS), the upload in the launching process and both ranks share the same 2 cores here; on a "
-            "cluster the upload runs in the launching process, off the workers. Resuming from the "
-            f"store added a {store['download_s']} s download of one checkpoint; the two resumes' totals are single "
-            "launches on a loaded machine, and their difference is mostly the launches' own spread."
-        )
+    if "checkpoint_store" in results:
+        notes.append(_store_note(results["checkpoint_store"]))
     prepare = results.get("prepare_examples_per_s")
     if prepare and prepare["sample"]["speedup"] < 1:
         parts = {name: prepare[name] for name in ("sample", "dev_questions") if name in prepare}
@@ -228,6 +219,19 @@ def _step_ops_table(step_ops: dict) -> list[str]:
             f"{row['optimizer_host_syncs']} |"
         )
     return lines
+
+
+def _store_note(store: dict) -> str:
+    """What the checkpoint store's figure says on this machine, and what it does not."""
+    return (
+        f"`checkpoint_store`: steps took {store['value']}x as long with the store (seconds a step, runs without "
+        f"{store['step_seconds']['without_store']['runs']}, with {store['step_seconds']['with_store']['runs']}: "
+        "on this loaded machine one arm's runs spread further apart than the arms' medians). The S3 server "
+        "(SeaweedFS), the upload in the launching process and both ranks share the same 2 cores here; on a "
+        "cluster the upload runs in the launching process, off the workers. Resuming from the "
+        f"store added a {store['download_s']} s download of one checkpoint; the two resumes' totals are single "
+        "launches on a loaded machine, and their difference is mostly the launches' own spread."
+    )
 
 
 def _value(key: str, figure: dict) -> str:
