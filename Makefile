@@ -23,8 +23,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
 	@touch $@
 
-$(DEV_STAMP): requirements-dev.txt $(STAMP)
+$(DEV_STAMP): requirements-dev.txt requirements-store.txt $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-store.txt
 	@touch $@
 
 demo: setup

@@ -30,6 +30,7 @@ from bench import (
     rendezvous,
     startup,
     step_ops,
+    store,
     tokenization,
     train_padding,
 )
@@ -55,6 +56,7 @@ FIGURE_NAMES = (
     "shrink",
     "gpu",
     "model-latency",
+    "store",
 )
 SMOKE = {
     "model-latency": model_latency.Sizes(requests=2),
@@ -67,6 +69,7 @@ SMOKE = {
     "startup": startup.Sizes(repetitions=1, warmup=0),
     "recovery": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "ops": step_ops.OpsSizes(steps=2, tiny_model=True),
+    "store": store.Sizes(steps=3, save_steps=1, repetitions=1),
     # Full-scale data, the tiny T5 and a few steps: every part runs, on the CPU in a few minutes.
     "shrink": recovery.Sizes(steps=4, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(
@@ -96,6 +99,7 @@ FULL = {
     "startup": startup.Sizes(),
     "recovery": recovery.Sizes(),
     "ops": step_ops.OpsSizes(),
+    "store": store.Sizes(),
     "shrink": recovery.Sizes(steps=6, save_steps=2, kill_after_step=3, batch_size=4, repetitions=1),
     "gpu": gpu.Sizes(),
 }
@@ -124,6 +128,8 @@ def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, sav
         return {"recovery_local_downtime_s": recovery.run(data_dir, work, sizes)}
     if name == "ops":
         return {"step_ops": step_ops.run_step_ops(prepare_data(work, "schema"), work, sizes)}
+    if name == "store":
+        return {"checkpoint_store": store.run(data_dir, work, sizes)}
     if name == "shrink":
         return {"recovery_shrink_downtime_s": recovery.run_shrink(data_dir, work, sizes)}
     if name == "gpu":

@@ -22,6 +22,7 @@ FIGURES = {
     "startup_to_first_step_s": "Start-up, `textsql launch` to the first training step done",
     "recovery_local_downtime_s": "A rank SIGKILLed on one of two `local` pods: downtime, kill to the resumed run's first step",
     "recovery_shrink_downtime_s": "A pod of three killed, no replacement: downtime, kill to the first step on the two left",
+    "checkpoint_store": "Checkpoint store (S3 on loopback): step time with the store over without; uploads and resume",
     "gpu": "One CUDA GPU: training samples/s of the defaults over the old notebook's recipe (details in results.json)",
 }
 PROFILES_KEY = "deepspeed_profiles"
@@ -88,6 +89,8 @@ def observations(results: dict) -> list[str]:
                 f"zero0's own runs spread from {min(base_runs)} to {max(base_runs)} samples/s, so every samples/s ratio to "
                 "zero0 carries that spread; compare the profiles' samples/s with each other rather than the ratios alone."
             )
+    if "checkpoint_store" in results:
+        notes.append(_store_note(results["checkpoint_store"]))
     prepare = results.get("prepare_examples_per_s")
     if prepare and prepare["sample"]["speedup"] < 1:
         parts = {name: prepare[name] for name in ("sample", "dev_questions") if name in prepare}
@@ -218,6 +221,19 @@ def _step_ops_table(step_ops: dict) -> list[str]:
     return lines
 
 
+def _store_note(store: dict) -> str:
+    """What the checkpoint store's figure says on this machine, and what it does not."""
+    return (
+        f"`checkpoint_store`: steps took {store['value']}x as long with the store (seconds a step, runs without "
+        f"{store['step_seconds']['without_store']['runs']}, with {store['step_seconds']['with_store']['runs']}: "
+        "on this loaded machine one arm's runs spread further apart than the arms' medians). The S3 server "
+        "(SeaweedFS), the upload in the launching process and both ranks share the same 2 cores here; on a "
+        "cluster the upload runs in the launching process, off the workers. Resuming from the "
+        f"store added a {store['download_s']} s download of one checkpoint; the two resumes' totals are single "
+        "launches on a loaded machine, and their difference is mostly the launches' own spread."
+    )
+
+
 def _value(key: str, figure: dict) -> str:
     if key == "prepare_examples_per_s":
         parts = []
@@ -240,6 +256,13 @@ def _value(key: str, figure: dict) -> str:
         text += (
             f"<br>detection (kill to supervisor aware) {figure['detection_s']['median']} s, "
             f"repeated steps {figure['repeated_steps']}"
+        )
+    if "upload_seconds_per_checkpoint" in figure:
+        resume = figure["resume_to_first_step_s"]
+        text += (
+            f"<br>upload {figure['upload_seconds_per_checkpoint']['median']} s per checkpoint "
+            f"({figure['upload_megabytes_per_checkpoint']} MB); resume to the next step: from the store "
+            f"{resume['from_store']} s, from local disk {resume['from_local_disk']} s"
         )
     if "value_cpu_time" in figure:
         text += f"<br>per CPU second: {figure['value_cpu_time']}x"

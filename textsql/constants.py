@@ -34,6 +34,8 @@ LAUNCH_LOG_NAME = "launch.log"
 RUN_SUMMARY_NAME = "run.json"
 # The trained model (weights, tokenizer, model card) inside a run directory.
 MODEL_SUBDIR = "model"
+# The run's TensorBoard event files (textsql.training.events), inside its run directory.
+TENSORBOARD_SUBDIR = "tensorboard"
 # What inference writes (textsql.inference.predict): one line per question, and the scores beside it.
 PREDICTIONS_NAME = "predictions.jsonl"
 METRICS_NAME = "metrics.json"

@@ -16,6 +16,7 @@ __all__ = [
     "RenamedOptionError",
     "RendezvousError",
     "SQLParseError",
+    "StoreError",
     "TextSQLError",
     "WorkerError",
 ]
@@ -44,3 +45,7 @@ class LaunchError(TextSQLError):
 class RenamedOptionError(LaunchError):
     """An option of the previous release, given under its old name: the message names the new one (click's
     usage-error exit status, 2, on the command line)."""
+
+
+class StoreError(TextSQLError):
+    """The checkpoint store (``--checkpoint-store``) cannot be used: unknown scheme, bucket, keys, permission."""

@@ -7,6 +7,7 @@ neither torch nor transformers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -19,7 +20,7 @@ from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S
 
 # `textsql launch --help`: its options by what they are about (click.Command lists them in one block).
 LAUNCH_SECTIONS = {
-    "Run": ("run_dir", "module", "env"),
+    "Run": ("run_dir", "module", "env", "checkpoint_store"),
     "Hosts and ssh": ("launcher", "hostfile", "ssh_config", "ssh_port", "ranks"),
     "Distributed": ("master_addr", "master_port", "socket_ifname"),
     "Recovery": ("max_restarts", "stall_timeout", "min_workers", "replace_timeout"),
@@ -46,16 +47,27 @@ def _help_all(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     callback=_help_all,
     help="Every flag (transformers' Seq2SeqTrainingArguments too) with its default, and exit.",
 )
+@field_option(LaunchArguments, "checkpoint_store")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def train(args: tuple[str, ...]) -> None:
+def train(args: tuple[str, ...], checkpoint_store: str | None) -> None:
     """Fine-tune in this one process; `textsql launch` runs it on every rank.
 
     The flags are those of `python -m textsql.training.train`: HfArgumentParser over the model, data and run
-    arguments plus Seq2SeqTrainingArguments, parsed strictly.
+    arguments plus Seq2SeqTrainingArguments, parsed strictly; --checkpoint-store is this command's own.
     """
+    from textsql.store.uploads import store_uploads
+    from textsql.training.command_line import parse_command_line
     from textsql.training.train import main
 
-    raise SystemExit(main(list(args)))
+    if checkpoint_store is None:
+        raise SystemExit(main(list(args)))
+    _, _, run_args, training = parse_command_line(list(args))
+    output, keep = Path(training["output_dir"]), training.get("save_total_limit")
+    with store_uploads(checkpoint_store, output, keep, run_args.resume, run_args.overwrite_output_dir) as uploads:
+        code = main(list(args))
+        if code == 0 and uploads is not None:
+            uploads.finish()
+    raise SystemExit(code)
 
 
 @click.command(
@@ -75,6 +87,7 @@ def train(args: tuple[str, ...]) -> None:
 @field_option(LaunchArguments, "socket_ifname")
 @field_option(LaunchArguments, "env", multiple=True, metavar="KEY=VALUE")
 @field_option(LaunchArguments, "module")
+@field_option(LaunchArguments, "checkpoint_store")
 @click.option(
     "--max-restarts",
     type=click.IntRange(min=0),

@@ -120,6 +120,14 @@ class LaunchArguments:
     )
     env: dict[str, str] = field(default_factory=dict, metadata={"help": "Extra KEY=VAL for every rank (no secrets)."})
     module: str = field(default=TRAIN_MODULE, metadata={"help": "Python module each rank runs."})
+    checkpoint_store: str | None = field(
+        default=None,
+        metadata={
+            "help": "fsspec URI (s3://BUCKET/PREFIX, gs://, abfs://, file://) every complete checkpoint and the "
+            "model are copied to; with --resume-from-checkpoint auto an empty run directory resumes from it. Credentials from "
+            "the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL)."
+        },
+    )
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)

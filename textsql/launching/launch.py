@@ -76,6 +76,7 @@ from textsql.launching.preflight import preflight
 from textsql.launching.ranks import LocalRanks, RemoteRanks
 from textsql.launching.tracking_env import tracking_env, without_tracking
 from textsql.sanitize import mask_credentials
+from textsql.store.location import without_store_credentials
 from worker.constants import HOSTFILE_NAME
 from worker.files import private_opener
 from worker.hostfile import read_hostfile
@@ -161,7 +162,7 @@ def _prepare_local(arguments: LaunchArguments, run_dir: Path, launch_id: str) ->
     """DeepSpeed's per-node launcher; the ranks' variables go straight into its environment."""
     # No shell between the launcher and the ranks here: expand $VAR as the hosts' shell would.
     rank_env = rank_environment(arguments, ["localhost"], launch_id)
-    env = without_tracking(os.environ) | {
+    env = without_store_credentials(without_tracking(os.environ)) | {
         key: string.Template(value).safe_substitute(os.environ) for key, value in rank_env.items()
     }
     return local_command(arguments, arguments.ranks or local_device_count()), env, LocalRanks(launch_id)

@@ -30,7 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from textsql.arguments import train_argv
@@ -42,6 +42,7 @@ from textsql.constants import (
     RUN_SUMMARY_NAME,
 )
 from textsql.display.step_bar import shown_output
+from textsql.errors import StoreError
 from textsql.files import read_json, write_json
 from textsql.launching.cluster_check import check_cluster
 from textsql.launching.command import LaunchArguments
@@ -51,6 +52,7 @@ from textsql.launching.launch_watch import LaunchWatch
 from textsql.launching.recovery import Recovery, classify
 from textsql.launching.stall import StallDetector
 from textsql.launching.training_plan import TrainingPlan
+from textsql.store.uploads import StoreUploads, store_uploads
 from worker.cluster import Cluster
 
 logger = logging.getLogger(__name__)
@@ -59,12 +61,16 @@ logger = logging.getLogger(__name__)
 PROCESS_GROUP_TIMEOUT_S = 600
 
 
+@dataclass
 class Supervisor(Recovery):
     """Runs :func:`textsql.launching.launch.launch` until it succeeds, replacing lost workers, at most
     ``max_restarts`` times after the first launch (0: the first failure ends the run, as without it).
 
-    The settings and the decisions after a failure are :class:`textsql.launching.recovery.Recovery`'s.
+    The settings and the decisions after a failure are :class:`textsql.launching.recovery.Recovery`'s; with a
+    checkpoint store, an upload that failed for good ends the launch and the run (:mod:`textsql.store.uploads`).
     """
+
+    uploads: StoreUploads | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,10 +92,12 @@ class Supervisor(Recovery):
         for attempt in range(self.max_restarts + 1):
             watch = self._watch(attempt, aware_at)
             try:
-                code = launch(self._launch_arguments(), stream=watch, should_stop=watch.stalled)
+                code = launch(self._launch_arguments(), stream=watch, should_stop=self._should_stop(watch))
             finally:
                 if self.hosts is not None:
                     self.hosts.relay_beats(None)
+            if self.uploads is not None and self.uploads.failure is not None:
+                raise StoreError(self.uploads.failure)
             if code == 0:
                 if attempt:
                     self._event("finished", attempt, f"run finished after {attempt} restart(s)")
@@ -104,6 +112,13 @@ class Supervisor(Recovery):
             previous = failure.kind, failure.message
             self._relaunch(attempt)
         return self._give_up(code)
+
+    def _should_stop(self, watch: LaunchWatch) -> Callable[[], bool]:
+        """The launch's stop condition: a stall, or an upload to the checkpoint store that failed for good."""
+        uploads = self.uploads
+        if uploads is None:
+            return watch.stalled
+        return lambda: watch.stalled() or uploads.failed()
 
     def _watch(self, attempt: int, aware_at: float | None) -> LaunchWatch:
         """The watch on a launch's output: its stall detector, which hears the hosts with an agent of ours from
@@ -204,10 +219,21 @@ def supervise(
     :rtype: int
     :raises ClusterError: before anything is launched, when the workers cannot train together.
     """
+    plan = TrainingPlan.read(arguments)
     if cluster is not None:
-        check_cluster(cluster.workers, arguments.run_dir, TrainingPlan.read(arguments).model, arguments.socket_ifname)
-    with contextlib.nullcontext(stream) if stream is not None else shown_output(run_dir=arguments.run_dir) as output:
-        return Supervisor(
+        check_cluster(cluster.workers, arguments.run_dir, plan.model, arguments.socket_ifname)
+    with contextlib.ExitStack() as stack:
+        uploads = stack.enter_context(
+            store_uploads(
+                arguments.checkpoint_store,
+                plan.output_dir,
+                plan.save_total_limit,
+                plan.resume,
+                plan.overwrite_output_dir,
+            )
+        )
+        output = stream if stream is not None else stack.enter_context(shown_output(run_dir=arguments.run_dir))
+        code = Supervisor(
             arguments,
             cluster,
             max_restarts,
@@ -215,7 +241,11 @@ def supervise(
             min_workers=min_workers,
             stall_timeout=stall_timeout,
             stream=output,
+            uploads=uploads,
         ).run()
+        if code == 0 and uploads is not None:
+            uploads.finish()
+        return code
 
 
 def process_group_timeout(stall_timeout: float | None) -> int:

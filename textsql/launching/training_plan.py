@@ -38,7 +38,9 @@ class TrainingPlan:
     length_group_size: int | None = None
     model: str | None = None
     ddp_timeout: int | None = None
+    save_total_limit: int | None = None
     resume: str | None = None
+    overwrite_output_dir: bool = False
     report_to: str | list[str] | None = None
 
     @classmethod
@@ -60,7 +62,9 @@ class TrainingPlan:
             data_args.length_group_size,
             model_args.model,
             training["ddp_timeout"],
+            training.get("save_total_limit"),
             training.get("resume_from_checkpoint"),
+            run_args.overwrite_output_dir,
             training["report_to"],
         )
 

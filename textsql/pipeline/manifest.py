@@ -63,6 +63,7 @@ CONTROL_PARAMETERS = {
         "log_level",
         "resume_from_checkpoint",
         "overwrite_output_dir",
+        "checkpoint_store",
         "max_restarts",
         "min_workers",
         "replace_timeout",

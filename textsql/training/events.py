@@ -20,9 +20,9 @@ from transformers.integrations.integration_utils import rewrite_logs
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
-logger = logging.getLogger(__name__)
+from textsql.constants import TENSORBOARD_SUBDIR
 
-TENSORBOARD_SUBDIR = "tensorboard"
+logger = logging.getLogger(__name__)
 
 
 def events_dir(output_dir: str | Path) -> Path:

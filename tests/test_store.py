@@ -1,0 +1,253 @@
+"""The checkpoint store (textsql.store): refusals in one line before anything starts, checkpoints marked complete by
+one object written last, retention, and download; against a real S3 server (SeaweedFS) where S3 matters, and
+through fsspec's local filesystem where it does not. The runs of two workers are in tests/test_store_runs.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.checkpoints import complete_checkpoint
+from helpers.paths import PROJECT_DIR
+
+from bench.seaweed import BUCKET, S3Server, s3_server
+from textsql.errors import StoreError
+from textsql.launching.launch import _prepare_local
+from textsql.store.location import check_store, open_store
+from textsql.store.sync import apply_retention, complete_steps, download_newest, upload_checkpoint
+from textsql.training.checkpoints import COMPLETE_MARKER, is_complete_checkpoint
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> S3Server:
+    with s3_server(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+def fake_checkpoint(output: Path, step: int, shards: int = 1, shard_bytes: int = 1000) -> Path:
+    """A complete checkpoint-N whose state holds ``shards`` random files."""
+    checkpoint = complete_checkpoint(output, step)
+    for index in range(shards):
+        (checkpoint / f"global_step{step}" / f"shard_{index:03}.pt").write_bytes(os.urandom(shard_bytes))
+    return checkpoint
+
+
+def test_an_unknown_scheme_is_refused_in_one_line() -> None:
+    with pytest.raises(StoreError, match=r"unknown scheme 'nosuch'; use s3://BUCKET/PREFIX") as refused:
+        open_store("nosuch://bucket/runs")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_scheme_whose_package_is_missing_names_it() -> None:
+    pytest.importorskip("s3fs")
+    with pytest.raises(StoreError, match=r"gs:// needs the package gcsfs, not installed here; pip install gcsfs"):
+        open_store("gs://bucket/runs")
+
+
+def test_a_local_store_keeps_save_total_limit_and_downloads_the_newest_marked(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path / 'store'}")
+    check_store(store)
+    for step in (2, 4, 6):
+        upload_checkpoint(store, fake_checkpoint(tmp_path / "run", step))
+    assert complete_steps(store) == [2, 4, 6]
+    assert apply_retention(store, 2) == [2]
+    assert complete_steps(store) == [4, 6]
+    # A checkpoint whose marker never came (an upload cut off) is not chosen, however new.
+    (tmp_path / "store" / "checkpoint-8" / "global_step8").mkdir(parents=True)
+    restored = download_newest(store, tmp_path / "fresh")
+    assert restored == tmp_path / "fresh" / "checkpoint-6" and is_complete_checkpoint(restored)
+    assert download_newest(store, tmp_path / "fresh") is None, "a run dir as new as the store downloads nothing"
+
+
+def test_the_local_launchers_ranks_get_no_store_credentials(tmp_path: Path, monkeypatch) -> None:
+    from textsql.launching.command import LaunchArguments
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-pass")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKX")
+    _, env, _ = _prepare_local(LaunchArguments(run_dir=tmp_path, launcher="local", ranks=1), tmp_path, "id")
+    assert not [key for key in env if key.startswith("AWS_")]
+
+
+def test_the_store_extra_is_pinned_beside_the_installed_fsspec() -> None:
+    import fsspec
+
+    pins = dict(
+        line.split("==") for line in (PROJECT_DIR / "requirements-store.txt").read_text().splitlines() if "==" in line
+    )
+    assert pins["s3fs"] == fsspec.__version__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("keys", "reason"),
+    [
+        ("wrong-secret", "the secret key does not match the access key (SignatureDoesNotMatch)"),
+        ("reader", "these keys may not write there (AccessDenied)"),
+        ("unknown-key", "the store knows no such access key (InvalidAccessKeyId)"),
+    ],
+)
+def test_keys_that_cannot_write_are_refused_in_one_line(s3: S3Server, monkeypatch, keys: str, reason: str) -> None:
+    chosen = {
+        "wrong-secret": s3.environ(secret="not-the-secret"),
+        "reader": s3.environ(access_key=s3.reader_key, secret=s3.reader_secret),
+        "unknown-key": s3.environ(access_key="AKNOBODY"),
+    }[keys]
+    for key, value in chosen.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(StoreError) as refused:
+        check_store(open_store(f"s3://{BUCKET}/runs/refused"))
+    assert (
+        str(refused.value)
+        == f"checkpoint store s3://{BUCKET}/runs/refused: {reason}"
+        + {
+            "wrong-secret": ": check AWS_SECRET_ACCESS_KEY",
+            "reader": ": use keys with write permission on the bucket",
+            "unknown-key": ": check AWS_ACCESS_KEY_ID",
+        }[keys]
+    )
+    assert s3.secret_key not in str(refused.value) and "not-the-secret" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_missing_bucket_is_refused_and_not_created(s3: S3Server, monkeypatch) -> None:
+    for key, value in s3.environ().items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(StoreError, match=r"s3://no-such-bucket/runs: the bucket does not exist \(NoSuchBucket\)"):
+        check_store(open_store("s3://no-such-bucket/runs"))
+    assert "no-such-bucket" not in open_store(f"s3://{BUCKET}").fs.ls("", detail=False)
+
+
+UPLOAD = """
+import sys
+from pathlib import Path
+from textsql.store.location import open_store
+from textsql.store.sync import upload_checkpoint
+upload_checkpoint(open_store(sys.argv[1]), Path(sys.argv[2]))
+"""
+
+
+@pytest.mark.slow
+def test_an_upload_killed_half_way_leaves_no_checkpoint_marked_complete(
+    s3: S3Server, tmp_path: Path, monkeypatch
+) -> None:
+    for key, value in s3.environ().items():
+        monkeypatch.setenv(key, value)
+    uri = f"s3://{BUCKET}/runs/killed"
+    store = open_store(uri)
+    upload_checkpoint(store, fake_checkpoint(tmp_path / "run", 2))
+    big = fake_checkpoint(tmp_path / "run", 4, shards=200, shard_bytes=500_000)
+    env = os.environ | {"PYTHONPATH": str(PROJECT_DIR)}
+    uploading = subprocess.Popen([sys.executable, "-c", UPLOAD, uri, str(big)], env=env)
+    deadline = time.monotonic() + 120
+    while not store.fs.glob(store.path("checkpoint-4", "global_step4", "shard_*")):
+        assert uploading.poll() is None and time.monotonic() < deadline, "the upload ended before it could be killed"
+        store.fs.invalidate_cache()
+        time.sleep(0.05)
+    uploading.send_signal(signal.SIGKILL)
+    uploading.wait()
+    store.fs.invalidate_cache()
+    copied = store.fs.glob(store.path("checkpoint-4", "global_step4", "shard_*"))
+    assert 0 < len(copied) < 200, "the kill came after the upload"
+    assert not store.fs.exists(store.path("checkpoint-4", COMPLETE_MARKER))
+    assert complete_steps(store) == [2]
+    assert download_newest(store, tmp_path / "fresh") == tmp_path / "fresh" / "checkpoint-2"
+    # The next upload of the same step completes it.
+    upload_checkpoint(store, big)
+    assert complete_steps(store) == [2, 4]
+
+
+@pytest.mark.slow
+def test_textsql_train_uploads_each_checkpoint_and_the_model_to_a_local_store(
+    prepared_sample: Path, tmp_path: Path
+) -> None:
+    from bench.tiny_run import tiny_run_argv
+
+    uri = f"file://{tmp_path / 'store'}"
+    train_args = tiny_run_argv(prepared_sample, tmp_path / "out", max_steps=2, eval_every=None, save_steps=1)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "textsql"), "train", "--checkpoint-store", uri, *train_args],
+        check=False,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    store = open_store(uri)
+    assert complete_steps(store) == [1, 2]
+    assert (tmp_path / "store" / "model" / "config.json").is_file()
+    assert (tmp_path / "store" / "run.json").is_file()
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_an_upload_that_keeps_failing_ends_in_one_line_naming_the_store(tmp_path: Path, monkeypatch) -> None:
+    from textsql.store.uploads import StoreUploads
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    fake_checkpoint(tmp_path / "run", 2)
+    tries = []
+
+    def refused(*args, **kwargs):
+        tries.append(args)
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(store.fs, "put", refused)
+    with StoreUploads(store, tmp_path / "run", poll_s=0.05, tries=3, backoff_s=0.01) as uploads:
+        wait_for(uploads.failed)
+        with pytest.raises(StoreError) as ended:
+            uploads.finish()
+    assert len(tries) == 3
+    assert str(ended.value) == (
+        f"checkpoint store file://{tmp_path / 'store'}: uploading checkpoint-2 failed 3 times: "
+        "ConnectionResetError: connection reset by peer"
+    )
+    assert complete_steps(store) == []
+
+
+def test_a_checkpoint_rotated_away_during_its_upload_is_skipped_and_the_next_uploaded(tmp_path: Path) -> None:
+    import shutil
+
+    from textsql.store.uploads import StoreUploads
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    older, newer = fake_checkpoint(tmp_path / "run", 2), fake_checkpoint(tmp_path / "run", 4)
+    put = store.fs.put
+
+    def rotating(sources, *args, **kwargs):
+        if str(older) in sources[0]:
+            shutil.rmtree(older)  # the trainer's save_total_limit, while the upload runs
+        return put(sources, *args, **kwargs)
+
+    object.__setattr__(store.fs, "put", rotating)
+    with StoreUploads(store, tmp_path / "run", poll_s=0.05, backoff_s=0.01) as uploads:
+        uploads.finish()
+    assert complete_steps(store) == [4] and not uploads.failed()
+    assert [entry["name"] for entry in uploads.record["checkpoints"]] == [newer.name]
+
+
+def test_a_store_holding_a_previous_run_is_refused_unless_resumed_or_overwritten(tmp_path: Path) -> None:
+    from textsql.store.uploads import store_uploads
+
+    uri = f"file://{tmp_path / 'store'}"
+    upload_checkpoint(open_store(uri), fake_checkpoint(tmp_path / "old", 2))
+    with pytest.raises(StoreError) as refused, store_uploads(uri, tmp_path / "run"):
+        pass
+    assert str(refused.value) == (
+        f"checkpoint store {uri} holds checkpoint-2 of a previous run; pass --resume-from-checkpoint auto to continue it, "
+        "--overwrite-output-dir to replace it, or another store prefix"
+    )
+    with store_uploads(uri, tmp_path / "run", resume="auto") as uploads:
+        assert uploads is not None and (tmp_path / "run" / "checkpoint-2").is_dir()
+    with store_uploads(uri, tmp_path / "fresh", overwrite=True):
+        assert complete_steps(open_store(uri)) == []
