@@ -6,7 +6,7 @@
 # says what is missing.
 set -euo pipefail
 packages=(pdsh openssh-server openssh-client)
-[ "${1:-}" = --dev ] && packages+=(chromium chromium-driver)
+[ "${1:-}" = --dev ] && packages+=(chromium chromium-driver slurm-wlm munge)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
