@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 
 import pytest
-from helpers.slurm import NODES, SlurmCluster, missing_tools, new_cluster
+from click.testing import CliRunner
+from helpers.slurm import NODES, missing_tools, new_cluster
 
+from textsql.cli import cli
 from worker.backends import make_backend
 from worker.backends.slurm import SlurmBackend, cleanup
 from worker.backends.slurm_options import SlurmOptions, time_limit_seconds
@@ -43,7 +44,9 @@ def test_extra_sbatch_flags_outside_the_allow_list_are_refused_in_one_line():
         SlurmOptions(sbatch_flags=["--export=NONE"])
     with pytest.raises(WorkerError, match="must be a list"):
         SlurmOptions(sbatch_flags="--qos=high")
-    options = SlurmOptions(partition="gpu", account="ml", time_limit="1:00:00", gpus_per_node=4, sbatch_flags=["--qos=high"])
+    options = SlurmOptions(
+        partition="gpu", account="ml", time_limit="1:00:00", gpus_per_node=4, sbatch_flags=["--qos=high"]
+    )
     assert options.sbatch_arguments(gpus=0) == [
         "--exclusive",
         "--partition=gpu",
@@ -55,7 +58,13 @@ def test_extra_sbatch_flags_outside_the_allow_list_are_refused_in_one_line():
 
 
 def test_a_time_limit_shorter_than_the_runs_estimate_is_refused_before_submitting():
-    assert [time_limit_seconds(t) for t in ("90", "1:30", "2:00:00", "1-00", "1-2:03:04")] == [5400, 90, 7200, 86400, 93784]
+    assert [time_limit_seconds(t) for t in ("90", "1:30", "2:00:00", "1-00", "1-2:03:04")] == [
+        5400,
+        90,
+        7200,
+        86400,
+        93784,
+    ]
     with pytest.raises(WorkerError, match=r"time_limit '30' \(1800 s\) is shorter than the run's estimate \(3600 s\)"):
         make_backend("slurm", time_limit="30", min_time_s=3600)
     with pytest.raises(WorkerError, match="not a Slurm time"):
@@ -75,7 +84,9 @@ def test_bad_partition_node_count_and_gres_are_refused_from_sinfo(slurm_cluster)
         SlurmBackend(SlurmOptions(partition="gpu")).check(2, 0)
     with pytest.raises(WorkerError, match=r"3 workers need 3 nodes but partition 'debug' has 2"):
         SlurmBackend(SlurmOptions()).check(3, 0)
-    with pytest.raises(WorkerError, match=r"1 GPUs per worker, but the nodes of partition 'debug' have at most 0 \(gres: none\)"):
+    with pytest.raises(
+        WorkerError, match=r"1 GPUs per worker, but the nodes of partition 'debug' have at most 0 \(gres: none\)"
+    ):
         SlurmBackend(SlurmOptions()).check(2, 1)
     assert slurm_cluster.jobs() == []
 
@@ -102,15 +113,16 @@ def test_a_pending_job_says_why_and_is_cancelled_at_the_timeout(slurm_cluster, t
     blocker = slurm_cluster.run("sbatch", "--parsable", "--exclusive", "--nodelist=node2", "--wrap=sleep 300").strip()
     caplog.set_level(logging.WARNING, logger="worker.backends.slurm")
     started = time.monotonic()
-    with pytest.raises(WorkerError) as raised:
-        with start_workers("slurm", 2, tmp_path / "run", timeout=8, ssh_port=0):
-            pass
+    with pytest.raises(WorkerError) as raised, start_workers("slurm", 2, tmp_path / "run", timeout=8, ssh_port=0):
+        pass
     message = str(raised.value)
     assert "\n" not in message and "still pending after 8s" in message and "Resources" in message, message
     assert "cancelled them" in message
     pending = [r.getMessage() for r in caplog.records if "is pending: Resources" in r.getMessage()]
     assert pending and pending[0].startswith("Slurm job "), caplog.text
-    reported_s = min(r.created for r in caplog.records if "is pending" in r.getMessage()) - (time.time() - (time.monotonic() - started))
+    reported_s = min(r.created for r in caplog.records if "is pending" in r.getMessage()) - (
+        time.time() - (time.monotonic() - started)
+    )
     assert reported_s < 5, f"the reason came {reported_s:.1f} s after submitting"
     assert [job.split()[0] for job in slurm_cluster.jobs()] == [blocker]
 
@@ -122,9 +134,12 @@ def test_workers_cleanup_cancels_the_jobs_a_dead_kernel_left(slurm_cluster, tmp_
     context = start_workers(backend, 2, tmp_path / "run", timeout=REGISTER_BOUND_S, ssh_port=0)
     context.__enter__()  # a kernel that dies here never leaves the block
     try:
-        assert len(slurm_cluster.jobs()) == 2
-        cancelled = cleanup(backend.run_id)
-        assert sorted(cancelled) == sorted(job.split()[0] for job in slurm_cluster.jobs() if "RUNNING" in job) or cancelled
+        other = slurm_cluster.run("sbatch", "--parsable", "--job-name=textsql-other-0", "--wrap=sleep 300").strip()
+        ours = sorted(job.split()[0] for job in slurm_cluster.jobs() if backend.run_id in job)
+        assert len(ours) == 2
+        result = CliRunner().invoke(cli, ["workers", "cleanup", "--backend", "slurm", "--run", backend.run_id])
+        assert result.exit_code == 0 and result.output == f"cancelled 2 Slurm jobs: {' '.join(ours)}\n", result.output
+        assert cleanup(None) == [other]  # every textsql run's
         deadline = time.monotonic() + 30
         while slurm_cluster.jobs() and time.monotonic() < deadline:
             time.sleep(0.5)

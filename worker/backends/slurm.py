@@ -279,7 +279,9 @@ class SlurmBackend(Backend):
         :raises WorkerError: if ``pod`` is not one of this run's workers.
         """
         if pod not in self._jobs:
-            raise WorkerError(f"no Slurm worker {pod!r} of this run to replace; workers: {', '.join(self._jobs) or 'none'}")
+            raise WorkerError(
+                f"no Slurm worker {pod!r} of this run to replace; workers: {', '.join(self._jobs) or 'none'}"
+            )
         self._cancel([pod])
         self._replaced += 1
         replacement = f"{re.sub(r'-r[0-9]+$', '', pod)}-r{self._replaced}"
