@@ -86,6 +86,18 @@ def queue() -> dict[str, tuple[str, str, str, str]]:
     return jobs
 
 
+def _partitions() -> tuple[dict[str, tuple[int, str]], str | None]:
+    """Every partition's node count and its nodes' gres (``sinfo``), and the default partition's name."""
+    partitions: dict[str, tuple[int, str]] = {}
+    default = None
+    for line in slurm("sinfo", "--noheader", "--format=%R|%P|%D|%G").splitlines():
+        name, shown, nodes, gres = line.strip().split("|")
+        known, gres_seen = partitions.get(name, (0, ""))
+        partitions[name] = (known + int(nodes), f"{gres_seen},{gres}")
+        default = name if shown.endswith("*") else default
+    return partitions, default
+
+
 class SlurmBackend(Backend):
     """Worker jobs submitted from a login node or a session inside an allocation."""
 
@@ -104,6 +116,7 @@ class SlurmBackend(Backend):
         self._jobs: dict[str, str] = {}  # pod -> job id, in launch order
         self._ended: dict[str, str] = {}  # job ids stopped or replaced -> pod: cancelled, no longer reported
         self._gpus = 0
+        self._resources = Resources()
         self._env: dict[str, str] = {}
         self._replaced = 0
         self._reasons: dict[str, str] = {}  # pod -> the pending reason last reported
@@ -139,14 +152,7 @@ class SlurmBackend(Backend):
         :param count: workers of the run.
         :param gpus: GPUs per worker.
         """
-        listed = slurm("sinfo", "--noheader", "--format=%R|%P|%D|%G")
-        partitions: dict[str, tuple[int, str]] = {}
-        default = None
-        for line in listed.splitlines():
-            name, shown, nodes, gres = line.strip().split("|")
-            known, gres_seen = partitions.get(name, (0, ""))
-            partitions[name] = (known + int(nodes), f"{gres_seen},{gres}")
-            default = name if shown.endswith("*") else default
+        partitions, default = _partitions()
         partition = self.options.partition or default
         if partition not in partitions:
             raise WorkerError(

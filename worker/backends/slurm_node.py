@@ -35,7 +35,7 @@ def node_address(node: str) -> str | None:
             ["scontrol", "show", "node", "--oneliner", node], capture_output=True, text=True, timeout=30, check=True
         ).stdout
         name = next(field.split("=", 1)[1] for field in shown.split() if field.startswith("NodeAddr="))
-        return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
+        return str(socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0])
     except (OSError, subprocess.SubprocessError, StopIteration, IndexError):
         return None
 
