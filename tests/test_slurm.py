@@ -15,8 +15,10 @@ from click.testing import CliRunner
 from helpers.slurm import NODES, missing_tools, new_cluster
 
 from textsql.cli import cli
+from worker import constants as c
 from worker.backends import make_backend
 from worker.backends.slurm import SlurmBackend, cleanup
+from worker.backends.slurm_node import agent_environment
 from worker.backends.slurm_options import SlurmOptions, time_limit_seconds
 from worker.cluster import start_workers
 from worker.errors import WorkerError
@@ -89,6 +91,18 @@ def test_bad_partition_node_count_and_gres_are_refused_from_sinfo(slurm_cluster)
     ):
         SlurmBackend(SlurmOptions()).check(2, 1)
     assert slurm_cluster.jobs() == []
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_job_on_a_loopback_node_gives_its_agent_the_nodes_address_and_gpus(slurm_cluster):
+    """Nodes emulated on one host differ only in their NodeAddr: the agent must register that, not lo's 127.0.0.1."""
+    env = agent_environment({"SLURMD_NODENAME": "node2", "SLURM_GPUS_ON_NODE": "4"})
+    assert (env[c.ENV_ADDRESS], env[c.ENV_SLOTS]) == (NODES["node2"], "4")
+    assert agent_environment({"SLURMD_NODENAME": "no-such-node"}) == {
+        "SLURMD_NODENAME": "no-such-node",
+        c.ENV_SLOTS: "1",
+    }
 
 
 @pytest.mark.slow
