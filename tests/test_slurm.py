@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 from click.testing import CliRunner
-from helpers.slurm import NODES, missing_tools, new_cluster
+from helpers.paths import PROJECT_DIR
+from helpers.slurm import NODES
 
 from textsql.cli import cli
 from worker import constants as c
@@ -23,22 +28,16 @@ from worker.backends.slurm_options import SlurmOptions, time_limit_seconds
 from worker.cluster import start_workers
 from worker.errors import WorkerError
 
-needs_slurm = pytest.mark.skipif(
-    bool(missing_tools()), reason="Debian's slurm-wlm and munge are absent; run scripts/setup-system.sh --dev"
-)
-# Both workers submitted, running and registered (measured: see the closing note of issue 47).
+# Both workers submitted, running and registered: about 4 s here; generous for a loaded 2-core machine.
 REGISTER_BOUND_S = 60
-
-
-@pytest.fixture
-def slurm_cluster(monkeypatch):
-    """A started two-node cluster (both nodes idle), its SLURM_CONF set for this process's Slurm commands."""
-    cluster = new_cluster()
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+# A master that holds two Slurm workers until it is interrupted.
+HOLDING_MASTER = """
+import sys, time
+from worker.cluster import start_workers
+with start_workers("slurm", 2, sys.argv[1], timeout=60, ssh_port=0) as cluster:
+    print("registered", flush=True)
+    time.sleep(600)
+"""
 
 
 def test_extra_sbatch_flags_outside_the_allow_list_are_refused_in_one_line():
@@ -79,8 +78,19 @@ def test_no_sbatch_on_path_is_one_line(tmp_path, monkeypatch):
         SlurmBackend(SlurmOptions()).check(2, 0)
 
 
+def test_preflight_says_sbatch_is_missing_for_slurm_workers_only(tmp_path, monkeypatch):
+    from textsql.launching.preflight import check_runtime
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    lines = [check.line() for check in check_runtime("default", "sample", "slurm", 0) if check.name == "sbatch"]
+    assert (
+        len(lines) == 1
+        and "sbatch is not installed (submits the worker jobs); run the notebooks on a Slurm" in lines[0]
+    )
+    assert not [check for check in check_runtime("default", "sample", "local", 0) if check.name == "sbatch"]
+
+
 @pytest.mark.slow
-@needs_slurm
 def test_bad_partition_node_count_and_gres_are_refused_from_sinfo(slurm_cluster):
     with pytest.raises(WorkerError, match=r"no Slurm partition 'gpu'; set partition to one of debug"):
         SlurmBackend(SlurmOptions(partition="gpu")).check(2, 0)
@@ -94,7 +104,6 @@ def test_bad_partition_node_count_and_gres_are_refused_from_sinfo(slurm_cluster)
 
 
 @pytest.mark.slow
-@needs_slurm
 def test_a_job_on_a_loopback_node_gives_its_agent_the_nodes_address_and_gpus(slurm_cluster):
     """Nodes emulated on one host differ only in their NodeAddr: the agent must register that, not lo's 127.0.0.1."""
     env = agent_environment({"SLURMD_NODENAME": "node2", "SLURM_GPUS_ON_NODE": "4"})
@@ -106,7 +115,6 @@ def test_a_job_on_a_loopback_node_gives_its_agent_the_nodes_address_and_gpus(slu
 
 
 @pytest.mark.slow
-@needs_slurm
 def test_two_workers_register_from_their_nodes_and_leave_nothing_in_the_queue(slurm_cluster, tmp_path):
     started = time.monotonic()
     with start_workers("slurm", 2, tmp_path / "run", timeout=REGISTER_BOUND_S, ssh_port=0) as cluster:
@@ -122,7 +130,6 @@ def test_two_workers_register_from_their_nodes_and_leave_nothing_in_the_queue(sl
 
 
 @pytest.mark.slow
-@needs_slurm
 def test_a_pending_job_says_why_and_is_cancelled_at_the_timeout(slurm_cluster, tmp_path, caplog):
     blocker = slurm_cluster.run("sbatch", "--parsable", "--exclusive", "--nodelist=node2", "--wrap=sleep 300").strip()
     caplog.set_level(logging.WARNING, logger="worker.backends.slurm")
@@ -142,7 +149,6 @@ def test_a_pending_job_says_why_and_is_cancelled_at_the_timeout(slurm_cluster, t
 
 
 @pytest.mark.slow
-@needs_slurm
 def test_workers_cleanup_cancels_the_jobs_a_dead_kernel_left(slurm_cluster, tmp_path):
     backend = SlurmBackend(SlurmOptions())
     context = start_workers(backend, 2, tmp_path / "run", timeout=REGISTER_BOUND_S, ssh_port=0)
@@ -160,3 +166,22 @@ def test_workers_cleanup_cancels_the_jobs_a_dead_kernel_left(slurm_cluster, tmp_
         assert slurm_cluster.jobs() == []
     finally:
         context.__exit__(None, None, None)
+
+
+@pytest.mark.slow
+def test_an_interrupted_master_cancels_its_jobs(slurm_cluster, tmp_path):
+    master = subprocess.Popen(
+        [sys.executable, "-c", HOLDING_MASTER, str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(PROJECT_DIR)},
+    )
+    try:
+        assert master.stdout is not None and master.stdout.readline() == "registered\n"
+        assert len(slurm_cluster.jobs()) == 2
+        master.send_signal(signal.SIGINT)  # Ctrl-C
+        master.wait(timeout=60)
+    finally:
+        master.kill()
+        master.wait()
+    assert slurm_cluster.jobs() == []

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.slurm import NODES, missing_tools, new_cluster
+from helpers.slurm import NODES
 
 from bench.recovery import StepStream, supervised_arguments
 from bench.tiny_run import tiny_run_argv
@@ -24,27 +24,11 @@ from textsql.launching.supervisor import supervise
 from textsql.training.checkpoints import COMPLETE_MARKER
 from worker.cluster import start_workers
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        bool(missing_tools()), reason="Debian's slurm-wlm and munge are absent; run scripts/setup-system.sh --dev"
-    ),
-]
+pytestmark = pytest.mark.slow
 MAX_STEPS, SAVE_STEPS = 6, 2
 REGISTER_S = 60
 # A replacement job waits for the node Slurm returns to service (ReturnToService=2), then registers.
 REPLACE_S = 90
-
-
-@pytest.fixture
-def slurm_cluster(monkeypatch):
-    """A started two-node cluster (both nodes idle), its SLURM_CONF set for this process's Slurm commands."""
-    cluster = new_cluster()
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_a_two_node_run_trains_evaluates_and_writes_the_model(slurm_cluster, prepared_sample, tmp_path):
