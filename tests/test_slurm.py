@@ -74,7 +74,7 @@ def test_a_time_limit_shorter_than_the_runs_estimate_is_refused_before_submittin
 
 def test_no_sbatch_on_path_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(WorkerError, match=r"^sinfo is not on PATH; run on a Slurm login node"):
+    with pytest.raises(WorkerError, match=r"^sbatch is not on PATH; run on a Slurm login node"):
         SlurmBackend(SlurmOptions()).check(2, 0)
 
 

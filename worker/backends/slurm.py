@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Self
+from typing import Any, Self
 
 from worker import constants as c
 from worker.backends.base import Backend, Resources, WorkerHandle
@@ -122,12 +122,12 @@ class SlurmBackend(Backend):
         self._reasons: dict[str, str] = {}  # pod -> the pending reason last reported
 
     @classmethod
-    def from_options(cls, python: str = sys.executable, **options: object) -> Self:
+    def from_options(cls, python: str = sys.executable, **options: Any) -> Self:
         """The backend for notebook 02's ``backend_options``: :class:`SlurmOptions` fields by name.
 
         :rtype: SlurmBackend
         """
-        return cls(SlurmOptions(**options), python)  # type: ignore[arg-type]
+        return cls(SlurmOptions(**options), python)
 
     def advertised_address(self) -> str:
         """The interface of this machine that routes to the Slurm controller: the cluster's network.
@@ -152,6 +152,8 @@ class SlurmBackend(Backend):
         :param count: workers of the run.
         :param gpus: GPUs per worker.
         """
+        if shutil.which("sbatch") is None:
+            raise WorkerError(f"sbatch is not on PATH; {_INSTALL_HINT}")
         partitions, default = _partitions()
         partition = self.options.partition or default
         if partition not in partitions:
@@ -176,8 +178,8 @@ class SlurmBackend(Backend):
         if not account:
             return
         try:
-            accounts = slurm("sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"user={getpass.getuser()}",
-                             "format=account")  # fmt: skip
+            user = f"user={getpass.getuser()}"
+            accounts = slurm("sacctmgr", "--noheader", "--parsable2", "show", "assoc", user, "format=account")
         except WorkerError as error:  # no accounting database: Slurm itself checks the account at submission
             logger.info("cannot list accounts (%s); Slurm checks %r when the jobs are submitted", error, account)
             return
@@ -205,7 +207,9 @@ class SlurmBackend(Backend):
         workdir = private_dir(self.workdir) if self.workdir else None
         log = f"{workdir}/{pod}.log" if workdir else "/dev/null"
         environment = {key: value for key, value in os.environ.items() if not _INHERITED.match(key)}
-        if "SLURM_CONF" in os.environ:  # a cluster of its own configuration file: the tools must find it
+        # The one SLURM_ variable that names the cluster rather than the session's own job: a cluster configured in
+        # a file of its own is found by it, here and by the Slurm commands the job runs.
+        if "SLURM_CONF" in os.environ:
             environment["SLURM_CONF"] = os.environ["SLURM_CONF"]
         # The key travels in sbatch's environment (kept by slurmctld for the job), never on a command line.
         environment |= self._env | {c.ENV_POD: pod, c.ENV_TOKEN: self.pod_key(pod)}
