@@ -27,6 +27,8 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
+from pathlib import Path
 from typing import Any, Self
 
 from worker import constants as c
@@ -35,6 +37,7 @@ from worker.backends.slurm_options import SlurmOptions
 from worker.errors import WorkerError
 from worker.files import last_line, private_dir
 from worker.network import route_address
+from worker.rendezvous.token import pod_key, read_token
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +193,8 @@ class SlurmBackend(Backend):
             )
 
     def launch(self, count: int, resources: Resources, env: dict[str, str]) -> list[WorkerHandle]:
+        if self.pod_key is None:  # called with the run's token rather than by start_workers
+            self.pod_key = partial(pod_key, env.get(c.ENV_TOKEN) or read_token(Path(env[c.ENV_TOKEN_FILE])))
         self._gpus = resources.gpus
         self.check(len(self._jobs) + count, resources.gpus)
         run_name = self.workdir.parent.name if self.workdir else "run"
@@ -203,7 +208,7 @@ class SlurmBackend(Backend):
         return self.pods[start:]
 
     def _submit(self, pod: str) -> None:
-        assert self.pod_key is not None, "start_workers gives the backend its pod_key before any launch"
+        assert self.pod_key is not None, "launch() sets pod_key before any job is submitted"
         workdir = private_dir(self.workdir) if self.workdir else None
         log = f"{workdir}/{pod}.log" if workdir else "/dev/null"
         environment = {key: value for key, value in os.environ.items() if not _INHERITED.match(key)}
@@ -238,7 +243,7 @@ class SlurmBackend(Backend):
         :raises WorkerError: one line naming the jobs that ended, or those still pending and their reasons.
         """
         deadline = time.monotonic() + timeout
-        while True:
+        while self._jobs:
             jobs = queue()
             ended = self._ended_jobs(jobs)
             if ended:
