@@ -117,7 +117,7 @@ class SlurmBackend(Backend):
         self.python = python
         self.run_id = ""
         self._jobs: dict[str, str] = {}  # pod -> job id, in launch order
-        self._ended: dict[str, str] = {}  # job ids stopped or replaced -> pod: cancelled, no longer reported
+        self._cancelled: set[str] = set()  # job ids of workers stopped or replaced, until they leave their nodes
         self._gpus = 0
         self._resources = Resources()
         self._env: dict[str, str] = {}
@@ -308,24 +308,24 @@ class SlurmBackend(Backend):
         jobs = [self._jobs.pop(pod) for pod in pods if pod in self._jobs]
         if jobs:
             try:
-                slurm("scancel", *jobs)
-            except WorkerError as error:  # already gone is what cancelling wanted; anything else is said
+                slurm("scancel", "--quiet", *jobs)  # --quiet: a job that already ended is what cancelling wanted
+            except WorkerError as error:
                 logger.warning("%s; `textsql workers cleanup --backend slurm` cancels them by name", error)
-            self._ended |= {job: pod for job, pod in zip(jobs, pods)}
+            self._cancelled.update(jobs)
 
     def stop(self) -> None:
-        """Cancel every job of the run and wait (up to ``STOP_GRACE_S`` more than Slurm's own) until none holds
-        a node: a run that ended leaves nothing in ``squeue`` but ended jobs."""
+        """Cancel every job of the run and wait, up to ``3 * STOP_GRACE_S``, until none holds a node (Slurm sends
+        SIGTERM, then SIGKILL after its ``KillWait``): a run that ended leaves nothing in ``squeue`` but ended jobs."""
         self._cancel(list(self._jobs))
         deadline = time.monotonic() + 3 * c.STOP_GRACE_S
-        while self._ended and time.monotonic() < deadline:
+        while self._cancelled and time.monotonic() < deadline:
             try:
                 jobs = queue()
             except WorkerError:
                 return
-            if not any(jobs.get(job, ("", "GONE"))[1] in ACTIVE | {"COMPLETING"} for job in self._ended):
-                logger.info("cancelled %d Slurm worker jobs", len(self._ended))
-                self._ended = {}
+            if not any(jobs.get(job, ("", "GONE"))[1] in ACTIVE | {"COMPLETING"} for job in self._cancelled):
+                logger.info("cancelled %d Slurm worker jobs", len(self._cancelled))
+                self._cancelled = set()
                 return
             time.sleep(self.options.poll_s)
 
@@ -340,6 +340,6 @@ def cleanup(run_id: str | None = None) -> list[str]:
     prefix = JOB_PREFIX + (f"{run_id}-" if run_id else "")
     jobs = [job for job, (name, state, _, _) in queue().items() if name.startswith(prefix) and state in ACTIVE]
     if jobs:
-        slurm("scancel", *jobs)
+        slurm("scancel", "--quiet", *jobs)
     logger.info("cancelled %d Slurm jobs named %s*", len(jobs), prefix)
     return jobs
