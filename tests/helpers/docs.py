@@ -22,7 +22,7 @@ NEEDS = {
     "docker": "Docker, to build the image",
 }
 # What a page may run from the system rather than from the project's .venv/bin (tests/test_docs.py).
-SYSTEM_PROGRAMS = {"make", "grep", "bash", "curl", "docker", "pip", "python"}
+SYSTEM_PROGRAMS = {"make", "grep", "bash", "curl", "docker", "pip", "python", "kubectl"}
 SHELL_WORDS = {"export", "for", "do", "done", "break", "cd"}
 SHELLS = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(
