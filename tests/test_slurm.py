@@ -131,7 +131,9 @@ def test_two_workers_register_from_their_nodes_and_leave_nothing_in_the_queue(sl
 
 @pytest.mark.slow
 def test_a_pending_job_says_why_and_is_cancelled_at_the_timeout(slurm_cluster, tmp_path, caplog):
-    blocker = slurm_cluster.run("sbatch", "--parsable", "--exclusive", "--nodelist=node2", "--wrap=sleep 300").strip()
+    blocker = slurm_cluster.run(
+        "sbatch", "--parsable", "--exclusive", "--nodelist=node2", "--output=/dev/null", "--wrap=sleep 300"
+    ).strip()
     caplog.set_level(logging.WARNING, logger="worker.backends.slurm")
     started = time.monotonic()
     with pytest.raises(WorkerError) as raised, start_workers("slurm", 2, tmp_path / "run", timeout=8, ssh_port=0):
@@ -154,7 +156,9 @@ def test_workers_cleanup_cancels_the_jobs_a_dead_kernel_left(slurm_cluster, tmp_
     context = start_workers(backend, 2, tmp_path / "run", timeout=REGISTER_BOUND_S, ssh_port=0)
     context.__enter__()  # a kernel that dies here never leaves the block
     try:
-        other = slurm_cluster.run("sbatch", "--parsable", "--job-name=textsql-other-0", "--wrap=sleep 300").strip()
+        other = slurm_cluster.run(
+            "sbatch", "--parsable", "--job-name=textsql-other-0", "--output=/dev/null", "--wrap=sleep 300"
+        ).strip()
         ours = sorted(job.split()[0] for job in slurm_cluster.jobs() if backend.run_id in job)
         assert len(ours) == 2
         result = CliRunner().invoke(cli, ["workers", "cleanup", "--backend", "slurm", "--run", backend.run_id])
