@@ -1,4 +1,4 @@
-"""Shared fixtures: the shared real data, local worker pods, a loopback sshd, the CML emulator. Helpers that are
+"""Shared fixtures: the shared real data, local worker pods, a loopback sshd, a Slurm cluster, the CML emulator. Helpers that are
 no fixtures live in tests/helpers/."""
 
 import logging
@@ -31,6 +31,24 @@ def no_attempt_marker(monkeypatch):
 
     monkeypatch.delenv(ATTEMPT_VAR, raising=False)
     monkeypatch.delenv(RUN_MARK_VAR, raising=False)
+
+
+@pytest.fixture
+def slurm_cluster(monkeypatch):
+    """A real two-node Slurm started for the test (tests/helpers/slurm.py), both nodes idle, its SLURM_CONF set for
+    this process's Slurm commands; stopped and removed after it. Skips where slurm-wlm and munge are absent."""
+    from helpers.slurm import missing_tools, new_cluster
+
+    if missing_tools():
+        pytest.skip(
+            f"{', '.join(missing_tools())} absent: Debian's slurm-wlm and munge; run scripts/setup-system.sh --dev"
+        )
+    cluster = new_cluster()
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,8 @@ DECLARED = {name for name in dir(Backend) if not name.startswith("_")}
 
 @pytest.fixture
 def each_backend(request, cml_emulator, static_hosts_file, monkeypatch):
-    """Every backend in BACKENDS, built as a user would (cml on the emulator, kubernetes on the stand-in)."""
+    """Every backend in BACKENDS, built as a user would (cml on the emulator, kubernetes on the stand-in, slurm on a
+    real two-node Slurm started for the test)."""
     monkeypatch.setenv("CDSW_IP_ADDRESS", "10.1.0.4")
     monkeypatch.setenv("POD_IP", "10.2.0.4")
     options = {
@@ -37,7 +38,10 @@ def each_backend(request, cml_emulator, static_hosts_file, monkeypatch):
             "poll_s": 0.01,
         },
         "static": {"hosts": static_hosts_file, "known_hosts": static_hosts_file.with_name("known_hosts")},
+        "slurm": {"poll_s": 0.2},
     }
+    if request.param == "slurm":
+        request.getfixturevalue("slurm_cluster")
     backend = make_backend(request.param, **options[request.param])
     yield backend
     backend.stop()
@@ -50,7 +54,12 @@ def static_hosts_file(tmp_path):
     return hostfile
 
 
-@pytest.mark.parametrize("each_backend", list(BACKENDS), indirect=True)
+# A real Slurm cluster takes a few seconds to start: its runs are slow tests.
+@pytest.mark.parametrize(
+    "each_backend",
+    [pytest.param(name, marks=pytest.mark.slow) if name == "slurm" else name for name in BACKENDS],
+    indirect=True,
+)
 def test_every_backend_declares_how_it_provides_workers_and_honours_it(each_backend):
     backend = each_backend
     assert isinstance(backend, Backend) and backend.name in BACKENDS and isinstance(backend.attaches, bool)
@@ -80,7 +89,12 @@ def test_every_backend_declares_how_it_provides_workers_and_honours_it(each_back
 
 @pytest.mark.parametrize(
     "each_backend",
-    [pytest.param("local", marks=pytest.mark.slow), pytest.param("cml", marks=pytest.mark.slow), "kubernetes"],
+    [
+        pytest.param("local", marks=pytest.mark.slow),
+        pytest.param("cml", marks=pytest.mark.slow),
+        "kubernetes",
+        pytest.param("slurm", marks=pytest.mark.slow),
+    ],
     indirect=True,
 )
 def test_every_launching_backend_lists_its_pods_until_it_stops_them(each_backend, tmp_path):

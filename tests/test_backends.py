@@ -80,9 +80,9 @@ def test_cml_backend_outside_cml_says_what_to_use(monkeypatch):
 
 def test_unknown_backend_lists_the_choices():
     with pytest.raises(
-        WorkerError, match="unknown worker backend 'slurm'; choose one of local, cml, kubernetes, static"
+        WorkerError, match="unknown worker backend 'lsf'; choose one of local, cml, kubernetes, slurm, static"
     ):
-        make_backend("slurm")
+        make_backend("lsf")
 
 
 def k8s_backend() -> KubernetesBackend:

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import pytest
 
-# Fixtures that start real processes: worker agents with their own sshd, or an sshd alone.
-PROCESS_FIXTURES = frozenset({"two_local_workers", "loopback_sshd"})
+# Fixtures that start real processes: worker agents with their own sshd, an sshd alone, or a Slurm cluster.
+PROCESS_FIXTURES = frozenset({"two_local_workers", "loopback_sshd", "slurm_cluster"})
 
 
 def unmarked_process_tests(items: Iterable[pytest.Item]) -> list[str]:

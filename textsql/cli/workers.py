@@ -1,5 +1,5 @@
 """The worker pods' commands: ``rendezvous serve`` on the master and ``rendezvous register`` on each worker
-bring a run's workers together; ``workers cleanup`` removes the pods a dead kernel left behind."""
+bring a run's workers together; ``workers cleanup`` removes the pods (or Slurm jobs) a dead kernel left behind."""
 
 from __future__ import annotations
 
@@ -100,11 +100,29 @@ def workers() -> None:
     """Worker pods outside a run: `cleanup` removes what a dead kernel left behind."""
 
 
-@workers.command(short_help="Delete a dead run's Kubernetes objects.")
+@workers.command(short_help="End a dead run's Kubernetes objects or Slurm jobs.")
+@click.option(
+    "--backend",
+    type=click.Choice(["kubernetes", "slurm"]),
+    default="kubernetes",
+    show_default=True,
+    help="Where the workers ran.",
+)
 @click.option("--namespace", default="default", show_default=True, help="Namespace the worker pods ran in.")
-@click.option("--run", help="Only this run's objects (the `textsql/run` label) [default: every textsql run].")
-def cleanup(namespace: str, run: str | None) -> None:
-    """Delete the Kubernetes worker Pods, token Secrets and NetworkPolicy of a run, found by their labels."""
+@click.option(
+    "--run",
+    help="Only this run's workers (the `textsql/run` label; Slurm: the job names' textsql-RUN- prefix) "
+    "[default: every textsql run].",
+)
+def cleanup(backend: str, namespace: str, run: str | None) -> None:
+    """Delete the Kubernetes worker Pods, token Secrets and NetworkPolicy of a run, found by their labels; or
+    cancel a run's Slurm worker jobs, found by their names."""
+    if backend == "slurm":
+        from worker.backends import slurm
+
+        cancelled = slurm.cleanup(run)
+        click.echo(f"cancelled {len(cancelled)} Slurm jobs{': ' + ' '.join(cancelled) if cancelled else ''}")
+        return
     from worker.backends import kubernetes
 
     removed = kubernetes.cleanup(kubernetes.connect(), namespace, run)

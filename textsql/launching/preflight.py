@@ -53,6 +53,7 @@ PDSH_HINT = (
     "Cloudera's runtimes lack it: build a custom runtime that adds the Debian packages pdsh openssh-server "
     "openssh-client (docker/Dockerfile's apt-get line); on Debian `apt-get install -y pdsh` or `make setup`"
 )
+SLURM_HINT = "run the notebooks on a Slurm login node, or in a JupyterLab on the cluster that may submit jobs"
 LOCAL_MODEL_HINT = (
     'set model to "default" (the small T5 shipped in the project) or a model directory in the project '
     "(-p model=..., TEXTSQL_MODEL on CML)"
@@ -96,7 +97,7 @@ def check_runtime(
 
     :param model: notebook 01's model (its tokenizer).
     :param source: notebook 01's WikiSQL source (``sample``, ``hub`` or a directory).
-    :param backend: notebook 02's worker backend; ``static`` hosts run their own sshd.
+    :param backend: notebook 02's worker backend; ``static`` hosts run their own sshd; ``slurm`` needs ``sbatch``.
     :param worker_gpus: GPUs each worker asks for.
     :param training_model: notebook 02's model [default: ``model``].
     :param hub_url: the model hub [default: ``HF_ENDPOINT``, else https://huggingface.co].
@@ -111,6 +112,8 @@ def check_runtime(
         checks.append(Check("sshd", True, "not needed here: static hosts run their own sshd"))
     else:
         checks.append(_tool_check("sshd", SSHD_PATH, f"each {backend} worker pod's own sshd", INSTALL_SSH_HINT))
+    if backend == "slurm":
+        checks.append(_tool_check("sbatch", "sbatch", "submits the worker jobs", SLURM_HINT))
     checks.append(_gpu_check(backend, worker_gpus))
     hub_needs = {
         PREPARE: [name for name in (model,) if _from_hub(name)]

@@ -1,7 +1,8 @@
-"""Ways to start worker pods: ``local``, ``cml``, ``kubernetes``, ``static``; see :func:`make_backend`.
+"""Ways to start worker pods: ``local``, ``cml``, ``kubernetes``, ``slurm``, ``static``; see :func:`make_backend`.
 
 ``base`` is the interface every backend implements; ``kubernetes_manifests`` and ``kubernetes_policy`` are the Pod
-and Secret objects and the NetworkPolicy the ``kubernetes`` backend writes, built from its ``kubernetes_options``.
+and Secret objects and the NetworkPolicy the ``kubernetes`` backend writes, built from its ``kubernetes_options``;
+``slurm_options`` are the ``slurm`` backend's, and ``slurm_node`` is what its jobs run on their nodes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ BACKENDS = {
     "local": "worker.backends.local:LocalBackend",
     "cml": "worker.backends.cml:CMLBackend",
     "kubernetes": "worker.backends.kubernetes:KubernetesBackend",
+    "slurm": "worker.backends.slurm:SlurmBackend",
     "static": "worker.backends.static:StaticBackend",
 }
 
