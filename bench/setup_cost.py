@@ -1,0 +1,113 @@
+"""What setting up costs: a fresh virtual environment's install of requirements.txt, and the demo's peak memory.
+
+``python -m bench.setup_cost`` writes ``bench/setup_cost.json``; docs/getting-started.md shows its figures.
+The install runs ``python3 -m venv`` then ``pip install -r requirements.txt`` in a new temporary directory, with
+this machine's pip settings (its index and wheel cache: a first install over a slow network takes longer). The
+demo runs as ``textsql demo`` does, shortened to ``--steps`` optimizer steps; its peak memory is the largest sum of
+the resident memory of all its processes (master, kernels, worker pods, ranks), sampled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.machine import describe_machine, releases
+from textsql.files import write_json
+
+BENCH_DIR = Path(__file__).resolve().parent
+PROJECT_DIR = BENCH_DIR.parent
+RESULT = BENCH_DIR / "setup_cost.json"
+GIB = 1024**3
+SAMPLE_S = 0.5
+
+
+def directory_bytes(path: Path) -> int:
+    """The bytes of the files under ``path``, links not followed."""
+    return sum(entry.lstat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
+
+
+def measure_install(work: Path) -> dict:
+    """Time ``python3 -m venv`` plus ``pip install -r requirements.txt`` into ``work``, and weigh the result."""
+    venv = work / "venv"
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "-r", str(PROJECT_DIR / "requirements.txt")],
+        check=True,
+        cwd=PROJECT_DIR,
+    )
+    return {
+        "command": "python3 -m venv V && V/bin/pip install -r requirements.txt",
+        "wall_s": round(time.monotonic() - started, 1),
+        "venv_gib": round(directory_bytes(venv) / GIB, 2),
+    }
+
+
+def tree_rss(process: psutil.Process) -> int:
+    """The resident bytes of ``process`` and all its descendants now; those that end meanwhile count nothing."""
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += member.memory_info().rss
+    return total
+
+
+def measure_demo(work: Path, steps: int) -> dict:
+    """Run the demo for ``steps`` optimizer steps: its wall time, and its peak memory, summed over the master, the
+    notebooks' kernels, the local worker pods and their ranks (all descendants of the command), sampled every
+    half second."""
+    command = [str(Path(sys.executable).parent / "textsql"), "demo", "--out", str(work / "demo")]
+    started = time.monotonic()
+    demo = psutil.Popen([*command, "-p", f"max_steps={steps}"], cwd=PROJECT_DIR, stdout=subprocess.DEVNULL)
+    peak = 0
+    while demo.poll() is None:
+        peak = max(peak, tree_rss(demo))
+        time.sleep(SAMPLE_S)
+    if demo.returncode:
+        raise SystemExit(f"the demo failed with exit code {demo.returncode}")
+    return {
+        "command": f"textsql demo -p max_steps={steps}",
+        "max_steps": steps,
+        "wall_s": round(time.monotonic() - started, 1),
+        "peak_rss_gib": round(peak / GIB, 2),
+        "peak_rss_sampled_every_s": SAMPLE_S,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="the demo's optimizer steps")
+    parser.add_argument("--skip-install", action="store_true", help="keep the install figures already written")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="setup-cost-"))
+    try:
+        install = None if args.skip_install else measure_install(work)
+        demo = measure_demo(work, args.steps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    previous = json.loads(RESULT.read_text()) if args.skip_install and RESULT.exists() else {}
+    write_json(
+        RESULT,
+        {
+            "machine": describe_machine(),
+            "releases": releases(),
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "install": install or previous.get("install"),
+            "demo": demo,
+        },
+    )
+    print(RESULT.read_text())
+
+
+if __name__ == "__main__":
+    main()
