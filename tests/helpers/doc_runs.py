@@ -57,10 +57,12 @@ def reader_checkout(where: Path) -> Path:
     ).stdout.decode()
     project = where / PROJECT_DIR.name
     for name in filter(None, listed.split("\0")):
-        source = PROJECT_DIR / name
-        if source.is_file():
-            (project / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, project / name)
+        source, copy = PROJECT_DIR / name, project / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # textsql/assets/dsconfig: the profiles, linked as the checkout links them
+            copy.symlink_to(source.readlink())
+        elif source.is_file():
+            shutil.copy2(source, copy)
     venv = project / ".venv"
     venv.mkdir()
     for entry in Path(sys.prefix).iterdir():

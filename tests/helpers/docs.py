@@ -36,7 +36,7 @@ NEEDS = {
 RUN = {"bash", "python"}
 SHOWN = {"text", "console", "json", "yaml", "sql", "toml", "ini", "mermaid"}
 # What a page may run from the system rather than from the project's .venv/bin (tests/test_docs.py).
-SYSTEM_PROGRAMS = {"make", "grep", "bash", "curl", "docker", "pip", "python", "mkdir", "cat", "sed", "head"}
+SYSTEM_PROGRAMS = {"make", "grep", "bash", "curl", "docker", "pip", "python", "mkdir", "cat", "cp"}
 SHELL_WORDS = {"export", "for", "do", "done", "break", "cd"}
 MARKS = re.compile(r"(?:<!-- [a-z]+(?:: [^>]*?)? -->\n\n?)+$")
 MARK = re.compile(r"<!-- (?P<key>[a-z]+)(?:: (?P<value>[^>]*?))? -->")
@@ -45,6 +45,7 @@ LEXER = RawFencedCodeBlockLexer(
     mapping={"language": "language", "source": "source"},
 )
 OPERATORS = {";", "&&", "||", "|", "&"}
+HERE_DOCUMENT = re.compile(r"<<-?\s*'?(?P<end>\w+)'?")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -103,9 +104,16 @@ def shell_blocks(pages: list[Path]) -> list[Block]:
 
 def commands(block: str) -> list[list[str]]:
     """The simple commands of a shell block as their words: lines joined at a trailing backslash or an open quote,
-    comments dropped, split at ``;``, ``&&``, ``||``, ``|`` and ``&``, leading ``NAME=value`` assignments left out."""
-    found, pending = [], ""
+    comments dropped, split at ``;``, ``&&``, ``||``, ``|`` and ``&``, leading ``NAME=value`` assignments left out;
+    a here-document's lines are text, not commands."""
+    found, pending, here_end = [], "", None
     for line in block.replace("\\\n", " ").splitlines():
+        if here_end is not None:
+            here_end = None if line.strip() == here_end else here_end
+            continue
+        here = HERE_DOCUMENT.search(line)
+        if here:
+            here_end, line = here["end"], line[: here.start()]
         pending = f"{pending}\n{line}" if pending else line
         lexer = shlex.shlex(pending, posix=True, punctuation_chars=";&|")
         lexer.whitespace_split = True
