@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -85,6 +86,7 @@ def measure_demo(work: Path, steps: int | None) -> dict:
     if demo.returncode:
         raise SystemExit(f"the demo failed with exit code {demo.returncode}:\n{printed[-3000:]}")
     summary = printed[printed.index("Everything is under") :].replace(str(Path(sys.executable).parent), ".venv/bin")
+    summary = summary.replace(f"{work}/", "")  # the demo's paths as a reader's `make demo` in the project shows them
     return {
         "command": "textsql demo" + (f" -p max_steps={steps}" if steps else ""),
         "wall_s": round(time.monotonic() - started, 1),
@@ -115,6 +117,7 @@ def main() -> None:
             "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "install": install or previous.get("install"),
             "demo": demo,
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         },
     )
     SUMMARY.write_text(demo["summary"])

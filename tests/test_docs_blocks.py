@@ -28,7 +28,7 @@ LOOKS_RUN = re.compile(r"^(\$ |\.venv/bin/|make |textsql |python3? |pip |export 
 def nav_pages() -> list[Path]:
     """The site's pages in the order of mkdocs.yml's navigation, then any page it does not list."""
     listed = re.findall(r"^\s*- (?:[^:\n]+: )?([\w/.-]+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
-    pages = [ROOT / "docs" / name for name in listed]
+    pages = [ROOT / "docs" / name for name in listed if (ROOT / "docs" / name).is_file()]  # not a generated one
     return pages + sorted(set((ROOT / "docs").rglob("*.md")) - set(pages))
 
 
