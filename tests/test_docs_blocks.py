@@ -3,9 +3,9 @@
 The pages are README.md, the site's pages in the order of its navigation, and CONTRIBUTING.md. Each page's
 ``bash`` and ``python`` blocks run in page order, sybil keeping one namespace per page: a block runs the page's
 earlier blocks first when they have not run yet, and one marked ``<!-- after: COMMAND -->`` the block that is
-COMMAND (``make demo``) first. A block marked ``<!-- needs: NAME -->`` is skipped as "needs NAME"; one marked
-``<!-- slow -->``, or after a slow block, is a ``slow`` test. A ``python`` block is a notebook's
-parameters cell: it runs, and every name it sets must be a notebook parameter.
+COMMAND (``make demo``) first. A block marked ``<!-- needs: NAME -->`` is skipped as "needs NAME". A ``bash``
+block starts real processes, so it is a ``slow`` test (``make test`` runs it, ``make test-fast`` does not). A
+``python`` block is a notebook's parameters cell: it runs, and every name it sets must be a notebook parameter.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.doc_runs import assigned_names, reader_checkout, run_block
+from helpers.doc_runs import BLOCK_TIMEOUT_S, assigned_names, reader_checkout, run_block
 from helpers.docs import NEEDS, RUN, SHOWN, Block, block_regions, blocks
 from helpers.paths import PROJECT_DIR
 from sybil import Document, Example, Region, Sybil
@@ -38,7 +38,9 @@ PAGES = [ROOT / "README.md", *nav_pages(), ROOT / "CONTRIBUTING.md"]
 def evaluate_shell(example: Example) -> None:
     block: Block = example.parsed
     ran = run_block(block, example.namespace["_project"])
-    assert ran.returncode == 0, f"{block} failed ({ran.returncode}):\n{block.text}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
+    assert ran.returncode == 0, (
+        f"{block} failed ({ran.returncode}):\n{block.text}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
+    )
 
 
 def evaluate_parameters(example: Example) -> None:
@@ -56,7 +58,9 @@ EVALUATORS = {"bash": evaluate_shell, "python": evaluate_parameters}
 
 def runnable_regions(document: Document) -> list[Region]:
     regions = block_regions(document)
-    return [Region(r.start, r.end, r.parsed, EVALUATORS[r.parsed.language]) for r in regions if r.parsed.language in RUN]
+    return [
+        Region(r.start, r.end, r.parsed, EVALUATORS[r.parsed.language]) for r in regions if r.parsed.language in RUN
+    ]
 
 
 SYBIL = Sybil(parsers=[runnable_regions], patterns=["*.md"])
@@ -71,13 +75,11 @@ def first_block(text: str) -> Example:
     return found[0]
 
 
-def is_slow(block: Block) -> bool:
-    return block.slow or bool(block.after and is_slow(first_block(block.after).parsed))
-
-
 def examples() -> list[Any]:
+    """A test per runnable block; a shell block's bound covers the blocks it builds on as well as its own."""
+    shell = [pytest.mark.slow, pytest.mark.timeout(3 * BLOCK_TIMEOUT_S)]
     return [
-        pytest.param(example, id=str(example.parsed), marks=[pytest.mark.slow] if is_slow(example.parsed) else [])
+        pytest.param(example, id=str(example.parsed), marks=shell if example.parsed.language == "bash" else [])
         for page in PAGES
         for example in EXAMPLES[page]
     ]
@@ -101,12 +103,12 @@ def run_once(example: Example, project: Path) -> None:
 
 def prerequisites(example: Example) -> list[Example]:
     """The blocks ``example`` builds on: the one its ``after`` mark names, and the page's earlier runnable blocks
-    (the slow ones only for a slow block)."""
+    (a Python block's only the earlier Python blocks: it runs in-process, and fast)."""
     block: Block = example.parsed
     earlier = [
         other
         for other in EXAMPLES[block.page]
-        if other.line < example.line and not other.parsed.needs and (is_slow(block) or not is_slow(other.parsed))
+        if other.line < example.line and not other.parsed.needs and other.parsed.language in (block.language, "python")
     ]
     return ([first_block(block.after)] if block.after else []) + earlier
 
@@ -146,10 +148,3 @@ def test_the_convention_check_sees_a_fence_without_a_language_and_a_command_show
         "no language",
         "a text block that starts as a command",
     ]
-
-
-def test_a_block_marked_as_needing_something_names_a_known_need() -> None:
-    marked = [example.parsed for page in PAGES for example in EXAMPLES[page] if example.parsed.needs]
-    assert {block.needs for block in marked} >= {"hub", "cluster", "gpu"}
-    unknown = [f"{block}: {block.needs}" for block in marked if block.needs not in NEEDS]
-    assert not unknown, f"needs one of {sorted(NEEDS)}: {unknown}"

@@ -6,7 +6,6 @@ Marks just above a fence, invisible on the site, say more:
 
 - ``<!-- needs: hub -->``: it needs something a test machine lacks (:data:`NEEDS`); skipped, by that name, and its
   commands still parsed;
-- ``<!-- slow -->``: it runs a minute or more (``pytest -m slow``);
 - ``<!-- serves: http://127.0.0.1:8000 -->``: it starts a server, which must answer there;
 - ``<!-- after: make demo -->``: it reads what the block ``make demo`` (on any page) writes, which runs first.
 """
@@ -58,7 +57,6 @@ class Block:
     language: str
     text: str
     needs: str | None = None
-    slow: bool = False
     serves: str | None = None
     after: str | None = None
 
@@ -84,7 +82,6 @@ def block_regions(document: Document) -> list[Region]:
             region.lexemes["language"],
             str(region.lexemes["source"]),
             found.get("needs"),
-            "slow" in found,
             found.get("serves"),
             found.get("after"),
         )
