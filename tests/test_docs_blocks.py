@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import doc_runs
 from helpers.doc_runs import BLOCK_TIMEOUT_S, assigned_names, reader_checkout, run_block
 from helpers.docs import NEEDS, RUN, SHOWN, Block, block_regions, blocks
 from helpers.paths import PROJECT_DIR
@@ -148,3 +149,21 @@ def test_the_convention_check_sees_a_fence_without_a_language_and_a_command_show
         "no language",
         "a text block that starts as a command",
     ]
+
+
+def test_a_block_stops_at_its_first_failing_command(tmp_path: Path) -> None:
+    ran = run_block(Block(tmp_path / "page.md", 1, "bash", "false\ntouch reached\n"), tmp_path)
+    assert ran.returncode != 0 and not (tmp_path / "reached").exists()
+
+
+def test_a_server_block_passes_once_it_answers_and_is_ended(tmp_path: Path) -> None:
+    server = "python3 -m http.server 8000 --bind 127.0.0.1 > served.log 2>&1\n"
+    ran = run_block(Block(tmp_path / "page.md", 1, "bash", server, serves="http://127.0.0.1:8000"), tmp_path)
+    assert ran.returncode == 0 and "answered at http://127.0.0.1:8000" in ran.stdout, ran.stderr
+    assert '"GET / HTTP' in (tmp_path / "served.log").read_text()
+
+
+def test_a_server_block_that_never_answers_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doc_runs, "SERVER_WAIT_S", 3)
+    ran = run_block(Block(tmp_path / "page.md", 1, "bash", "sleep 60\n", serves="http://127.0.0.1:9"), tmp_path)
+    assert ran.returncode == 1 and "nothing answered at http://127.0.0.1:9" in ran.stderr
