@@ -54,9 +54,9 @@ GPU_WHEELS_MAX_MIB := 64
 gpu-wheels: setup
 	@mkdir -p $(GPU_WHEELS)
 	cd bench && for version in $(GPU_PYTHONS); do \
-		DS_BUILD_OPS=0 ../$(BIN)/python -m pip download -q --no-deps --no-build-isolation --only-binary=:all: \
+		DS_BUILD_OPS=0 $(abspath $(BIN))/python -m pip download -q --no-deps --no-build-isolation --only-binary=:all: \
 			--no-binary=deepspeed --python-version $$version $(addprefix --platform ,$(GPU_PLATFORMS)) \
-			-d wheels -r gpu-wheels.txt || exit 1; \
+			-d $(abspath $(GPU_WHEELS)) -r gpu-wheels.txt || exit 1; \
 	done
 	@size=$$(du -sm $(GPU_WHEELS) | cut -f1); ls $(GPU_WHEELS) | wc -l | xargs echo "$(GPU_WHEELS): $$size MiB, files:"; \
 	test $$size -lt $(GPU_WHEELS_MAX_MIB) || { echo "$(GPU_WHEELS) is $$size MiB, over the $(GPU_WHEELS_MAX_MIB) MiB the device tool carries: drop a Python from GPU_PYTHONS"; exit 1; }

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -138,21 +139,32 @@ def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, sav
     return {"startup_to_first_step_s": startup.run(data_dir, work, sizes)}
 
 
-def measure_gpu_quick(sizes: gpu_quick.QuickSizes, device: str, out: Path, work: Path | None) -> int:
-    """Run :mod:`bench.gpu_quick`, write its JSON (with the machine and releases) into ``out`` after each arm, and
-    print its table.
+def measure_gpu_quick(
+    sizes: gpu_quick.QuickSizes, device: str, out: Path, work: Path | None, budget: gpu_quick.Budget
+) -> int:
+    """Run :mod:`bench.gpu_quick`, write its JSON (with the machine and releases) into ``out`` after each arm with a
+    line of the ``budget`` spent, print its table, and keep the scratch directory's logs in ``out`` whatever happens.
 
     :rtype: int
     """
     path = out / gpu_quick.RESULT_NAME
     out.mkdir(parents=True, exist_ok=True)
     where = _where()
+
+    def save(result: dict) -> None:
+        write_json(path, {**result, **where})
+        print(f"gpu-quick: arm {list(result['arms'])[-1]} done; {budget.spent()}", flush=True)
+
+    # `timeout` ends the run with SIGTERM: unwind, so the logs are kept.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
         work = work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        result = gpu_quick.run(
-            prepare_data(work, "schema"), work, sizes, device, save=lambda result: write_json(path, {**result, **where})
-        )
+        try:
+            result = gpu_quick.run(prepare_data(work, "schema"), work, sizes, device, save=save)
+        finally:
+            kept = gpu_quick.keep_logs(work, out)
+            print(f"gpu-quick: kept {len(kept)} logs in {out / gpu_quick.LOGS}", flush=True)
     # From a cold process, imports and data preparation included: what a device lease pays.
     where["process_wall_s"] = round(time.time() - psutil.Process().create_time(), 1)
     write_json(path, {**result, **where})
@@ -242,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             device = sizes.device(args.device)
         except ValueError as error:
             parser.error(str(error))
-        return measure_gpu_quick(sizes, device, args.out, args.work)
+        budget = gpu_quick.Budget(args.budget_s, args.budget_start or psutil.Process().create_time())
+        return measure_gpu_quick(sizes, device, args.out, args.work, budget)
     figure_sizes = SMOKE if args.smoke else FULL
     for path in measure_figures(names, figure_sizes, args.out, args.work, args.device, keep_others=bool(chosen)):
         print(f"wrote {path}")
@@ -269,6 +282,12 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=BENCH_DIR, help="where results.json and README.md go (default: bench/)"
     )
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--budget-s", type=float, help=f"{gpu_quick.COMMAND}: seconds the whole device run may take")
+    parser.add_argument(
+        "--budget-start",
+        type=float,
+        help="when that run began, in seconds since the epoch (default: this process's start)",
+    )
     return parser
 
 

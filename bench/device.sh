@@ -6,10 +6,11 @@
 #
 # Prints the Python, torch, CUDA and the GPU; installs only what the machine lacks of bench/gpu-requirements.txt,
 # only from the wheels in bench/wheels/ (make gpu-wheels, on a connected machine), keeping the machine's own torch;
-# then runs `python -m bench gpu-quick` (about 3-4 minutes on one H100), its JSON (gpu_quick.json), its log and this
-# script's output into OUT_DIR. Everything is sized for one 8-minute call: gpu-quick gets what is left of
-# BUDGET_S (460 s) after the install, and gpu_quick.json is written after each arm, so a run cut short keeps the
-# old recipe's figures.
+# then runs `python -m bench gpu-quick` (about 3-4 minutes on one H100), its JSON (gpu_quick.json), its log, the
+# ranks' logs (OUT_DIR/logs, kept even when an arm fails) and this script's output into OUT_DIR. Everything is sized
+# for one 8-minute call: gpu-quick gets what is left of BUDGET_S (460 s) after the install, gpu_quick.json is written
+# after each arm, so a run cut short keeps the old recipe's figures, and the time spent against BUDGET_S is printed
+# after the install, after each arm and at the end, however the script ends.
 #
 # Environment: PYTHON (default python3, the interpreter that has the machine's torch), WHEELS (default bench/wheels),
 # BUDGET_S (default 460), QUICK_ARGS (more gpu-quick arguments: "--device cpu --smoke" rehearses it all on a CPU).
@@ -34,6 +35,8 @@ fail() {
 [[ -f "$requirements" ]] || fail "run me from the repository root (no $requirements here)"
 mkdir -p "$out"
 exec > >(tee "$out/device.log") 2>&1
+began=$(date +%s)
+trap 'echo "device.sh: $(($(date +%s) - began)) s of the $budget_s s budget"' EXIT
 
 "$python" - <<'EOF' || fail "$python has no torch: this script keeps the machine's own torch and carries none; set PYTHON to the interpreter that has it"
 import platform
@@ -70,13 +73,14 @@ if $dry_run; then
 fi
 started=$SECONDS
 DS_BUILD_OPS=0 "${install[@]}" -q
-echo "device.sh: install took $((SECONDS - started)) s"
+echo "device.sh: install took $((SECONDS - started)) s; $(($(date +%s) - began)) s of the $budget_s s budget"
 "$python" -m pip check || echo "device.sh: pip check found the conflicts above (the run goes on)"
 
-left=$((budget_s - SECONDS))
+left=$((budget_s - ($(date +%s) - began)))
 echo "device.sh: gpu-quick gets $left s"
 # shellcheck disable=SC2086  # QUICK_ARGS is a list of arguments
-PYTHONPATH="$PWD" timeout "$left" "$python" -m bench gpu-quick --out "$out" ${QUICK_ARGS:-} 2>"$out/gpu-quick.log" || {
+PYTHONPATH="$PWD" timeout "$left" "$python" -m bench gpu-quick --out "$out" --budget-s "$budget_s" \
+    --budget-start "$began" ${QUICK_ARGS:-} 2>"$out/gpu-quick.log" || {
     code=$?
     tail -n 40 "$out/gpu-quick.log"
     fail "gpu-quick failed with exit code $code (124: out of time); its log is $out/gpu-quick.log"

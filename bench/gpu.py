@@ -228,13 +228,14 @@ def profile_rows(
         chosen = {} if profile == "default" else {"profile": profile}
         run_dir = launch_ours(work, profile, load.model, load.data, profile_step=sizes.steps, **common, **chosen)
         record = probe_record(run_dir)
-        samples, flops = throughput(record, per_step, sizes.warmup_steps)
+        samples, flops, tokens = throughput(record, per_step, sizes.warmup_steps)
         summary = run_summary(run_dir)
         used = summary["profile"]
         memory, _ = peak_memory(record)
         row = {
             "profile": used,
             "samples_per_s": round(samples, 2),
+            "real_tokens_per_s": round(tokens),
             "vs_old_recipe": round(samples / old_rate, 2),
             "mfu_real_tokens": rounded(mfu(flops, 1.0, load.peak)),
             "max_memory_gib_per_rank": [round(memory / GIB, 3)],

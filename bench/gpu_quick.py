@@ -7,12 +7,13 @@ Both arms train a model of t5-small's shape (``textsql/assets/t5-small``, random
 - the old recipe (:mod:`bench.old_recipe`) in this process: eager, fp32, batch 32 padded to 96, plain AdamW;
 - the defaults (:mod:`bench.ours`): ``textsql launch`` on 1 rank with no flag but ``--loss_vocabulary full``
   and ``--report_to none`` (TensorBoard's package is not among the wheels bench/device.sh installs on a GPU
-  machine without network; the run logs every 10 steps either way), so on CUDA the profile ``auto`` picks, bf16, torch.compile, fused AdamW, TF32 and the
-  token budget for the GPU's memory.
+  machine without network; the run logs every 10 steps either way), so on CUDA the profile ``auto`` picks,
+  bf16, torch.compile, fused AdamW, TF32 and the token budget for the GPU's memory.
 
-Samples/s is taken inside each training process between the end of the last warm-up step and the end of the last
-step (:class:`bench.steps.StepClock`): compilation and recompilation for new batch shapes fall in the warm-up;
-``slowest_step_s`` beside ``median_step_s`` shows one that did not. MFU counts each sample's FLOPs at the lengths
+Samples/s (and real tokens/s: each sample's input and labels at their own lengths) is taken inside each training
+process between the end of the last warm-up step and the end of the last step (:class:`bench.steps.StepClock`,
+which waits for the GPU before each read): compilation falls in the warm-up; ``slowest_step_s`` beside
+``median_step_s`` shows a recompilation that did not. MFU counts each sample's FLOPs at the lengths
 it trains at, the full output layer included (:mod:`bench.flops`); peak memory is torch's high-water mark of
 allocated CUDA memory (on a CPU, peak RSS). One JSON (``gpu_quick.json`` in ``--out``), written after each arm,
 with ``process_wall_s`` (from the process's start) at the end, and a table on stdout.
@@ -20,17 +21,21 @@ with ``process_wall_s`` (from the process's start) at the end, and a table on st
 How long it takes on a GPU is not measured yet: ``process_wall_s`` in the JSON says what a run took. What it
 spends time on: imports and preparing the data (seconds on CPUs: preparing the sample and resampling 56,355
 questions), the old recipe's 230 eager steps, then for the defaults the launcher and ranks' start-up, DeepSpeed's
-set-up, torch.compile of t5-small's training step and each recompilation for new batch shapes (dynamo marks the
-changing dimensions dynamic at the first, so one or two; ``warmup_s`` shows a slow compile), the 230 steps and
-writing the model.
+set-up, torch.compile of t5-small's training step (once: the trainer marks the token-budget batches' dimensions
+dynamic, so no batch shape recompiles; ``warmup_s`` shows a slow compile), the 230 steps and writing the model.
 
 ``--device cpu --smoke`` runs the same code with the embedded small T5, a few steps and a small token budget
 (tests/test_bench_gpu.py).
+
+Whatever happens, the scratch directory's logs (the ranks' ``bench.log``, the launcher's) are copied into
+``--out``'s ``logs/`` (:func:`keep_logs`): a compile error on the GPU comes back with the results. After each arm a
+line says how much of the device run's budget is spent (:class:`Budget`; ``bench/device.sh`` passes its own).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,7 +44,14 @@ from pathlib import Path
 
 from bench.flops import FLOP_CONVENTION, mfu
 from bench.fullscale import WIKISQL_TRAIN_QUESTIONS
-from bench.old_recipe import LOSS_VOCABULARY, OLD_BATCH, mean_sample_flops, old_recipe, trained_examples
+from bench.old_recipe import (
+    LOSS_VOCABULARY,
+    OLD_BATCH,
+    mean_sample_flops,
+    mean_sample_tokens,
+    old_recipe,
+    trained_examples,
+)
 from bench.old_recipe import label as old_label
 from bench.ours import available, launch_ours, peak_memory, probe_record, run_summary, step_samples, throughput
 from bench.steps import StepClock, step_times, timed_window
@@ -53,13 +65,51 @@ COMMAND = "gpu-quick"
 RESULT_NAME = "gpu_quick.json"
 GIB = 1024**3
 ARMS = ("old_recipe", "defaults")
+LOGS = "logs"
+# The end of each log that comes back: a rank's traceback and a compile error's last lines are at the end, and the
+# device tool brings back a bounded amount.
+LOG_TAIL_BYTES = 1024**2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The time of the whole device run: ``seconds`` it may take (None: unbounded), from ``began`` (``time.time()``)."""
+
+    seconds: float | None
+    began: float
+
+    def spent(self, now: float | None = None) -> str:
+        """``123 s of the 460 s budget`` (``123 s`` without one).
+
+        :rtype: str
+        """
+        elapsed = (time.time() if now is None else now) - self.began
+        return f"{elapsed:.0f} s" + ("" if self.seconds is None else f" of the {self.seconds:.0f} s budget")
+
+
+def keep_logs(work: Path, out: Path) -> list[Path]:
+    """Copy every ``*.log`` under ``work`` (the ranks' and the launcher's) into ``out/logs``, keeping where each lay
+    and only its last :data:`LOG_TAIL_BYTES`.
+
+    :returns: the copies.
+    :rtype: list[pathlib.Path]
+    """
+    kept = []
+    for log in sorted(work.rglob("*.log")):
+        copy = out / LOGS / log.relative_to(work)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "rb") as source, open(copy, "wb") as target:
+            source.seek(max(0, log.stat().st_size - LOG_TAIL_BYTES))
+            shutil.copyfileobj(source, target)
+        kept.append(copy)
+    return kept
 
 
 @dataclass(frozen=True)
 class QuickSizes:
     """How much work ``gpu-quick`` does."""
 
-    # Left out of samples/s: the first compilation and the recompilations for new token-budget batch shapes.
+    # Left out of samples/s: the compilation, and the allocator's and cuBLAS's first choices.
     warmup_steps: int = 30
     timed_steps: int = 200
     questions: int = WIKISQL_TRAIN_QUESTIONS
@@ -154,10 +204,12 @@ def old_recipe_arm(load: Workload, sizes: QuickSizes, started: float) -> tuple[f
         old = old_recipe(load.model, load.data, Path(output), StepClock(), sizes.steps, load.device, sizes.old_batch)
     steps, seconds = timed_window(old, sizes.warmup_steps)
     old_rate = steps * sizes.old_batch / seconds
-    old_flops = mean_sample_flops(load.shape, trained_examples(load.data, sizes.steps, sizes.old_batch))
+    trained = trained_examples(load.data, sizes.steps, sizes.old_batch)
+    old_flops = mean_sample_flops(load.shape, trained)
     return old_rate, {
         "label": old_label(sizes.old_batch),
         "samples_per_s": round(old_rate, 2),
+        "real_tokens_per_s": round(old_rate * mean_sample_tokens(trained)),
         "mfu_real_tokens": rounded(mfu(old_rate * old_flops, 1.0, load.peak)),
         "peak_memory_gib": round(old["peak_memory_bytes"] / GIB, 3),
         "memory_measure": old["memory_measure"],
@@ -187,17 +239,18 @@ def defaults_arm(load: Workload, sizes: QuickSizes, work: Path, chosen: dict) ->
     )
     summary, record = run_summary(run_dir), probe_record(run_dir)
     budget = summary["token_budget"]["max_tokens_per_batch"]
-    samples, flops = throughput(record, step_samples(load.lengths, budget, load.shape, sizes.steps), sizes.warmup_steps)
+    rates = throughput(record, step_samples(load.lengths, budget, load.shape, sizes.steps), sizes.warmup_steps)
     memory, measure = peak_memory(record)
     compiled = chosen.get("torch_compile", False)
-    return samples, {
+    return rates.samples, {
         "label": (
             f"defaults: textsql launch --ranks 1, profile {summary['profile']} ({summary['profile_chosen_by']}), "
             f"{summary['precision']}, {'torch.compile' if compiled else 'eager'}, {chosen['optim']}, token budget "
             f"{budget}, --loss_vocabulary {LOSS_VOCABULARY}, --report_to none"
         ),
-        "samples_per_s": round(samples, 2),
-        "mfu_real_tokens": rounded(mfu(flops, 1.0, load.peak)),
+        "samples_per_s": round(rates.samples, 2),
+        "real_tokens_per_s": round(rates.tokens),
+        "mfu_real_tokens": rounded(mfu(rates.flops, 1.0, load.peak)),
         "peak_memory_gib": round(memory / GIB, 3),
         "memory_measure": measure,
         "loss_vocabulary": summary["loss_vocabulary"],
@@ -219,8 +272,9 @@ def table(result: dict) -> str:
     lines = [
         f"gpu-quick on {result['device']} (torch {versions['torch']}, CUDA {versions['cuda']}), model {result['model']}",
         "",
-        "| arm | samples/s | MFU | peak memory GiB | loss vocabulary | warm-up s | median step s | slowest step s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | samples/s | real tokens/s | MFU | peak memory GiB | loss vocabulary | warm-up s | median step s |"
+        + " slowest step s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in ARMS:
         arm = result["arms"].get(name)
@@ -228,7 +282,8 @@ def table(result: dict) -> str:
             continue
         share = "n/a" if arm["mfu_real_tokens"] is None else f"{arm['mfu_real_tokens']:.2%}"
         lines.append(
-            f"| {name} | {arm['samples_per_s']} | {share} | {arm['peak_memory_gib']} | {arm['loss_vocabulary']} | "
+            f"| {name} | {arm['samples_per_s']} | {arm['real_tokens_per_s']} | {share} | {arm['peak_memory_gib']} | "
+            f"{arm['loss_vocabulary']} | "
             f"{arm['warmup_s']} | {arm['median_step_s']} | {arm['slowest_step_s']} |"
         )
     lines += ["", *(f"- {name}: {result['arms'][name]['label']}" for name in ARMS if name in result["arms"])]

@@ -78,6 +78,17 @@ def mean_sample_flops(shape: T5Shape, examples: datasets.Dataset) -> float:
     )
 
 
+def mean_sample_tokens(examples: datasets.Dataset) -> float:
+    """Mean real tokens (input and labels) of the examples at the lengths the old recipe keeps (cut to 96).
+
+    :rtype: float
+    """
+    return statistics.fmean(
+        min(len(source), OLD_MAX_LENGTH) + min(len(target), OLD_MAX_LENGTH)
+        for source, target in zip(examples["input_ids"], examples["labels"])
+    )
+
+
 def old_recipe(
     model: Path,
     data: Path,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -100,27 +101,36 @@ def peak_memory(record: dict) -> tuple[int, str]:
     return record["peak_rss_bytes"], "peak_rss (the rank)"
 
 
-def step_samples(
-    lengths: tuple[list[int], list[int]], budget: int, shape: T5Shape, steps: int
-) -> list[tuple[int, float]]:
-    """(samples, real-token FLOPs) of each step 1..``steps`` of a 1-rank token-budget run, rebuilt from its seeded sampler.
+class StepWork(NamedTuple):
+    """What one training step (or, as rates, one second) did: samples, real-token FLOPs and real tokens (each
+    sample's input and labels at their own lengths, the padding left out)."""
 
-    :rtype: list[tuple[int, float]]
+    samples: float
+    flops: float
+    tokens: float
+
+
+def step_samples(lengths: tuple[list[int], list[int]], budget: int, shape: T5Shape, steps: int) -> list[StepWork]:
+    """The work of each step 1..``steps`` of a 1-rank token-budget run, rebuilt from its seeded sampler.
+
+    :rtype: list[StepWork]
     """
     sampler = TokenBudgetBatchSampler(*lengths, budget, seed=SEED)
     per_step = []
     for epoch in range(-(-steps // len(sampler))):
         for batch in sampler.epoch_batches(epoch):
-            per_step.append((len(batch), sum(training_flops(shape, lengths[0][i], lengths[1][i]) for i in batch)))
+            flops = sum(training_flops(shape, lengths[0][i], lengths[1][i]) for i in batch)
+            per_step.append(StepWork(len(batch), flops, sum(lengths[0][i] + lengths[1][i] for i in batch)))
     return per_step[:steps]
 
 
-def throughput(record: dict, per_step: list[tuple[int, float]], skip: int) -> tuple[float, float]:
-    """Samples/s and real FLOP/s over the timed window of a clock record (:func:`bench.steps.timed_window`).
+def throughput(record: dict, per_step: list[StepWork], skip: int) -> StepWork:
+    """Samples/s, real FLOP/s and real tokens/s over the timed window of a clock record
+    (:func:`bench.steps.timed_window`).
 
-    :param per_step: (samples, FLOPs) of every step from the first.
-    :rtype: tuple[float, float]
+    :param per_step: the work of every step from the first.
+    :rtype: StepWork
     """
     steps, seconds = timed_window(record, skip)
     done = per_step[skip : skip + steps]
-    return sum(n for n, _ in done) / seconds, sum(f for _, f in done) / seconds
+    return StepWork(*(sum(values) / seconds for values in zip(*done, strict=True)))

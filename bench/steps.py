@@ -45,6 +45,17 @@ HOST_READS = ("aten::item", "aten::is_nonzero")
 SYNC_CALLS = "bench::synchronize"
 
 
+def clock() -> float:
+    """``time.perf_counter()`` once the GPU has done what was queued: a CUDA step returns to Python before its kernels
+    finish, so a read without waiting would time the launches, not the step (no wait where CUDA is not in use).
+
+    :rtype: float
+    """
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 @dataclass
 class StepClock(TrainerCallback):
     """Wall times of every optimizer step and evaluation; op counts of step ``profile_step`` (1-based; 0: none);
@@ -61,7 +72,7 @@ class StepClock(TrainerCallback):
         self._profiler = None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.step_began.append(time.perf_counter())
+        self.step_began.append(clock())
         if len(self.step_began) == self.profile_step:
             self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             self._profiler.__enter__()
@@ -71,11 +82,11 @@ class StepClock(TrainerCallback):
             self._profiler.__exit__(None, None, None)
             self.ops = count_ops(self._profiler.events())
             self._profiler = None
-        self.step_ended.append(time.perf_counter())
+        self.step_ended.append(clock())
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         # The evaluation runs right after its step's end (the trainer's _maybe_log_save_evaluate).
-        ended = time.perf_counter()
+        ended = clock()
         self.evaluations.append(
             {
                 "step": state.global_step,

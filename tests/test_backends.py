@@ -157,7 +157,7 @@ def test_kubernetes_pod_spec_through_the_clients_models():
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    assert spec["activeDeadlineSeconds"] == 24 * 3600
+    assert spec["activeDeadlineSeconds"] == 7 * 24 * 3600  # a week: a backstop, above any planned run
     assert values[c.ENV_TOKEN_GROUP] == "1000" and values[c.ENV_SSHD_KEYS_DIR] == "/tmp/textsql-sshd"
     assert volumes["project"]["persistentVolumeClaim"] == {"claimName": "project-pvc"}
     assert token not in str(pod)

@@ -9,7 +9,15 @@ from transformers import DataCollatorForSeq2Seq
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
-from textsql.training.batching import BucketPadding, TokenBudgetBatchSampler, bucket_bounds, padded_length, round_up
+from textsql.training.batching import (
+    BucketPadding,
+    TokenBudgetBatchSampler,
+    batch_lengths,
+    bucket_bounds,
+    mark_batch_dynamic,
+    padded_length,
+    round_up,
+)
 
 BUDGET = 2048
 
@@ -218,6 +226,86 @@ def test_torch_compile_compiles_once_per_bucket_shape_over_an_epoch(bucketed):
     assert len(compiled_graphs) == graphs_per_shape * len(shapes)
     within = len(compiled_graphs) <= graphs_per_shape * len(sampler.shapes())
     assert within is bucketed, (len(shapes), len(sampler.shapes()))
+
+
+def test_no_batch_holds_a_single_example_where_the_budget_allows_two():
+    """Dynamo compiles a batch of one example apart (it specializes a dimension of size 1): a bucket's last example
+    shares the last batch, a bucket of one example joins the smallest bucket that holds it."""
+    assert batch_lengths(7, 3) == [3, 2, 2] and batch_lengths(6, 3) == [3, 3] and batch_lengths(1, 3) == [1]
+    assert batch_lengths(5, 2) == [2, 2, 1]  # two and one: three would be over the budget
+    # 13 short examples (budget 96 // 16: six a batch, one left over), 6 long ones (96 // 32: three a batch) and one
+    # alone in its (short source, long target) bucket, which joins the long ones' bucket.
+    sources, targets = [8] * 13 + [16] * 6 + [8], [8] * 13 + [16] * 6 + [16]
+    sampler = TokenBudgetBatchSampler(sources, targets, 96, buckets=2, seed=3)
+    assert sorted(sampler.groups) == [(8, 8), (16, 16)] and 19 in sampler.groups[(16, 16)]
+    batches = list(sampler)
+    assert sorted(index for batch in batches for index in batch) == list(range(20))
+    by_bucket = {key: sorted(len(b) for b in batches if b[0] in group) for key, group in sampler.groups.items()}
+    assert by_bucket == {(8, 8): [3, 4, 6], (16, 16): [2, 2, 3]}
+    for batch in batches:
+        key = next(key for key, group in sampler.groups.items() if batch[0] in group)
+        assert all(index in sampler.groups[key] for index in batch) and len(batch) * sum(key) <= 96
+    assert sampler.shapes() == {(6, 8, 8), (4, 8, 8), (3, 8, 8), (3, 16, 16), (2, 16, 16)}
+
+
+@pytest.mark.parametrize("compiled, budget", [(True, 1024), (False, 1024), (True, None)])
+def test_the_trainer_marks_token_budget_batches_dynamic_only_when_it_compiles(tmp_path, monkeypatch, compiled, budget):
+    from transformers import Seq2SeqTrainingArguments
+
+    from textsql.model import load_model
+    from textsql.training import batching
+
+    marked = []
+    monkeypatch.setattr(batching, "mark_batch_dynamic", marked.append)
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), torch_compile=compiled, report_to=[], use_cpu=True)
+    trainer = batching.TokenBudgetTrainer(model=load_model(), args=args, max_tokens_per_batch=budget)
+    prepared = trainer._prepare_inputs({"input_ids": torch.ones(2, 8, dtype=torch.long)})
+    assert marked == ([prepared] if compiled and budget else [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_token_budget_epoch_compiles_once_with_its_dimensions_marked_dynamic(marked):
+    """What the trainer does under torch.compile (mark_batch_dynamic on each batch): dynamo's first compilation
+    serves every bucket's shape. Unmarked, dynamo compiles the first shape as it is and again when it changes."""
+    from textsql.model import load_model, load_tokenizer
+
+    rng = random.Random(3)
+    sources, targets = [rng.randint(6, 60) for _ in range(120)], [rng.randint(3, 30) for _ in range(120)]
+    sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=1024, buckets=2, seed=1)
+    tokenizer = load_tokenizer()
+    collator = BucketPadding(
+        DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=LABEL_PAD_TOKEN_ID, pad_to_multiple_of=8),
+        sampler.source_bounds,
+        sampler.target_bounds,
+        tokenizer.pad_token_id,
+    )
+    examples = [
+        {"input_ids": [5] * source, "attention_mask": [1] * source, "labels": [6] * target}
+        for source, target in zip(sources, targets)
+    ]
+    compilations = []
+
+    def counting_backend(graph, example_inputs):
+        compilations.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    step = torch.compile(load_model().eval(), backend=counting_backend)
+    shapes, after_first = set(), None
+    with torch.no_grad():
+        for batch_indices in sampler:
+            batch = collator([examples[i] for i in batch_indices])
+            if marked:
+                mark_batch_dynamic(batch)
+            shapes.add((*batch["input_ids"].shape, batch["labels"].shape[1]))
+            step(**batch)
+            after_first = after_first or len(compilations)  # graph breaks make it more than one graph
+            if not marked and len(compilations) > after_first:
+                break  # recompiled: what marking prevents
+    torch._dynamo.reset()
+    assert (len(compilations) == after_first) is marked, (len(compilations), after_first, len(shapes))
+    assert len(shapes) > 2 or not marked  # marked, a whole epoch of shapes ran on the first compilation
 
 
 def step_examples(group_size: int, ranks: int, batch: int, accumulation: int, lengths: list[int]) -> list[set[int]]:

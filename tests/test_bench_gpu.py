@@ -49,6 +49,7 @@ SECTION_KEYS = (
 ROW_KEYS = (
     "profile",
     "samples_per_s",
+    "real_tokens_per_s",
     "vs_old_recipe",
     "mfu_real_tokens",
     "max_memory_gib_per_rank",
@@ -61,6 +62,7 @@ OPS_KEYS = ("ops", "host_syncs", "reduce_calls", "optimizer_ops", "optimizer_hos
 ARM_KEYS = (
     "label",
     "samples_per_s",
+    "real_tokens_per_s",
     "mfu_real_tokens",
     "peak_memory_gib",
     "memory_measure",
@@ -150,9 +152,10 @@ def test_step_samples_rebuild_every_epoch_of_the_seeded_sampler():
     lengths = ([10 + i % 40 for i in range(200)], [5 + i % 17 for i in range(200)])
     per_epoch = len(TokenBudgetBatchSampler(*lengths, 512, seed=42))
     steps = step_samples(lengths, 512, TINY, 2 * per_epoch)
-    assert len(steps) == 2 * per_epoch and sum(n for n, _ in steps) == 400
+    assert len(steps) == 2 * per_epoch and sum(step.samples for step in steps) == 400
+    assert sum(step.tokens for step in steps) == 2 * (sum(lengths[0]) + sum(lengths[1]))  # real tokens, no padding
     total_flops = sum(training_flops(TINY, s, t) for s, t in zip(*lengths))
-    assert sum(f for _, f in steps) == pytest.approx(2 * total_flops)
+    assert sum(step.flops for step in steps) == pytest.approx(2 * total_flops)
     assert step_samples(lengths, 512, TINY, 3) == steps[:3]
 
 
@@ -199,6 +202,34 @@ def test_the_gpu_section_runs_at_smoke_size(tmp_path):
     figure = run_bench(tmp_path, "--only", "gpu", timeout=840)["gpu"]  # under the suite's 900 s per test
     assert figure["old_recipe_samples_per_s"] > 0 and figure["profiles"]["default"]["samples_per_s"] > 0
     assert figure["device"] and figure["versions"]["cuda"]
+
+
+def test_throughput_gives_tokens_per_second_beside_samples_per_second():
+    from bench.ours import StepWork, throughput
+
+    per_step = [StepWork(10, 100.0, 1000), StepWork(20, 200.0, 3000), StepWork(30, 300.0, 5000)]
+    assert throughput(record(3), per_step, skip=1) == StepWork(25.0, 250.0, 4000.0)  # steps 2-3 over 2 s
+
+
+def test_the_gpu_quick_table_shows_tokens_per_second_beside_samples_per_second():
+    from bench.gpu_quick import table
+
+    arm = {
+        "label": "x",
+        "samples_per_s": 508.1,
+        "real_tokens_per_s": 40123,
+        "mfu_real_tokens": 0.05,
+        "peak_memory_gib": 1.0,
+        "loss_vocabulary": "full",
+        "warmup_s": 3.0,
+        "median_step_s": 0.06,
+        "slowest_step_s": 0.07,
+    }
+    shown = table(
+        {"device": "H100", "versions": {"torch": "2", "cuda": "13"}, "model": "m", "arms": {"old_recipe": arm}}
+    )
+    header, _, row = shown.splitlines()[2:5]
+    assert header.startswith("| arm | samples/s | real tokens/s |") and row.startswith("| old_recipe | 508.1 | 40123 |")
 
 
 def test_step_times_separate_the_warm_up_from_the_timed_steps():
@@ -297,6 +328,9 @@ def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(checkout, tmp_path
         assert arm["loss_vocabulary"] == "full" and arm["timed_steps"] == 2, (name, arm)
     assert result["value"] > 0 and result["device"] == "cpu" and result["machine"]["cores"]
     assert "| old_recipe |" in ran.stdout and "| defaults |" in ran.stdout and "defaults / old recipe" in ran.stdout
+    assert "| real tokens/s |" in ran.stdout and "gpu-quick: arm defaults done; " in ran.stdout
+    # The rank's log comes back with the results, as it would from a GPU machine.
+    assert (tmp_path / "out" / "logs" / "gpu-quick-defaults" / "bench.log").is_file()
     # The rank trained the copy's model, not the worktree's.
     assert (
         str(checkout / "textsql" / "assets" / "t5-tiny")
@@ -313,28 +347,59 @@ def pins(path: Path) -> dict[str, str]:
     }
 
 
+def requirements_of(name: str) -> list[Requirement]:
+    """The installed distribution ``name``'s requirements that apply without extras."""
+    requirements = (Requirement(line) for line in importlib.metadata.distribution(name).requires or [])
+    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def needs(names) -> dict[str, str]:
+    """``name: installed version`` of ``names`` and everything they need."""
+    found: dict[str, str] = {}
+    waiting = list(names)
+    while waiting:
+        name = canonicalize_name(waiting.pop())
+        if name not in found:
+            found[name] = importlib.metadata.version(name)
+            waiting += [requirement.name for requirement in requirements_of(name)]
+    return found
+
+
+def bounded_beyond_torch(carried: set[str]) -> set[str]:
+    """What torch brings that a ``carried`` package bounds beyond torch's own requirement: an upper bound, or a
+    lower one that the oldest version torch accepts (its ``>=``, else any) fails. An image's copy may be that old
+    (or newer than the bound), and pip, offered only the carried folder, could not change it."""
+    brought = needs(["torch"]).keys() - {"torch"}
+    floors = {}
+    for owner in needs(["torch"]):
+        for requirement in requirements_of(owner):
+            floors[canonicalize_name(requirement.name)] = next(
+                (spec.version for spec in requirement.specifier if spec.operator == ">="), None
+            )
+    bounded = set()
+    for name in carried:
+        for requirement in requirements_of(name):
+            other = canonicalize_name(requirement.name)
+            if other not in brought or not requirement.specifier:
+                continue
+            floor = floors.get(other)
+            upper = any(spec.operator in ("<", "<=", "==", "~=") for spec in requirement.specifier)
+            if upper or floor is None or floor not in requirement.specifier:
+                bounded.add(other)
+    return bounded
+
+
 def test_the_wheels_for_a_gpu_machine_are_what_the_pins_need_less_torch_and_the_machine_s_own():
     """bench/gpu-requirements.txt pins what requirements.txt pins; bench/gpu-wheels.txt adds everything those need, at
-    the installed versions, less torch's own and the machine's numpy, pandas and pyarrow (not carried)."""
+    the installed versions, less torch's own and the machine's numpy, pandas and pyarrow (not carried), but with what
+    torch brings that a carried package needs newer (or older) than torch does: typing-extensions above all."""
     roots = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")
     assert roots.items() <= pins(PROJECT_DIR / "requirements.txt").items()
-
-    def needs(names) -> dict[str, str]:
-        found: dict[str, str] = {}
-        waiting = list(names)
-        while waiting:
-            name = canonicalize_name(waiting.pop())
-            if name not in found:
-                distribution = importlib.metadata.distribution(name)
-                found[name] = distribution.version
-                for line in distribution.requires or []:
-                    requirement = Requirement(line)
-                    if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                        waiting.append(requirement.name)
-        return found
-
     machine = needs(["torch"]).keys() | needs(["numpy", "pandas", "pyarrow"]).keys()
-    wanted = {name: version for name, version in needs(roots).items() if name not in machine}
+    carried = {name: version for name, version in needs(roots).items() if name not in machine}
+    bounded = bounded_beyond_torch(set(carried))
+    assert "typing-extensions" in bounded  # pydantic and anyio need >= 4.16, torch >= 4.10
+    wanted = carried | {name: importlib.metadata.version(name) for name in bounded}
     listed = pins(PROJECT_DIR / "bench" / "gpu-wheels.txt")
     assert "-r gpu-requirements.txt" in (PROJECT_DIR / "bench" / "gpu-wheels.txt").read_text()
     assert {**roots, **listed} == wanted
@@ -375,3 +440,21 @@ def test_device_script_dry_run_installs_nothing_where_everything_is_present(tmp_
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "nothing to install" in ran.stdout and not re.search(r"^Would install", ran.stdout, re.MULTILINE)
     assert (tmp_path / "out" / "device.log").is_file() and not (tmp_path / "out" / RESULT_NAME).exists()
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_step_clock_waits_for_the_gpu_before_each_read_where_cuda_is_in_use(monkeypatch, cuda):
+    import torch
+
+    from bench import steps
+
+    happened = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: happened.append("synchronize"))
+    monkeypatch.setattr(steps.time, "perf_counter", lambda: happened.append("read") or float(len(happened)))
+    clock = steps.StepClock()
+    clock.on_step_begin(None, None, None)
+    clock.on_step_end(None, None, None)
+    assert happened == (["synchronize", "read"] * 2 if cuda else ["read"] * 2)
+    assert len(clock.step_began) == len(clock.step_ended) == 1

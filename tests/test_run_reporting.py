@@ -207,3 +207,18 @@ def test_evaluations_generate_runs_under_the_engines_bf16_autocast(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == ["torch.bfloat16"]
+
+
+def test_a_model_from_its_config_batched_to_a_token_budget_warms_up():
+    """A GPU's default batches (hundreds of questions a step) from random weights: the rate is reached by a warm-up,
+    then held; without a token budget (the CPU demo) the rate is held from the first step."""
+    from textsql.training.recipe import FROM_CONFIG_TOKEN_BATCHES_RECIPE
+
+    recipe, training = parsed(profile="zero0", max_tokens_per_batch=16384)
+    assert (recipe["name"], training["learning_rate"], training["lr_scheduler_type"], training["warmup_steps"]) == (
+        FROM_CONFIG_TOKEN_BATCHES_RECIPE.name,
+        FROM_CONFIG_RECIPE.learning_rate,
+        "constant_with_warmup",
+        0.06,
+    )
+    assert recipe["overridden"] == [] and parsed(profile="zero0")[0]["name"] == FROM_CONFIG_RECIPE.name

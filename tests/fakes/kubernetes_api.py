@@ -14,19 +14,26 @@ run against it. What it does not do: namespaces (one for all), scheduling, image
 (``image_pull_fails`` leaves new pods Pending the way a failed pull does), user and group ids
 (test_worker_kubernetes.py checks the mount's ownership as root), read-only and subPath mounts (the
 project is the same directory here), resource limits, network namespaces, ``activeDeadlineSeconds``.
+``RoleBound`` puts the API server's RBAC authorizer in front of any of them: a call that a Role's rules do not
+grant gets the 403 a cluster answers, the call's verb, resource and API group read from the pinned client's own
+request (its HTTP method and path), as the API server reads them.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import NotFoundException
+from kubernetes.client.exceptions import ForbiddenException, NotFoundException
 
 from worker.files import atomic_write
 
@@ -213,3 +220,77 @@ class KubeletCoreV1(RecordingCoreV1):
         """Delete every pod still there (a test's teardown)."""
         for name in list(self.pods):
             self.delete_namespaced_pod(name, "default", grace_period_seconds=5)
+
+
+# A client method that is a request to the API server (the rest are helpers such as api_client).
+_REQUEST = re.compile(r"^(create|read|list|watch|replace|patch|delete|deletecollection|connect)_\w+$")
+
+
+@functools.cache
+def authorization(api_class: type, method: str) -> tuple[str, str, str]:
+    """(API group, resource, verb) the API server authorizes a call of ``api_class.method`` as.
+
+    Read from the pinned client's request for it (``_METHOD_serialize``: the HTTP method and the resource path),
+    resolved as the API server's request info does: POST is create, GET of a named object get and of a collection
+    list, DELETE of a named object delete and of a collection deletecollection, PUT update, PATCH patch.
+    """
+    source = inspect.getsource(getattr(api_class, f"_{method}_serialize"))
+    http = re.search(r"method='(\w+)'", source).group(1)
+    parts = re.search(r"resource_path='([^']+)'", source).group(1).strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = "/".join(rest[0:3:2])  # pods, or pods/log for a subresource
+    named = len(rest) > 1
+    verbs = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+    verb = verbs.get(http) or {"GET": ("get", "list"), "DELETE": ("delete", "deletecollection")}[http][not named]
+    return group, resource, verb
+
+
+def role_rules(path: Path) -> tuple[str, list[dict]]:
+    """The namespace and rules of the one Role in the manifests at ``path``."""
+    (role,) = [document for document in yaml.safe_load_all(path.read_text()) if document["kind"] == "Role"]
+    return role["metadata"]["namespace"], role["rules"]
+
+
+def granted(rules: list[dict]) -> set[tuple[str, str, str]]:
+    """Every (API group, resource, verb) ``rules`` grant."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+class RoleBound:
+    """The API server's RBAC authorizer in front of a stand-in for ``api_class``: each request the Role's rules
+    (``role_rules``) do not grant in its namespace is refused with the client's 403 (``ForbiddenException``);
+    ``requests`` records each (API group, resource, verb) that was let through."""
+
+    def __init__(self, api, api_class: type, namespace: str, rules: list[dict], account: str = "textsql-notebook"):
+        self.api, self.api_class, self.namespace = api, api_class, namespace
+        self.granted, self.account = granted(rules), account
+        self.requests: set[tuple[str, str, str]] = set()
+
+    def __getattr__(self, name):
+        method = getattr(self.api, name)
+        if not _REQUEST.match(name):
+            return method
+        request = authorization(self.api_class, name)
+        signature = inspect.signature(getattr(self.api_class, name))
+
+        def authorized(*args, **kwargs):
+            namespace = signature.bind(self, *args, **kwargs).arguments.get("namespace")
+            group, resource, verb = request
+            if request not in self.granted or namespace != self.namespace:
+                raise ForbiddenException(
+                    status=403,
+                    reason=f'{resource} is forbidden: User "system:serviceaccount:{self.namespace}:{self.account}" '
+                    f'cannot {verb} resource "{resource}" in API group "{group}" in the namespace "{namespace}"',
+                )
+            self.requests.add(request)
+            return method(*args, **kwargs)
+
+        return authorized

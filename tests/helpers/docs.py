@@ -35,7 +35,7 @@ NEEDS = {
 RUN = {"bash", "python"}
 SHOWN = {"text", "console", "json", "yaml", "sql", "toml", "ini", "mermaid"}
 # What a page may run from the system rather than from the project's .venv/bin (tests/test_docs.py).
-SYSTEM_PROGRAMS = {"make", "grep", "bash", "curl", "docker", "pip", "python", "mkdir", "cat", "cp"}
+SYSTEM_PROGRAMS = {"make", "grep", "bash", "curl", "docker", "pip", "python", "kubectl", "mkdir", "cat", "cp"}
 SHELL_WORDS = {"export", "for", "do", "done", "break", "cd"}
 MARKS = re.compile(r"(?:<!-- [a-z]+(?:: [^>]*?)? -->\n\n?)+$")
 MARK = re.compile(r"<!-- (?P<key>[a-z]+)(?:: (?P<value>[^>]*?))? -->")

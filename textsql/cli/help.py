@@ -45,7 +45,8 @@ TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (
         "learning_rate",
         (
             f"Peak learning rate [default: the model's recipe: {FROM_CONFIG_RECIPE.learning_rate:g} "
-            f"{FROM_CONFIG_RECIPE.schedule} for a model built from its config, {WITH_WEIGHTS_RECIPE.learning_rate:g} "
+            f"{FROM_CONFIG_RECIPE.schedule} for a model built from its config (warmed up in token-budget batches), "
+            f"{WITH_WEIGHTS_RECIPE.learning_rate:g} "
             f"with warm-up and {WITH_WEIGHTS_RECIPE.schedule} decay for one with weights]."
         ),
     ),

@@ -6,8 +6,11 @@ multiple of 8, the top one at the 98th percentile; the longest 2 % (WikiSQL's le
 fall into an overflow bucket of their own, padded to the longest, so they do not widen the top bucket for
 everyone. A batch holds examples of one bucket only, padded to that bucket's bounds, and as many of them
 as the budget allows (fewer for the overflow bucket's long examples). So a batch never exceeds the budget, padding is small, and the model sees a
-few distinct shapes (one per bucket, plus each bucket's last, shorter batch): ``torch.compile``
-recompiles a bounded number of times. The batch order is shuffled per epoch from a seed, and every rank
+few distinct shapes (one per bucket, plus each bucket's last, shorter batch). Under ``torch.compile`` the trainer
+marks a batch's example and length dimensions dynamic (:func:`mark_batch_dynamic`), so the first compilation serves
+every shape; and no batch holds a single example where the budget allows two (dynamo compiles a dimension of size 1
+apart): a bucket's last example shares the bucket's last batch, a bucket of one example joins the smallest bucket
+that holds it. The batch order is shuffled per epoch from a seed, and every rank
 draws from the same global order, so all ranks step the same number of times.
 
 Usage::
@@ -130,7 +133,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         for index, (source, target) in enumerate(zip(source_lengths, target_lengths)):
             key = (padded_length(source, self.source_bounds), padded_length(target, self.target_bounds))
             groups.setdefault(key, []).append(index)
-        self.groups = dict(sorted(groups.items()))
+        self.groups = _without_single_examples(dict(sorted(groups.items())))
         self.batch_sizes = {key: max_tokens // sum(key) for key in self.groups}
         too_long = [key for key, size in self.batch_sizes.items() if size == 0]
         if too_long:
@@ -161,8 +164,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batches = []
         for key, group in self.groups.items():
             shuffled = [group[i] for i in generator.permutation(len(group))]
-            size = self.batch_sizes[key]
-            batches += [shuffled[start : start + size] for start in range(0, len(shuffled), size)]
+            starts = itertools.accumulate(batch_lengths(len(shuffled), self.batch_sizes[key]), initial=0)
+            batches += [shuffled[start:end] for start, end in itertools.pairwise(starts)]
         batches = [batches[i] for i in generator.permutation(len(batches))]
         missing = -len(batches) % self.num_replicas
         return batches + list(itertools.islice(itertools.cycle(batches), missing))
@@ -172,17 +175,57 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
         :rtype: set[tuple[int, int, int]]
         """
-        shapes = set()
-        for (source, target), group in self.groups.items():
-            size = self.batch_sizes[(source, target)]
-            shapes |= {(min(size, len(group)), source, target), (len(group) % size or size, source, target)}
-        return shapes
+        return {
+            (examples, source, target)
+            for (source, target), group in self.groups.items()
+            for examples in batch_lengths(len(group), self.batch_sizes[(source, target)])
+        }
 
     def __iter__(self) -> Iterator[list[int]]:
         yield from self.epoch_batches(self.epoch)[self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
         return math.ceil(self.global_batches / self.num_replicas)
+
+
+def batch_lengths(count: int, size: int) -> list[int]:
+    """How many examples each batch of a bucket of ``count`` examples holds, at most ``size`` each: full batches,
+    and a last one of the rest; a rest of one example shares the last two batches with the one before, where that
+    leaves two examples in each.
+
+    :rtype: list[int]
+    """
+    lengths = [size] * (count // size) + ([count % size] if count % size else [])
+    if lengths[-1] == 1 and len(lengths) > 1 and size >= 3:
+        lengths[-2:] = [(size + 1) - (size + 1) // 2, (size + 1) // 2]
+    return lengths
+
+
+def _without_single_examples(groups: dict[tuple[int, int], list[int]]) -> dict[tuple[int, int], list[int]]:
+    """``groups`` with each group of one example moved into the smallest other group whose bounds hold it (padded
+    further, never batched alone), where there is one."""
+    for key in list(groups):
+        if len(groups[key]) != 1:
+            continue
+        wider = [other for other in groups if other != key and other[0] >= key[0] and other[1] >= key[1]]
+        if wider:
+            groups[min(wider, key=lambda other: (sum(other), other))] += groups.pop(key)
+    return groups
+
+
+def mark_batch_dynamic(batch: dict[str, Any]) -> None:
+    """Mark a batch's example and length dimensions dynamic for ``torch.compile``, before it sees the batch.
+
+    Dynamo otherwise compiles the first shape as it is, then again with the dimensions that changed marked dynamic,
+    and once more for each dimension that changes later (tests/test_batching.py counts them): the token-budget
+    batches' shapes would compile two or three times. Marked, the first compilation serves them all. A dimension of
+    size 1 stays as it is (dynamo specializes sizes 0 and 1).
+    """
+    for key in (*SOURCE_KEYS, *TARGET_KEYS):
+        tensor = batch.get(key)
+        if isinstance(tensor, torch.Tensor) and tensor.dim() == 2:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            torch._dynamo.maybe_mark_dynamic(tensor, 1)
 
 
 class BucketPadding:
@@ -282,6 +325,13 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         """
         self.batch_counts.add(inputs)
         return super().training_step(model, inputs, *args, **kwargs)
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        # Marked on the device's tensors: a copy to the device would not carry the marks.
+        prepared: dict[str, Any] = super()._prepare_inputs(inputs)
+        if self.max_tokens_per_batch and self.args.torch_compile:
+            mark_batch_dynamic(prepared)
+        return prepared
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         """The trainer's evaluation step under the DeepSpeed engine's torch autocast, when training runs under one.

@@ -137,7 +137,7 @@ def _parsed_values(argv: list[str]) -> tuple[dict[str, Any], Recipe]:
         )
     # The recipe depends on the model, known only once parsed; parsed again with its values as defaults, a flag
     # given on the command line keeps its value (argparse applies defaults only to flags left out).
-    recipe = training_recipe(builds_from_config(namespace.model))
+    recipe = training_recipe(builds_from_config(namespace.model), token_batches=bool(namespace.max_tokens_per_batch))
     parser.set_defaults(**recipe.training_values())
     return vars(parser.parse_known_args(argv)[0]), recipe
 

@@ -50,6 +50,8 @@ from worker.rendezvous.token import pod_key, read_token
 logger = logging.getLogger(__name__)
 
 _ENDED = {"Failed", "Succeeded"}
+# The reason of a pod Kubernetes ended at its activeDeadlineSeconds (max_runtime_s).
+DEADLINE_EXCEEDED = "DeadlineExceeded"
 
 
 class KubernetesApis(NamedTuple):
@@ -177,7 +179,14 @@ class KubernetesBackend(Backend):
         for pod in bodies:
             self._create(pod)
             self._pods.append(pod.metadata.name)
-        logger.info("created %d pods in namespace %s (run %s)", count, self.namespace, self.run_id)
+        deadline = self.options.max_runtime_s
+        logger.info(
+            "created %d pods in namespace %s (run %s); %s",
+            count,
+            self.namespace,
+            self.run_id,
+            "no deadline" if deadline is None else f"Kubernetes ends them after {deadline / 3600:g} h (max_runtime_s)",
+        )
         return self.pods[start:]
 
     def _create_policy(self, rendezvous: str, ssh_port: int) -> None:
@@ -207,16 +216,27 @@ class KubernetesBackend(Backend):
                 for s in (pod.status.container_statuses or [])
                 if s.state and s.state.waiting and s.state.waiting.reason
             ]
-            phases[pod.metadata.name] = (pod.status.phase or "Unknown", ", ".join(waiting))
+            # The pod's own reason says why it ended (DeadlineExceeded, Evicted); its containers' why one waits.
+            phases[pod.metadata.name] = (pod.status.phase or "Unknown", pod.status.reason or ", ".join(waiting))
         return phases
+
+    def _ended(self, phase: str, reason: str) -> str:
+        """Why a pod ended, with the fix where it is ours to name."""
+        if reason == DEADLINE_EXCEEDED:
+            return (
+                f"ended with phase {phase}: {reason}, its max_runtime_s of {self.options.max_runtime_s} s passed; "
+                "set a larger max_runtime_s in backend_options"
+            )
+        return f"ended with phase {phase}" + (f" ({reason})" if reason else "")
 
     def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             phases = self._phases()
-            ended = {name: phase for name, (phase, _) in phases.items() if phase in _ENDED}
+            ended = {name: self._ended(*state) for name, state in phases.items() if state[0] in _ENDED}
             if ended:
-                raise WorkerError(f"pods ended before registering: {ended}; see kubectl logs -n {self.namespace}")
+                described = "; ".join(f"{name} {why}" for name, why in sorted(ended.items()))
+                raise WorkerError(f"pods ended before registering: {described}; see kubectl logs -n {self.namespace}")
             pending = {}
             for name in self._pods:
                 phase, reason = phases.get(name, ("Missing", ""))
@@ -232,7 +252,7 @@ class KubernetesBackend(Backend):
             time.sleep(self.options.poll_s)
 
     def failures(self) -> dict[str, str]:
-        return {name: f"ended with phase {phase}" for name, (phase, _) in self._phases().items() if phase in _ENDED}
+        return {name: self._ended(*state) for name, state in self._phases().items() if state[0] in _ENDED}
 
     def replace(self, pod: str, timeout: float) -> WorkerHandle:
         """Delete ``pod`` if it is still there and create a copy of it named ``textsql-RUN-N-rK``.

@@ -1,0 +1,112 @@
+"""Every backend option is on the site with its default (docs/hooks/backend_options.py generates the tables from
+the code), and the kubernetes backend's pod deadline is said up front: long enough for a long run, logged at the
+launch, and named when it ends a pod."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import logging
+
+import pytest
+from fakes.kubernetes_api import RecordingCoreV1, RecordingNetworkingV1
+from kubernetes import client
+
+from textsql.constants import PROJECT_DIR
+from worker import constants as c
+from worker.backends import Resources
+from worker.backends.cml import CMLBackend
+from worker.backends.kubernetes import KubernetesBackend
+from worker.backends.kubernetes_options import KubernetesOptions
+from worker.backends.static import StaticBackend
+from worker.errors import WorkerError
+from worker.rendezvous.token import new_token
+
+HOOK = PROJECT_DIR / "docs" / "hooks" / "backend_options.py"
+PAGES = {
+    "kubernetes": PROJECT_DIR / "docs" / "platforms" / "kubernetes-operator.md",
+    "static": PROJECT_DIR / "docs" / "platforms" / "ssh-hosts.md",
+    "cml": PROJECT_DIR / "docs" / "platforms" / "cml.md",
+}
+
+
+def hook():
+    spec = importlib.util.spec_from_file_location("backend_options_hook", HOOK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def options(backend: str) -> dict[str, object]:
+    """What ``backend_options`` takes, read here from the code by another route than the hook's: name -> default."""
+    if backend == "kubernetes":
+        return {
+            field.name: field.default if field.default is not dataclasses.MISSING else None
+            for field in dataclasses.fields(KubernetesOptions)
+        }
+    cls = {"static": StaticBackend, "cml": CMLBackend}[backend]
+    parameters = inspect.signature(cls).parameters.values()
+    return {p.name: None if p.default is p.empty else p.default for p in parameters if p.name != "api"}
+
+
+@pytest.mark.parametrize("backend", sorted(PAGES))
+def test_every_option_of_the_backend_is_on_its_page_with_its_default(backend):
+    page = hook().on_page_markdown(PAGES[backend].read_text(), None, None, None)
+    wanted = options(backend)
+    assert wanted
+    for name, default in wanted.items():
+        shown = "required" if default is None and name in ("image", "hosts") else f"`{default!r}`"
+        assert f"| `{name}` | {shown} |" in page, f"{PAGES[backend].name} lacks {name} = {default!r}"
+    rows = [line for line in page.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(wanted), rows  # no option the backend does not take
+
+
+def test_an_option_without_a_description_stops_the_build(monkeypatch):
+    from mkdocs.exceptions import PluginError
+
+    generated = hook()
+    monkeypatch.setattr(generated, "parameter_docs", lambda docstring: {})
+    with pytest.raises(PluginError, match="the 'static' backend's option 'hosts' has no description"):
+        generated.options_table("static")
+
+
+def test_the_pod_deadline_is_a_week_logged_at_the_launch_and_none_means_none(tmp_path, caplog):
+    token_file = tmp_path / "token"
+    new_token(token_file)
+    env = {c.ENV_TOKEN_FILE: str(token_file), c.ENV_RENDEZVOUS: "10.0.0.4:29400"}
+    for deadline, said in ((None, "no deadline"), (7 * 24 * 3600, "Kubernetes ends them after 168 h (max_runtime_s)")):
+        api = RecordingCoreV1()
+        options = {} if deadline else {"max_runtime_s": None}
+        backend = KubernetesBackend(
+            KubernetesOptions(image="img", **options), api=api, networking_api=RecordingNetworkingV1()
+        )
+        with caplog.at_level(logging.INFO, logger="worker.backends.kubernetes"):
+            backend.launch(1, Resources(), env)
+        assert said in caplog.text
+        assert [pod.spec.active_deadline_seconds for pod in api.pods.values()] == [deadline]
+
+
+class DeadlinePassed(RecordingCoreV1):
+    """Pods that Kubernetes ended at their activeDeadlineSeconds, as the API server reports them."""
+
+    def list_namespaced_pod(self, namespace, label_selector=None):
+        listed = super().list_namespaced_pod(namespace, label_selector=label_selector)
+        for pod in listed.items:
+            pod.status = client.V1PodStatus(phase="Failed", reason="DeadlineExceeded")
+        return listed
+
+
+def test_a_pod_ended_by_the_deadline_is_named_with_the_option_that_raises_it(tmp_path):
+    token_file = tmp_path / "token"
+    new_token(token_file)
+    backend = KubernetesBackend(
+        KubernetesOptions(image="img", max_runtime_s=3600, poll_s=0.01),
+        api=DeadlinePassed(),
+        networking_api=RecordingNetworkingV1(),
+    )
+    (handle,) = backend.launch(1, Resources(), {c.ENV_TOKEN_FILE: str(token_file)})
+    why = "ended with phase Failed: DeadlineExceeded, its max_runtime_s of 3600 s passed; set a larger max_runtime_s"
+    assert backend.failures() == {handle.pod: f"{why} in backend_options"}
+    with pytest.raises(WorkerError, match=f"pods ended before registering: {handle.pod} {why}"):
+        backend.wait(timeout=1)

@@ -1,0 +1,205 @@
+"""``bench/device.sh`` rehearsed on this CPU machine as a lent GPU machine would run it: offline, in a Python that
+holds only the machine's own packages (torch and what it brings, numpy, pandas, pyarrow) and the carried wheels."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from textsql.constants import PROJECT_DIR
+
+DEVICE_SCRIPT = PROJECT_DIR / "bench" / "device.sh"
+WHEELS = PROJECT_DIR / "bench" / "wheels"
+# What a GPU image holds beside its torch, which bench/wheels does not carry (device.sh refuses a machine without).
+MACHINE_ROOTS = ("torch", "numpy", "pandas", "pyarrow")
+
+
+def closure(names) -> set[str]:
+    """``names`` and every distribution they need (installed here), by canonical name."""
+    found: set[str] = set()
+    waiting = list(names)
+    while waiting:
+        name = canonicalize_name(waiting.pop())
+        if name in found:
+            continue
+        found.add(name)
+        for line in importlib.metadata.distribution(name).requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                waiting.append(requirement.name)
+    return found
+
+
+def carried_names() -> set[str]:
+    """The distributions bench/wheels holds, by canonical name."""
+    return {canonicalize_name(path.name.split("-")[0]) for path in WHEELS.iterdir()}
+
+
+def machine_site(root: Path) -> Path:
+    """A directory holding links to the machine's packages as installed here. Of what torch brings and the wheels
+    also carry, only the code is linked, not its ``.dist-info``: pip cannot count on an image's copy (it may be
+    older than a carried package needs), so it must find one among the carried wheels."""
+    site = root / "machine-site"
+    site.mkdir()
+    carried = carried_names()
+    for name in sorted(closure(MACHINE_ROOTS)):
+        distribution = importlib.metadata.distribution(name)
+        for top in sorted({Path(str(file)).parts[0] for file in distribution.files or []}):
+            if top == ".." or (site / top).exists() or (top.endswith(".dist-info") and name in carried):
+                continue
+            (site / top).symlink_to(Path(str(distribution.locate_file(top))))
+    return site
+
+
+def machine_python(root: Path) -> Path:
+    """A fresh virtual environment whose only packages are the machine's (:func:`machine_site`), through a .pth."""
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    # ensurepip's own setuptools (too old to build a wheel alone) would shadow the one torch brings, which a GPU
+    # image holds and DeepSpeed's sdist is built with (--no-build-isolation).
+    subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=False, timeout=300)
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(purelib) / "machine.pth").write_text(f"{machine_site(root)}\n")
+    return python
+
+
+def pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+def dry_run(python: Path, wheels: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(DEVICE_SCRIPT), "--dry-run", str(out)],
+        check=False,
+        cwd=PROJECT_DIR,
+        env={**os.environ, "PYTHON": str(python), "WHEELS": str(wheels), "PIP_CONFIG_FILE": os.devnull},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def wheels() -> Path:
+    """bench/wheels as `make gpu-wheels` builds it (downloads under 64 MiB the first time)."""
+    if not pypi_reachable():
+        pytest.skip("pypi.org is not reachable: `make gpu-wheels` cannot download the wheels to rehearse with")
+    venv = Path(sys.executable).parent.parent
+    made = subprocess.run(
+        ["make", "-o", "setup", "gpu-wheels", f"VENV={venv}"],
+        check=False,
+        cwd=PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-4000:]
+    return WHEELS
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_every_carried_wheels_requirements_resolve_offline_beside_the_machines_torch(wheels, tmp_path):
+    """device.sh's own pip call (``--no-index``, the carried folder only, DeepSpeed's sdist built against the
+    machine's torch) resolves every requirement of every carried wheel; without typing-extensions it cannot."""
+    python = machine_python(tmp_path)
+    ran = dry_run(python, wheels, tmp_path / "out")
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-4000:]
+    (would,) = [line for line in ran.stdout.splitlines() if line.startswith("Would install")]
+    installed = {canonicalize_name(word.rpartition("-")[0]) for word in would.split()[2:]}
+    assert {"deepspeed", "transformers", "datasets", "pydantic", "typing-extensions"} <= installed, would
+    assert not installed & {"torch", "numpy", "pandas", "pyarrow"}, would  # the machine's own stay
+
+    without = tmp_path / "without-typing-extensions"
+    without.mkdir()
+    for path in wheels.iterdir():
+        if not path.name.startswith("typing_extensions-"):
+            (without / path.name).symlink_to(path)
+    refused = dry_run(python, without, tmp_path / "out-without")
+    assert refused.returncode != 0 and "typing-extensions" in (refused.stdout + refused.stderr).lower().replace(
+        "_", "-"
+    )
+
+
+def device_sh(*args: str, wheels: Path, budget_s: int = 460) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(DEVICE_SCRIPT), *args],
+        check=False,
+        cwd=PROJECT_DIR,
+        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "BUDGET_S": str(budget_s)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_device_script_prints_its_time_against_its_budget_however_it_ends(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    refused = device_sh(str(tmp_path / "refused"), wheels=tmp_path / "wheels", budget_s=300)
+    assert refused.returncode == 2 and re.search(
+        r"^device.sh: \d+ s of the 300 s budget$", refused.stdout, re.MULTILINE
+    )
+    pin = next(
+        line
+        for line in (PROJECT_DIR / "bench" / "gpu-requirements.txt").read_text().splitlines()
+        if line.startswith("deepspeed==")
+    )
+    (tmp_path / "wheels" / f"deepspeed-{pin.split('==')[1]}.tar.gz").write_bytes(b"")
+    checked = device_sh("--dry-run", str(tmp_path / "checked"), wheels=tmp_path / "wheels")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert re.search(r"^device.sh: \d+ s of the 460 s budget$", checked.stdout, re.MULTILINE)
+    assert "of the 460 s budget" in (tmp_path / "checked" / "device.log").read_text()
+
+
+def test_gpu_quick_keeps_the_ranks_logs_and_says_the_budget_spent_when_an_arm_fails(tmp_path, monkeypatch, capsys):
+    from bench import __main__ as bench_main
+    from bench import gpu_quick
+
+    def failing_run(data_dir, work, sizes, device, save):
+        save({"arms": {"old_recipe": {}}})
+        (work / "gpu-quick-defaults").mkdir()
+        (work / "gpu-quick-defaults" / "bench.log").write_text(
+            "x" * gpu_quick.LOG_TAIL_BYTES + "InductorError: no cc\n"
+        )
+        (work / "gpu-quick-defaults" / "launch.log").write_text("rank 0 exited with 1\n")
+        raise RuntimeError("defaults failed with exit code 1; see bench.log")
+
+    monkeypatch.setattr(bench_main, "prepare_data", lambda work, form: str(work / "data"))
+    monkeypatch.setattr(gpu_quick, "run", failing_run)
+    budget = gpu_quick.Budget(seconds=460, began=time.time() - 100)
+    with pytest.raises(RuntimeError, match="defaults failed"):
+        bench_main.measure_gpu_quick(gpu_quick.SMOKE, "cpu", tmp_path / "out", None, budget)
+    logs = tmp_path / "out" / gpu_quick.LOGS / "gpu-quick-defaults"
+    assert (logs / "launch.log").read_text() == "rank 0 exited with 1\n"
+    kept = (logs / "bench.log").read_text()
+    assert len(kept) == gpu_quick.LOG_TAIL_BYTES and kept.endswith("InductorError: no cc\n")  # the end comes back
+    printed = capsys.readouterr().out
+    assert re.search(r"^gpu-quick: arm old_recipe done; 10\d s of the 460 s budget$", printed, re.MULTILINE), printed
+    assert "kept 2 logs" in printed
+
+
+def test_a_budget_says_what_is_spent_of_it():
+    from bench.gpu_quick import Budget
+
+    assert Budget(460, began=1000.0).spent(now=1123.4) == "123 s of the 460 s budget"
+    assert Budget(None, began=1000.0).spent(now=1010.0) == "10 s"
