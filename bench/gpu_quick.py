@@ -1,14 +1,14 @@
-"""``python -m bench gpu-quick`` (``make bench-gpu``): the old recipe against the defaults on t5-small, sized for a
-short device lease.
+"""``python -m bench gpu-quick`` (``make bench-gpu``): the old recipe against the defaults on t5-small, sized to
+take minutes on one GPU.
 
 Both arms train a model of t5-small's shape (``textsql/assets/t5-small``, random weights) on WikiSQL-shaped data
 (:mod:`bench.fullscale`) with the full-vocabulary loss, for ``warmup_steps + timed_steps`` steps (30 + 200):
 
 - the old recipe (:mod:`bench.old_recipe`) in this process: eager, fp32, batch 32 padded to 96, plain AdamW;
 - the defaults (:mod:`bench.ours`): ``textsql launch`` on 1 rank with no flag but ``--loss_vocabulary full``
-  and ``--report_to none`` (TensorBoard's package is not carried to a lent GPU machine; the run logs every 10
-  steps either way), so on CUDA the profile ``auto`` picks, bf16, torch.compile, fused AdamW, TF32 and the
-  token budget for the GPU's memory.
+  and ``--report_to none`` (TensorBoard's package is not among the wheels bench/device.sh installs on a GPU
+  machine without network; the run logs every 10 steps either way), so on CUDA the profile ``auto`` picks,
+  bf16, torch.compile, fused AdamW, TF32 and the token budget for the GPU's memory.
 
 Samples/s (and real tokens/s: each sample's input and labels at their own lengths) is taken inside each training
 process between the end of the last warm-up step and the end of the last step (:class:`bench.steps.StepClock`,
@@ -18,14 +18,11 @@ it trains at, the full output layer included (:mod:`bench.flops`); peak memory i
 allocated CUDA memory (on a CPU, peak RSS). One JSON (``gpu_quick.json`` in ``--out``), written after each arm,
 with ``process_wall_s`` (from the process's start) at the end, and a table on stdout.
 
-Time from a cold process on one H100, estimated (no GPU was lent while it was written; ``process_wall_s`` in the
-JSON says what it took): imports and preparing the data about 30 s (measured on CPUs: preparing the sample and
-resampling 56,355 questions take seconds); the old recipe about 30 s (230 steps at the 62-63 ms a step of
-DESIGN.md's H100 run, 508 samples/s at batch 32, plus CUDA start-up); the defaults about 2-3 minutes:
-launcher and rank start-up and DeepSpeed's set-up about 30 s, torch.compile of t5-small's training step about a
-minute (once: the trainer marks the token-budget batches' dimensions dynamic, so no batch shape recompiles), 230
-steps of at most the 62 ms a launch-bound step took eager, and writing the model. About 3-4 minutes in all, within the 5 the lease allows it; a compile much slower than this shows in
-``warmup_s``.
+How long it takes on a GPU is not measured yet: ``process_wall_s`` in the JSON says what a run took. What it
+spends time on: imports and preparing the data (seconds on CPUs: preparing the sample and resampling 56,355
+questions), the old recipe's 230 eager steps, then for the defaults the launcher and ranks' start-up, DeepSpeed's
+set-up, torch.compile of t5-small's training step (once: the trainer marks the token-budget batches' dimensions
+dynamic, so no batch shape recompiles; ``warmup_s`` shows a slow compile), the 230 steps and writing the model.
 
 ``--device cpu --smoke`` runs the same code with the embedded small T5, a few steps and a small token budget
 (tests/test_bench_gpu.py).

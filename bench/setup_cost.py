@@ -1,0 +1,128 @@
+"""What setting up costs: a fresh virtual environment's install of requirements.txt, and the demo's peak memory.
+
+``python -m bench.setup_cost`` writes ``bench/setup_cost.json``; docs/getting-started.md shows its figures.
+The install runs ``python3 -m venv`` then ``pip install -r requirements.txt`` in a new temporary directory, with
+this machine's pip settings (its index and wheel cache: a first install over a slow network takes longer). The
+demo runs as ``make demo`` runs it, from a scratch directory; its peak memory is the largest sum of the proportional
+set sizes of all its processes (master, kernels, worker pods, ranks), sampled, and its summary is kept whole
+(docs/getting-started.md shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.machine import describe_machine, releases
+from textsql.files import write_json
+
+BENCH_DIR = Path(__file__).resolve().parent
+PROJECT_DIR = BENCH_DIR.parent
+RESULT = BENCH_DIR / "setup_cost.json"
+SUMMARY = BENCH_DIR / "demo_summary.txt"  # the demo's summary as printed, included by docs/getting-started.md
+GIB = 1024**3
+# The summary's "Time:" lines: "  02_train_distributed     366.0 s".
+NOTEBOOK_TIME = re.compile(r"^  (0\d_\w+) +([\d.]+) s$", re.MULTILINE)
+SAMPLE_S = 0.5
+
+
+def directory_bytes(path: Path) -> int:
+    """The bytes of the files under ``path``, links not followed."""
+    return sum(entry.lstat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
+
+
+def measure_install(work: Path) -> dict:
+    """Time ``python3 -m venv`` plus ``pip install -r requirements.txt`` into ``work``, and weigh the result."""
+    venv = work / "venv"
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "-r", str(PROJECT_DIR / "requirements.txt")],
+        check=True,
+        cwd=PROJECT_DIR,
+    )
+    return {
+        "command": "python3 -m venv V && V/bin/pip install -r requirements.txt",
+        "wall_s": round(time.monotonic() - started, 1),
+        "venv_gib": round(directory_bytes(venv) / GIB, 2),
+    }
+
+
+def tree_memory(process: psutil.Process) -> int:
+    """The memory ``process`` and all its descendants hold now, in bytes: the sum of their proportional set sizes
+    (a page shared by n processes counts 1/n in each, so torch's libraries count once); those that end meanwhile
+    count nothing."""
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += member.memory_full_info().pss
+    return total
+
+
+def measure_demo(work: Path, steps: int | None) -> dict:
+    """Run ``textsql demo --out runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own): its wall
+    time, the summary it printed, and its peak memory (:func:`tree_memory` of the command: the master, the notebooks'
+    kernels, the local worker pods and their ranks), sampled every half second."""
+    command = [str(Path(sys.executable).parent / "textsql"), "demo", "--out", "runs/demo"]
+    command += ["-p", f"max_steps={steps}"] if steps else []
+    started = time.monotonic()
+    demo = psutil.Popen(command, cwd=work, stdout=subprocess.PIPE, text=True)
+    peak = 0
+    while demo.poll() is None:
+        peak = max(peak, tree_memory(demo))
+        time.sleep(SAMPLE_S)
+    printed = demo.stdout.read() if demo.stdout else ""
+    if demo.returncode:
+        raise SystemExit(f"the demo failed with exit code {demo.returncode}:\n{printed[-3000:]}")
+    summary = printed[printed.index("Everything is under") :].replace(str(Path(sys.executable).parent), ".venv/bin")
+    summary = summary.replace(f"{work}/", "")  # the demo's paths as a reader's `make demo` in the project shows them
+    return {
+        "command": "textsql demo" + (f" -p max_steps={steps}" if steps else ""),
+        "wall_s": round(time.monotonic() - started, 1),
+        "notebook_s": {name: float(seconds) for name, seconds in NOTEBOOK_TIME.findall(summary)},
+        "peak_memory_gib": round(peak / GIB, 2),
+        "peak_memory_sampled_every_s": SAMPLE_S,
+        "summary": summary,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=None, help="the demo's optimizer steps (default: its own)")
+    parser.add_argument("--skip-install", action="store_true", help="keep the install figures already written")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="setup-cost-"))
+    try:
+        install = None if args.skip_install else measure_install(work)
+        demo = measure_demo(work, args.steps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    previous = json.loads(RESULT.read_text()) if args.skip_install and RESULT.exists() else {}
+    write_json(
+        RESULT,
+        {
+            "machine": describe_machine(),
+            "releases": releases(),
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "install": install or previous.get("install"),
+            "demo": demo,
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        },
+    )
+    SUMMARY.write_text(demo["summary"])
+    print(RESULT.read_text())
+
+
+if __name__ == "__main__":
+    main()
