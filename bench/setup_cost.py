@@ -71,10 +71,10 @@ def tree_memory(process: psutil.Process) -> int:
 
 
 def measure_demo(work: Path, steps: int | None) -> dict:
-    """Run ``textsql demo --out runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own): its wall
+    """Run ``textsql demo --run-dir runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own): its wall
     time, the summary it printed, and its peak memory (:func:`tree_memory` of the command: the master, the notebooks'
     kernels, the local worker pods and their ranks), sampled every half second."""
-    command = [str(Path(sys.executable).parent / "textsql"), "demo", "--out", "runs/demo"]
+    command = [str(Path(sys.executable).parent / "textsql"), "demo", "--run-dir", "runs/demo"]
     command += ["-p", f"max_steps={steps}"] if steps else []
     started = time.monotonic()
     demo = psutil.Popen(command, cwd=work, stdout=subprocess.PIPE, text=True)
