@@ -63,7 +63,9 @@ def train(args: tuple[str, ...], checkpoint_store: str | None) -> None:
         raise SystemExit(main(list(args)))
     _, _, run_args, training = parse_command_line(list(args))
     output, keep = Path(training["output_dir"]), training.get("save_total_limit")
-    with store_uploads(checkpoint_store, output, keep, run_args.resume, run_args.overwrite_output_dir) as uploads:
+    with store_uploads(
+        checkpoint_store, output, keep, training.get("resume_from_checkpoint"), run_args.overwrite_output_dir
+    ) as uploads:
         code = main(list(args))
         if code == 0 and uploads is not None:
             uploads.finish()
