@@ -53,7 +53,7 @@ dist.destroy_process_group()
 """
 
 # A training command line the launch reads (its output directory) before anything starts.
-TRAINING = train_argv(data_dir="data", output_dir="out")
+TRAINING = train_argv(data_dir="data", run_dir="out")
 
 
 @pytest.fixture

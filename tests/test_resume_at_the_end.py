@@ -45,7 +45,7 @@ def test_a_checkpoint_at_max_steps_goes_straight_to_the_evaluation_and_the_model
     (out / "run.json").unlink()
     assert Path(str(newest_complete_checkpoint(out))).name == "checkpoint-2"
 
-    output = textsql_train([*argv, *train_argv(resume="auto")])
+    output = textsql_train([*argv, *train_argv(resume_from_checkpoint="auto")])
     assert "resumed at step 2 of 2: nothing left to train" in output
     summary = json.loads((out / "run.json").read_text())
     assert summary["global_step"] == 2 and Path(summary["resumed_from"]).name == "checkpoint-2"

@@ -330,7 +330,7 @@ def test_a_run_killed_hard_is_marked_killed_when_its_pipeline_continues_and_the_
     for key, value in settings.items():
         monkeypatch.setenv(key, value)
     run_dir, out = tmp_path / "run", tmp_path / "run"
-    train_args = train_argv(data_dir=tmp_path, output_dir=out, report_to="mlflow")
+    train_args = train_argv(data_dir=tmp_path, run_dir=out, report_to="mlflow")
     with tracking_env(LaunchArguments(run_dir=run_dir, train_args=train_args)) as tracked:
         handed = json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"]
         client = MlflowClient(uri)
