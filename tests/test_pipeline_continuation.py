@@ -128,10 +128,13 @@ def test_a_killed_training_without_a_complete_checkpoint_starts_over_as_the_same
     (tmp_path / "checkpoint-2").mkdir()
     steps = continuation_steps(manifest, chosen)
     assert actions(steps) == ["skip", "relaunch", "run"]
-    assert steps[TRAIN].extra == {"resume": "auto", "overwrite_output_dir": False}
+    assert steps[TRAIN].extra == {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
     assert steps[TRAIN].reason.endswith(": no complete checkpoint, starting again from step 0")
     changed = {**chosen, TRAIN: {**chosen[TRAIN], "max_steps": 8}}
-    assert continuation_steps(manifest, changed)[TRAIN].extra == {"resume": None, "overwrite_output_dir": True}
+    assert continuation_steps(manifest, changed)[TRAIN].extra == {
+        "resume_from_checkpoint": None,
+        "overwrite_output_dir": True,
+    }
     prepared_again = {**chosen, PREPARE: {**chosen[PREPARE], "limit": 48}}
     assert continuation_steps(manifest, prepared_again)[TRAIN].extra["overwrite_output_dir"] is True
 

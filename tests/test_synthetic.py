@@ -104,7 +104,7 @@ def test_mixed_source_holds_both_with_distinct_ids():
 
 def test_prepare_writes_tables_with_rows_so_execution_accuracy_is_measured(tmp_path):
     out = tmp_path / "data"
-    summary = prepare(source="synthetic", out=str(out), limit=20)
+    summary = prepare(source="synthetic", data_dir=str(out), limit=20)
     assert summary["source"] == "synthetic" and summary["counts"] == {split: 20 for split in SPLITS}
     tables = load_tables(prepared_tables_path(out, "validation"))
     records, _ = load_synthetic_split("validation", limit=20)
