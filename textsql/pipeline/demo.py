@@ -140,6 +140,8 @@ def run_demo(
         if out_dir.is_dir() and any(out_dir.iterdir()):
             logger.warning("replacing the previous demo in %s", out_dir)
             shutil.rmtree(out_dir)
+        # The checks above refused a dataset directory that is not a replaced demo's: notebook 01 writes it anew.
+        shutil.rmtree(demo_data_dir(out_dir), ignore_errors=True)
         shutil.rmtree(master_dir(out_dir))  # the replaced demo's record and launch ids
         manifest, steps = Manifest(out_dir), {name: Step("run", "a new demo") for name in NOTEBOOKS}
     out_dir.mkdir(parents=True, exist_ok=True)
