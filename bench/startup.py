@@ -49,6 +49,24 @@ class Sizes:
     warmup: int = 1
 
 
+def local_launch(run_dir: Path, ranks: int, train_args: list[str], *options: str, verbose: bool = False) -> list[str]:
+    """``textsql launch`` of ``train_args`` on ``ranks`` ranks of this machine, on a free master port, with the
+    launch's own ``options`` before the ``--``.
+
+    :rtype: list[str]
+    """
+    textsql = Path(sys.executable).parent / "textsql"
+    return [
+        str(textsql),
+        *(["--verbose"] if verbose else []),
+        "launch",
+        *("--run-dir", str(run_dir), "--launcher", "local", "--ranks", str(ranks), "--master-port", str(free_port())),
+        *options,
+        "--",
+        *train_args,
+    ]
+
+
 def once(data: Path, run_dir: Path) -> dict[str, float]:
     """One ``textsql launch``: seconds from the command to the first step's loss event, and per phase.
 
@@ -56,21 +74,9 @@ def once(data: Path, run_dir: Path) -> dict[str, float]:
     """
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    textsql = Path(sys.executable).parent / "textsql"
-    command = [
-        str(textsql),
-        "launch",
-        "--run-dir",
-        str(run_dir),
-        "--launcher",
-        "local",
-        "--ranks",
-        str(RANKS),
-        "--master-port",
-        str(free_port()),
-        "--",
-        *train_args(DEFAULT_MODEL_DIR, data, run_dir / "out", PROFILE, steps=2, batch_size=8),
-    ]
+    command = local_launch(
+        run_dir, RANKS, train_args(DEFAULT_MODEL_DIR, data, run_dir / "out", PROFILE, steps=2, batch_size=8)
+    )
     seen: dict[str, float] = {}
     with open(run_dir / "bench.log", "w", encoding="utf-8") as log:
         started = time.time()

@@ -18,7 +18,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,12 @@ from pathlib import Path
 from bench.events import step_wall_times
 from bench.profiles import train_only
 from bench.seaweed import BUCKET, S3Server, s3_server
+from bench.startup import local_launch
 from bench.timing import summary
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.files import read_json
 from textsql.training.events import TENSORBOARD_SUBDIR
-from worker.network import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -56,22 +55,8 @@ def launch(run_dir: Path, train_args: list[str], env: dict[str, str], store: str
     :rtype: tuple[float, str]
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        str(Path(sys.executable).parent / "textsql"),
-        "--verbose",
-        "launch",
-        "--run-dir",
-        str(run_dir),
-        "--launcher",
-        "local",
-        "--ranks",
-        str(RANKS),
-        "--master-port",
-        str(free_port()),
-        *(["--checkpoint-store", store] if store else []),
-        "--",
-        *train_args,
-    ]
+    store_option = ["--checkpoint-store", store] if store else []
+    command = local_launch(run_dir, RANKS, train_args, *store_option, verbose=True)
     started = time.time()
     done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=900)
     (run_dir / "bench.log").write_text(done.stdout + done.stderr)
