@@ -60,7 +60,7 @@ gpu-wheels: setup
 			-d $(abspath $(GPU_WHEELS)) -r gpu-wheels.txt || exit 1; \
 	done
 	@size=$$(du -sm $(GPU_WHEELS) | cut -f1); ls $(GPU_WHEELS) | wc -l | xargs echo "$(GPU_WHEELS): $$size MiB, files:"; \
-	test $$size -lt $(GPU_WHEELS_MAX_MIB) || { echo "$(GPU_WHEELS) is $$size MiB, over the $(GPU_WHEELS_MAX_MIB) MiB the device tool carries: drop a Python from GPU_PYTHONS"; exit 1; }
+	test $$size -lt $(GPU_WHEELS_MAX_MIB) || { echo "$(GPU_WHEELS) is $$size MiB, over the $(GPU_WHEELS_MAX_MIB) MiB a copy to a GPU machine without network should carry: drop a Python from GPU_PYTHONS"; exit 1; }
 
 clean:
 	rm -rf runs .pytest_cache

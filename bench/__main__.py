@@ -171,7 +171,7 @@ def measure_gpu_quick(
         finally:
             kept = gpu_quick.keep_logs(work, out)
             print(f"gpu-quick: kept {len(kept)} logs in {out / gpu_quick.LOGS}", flush=True)
-    # From a cold process, imports and data preparation included: what a device lease pays.
+    # From a cold process, imports and data preparation included: what a run on a GPU machine costs in all.
     where["process_wall_s"] = round(time.time() - psutil.Process().create_time(), 1)
     write_json(path, {**result, **where})
     print(gpu_quick.table(result))
