@@ -113,7 +113,7 @@ def _measure(server: S3Server, data: Path, work: Path, sizes: Sizes) -> dict:
             if arm == "with_store":
                 uploads += read_json(output / RUN_SUMMARY_NAME)["checkpoint_store"]["checkpoints"]
     # One more step from the newest checkpoint of the last store run: from its directory, then from the store alone.
-    resumed = train(data, output, sizes.steps + 1, sizes.save_steps, resume="auto")
+    resumed = train(data, output, sizes.steps + 1, sizes.save_steps, resume_from_checkpoint="auto")
     started, _ = launch(run_dir, resumed, env, None)
     from_disk = first_step_after(output, sizes.steps + 1, started)
     shutil.rmtree(output)

@@ -247,7 +247,7 @@ def test_a_store_holding_a_previous_run_is_refused_unless_resumed_or_overwritten
         f"checkpoint store {uri} holds checkpoint-2 of a previous run; pass --resume-from-checkpoint auto to continue it, "
         "--overwrite-output-dir to replace it, or another store prefix"
     )
-    with store_uploads(uri, tmp_path / "run", resume="auto") as uploads:
+    with store_uploads(uri, tmp_path / "run", resume_from_checkpoint="auto") as uploads:
         assert uploads is not None and (tmp_path / "run" / "checkpoint-2").is_dir()
     with store_uploads(uri, tmp_path / "fresh", overwrite=True):
         assert complete_steps(open_store(uri)) == []

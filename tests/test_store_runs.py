@@ -134,7 +134,7 @@ def test_a_fresh_launch_resumes_from_the_store_alone_to_the_uninterrupted_loss(
     whole.fs.copy(states[:1], [lost.path("checkpoint-6", "global_step6", states[0].rpartition("/")[2])])
     assert complete_steps(lost) == [4]
     output = tmp_path / "out"  # a new machine: no run directory
-    resumed = launch_with_store(workers, s3, train_data, output, lost.uri, max_steps=6, resume="auto")
+    resumed = launch_with_store(workers, s3, train_data, output, lost.uri, max_steps=6, resume_from_checkpoint="auto")
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-6000:]
     assert "checkpoint-4 downloaded from" in resumed.stdout + resumed.stderr
     summary = json.loads((output / RUN_SUMMARY_NAME).read_text())

@@ -338,7 +338,7 @@ def test_a_run_killed_hard_is_marked_killed_when_its_pipeline_continues_and_the_
         # A hard kill: the launch never gets to its end (the tracking file is removed by the next step too).
         end_leftovers(run_dir, None)
         assert client.get_run(handed).info.status == "KILLED"
-    resumed = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(resume="auto")])
+    resumed = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(resume_from_checkpoint="auto")])
     with tracking_env(resumed) as tracked:
         assert json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"] == handed
     fresh = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(overwrite_output_dir=True)])

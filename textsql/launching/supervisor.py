@@ -228,7 +228,7 @@ def supervise(
                 arguments.checkpoint_store,
                 plan.output_dir,
                 plan.save_total_limit,
-                plan.resume,
+                plan.resume_from_checkpoint,
                 plan.overwrite_output_dir,
             )
         )

@@ -84,7 +84,7 @@ def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None =
         return
     run_id = None
     if wants_mlflow(plan.report_to) and TRACKING_URI_VAR in variables and RUN_ID_VAR not in variables:
-        run_id = launch_run(arguments.run_dir, output_dir, plan.resume is not None, variables)
+        run_id = launch_run(arguments.run_dir, output_dir, plan.resume_from_checkpoint is not None, variables)
     variables |= {RUN_ID_VAR: run_id} if run_id else {}
     output_dir.mkdir(parents=True, exist_ok=True)
     path = atomic_write(output_dir / TRACKING_ENV_NAME, json.dumps(variables), mode=0o600).resolve()

@@ -39,7 +39,7 @@ class TrainingPlan:
     model: str | None = None
     ddp_timeout: int | None = None
     save_total_limit: int | None = None
-    resume: str | None = None
+    resume_from_checkpoint: str | None = None
     overwrite_output_dir: bool = False
     report_to: str | list[str] | None = None
 

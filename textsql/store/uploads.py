@@ -198,7 +198,11 @@ def _waited(checkpoint: Path, finished_at: float) -> float:
 
 @contextlib.contextmanager
 def store_uploads(
-    uri: str | None, output: Path | None, keep: int | None = None, resume: str | None = None, overwrite: bool = False
+    uri: str | None,
+    output: Path | None,
+    keep: int | None = None,
+    resume_from_checkpoint: str | None = None,
+    overwrite: bool = False,
 ) -> Iterator[StoreUploads | None]:
     """With a checkpoint store: the store checked (one line if it cannot be used), its newest complete checkpoint
     downloaded into an output directory that holds none as new (``--resume-from-checkpoint auto``), and its uploads running.
@@ -206,7 +210,7 @@ def store_uploads(
     :param uri: the ``--checkpoint-store`` (None: no store, nothing happens).
     :param output: the training's output directory.
     :param keep: the training's ``save_total_limit``.
-    :param resume: the training's ``--resume``.
+    :param resume_from_checkpoint: the training's ``--resume-from-checkpoint``.
     :param overwrite: the training's ``--overwrite-output-dir``: a previous run's checkpoints in the store are
         deleted, as in the output directory; without it (and ``--resume-from-checkpoint auto``) a store holding some is refused.
     :rtype: typing.Iterator[StoreUploads | None]
@@ -217,7 +221,7 @@ def store_uploads(
         return
     store = open_store(uri)
     check_store(store)
-    previous = complete_steps(store) if resume != "auto" else []
+    previous = complete_steps(store) if resume_from_checkpoint != "auto" else []
     if previous and not overwrite:
         raise StoreError(
             f"checkpoint store {uri} holds checkpoint-{previous[-1]} of a previous run; pass --resume-from-checkpoint auto to continue "
@@ -226,7 +230,7 @@ def store_uploads(
     if previous:
         logger.warning("checkpoint store: deleting %s's checkpoints of a previous run (--overwrite-output-dir)", uri)
         clear_checkpoints(store)
-    if resume == "auto":
+    if resume_from_checkpoint == "auto":
         started = time.monotonic()
         restored = download_newest(store, output)
         if restored is not None:
