@@ -13,31 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
+from helpers.distributions import bounded_beyond_torch, needs, pins
 from packaging.utils import canonicalize_name
 
+from bench.gpu_quick import RESULT_NAME
 from textsql.constants import PROJECT_DIR
 
 DEVICE_SCRIPT = PROJECT_DIR / "bench" / "device.sh"
 WHEELS = PROJECT_DIR / "bench" / "wheels"
 # What a GPU image holds beside its torch, which bench/wheels does not carry (device.sh refuses a machine without).
 MACHINE_ROOTS = ("torch", "numpy", "pandas", "pyarrow")
-
-
-def closure(names) -> set[str]:
-    """``names`` and every distribution they need (installed here), by canonical name."""
-    found: set[str] = set()
-    waiting = list(names)
-    while waiting:
-        name = canonicalize_name(waiting.pop())
-        if name in found:
-            continue
-        found.add(name)
-        for line in importlib.metadata.distribution(name).requires or []:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                waiting.append(requirement.name)
-    return found
 
 
 def carried_names() -> set[str]:
@@ -52,7 +37,7 @@ def machine_site(root: Path) -> Path:
     site = root / "machine-site"
     site.mkdir()
     carried = carried_names()
-    for name in sorted(closure(MACHINE_ROOTS)):
+    for name in sorted(needs(MACHINE_ROOTS)):
         distribution = importlib.metadata.distribution(name)
         for top in sorted({Path(str(file)).parts[0] for file in distribution.files or []}):
             if top == ".." or (site / top).exists() or (top.endswith(".dist-info") and name in carried):
@@ -196,6 +181,44 @@ def test_gpu_quick_keeps_the_ranks_logs_and_says_the_budget_spent_when_an_arm_fa
     printed = capsys.readouterr().out
     assert re.search(r"^gpu-quick: arm old_recipe done; 10\d s of the 460 s budget$", printed, re.MULTILINE), printed
     assert "kept 2 logs" in printed
+
+
+def test_the_wheels_for_a_gpu_machine_are_what_the_pins_need_less_torch_and_the_machine_s_own():
+    """bench/gpu-requirements.txt pins what requirements.txt pins; bench/gpu-wheels.txt adds everything those need, at
+    the installed versions, less torch's own and the machine's numpy, pandas and pyarrow (not carried), but with what
+    torch brings that a carried package needs newer (or older) than torch does: typing-extensions above all."""
+    roots = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")
+    assert roots.items() <= pins(PROJECT_DIR / "requirements.txt").items()
+    machine = needs(["torch"]).keys() | needs(["numpy", "pandas", "pyarrow"]).keys()
+    carried = {name: version for name, version in needs(roots).items() if name not in machine}
+    bounded = bounded_beyond_torch(set(carried))
+    assert "typing-extensions" in bounded  # pydantic and anyio need >= 4.16, torch >= 4.10
+    wanted = carried | {name: importlib.metadata.version(name) for name in bounded}
+    listed = pins(PROJECT_DIR / "bench" / "gpu-wheels.txt")
+    assert "-r gpu-requirements.txt" in (PROJECT_DIR / "bench" / "gpu-wheels.txt").read_text()
+    assert {**roots, **listed} == wanted
+
+
+def test_device_script_parses_and_refuses_without_wheels(tmp_path):
+    assert subprocess.run(["bash", "-n", str(DEVICE_SCRIPT)], check=False).returncode == 0
+    (tmp_path / "wheels").mkdir()
+    refused = device_sh(str(tmp_path / "out"), wheels=tmp_path / "wheels")
+    assert refused.returncode == 2 and "make gpu-wheels" in refused.stdout + refused.stderr
+    assert "torch" in refused.stdout  # it says what the machine has before anything else
+    assert not (tmp_path / "out" / RESULT_NAME).exists()
+
+
+def test_device_script_dry_run_installs_nothing_where_everything_is_present(tmp_path):
+    """This environment holds every pin: pip, offered only the carried folder, has nothing to install."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pin = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")["deepspeed"]
+    # Stands for the carried sdist: deepspeed is installed here at the pin, so pip never opens it.
+    (wheels / f"deepspeed-{pin}.tar.gz").write_bytes(b"")
+    ran = device_sh("--dry-run", str(tmp_path / "out"), wheels=wheels)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "nothing to install" in ran.stdout and not re.search(r"^Would install", ran.stdout, re.MULTILINE)
+    assert (tmp_path / "out" / "device.log").is_file() and not (tmp_path / "out" / RESULT_NAME).exists()
 
 
 def test_a_budget_says_what_is_spent_of_it():

@@ -1,24 +1,14 @@
 """The GPU bench: its arithmetic on the CPU, its clean absence without CUDA, ``gpu-quick`` and ``bench/device.sh``
 rehearsed on the CPU from a copy of the tree with no ``../shared`` beside it, the real thing marked gpu."""
 
-import importlib.metadata
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from helpers.bench import run_bench
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 from bench import __main__ as bench_main
 from bench.flops import T5Shape, training_flops
 from bench.gpu import Sizes, curves_match
-from bench.gpu_quick import ARMS, RESULT_NAME
 from bench.ours import available, step_samples
 from bench.steps import count_ops, step_times, timed_window, training_seconds_to
 from textsql.constants import PROJECT_DIR
@@ -58,22 +48,6 @@ ROW_KEYS = (
     "loss_vocabulary",
 )
 OPS_KEYS = ("ops", "host_syncs", "reduce_calls", "optimizer_ops", "optimizer_host_syncs")
-# What every arm of gpu-quick records.
-ARM_KEYS = (
-    "label",
-    "samples_per_s",
-    "real_tokens_per_s",
-    "mfu_real_tokens",
-    "peak_memory_gib",
-    "memory_measure",
-    "loss_vocabulary",
-    "warmup_steps",
-    "timed_steps",
-    "warmup_s",
-    "median_step_s",
-    "slowest_step_s",
-    "wall_s",
-)
 
 
 def record(steps: int, profiled: bool = False) -> dict:
@@ -255,191 +229,6 @@ def test_gpu_quick_at_full_size_without_cuda_names_the_rehearsal(capsys):
     with pytest.raises(SystemExit) as stopped:
         bench_main.main(["gpu-quick", "gpu", "--device", "cpu", "--smoke"])
     assert stopped.value.code == 2 and "runs alone" in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def checkout(tmp_path_factory) -> Path:
-    """The tree as a clone would have it (tracked files and new ones git does not ignore), in a directory with no
-    ``shared`` beside it."""
-    root = tmp_path_factory.mktemp("clone") / "textsql"
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=PROJECT_DIR,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    for name in filter(None, listed.split("\0")):
-        source = PROJECT_DIR / name
-        # A link (textsql/assets/dsconfig) stays a link; a tracked file deleted in the working tree is not copied.
-        if source.is_symlink() or source.is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, root / name, follow_symlinks=False)
-    assert not (root.parent / "shared").exists()
-    return root
-
-
-def run_in(checkout: Path, *command: str, timeout: float) -> subprocess.CompletedProcess:
-    """Run ``python COMMAND`` in the copy, importing its own bench and textsql first."""
-    ran = subprocess.run(
-        [sys.executable, *command],
-        cwd=checkout,
-        env={**os.environ, "PYTHONPATH": str(checkout)},
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert ran.returncode == 0, ran.stderr[-4000:]
-    return ran
-
-
-def test_the_full_size_model_directory_is_built_from_a_checkout_alone(checkout, tmp_path):
-    """The full-size GPU bench trains t5-small's shape: its directory comes from the package, not ../shared."""
-    script = (
-        "import json, sys; from pathlib import Path; import bench; from bench.profiles import model_dir; "
-        "from textsql.model import builds_from_config, load_config, load_tokenizer; "
-        "built = model_dir(Path(sys.argv[1])); config = load_config(built); "
-        "print(json.dumps({'bench': bench.__file__, 'directory': str(built), 'from_config': builds_from_config(built), "
-        "'shape': [config.d_model, config.d_ff, config.num_layers, config.num_heads, config.vocab_size], "
-        "'tokens': len(load_tokenizer(built))}))"
-    )
-    built = json.loads(run_in(checkout, "-c", script, str(tmp_path), timeout=300).stdout.splitlines()[-1])
-    assert Path(built["bench"]).is_relative_to(checkout)
-    assert built["shape"] == [512, 2048, 6, 8, 32128] and built["tokens"] == 32100 and built["from_config"]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(960)  # past the suite's 900 s, so the run's own bound fires first
-def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(checkout, tmp_path):
-    """``python -m bench gpu-quick --device cpu --smoke``: both arms on the full-vocabulary loss, every figure."""
-    # 4.5 minutes on this project's 2 shared cores at a load average of 12 (37 s of CPU time): the rank's launch.
-    ran = run_in(
-        checkout,
-        *("-m", "bench", "gpu-quick", "--device", "cpu", "--smoke"),
-        *("--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")),
-        timeout=900,
-    )
-    result = json.loads((tmp_path / "out" / RESULT_NAME).read_text())
-    assert set(result["arms"]) == set(ARMS)
-    for name, arm in result["arms"].items():
-        assert set(ARM_KEYS) <= set(arm), (name, set(ARM_KEYS) - set(arm))
-        assert arm["samples_per_s"] > 0 and arm["mfu_real_tokens"] > 0 and arm["peak_memory_gib"] > 0, (name, arm)
-        assert arm["loss_vocabulary"] == "full" and arm["timed_steps"] == 2, (name, arm)
-    assert result["value"] > 0 and result["device"] == "cpu" and result["machine"]["cores"]
-    assert "| old_recipe |" in ran.stdout and "| defaults |" in ran.stdout and "defaults / old recipe" in ran.stdout
-    assert "| real tokens/s |" in ran.stdout and "gpu-quick: arm defaults done; " in ran.stdout
-    # The rank's log comes back with the results, as it would from a GPU machine.
-    assert (tmp_path / "out" / "logs" / "gpu-quick-defaults" / "bench.log").is_file()
-    # The rank trained the copy's model, not the worktree's.
-    assert (
-        str(checkout / "textsql" / "assets" / "t5-tiny")
-        in (tmp_path / "work" / "gpu-quick-defaults" / "bench.log").read_text()
-    )
-
-
-def pins(path: Path) -> dict[str, str]:
-    """``name: version`` of a requirements file's ``name==version`` lines."""
-    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
-    return {
-        canonicalize_name(name): version
-        for name, _, version in (line.partition("==") for line in lines if "==" in line)
-    }
-
-
-def requirements_of(name: str) -> list[Requirement]:
-    """The installed distribution ``name``'s requirements that apply without extras."""
-    requirements = (Requirement(line) for line in importlib.metadata.distribution(name).requires or [])
-    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
-
-
-def needs(names) -> dict[str, str]:
-    """``name: installed version`` of ``names`` and everything they need."""
-    found: dict[str, str] = {}
-    waiting = list(names)
-    while waiting:
-        name = canonicalize_name(waiting.pop())
-        if name not in found:
-            found[name] = importlib.metadata.version(name)
-            waiting += [requirement.name for requirement in requirements_of(name)]
-    return found
-
-
-def bounded_beyond_torch(carried: set[str]) -> set[str]:
-    """What torch brings that a ``carried`` package bounds beyond torch's own requirement: an upper bound, or a
-    lower one that the oldest version torch accepts (its ``>=``, else any) fails. An image's copy may be that old
-    (or newer than the bound), and pip, offered only the carried folder, could not change it."""
-    brought = needs(["torch"]).keys() - {"torch"}
-    floors = {}
-    for owner in needs(["torch"]):
-        for requirement in requirements_of(owner):
-            floors[canonicalize_name(requirement.name)] = next(
-                (spec.version for spec in requirement.specifier if spec.operator == ">="), None
-            )
-    bounded = set()
-    for name in carried:
-        for requirement in requirements_of(name):
-            other = canonicalize_name(requirement.name)
-            if other not in brought or not requirement.specifier:
-                continue
-            floor = floors.get(other)
-            upper = any(spec.operator in ("<", "<=", "==", "~=") for spec in requirement.specifier)
-            if upper or floor is None or floor not in requirement.specifier:
-                bounded.add(other)
-    return bounded
-
-
-def test_the_wheels_for_a_gpu_machine_are_what_the_pins_need_less_torch_and_the_machine_s_own():
-    """bench/gpu-requirements.txt pins what requirements.txt pins; bench/gpu-wheels.txt adds everything those need, at
-    the installed versions, less torch's own and the machine's numpy, pandas and pyarrow (not carried), but with what
-    torch brings that a carried package needs newer (or older) than torch does: typing-extensions above all."""
-    roots = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")
-    assert roots.items() <= pins(PROJECT_DIR / "requirements.txt").items()
-    machine = needs(["torch"]).keys() | needs(["numpy", "pandas", "pyarrow"]).keys()
-    carried = {name: version for name, version in needs(roots).items() if name not in machine}
-    bounded = bounded_beyond_torch(set(carried))
-    assert "typing-extensions" in bounded  # pydantic and anyio need >= 4.16, torch >= 4.10
-    wanted = carried | {name: importlib.metadata.version(name) for name in bounded}
-    listed = pins(PROJECT_DIR / "bench" / "gpu-wheels.txt")
-    assert "-r gpu-requirements.txt" in (PROJECT_DIR / "bench" / "gpu-wheels.txt").read_text()
-    assert {**roots, **listed} == wanted
-
-
-DEVICE_SCRIPT = PROJECT_DIR / "bench" / "device.sh"
-
-
-def device_sh(*args: str, wheels: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(DEVICE_SCRIPT), *args],
-        check=False,
-        cwd=PROJECT_DIR,
-        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def test_device_script_parses_and_refuses_without_wheels(tmp_path):
-    assert subprocess.run(["bash", "-n", str(DEVICE_SCRIPT)], check=False).returncode == 0
-    (tmp_path / "wheels").mkdir()
-    refused = device_sh(str(tmp_path / "out"), wheels=tmp_path / "wheels")
-    assert refused.returncode == 2 and "make gpu-wheels" in refused.stdout + refused.stderr
-    assert "torch" in refused.stdout  # it says what the machine has before anything else
-    assert not (tmp_path / "out" / RESULT_NAME).exists()
-
-
-def test_device_script_dry_run_installs_nothing_where_everything_is_present(tmp_path):
-    """This environment holds every pin: pip, offered only the carried folder, has nothing to install."""
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    pin = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")["deepspeed"]
-    # Stands for the carried sdist: deepspeed is installed here at the pin, so pip never opens it.
-    (wheels / f"deepspeed-{pin}.tar.gz").write_bytes(b"")
-    ran = device_sh("--dry-run", str(tmp_path / "out"), wheels=wheels)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "nothing to install" in ran.stdout and not re.search(r"^Would install", ran.stdout, re.MULTILINE)
-    assert (tmp_path / "out" / "device.log").is_file() and not (tmp_path / "out" / RESULT_NAME).exists()
 
 
 @pytest.mark.parametrize("cuda", [True, False])

@@ -1,6 +1,6 @@
 """Continuing a pipeline of notebooks (`demo --resume`, the AMP's jobs): what pipeline.json records, what a
-continuation skips, relaunches or refuses, the slow test kills a real demo and continues it. What a hard kill leaves behind and how it is ended:
-test_pipeline_leftovers.py."""
+continuation skips or relaunches; the slow test kills a real demo and continues it. What a continued training is
+pinned to: test_pipeline_pins.py. What a hard kill leaves behind and how it is ended: test_pipeline_leftovers.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers.checkpoints import complete_checkpoint
+from helpers.pipeline_records import actions, finished_demo, record
 
 from textsql.cli import cli
 from textsql.constants import LAUNCH_LOG_NAME
@@ -33,41 +34,14 @@ from textsql.pipeline.manifest import (
     continuation_steps,
     effective_parameters,
     manifest_path,
-    outputs,
 )
-from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, job_parameters
+from textsql.pipeline.parameters import NOTEBOOKS, job_parameters
 from textsql.training.checkpoints import (
     checkpoint_dirs,
     is_complete_checkpoint,
 )
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
-
-
-def record(manifest: Manifest, chosen: dict, name: str, completed: bool = True) -> None:
-    """What a run of ``name`` records, with the outputs a completed one leaves made real."""
-    parameters = effective_parameters(name, chosen[name])
-    executed = manifest.run_dir / "notebooks" / f"{name}.ipynb"
-    executed.parent.mkdir(parents=True, exist_ok=True)
-    executed.write_text("{}")
-    manifest.started(name, parameters, executed)
-    if completed:
-        for path in outputs(name, parameters):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("{}")
-    manifest.finished(name, completed)
-
-
-def actions(steps: dict) -> list[str]:
-    return [steps[name].action for name in NOTEBOOKS]
-
-
-def finished_demo(out: Path) -> tuple[Manifest, dict]:
-    chosen = demo_parameters(out)
-    manifest = Manifest(out)
-    for name in NOTEBOOKS:
-        record(manifest, chosen, name)
-    return Manifest.load(out), chosen
 
 
 def test_a_completed_chain_is_skipped_whole_and_a_control_parameter_changes_nothing(tmp_path):
@@ -137,105 +111,6 @@ def test_a_killed_training_without_a_complete_checkpoint_starts_over_as_the_same
     }
     prepared_again = {**chosen, PREPARE: {**chosen[PREPARE], "limit": 48}}
     assert continuation_steps(manifest, prepared_again)[TRAIN].extra["overwrite_output_dir"] is True
-
-
-@pytest.mark.parametrize(
-    ("notebook", "parameter", "value", "shown"),
-    [
-        (TRAIN, "learning_rate", 0.01, "learning_rate (None -> 0.01)"),
-        (TRAIN, "model", "t5-small", "model ('default' -> 't5-small')"),
-        (PREPARE, "source", "sample", "source ('synthetic' -> 'sample')"),
-    ],
-)
-def test_a_change_a_checkpoint_cannot_take_is_refused_in_one_line(tmp_path, notebook, parameter, value, shown):
-    chosen = demo_parameters(tmp_path)
-    manifest = Manifest(tmp_path)
-    record(manifest, chosen, PREPARE)
-    record(manifest, chosen, TRAIN, completed=False)
-    complete_checkpoint(tmp_path, 2)
-    changed = {**chosen, notebook: {**chosen[notebook], parameter: value}}
-    with pytest.raises(NotebookError) as refused:
-        continuation_steps(manifest, changed)
-    assert str(refused.value) == (
-        f"cannot resume {TRAIN} from checkpoint-2, which was trained before {shown} changed; "
-        "set it back to resume, or overwrite_output_dir=true to train from step 0"
-    )
-    changed[TRAIN] = {**changed[TRAIN], "overwrite_output_dir": True}
-    assert continuation_steps(manifest, changed)[TRAIN].extra == {
-        "resume_from_checkpoint": None,
-        "overwrite_output_dir": True,
-    }, "the fix it names"
-
-
-def zero_checkpoint(run_dir: Path, step: int, ranks: int) -> Path:
-    """A complete ZeRO-1 checkpoint written by ``ranks`` ranks: one optimizer shard each."""
-    checkpoint = complete_checkpoint(run_dir, step)
-    for rank in range(ranks):
-        (checkpoint / f"global_step{step}" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_text("")
-    return checkpoint
-
-
-def test_a_continuation_pins_what_training_resolved_to_not_the_parameters(tmp_path):
-    chosen = demo_parameters(tmp_path)
-    manifest = Manifest(tmp_path)
-    record(manifest, chosen, PREPARE)
-    record(manifest, chosen, TRAIN, completed=False)
-    checkpoint = zero_checkpoint(tmp_path, 2, ranks=2)
-    recorded = json.loads(manifest_path(tmp_path).read_text())["notebooks"][TRAIN]
-    assert recorded["resolved"] == {"profile": "zero1", "precision": "fp32", "ranks": 2}, "auto on two CPU workers"
-
-    on_gpus = {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4, "worker_gpus": 1}}
-    with pytest.raises(NotebookError) as refused:
-        continuation_steps(manifest, on_gpus)
-    assert str(refused.value) == (
-        f"cannot resume {TRAIN} from checkpoint-2, which was trained before the profile it resolved to "
-        "('zero1' -> 'zero0'), the precision it resolved to ('fp32' -> 'bf16 or fp32, by the GPU'), its ranks, "
-        "workers x worker_gpus (2 -> 4) changed; set them back to resume, or overwrite_output_dir=true to train "
-        "from step 0"
-    )
-    more = {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4}}
-    with pytest.raises(NotebookError, match=r"before its ranks, workers x worker_gpus \(2 -> 4\) changed; set it"):
-        continuation_steps(manifest, more)
-    # Converted to a universal checkpoint, it loads at any number of ranks (textsql.training.universal).
-    (checkpoint / "global_step2_universal" / "zero").mkdir(parents=True)
-    (checkpoint / "latest_universal").write_text("global_step2_universal")
-    assert actions(continuation_steps(manifest, more)) == ["skip", "relaunch", "run"]
-
-
-def test_gpus_for_the_workers_change_the_precision_auto_resolves_to_and_are_refused(tmp_path):
-    """The same profile and ranks, given by name: only the device changes, and with it what precision auto is."""
-    chosen = demo_parameters(tmp_path)
-    chosen[TRAIN] |= {"profile": "zero1"}
-    manifest = Manifest(tmp_path)
-    record(manifest, chosen, PREPARE)
-    record(manifest, chosen, TRAIN, completed=False)
-    zero_checkpoint(tmp_path, 2, ranks=2)
-    with pytest.raises(NotebookError) as refused:
-        continuation_steps(manifest, {**chosen, TRAIN: {**chosen[TRAIN], "worker_gpus": 1}})
-    assert str(refused.value) == (
-        f"cannot resume {TRAIN} from checkpoint-2, which was trained before the precision it resolved to "
-        "('fp32' -> 'bf16 or fp32, by the GPU') changed; set it back to resume, or overwrite_output_dir=true to "
-        "train from step 0"
-    )
-    del manifest.records[TRAIN]["resolved"]["precision"]  # a record from before the precision was kept
-    assert actions(continuation_steps(manifest, {**chosen, TRAIN: {**chosen[TRAIN], "worker_gpus": 1}}))[1] == (
-        "relaunch"
-    )
-
-
-def test_a_record_from_before_resolved_values_compares_only_its_parameters(tmp_path):
-    chosen = demo_parameters(tmp_path)
-    manifest = Manifest(tmp_path)
-    record(manifest, chosen, PREPARE)
-    record(manifest, chosen, TRAIN, completed=False)
-    del manifest.records[TRAIN]["resolved"]
-    manifest.save()
-    zero_checkpoint(tmp_path, 2, ranks=2)
-    older = Manifest.load(tmp_path)
-    steps = continuation_steps(older, {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4}})
-    assert actions(steps) == ["skip", "relaunch", "run"], "nothing recorded to compare the ranks with"
-    with pytest.raises(NotebookError, match=r"before profile \('auto' -> 'zero0'\) changed"):
-        continuation_steps(older, {**chosen, TRAIN: {**chosen[TRAIN], "profile": "zero0"}})
 
 
 def test_a_job_whose_earlier_notebook_ran_again_runs_again(tmp_path):

@@ -1,0 +1,112 @@
+"""The GPU bench from a clone alone: a checkout with no ``shared`` beside it builds the full-size model directory and
+rehearses ``gpu-quick`` on the CPU, as a GPU machine given only the tree would."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_quick import ARMS, RESULT_NAME
+from textsql.constants import PROJECT_DIR
+
+# What every arm of gpu-quick records.
+ARM_KEYS = (
+    "label",
+    "samples_per_s",
+    "real_tokens_per_s",
+    "mfu_real_tokens",
+    "peak_memory_gib",
+    "memory_measure",
+    "loss_vocabulary",
+    "warmup_steps",
+    "timed_steps",
+    "warmup_s",
+    "median_step_s",
+    "slowest_step_s",
+    "wall_s",
+)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """The tree as a clone would have it (tracked files and new ones git does not ignore), in a directory with no
+    ``shared`` beside it."""
+    root = tmp_path_factory.mktemp("clone") / "textsql"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=PROJECT_DIR,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        source = PROJECT_DIR / name
+        # A link (textsql/assets/dsconfig) stays a link; a tracked file deleted in the working tree is not copied.
+        if source.is_symlink() or source.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name, follow_symlinks=False)
+    assert not (root.parent / "shared").exists()
+    return root
+
+
+def run_in(checkout: Path, *command: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``python COMMAND`` in the copy, importing its own bench and textsql first."""
+    ran = subprocess.run(
+        [sys.executable, *command],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    return ran
+
+
+def test_the_full_size_model_directory_is_built_from_a_checkout_alone(checkout, tmp_path):
+    """The full-size GPU bench trains t5-small's shape: its directory comes from the package, not ../shared."""
+    script = (
+        "import json, sys; from pathlib import Path; import bench; from bench.profiles import model_dir; "
+        "from textsql.model import builds_from_config, load_config, load_tokenizer; "
+        "built = model_dir(Path(sys.argv[1])); config = load_config(built); "
+        "print(json.dumps({'bench': bench.__file__, 'directory': str(built), 'from_config': builds_from_config(built), "
+        "'shape': [config.d_model, config.d_ff, config.num_layers, config.num_heads, config.vocab_size], "
+        "'tokens': len(load_tokenizer(built))}))"
+    )
+    built = json.loads(run_in(checkout, "-c", script, str(tmp_path), timeout=300).stdout.splitlines()[-1])
+    assert Path(built["bench"]).is_relative_to(checkout)
+    assert built["shape"] == [512, 2048, 6, 8, 32128] and built["tokens"] == 32100 and built["from_config"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)  # past the suite's 900 s, so the run's own bound fires first
+def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(checkout, tmp_path):
+    """``python -m bench gpu-quick --device cpu --smoke``: both arms on the full-vocabulary loss, every figure."""
+    # 4.5 minutes on this project's 2 shared cores at a load average of 12 (37 s of CPU time): the rank's launch.
+    ran = run_in(
+        checkout,
+        *("-m", "bench", "gpu-quick", "--device", "cpu", "--smoke"),
+        *("--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")),
+        timeout=900,
+    )
+    result = json.loads((tmp_path / "out" / RESULT_NAME).read_text())
+    assert set(result["arms"]) == set(ARMS)
+    for name, arm in result["arms"].items():
+        assert set(ARM_KEYS) <= set(arm), (name, set(ARM_KEYS) - set(arm))
+        assert arm["samples_per_s"] > 0 and arm["mfu_real_tokens"] > 0 and arm["peak_memory_gib"] > 0, (name, arm)
+        assert arm["loss_vocabulary"] == "full" and arm["timed_steps"] == 2, (name, arm)
+    assert result["value"] > 0 and result["device"] == "cpu" and result["machine"]["cores"]
+    assert "| old_recipe |" in ran.stdout and "| defaults |" in ran.stdout and "defaults / old recipe" in ran.stdout
+    assert "| real tokens/s |" in ran.stdout and "gpu-quick: arm defaults done; " in ran.stdout
+    # The rank's log comes back with the results, as it would from a GPU machine.
+    assert (tmp_path / "out" / "logs" / "gpu-quick-defaults" / "bench.log").is_file()
+    # The rank trained the copy's model, not the worktree's.
+    assert (
+        str(checkout / "textsql" / "assets" / "t5-tiny")
+        in (tmp_path / "work" / "gpu-quick-defaults" / "bench.log").read_text()
+    )
