@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import inspect
 import logging
+import re
 
 import pytest
 from fakes.kubernetes_api import RecordingCoreV1, RecordingNetworkingV1
@@ -19,6 +20,7 @@ from worker.backends import Resources
 from worker.backends.cml import CMLBackend
 from worker.backends.kubernetes import KubernetesBackend
 from worker.backends.kubernetes_options import KubernetesOptions
+from worker.backends.slurm_options import SlurmOptions
 from worker.backends.static import StaticBackend
 from worker.errors import WorkerError
 from worker.rendezvous.token import new_token
@@ -28,6 +30,7 @@ PAGES = {
     "kubernetes": PROJECT_DIR / "docs" / "platforms" / "kubernetes-operator.md",
     "static": PROJECT_DIR / "docs" / "platforms" / "ssh-hosts.md",
     "cml": PROJECT_DIR / "docs" / "platforms" / "cml.md",
+    "slurm": PROJECT_DIR / "docs" / "platforms" / "slurm.md",
 }
 
 
@@ -40,10 +43,10 @@ def hook():
 
 def options(backend: str) -> dict[str, object]:
     """What ``backend_options`` takes, read here from the code by another route than the hook's: name -> default."""
-    if backend == "kubernetes":
+    if backend in ("kubernetes", "slurm"):
         return {
             field.name: field.default if field.default is not dataclasses.MISSING else None
-            for field in dataclasses.fields(KubernetesOptions)
+            for field in dataclasses.fields({"kubernetes": KubernetesOptions, "slurm": SlurmOptions}[backend])
         }
     cls = {"static": StaticBackend, "cml": CMLBackend}[backend]
     parameters = inspect.signature(cls).parameters.values()
@@ -60,6 +63,14 @@ def test_every_option_of_the_backend_is_on_its_page_with_its_default(backend):
         assert f"| `{name}` | {shown} |" in page, f"{PAGES[backend].name} lacks {name} = {default!r}"
     rows = [line for line in page.splitlines() if line.startswith("| `")]
     assert len(rows) == len(wanted), rows  # no option the backend does not take
+
+
+def test_the_slurm_page_lists_every_sbatch_flag_the_backend_allows():
+    from worker.backends.slurm_options import ALLOWED_SBATCH_FLAGS
+
+    page = PAGES["slurm"].read_text()
+    listed = page.split("`sbatch_flags` takes these", 1)[1].split("Other flags are refused", 1)[0]
+    assert set(re.findall(r"`(--[a-z-]+)`", listed)) == ALLOWED_SBATCH_FLAGS
 
 
 def test_an_option_without_a_description_stops_the_build(monkeypatch):

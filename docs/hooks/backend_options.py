@@ -1,9 +1,9 @@
 """mkdocs hook: each backend's ``backend_options`` table, generated from the code.
 
 A page that holds ``<!-- backend-options: NAME -->`` gets a table of backend ``NAME``'s options, each with its
-default and meaning: the ``kubernetes`` backend's are the fields of
-:class:`~worker.backends.kubernetes_options.KubernetesOptions` with their attribute docstrings, the others' their
-constructor's keyword arguments with its ``:param:`` lines (what :meth:`~worker.backends.base.Backend.from_options`
+default and meaning: the ``kubernetes`` and ``slurm`` backends' are the fields of their options class
+(:class:`~worker.backends.kubernetes_options.KubernetesOptions`, :class:`~worker.backends.slurm_options.SlurmOptions`)
+with their attribute docstrings, the others' their constructor's keyword arguments with its ``:param:`` lines (what :meth:`~worker.backends.base.Backend.from_options`
 accepts). So the site cannot list another option or default than the backend takes.
 """
 
@@ -23,6 +23,11 @@ from mkdocs.exceptions import PluginError
 MARKER = re.compile(r"<!-- backend-options: (\w+) -->")
 # What a test hands a backend instead of the platform's own client: no option a notebook sets.
 CLIENTS = ("api", "networking_api")
+# The backends whose ``from_options`` takes the fields of an options dataclass, not its constructor's arguments.
+OPTIONS_CLASSES = {
+    "kubernetes": "worker.backends.kubernetes_options:KubernetesOptions",
+    "slurm": "worker.backends.slurm_options:SlurmOptions",
+}
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -46,15 +51,16 @@ def options_table(backend: str) -> str:
 def backend_options(backend: str) -> Iterator[tuple[str, Any, str]]:
     """(name, default or ``inspect.Parameter.empty``, description) of each option of backend ``backend``."""
     from worker.backends import BACKENDS
-    from worker.backends.kubernetes_options import KubernetesOptions
 
     if backend not in BACKENDS:
         raise PluginError(f"<!-- backend-options: {backend} -->: no such backend; choose one of {', '.join(BACKENDS)}")
     module, name = BACKENDS[backend].split(":")
     cls = getattr(importlib.import_module(module), name)
-    if backend == "kubernetes":  # its from_options takes the fields of its options class
-        described = attribute_docstrings(KubernetesOptions)
-        for field in dataclasses.fields(KubernetesOptions):
+    if backend in OPTIONS_CLASSES:  # its from_options takes the fields of its options class
+        module, name = OPTIONS_CLASSES[backend].split(":")
+        options = getattr(importlib.import_module(module), name)
+        described = attribute_docstrings(options)
+        for field in dataclasses.fields(options):
             default = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
             yield field.name, default, described.get(field.name, "")
         return
