@@ -353,3 +353,30 @@ def test_an_uncased_predictor_answers_in_the_headers_case(tokenizer):
     )
     assert answer["error"] is None and answer["sql"].startswith("SELECT ")
     assert answer["sql"] == render_sql(answer["query"], PLAYERS)
+
+
+def test_beams_rank_queries_by_their_probability_among_what_the_grammar_allows(predictor, records, monkeypatch):
+    """Each step's scores that beam search adds up are a distribution over the tokens the grammar allows.
+
+    Left as the model's log-probabilities over the whole vocabulary with the refused tokens cut out, a beam through a
+    column the model would not have named (a header it never saw) pays for the names it may not write, and beams
+    drift to the columns whose names it half knows: on the demo's model, four beams without execution guidance fell
+    from greedy's 52.5 % logical form to 37 % (select 85 % to 71 %), renormalised they score 52.5 %, guided 56.5 %.
+    """
+    items = records[:4]
+    steps: list[torch.Tensor] = []
+    generate = predictor.model.generate
+
+    def recording(**arguments):
+        output = generate(**arguments, output_scores=True, return_dict_in_generate=True)
+        steps.extend(output.scores)
+        return output.sequences
+
+    monkeypatch.setattr(predictor.model, "generate", recording)
+    input_ids = [predictor.encode(item["question"], item["header"]) for item in items]
+    options = GenerationOptions(batch_size=4, num_beams=3, max_new_tokens=24, execution_guided=False)
+    predictor.generate(input_ids, options, items=items)
+    assert steps
+    for scores in steps:
+        live = scores[torch.isfinite(scores).any(-1)]
+        assert torch.allclose(live.logsumexp(-1), torch.zeros(len(live)), atol=1e-4)

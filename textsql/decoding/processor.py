@@ -2,7 +2,8 @@
 
 Each row's state advances by its last token; every token the grammar refuses is masked, and where a
 state offers aggregation keywords beside columns the choice is made between phrases, not first
-tokens (:func:`choose_phrases`).
+tokens (:func:`choose_phrases`). What is left is renormalised: the scores are log-probabilities over the tokens
+the grammar allows, which is what beam search should add up.
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ class GrammarLogitsProcessor(LogitsProcessor):
             mask[row_index.to(scores.device), torch.cat(allowed).to(scores.device)] = 0
         if free:
             mask[free] = 0
-        return cast(torch.FloatTensor, choose_phrases(scores, scores + mask, choices) if choices else scores + mask)
+        masked = choose_phrases(scores, scores + mask, choices) if choices else scores + mask
+        # Beam search adds these up: as the model's log-probabilities with the refused tokens cut out, a beam through
+        # a column the model would not have named (a header it never saw) pays for the names it may not write, and
+        # beams drift to columns whose names it half knows. Normalised, they rank queries by their probability
+        # among what the grammar allows (greedy decoding picks the same token either way).
+        normalised = masked.log_softmax(-1)
+        return cast(torch.FloatTensor, normalised.masked_fill(normalised.isnan(), -math.inf))  # a row with nothing left
 
     def _state(self, automaton: QueryAutomaton, key: tuple[int, tuple[int, ...]]) -> int:
         question, sequence = key
