@@ -282,7 +282,12 @@ class GenerationOptions:
     """How many questions go through the model at once, and how it decodes (``textsql infer``, notebook 03)."""
 
     batch_size: int = field(default=32, metadata={"help": "Questions per generate() call."})
-    num_beams: int = field(default=1, metadata={"help": "Beam width; 1 is greedy decoding."})
+    num_beams: int = field(
+        default=4,
+        metadata={
+            "help": "Beam width (1: greedy). With tables that carry rows, execution guidance answers with the first beam whose query runs and finds something."
+        },
+    )
     max_new_tokens: int = field(
         default=DEFAULT_MAX_TARGET_LENGTH, metadata={"help": "Most tokens generated per query."}
     )
