@@ -279,12 +279,27 @@ def test_execution_accuracy_differs_from_logical_form_where_it_should():
         "n": 1,
         "lf_accuracy": 0.0,
         "ex_accuracy": 1.0,
+        "lf_standard_error": 0.0,
+        "ex_standard_error": 0.0,
         "lf_correct": 0,
         "ex_correct": 1,
         "errors": 0,
         "parse_rate": 1.0,
     }
     assert report["by_conditions"]["2"]["ex_accuracy"] == 1.0
+
+
+def test_every_accuracy_comes_with_its_standard_error_in_the_report_and_its_table():
+    """Two right of five: 40 %, give or take sqrt(0.4 * 0.6 / 5) = 21.9 points; the table prints it beside each score."""
+    gold = players_gold()
+    pred = [{"query": item["sql"]} for item in gold[:2]] + [{"error": "no query"}] * (len(gold) - 2)
+    report = evaluate(gold, pred, tables={"players": PLAYERS})
+    assert len(gold) == 5 and report["lf_accuracy"] == report["ex_accuracy"] == 0.4
+    assert round(report["lf_standard_error"], 4) == round(report["ex_standard_error"], 4) == 0.2191
+    shown = format_report(report).splitlines()
+    assert shown[0].split() == ["n", "LF", "%", "±", "SE", "EX", "%", "±", "SE"]
+    assert shown[1].split() == ["all", "5", "40.00", "±", "21.91", "40.00", "±", "21.91"]
+    assert evaluate(gold, pred)["ex_standard_error"] is None  # no rows: no execution accuracy, no error either
 
 
 def test_empty_result_equals_only_empty_result():

@@ -33,6 +33,8 @@ METRICS = {
     "n": 200,
     "lf_accuracy": 0.455,
     "ex_accuracy": 0.52,
+    "lf_standard_error": 0.0352,
+    "ex_standard_error": 0.0353,
     "parse_rate": 1.0,
     "baseline": {"lf_accuracy": 0.035, "ex_accuracy": 0.08, "parse_rate": 1.0},
 }
@@ -88,7 +90,8 @@ def test_evaluation_replaces_its_own_split_and_keeps_the_others(model_dir):
     }
     # One scores block per split, the baseline beside the model's; the training-time block was replaced.
     assert card.text.count("<!-- result ") == 2 and "41.2 %" not in card.text
-    assert "| Logical-form accuracy (LF) | 45.5 % | 3.5 % |" in card.text
+    assert "| Logical-form accuracy (LF) | 45.5 % ± 3.5 | 3.5 % |" in card.text
+    assert "| Parse rate | 100.0 % | 100.0 % |" in card.text  # a rate of the model's own output, no sample
     record_evaluation(model_dir, {**METRICS, "lf_accuracy": 0.6}, "hub", "validation")
     again = ModelCard.load(model_dir / CARD_NAME)
     assert scores(again)[("Salesforce/wikisql", None, "validation")]["lf_accuracy"] == 0.6

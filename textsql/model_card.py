@@ -208,12 +208,14 @@ def _scores_table(dataset: Dataset, split: str, scores: dict, baseline: dict | N
     lines = [
         f"**{dataset.name}**, {split} split{count} ({origin})",
         "",
-        "| | this model | trivial baseline |",
+        "| | this model (± standard error, points) | trivial baseline |",
         "|---|---|---|",
     ]
     for key, name in METRICS.items():
         reference = _percent(baseline.get(key)) if baseline is not None else "run `textsql infer`"
-        lines.append(f"| {name} | {_percent(scores.get(key))} | {reference} |")
+        error = scores.get(key.replace("_accuracy", "_standard_error")) if key.endswith("_accuracy") else None
+        shown = _percent(scores.get(key)) + ("" if error is None else f" ± {100 * error:.1f}")
+        lines.append(f"| {name} | {shown} | {reference} |")
     return "\n".join(lines) + "\n\n"
 
 

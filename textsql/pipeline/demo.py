@@ -221,9 +221,13 @@ def _score_lines(title: str, metrics: dict) -> list[str]:
     """Logical-form and execution accuracy, parse rate and each part beside the trivial baseline, of one metrics.json."""
     if not metrics:
         return []
-    ex = metrics.get("ex_accuracy")
-    execution = "n/a (the tables carry no rows)" if ex is None else f"{ex:.1%}"
-    lines = [f"Scores on {metrics['n']} {title}: logical form {metrics['lf_accuracy']:.1%}, execution {execution}"]
+
+    def scored(key: str) -> str:
+        error = metrics.get(f"{key}_standard_error")
+        return f"{metrics[f'{key}_accuracy']:.1%}" + (f" ± {100 * error:.1f}" if isinstance(error, float) else "")
+
+    execution = "n/a (the tables carry no rows)" if metrics.get("ex_accuracy") is None else scored("ex")
+    lines = [f"Scores on {metrics['n']} {title}: logical form {scored('lf')}, execution {execution}"]
     if metrics.get("parse_rate") is not None:
         lines.append(f"  parsed as queries over their table: {metrics['parse_rate']:.1%}")
     parts = metrics.get("components") or {}

@@ -13,12 +13,16 @@ salesforce/WikiSQL), re-implemented here so that scores are comparable with the 
 Gold comes as the release's question files (``{"table_id", "question", "sql"}``) or as our records
 (which also carry the table); predictions as the official format (one ``{"query": ...}`` or
 ``{"error": ...}`` line per gold line) or as our ``predictions.jsonl`` (matched by ``id``).
+
+Each accuracy comes with its standard error (:func:`standard_error`): on 200 questions a score of 50 % is give or
+take 3.5 points, so a difference of five points between two models may be noise.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -228,15 +232,36 @@ def _within(query: dict, width: int) -> bool:
         return False
 
 
+def standard_error(accuracy: float | None, n: int) -> float | None:
+    """The standard error of an accuracy measured on ``n`` questions, ``sqrt(p (1 - p) / n)``: the spread of the
+    score over other draws of as many questions (two of them either side hold the true accuracy 95 times in 100).
+
+    Usage::
+
+        >>> round(standard_error(0.5, 200), 4)
+        0.0354
+
+    :returns: ``None`` where the accuracy is.
+    :rtype: float | None
+    """
+    if accuracy is None or not n:
+        return None
+    return math.sqrt(accuracy * (1 - accuracy) / n)
+
+
 def _summary(grades: list[Grade]) -> dict:
     n = len(grades)
     lf_correct = sum(grade.lf for grade in grades)
     executed = [grade.ex for grade in grades if grade.ex is not None]
     ex_correct = sum(executed) if executed else None
+    lf_accuracy = lf_correct / n if n else None
+    ex_accuracy = ex_correct / n if ex_correct is not None and n else None
     return {
         "n": n,
-        "lf_accuracy": lf_correct / n if n else None,
-        "ex_accuracy": ex_correct / n if ex_correct is not None and n else None,
+        "lf_accuracy": lf_accuracy,
+        "ex_accuracy": ex_accuracy,
+        "lf_standard_error": standard_error(lf_accuracy, n),
+        "ex_standard_error": standard_error(ex_accuracy, n),
         "lf_correct": lf_correct,
         "ex_correct": ex_correct,
         "errors": sum(grade.error is not None for grade in grades),
@@ -262,15 +287,18 @@ def format_report(report: dict) -> str:
     def percent(value: float | None) -> str:
         return "   n/a" if value is None else f"{100 * value:6.2f}"
 
+    def scored(row: dict, key: str) -> str:
+        """An accuracy and its standard error, in points: `` 52.50 ± 3.53``."""
+        error = row.get(f"{key}_standard_error")
+        return f"{percent(row[f'{key}_accuracy'])} {'' if error is None else f'± {100 * error:.2f}':>7}"
+
     lines = [
-        f"{'':14} {'n':>6} {'LF %':>6} {'EX %':>6}",
-        f"{'all':14} {report['n']:6d} {percent(report['lf_accuracy'])} {percent(report['ex_accuracy'])}",
+        f"{'':14} {'n':>6} {'LF % ± SE':>14} {'EX % ± SE':>14}",
+        f"{'all':14} {report['n']:6d} {scored(report, 'lf')} {scored(report, 'ex')}",
     ]
     for title, section in (("agg", "by_aggregation"), ("conds", "by_conditions")):
         for name, row in report[section].items():
-            lines.append(
-                f"{title + ' ' + name:14} {row['n']:6d} {percent(row['lf_accuracy'])} {percent(row['ex_accuracy'])}"
-            )
+            lines.append(f"{title + ' ' + name:14} {row['n']:6d} {scored(row, 'lf')} {scored(row, 'ex')}")
     if report.get("parse_rate") is not None:
         lines.append(
             f"{'parsed':14} {percent(report['parse_rate']).strip()}% of predictions are queries over their table"
