@@ -1,13 +1,14 @@
 """Synthetic WikiSQL questions over the sample's headers (textsql.data.synthetic): grammar, rows, splits."""
 
 import re
+from collections import Counter
 
 import pytest
 
 from textsql.constants import AGG_OPS, COND_OPS, SPLITS
 from textsql.data.prepare import prepare
 from textsql.data.sql import parse_sql, render_sql
-from textsql.data.synthetic import MAX_CONDITIONS, QUESTIONS, load_synthetic_split, split_headers
+from textsql.data.synthetic import MAX_CONDITIONS, QUESTIONS, TEST_HEADERS, load_synthetic_split, split_headers
 from textsql.data.wikisql import load_split
 from textsql.files import load_tables, prepared_tables_path
 from textsql.scoring.engine import TableEngine
@@ -32,7 +33,9 @@ def test_the_test_split_is_large_enough_to_trust():
     # About 1.5 points of standard error on 1,000 questions, over more tables than validation, none in training.
     headers = split_headers()
     test_headers = {tuple(header) for header, _ in headers["test"]}
-    assert QUESTIONS["test"] >= 1000 and len(test_headers) > len(headers["validation"])
+    assert QUESTIONS["test"] >= 1000 and len(test_headers) == TEST_HEADERS >= 60 > len(headers["validation"])
+    records, tables = load_synthetic_split("test")
+    assert len(tables) == TEST_HEADERS and min(Counter(record["table_id"] for record in records).values()) >= 13
     assert not test_headers & {tuple(header) for header, _ in headers["train"]}
     assert split_headers() == headers
 

@@ -44,9 +44,9 @@ from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, SAM
 @click.option(
     "--split",
     type=click.Choice(["train", "validation", "test"]),
-    default="validation",
+    default="test",
     show_default=True,
-    help="Split to answer.",
+    help="Split to answer (validation is what training evaluates).",
 )
 @click.option(
     "--predictions-file",

@@ -7,7 +7,8 @@ databases (GAZP, Zhong et al. 2020; WikiSQL itself started from template questio
 
 What the questions are:
 
-- held out: over real headers of the sample's train tables, with the sample's column types (``real`` where
+- held out: over real headers of the sample's tables (validation: its train tables'; test: those and its dev and
+  test tables'), with the sample's column types (``real`` where
   a real question compares or aggregates the column as a number, else ``text``); training: over
   :data:`TRAIN_TABLES` recombined headers whose column names are new sequences of the words of the sample's
   column names;
@@ -58,6 +59,8 @@ MAX_CONDITIONS = 4
 # training evaluates it repeatedly.
 QUESTIONS = {"train": 12000, "validation": 200, "test": 1000}
 VALIDATION_HEADERS = 15
+# The test split's tables (tests/test_synthetic.py checks it): enough that a score is not one table's habits.
+TEST_HEADERS = 72
 # Training tables, their column counts (WikiSQL's headers mostly have 4 to 8), and how many columns are numbers.
 TRAIN_TABLES = 3000
 TRAIN_COLUMNS = (4, 8)
@@ -135,8 +138,9 @@ def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str]
     """The ``(header, types)`` of the tables each split synthesises questions over.
 
     Validation takes :data:`VALIDATION_HEADERS` real headers and test all the other eligible ones (about two
-    dozen) from the sample's train tables, drawn from :data:`SEED`, with the sample's column types (``real``
-    where any sample table with that header says so).
+    dozen) from the sample's train tables and those of the sample's dev and test tables (:data:`TEST_HEADERS` in
+    all), drawn from :data:`SEED`, with the sample's column types (``real`` where any sample table with that header
+    says so).
     Training takes :data:`TRAIN_TABLES` recombined headers (:func:`_recombined_headers`): column names written
     from the words of the sample's column names, none of which (case-insensitively) is a held-out column name
     or a column name of the sample's dev and test tables, so held-out and real validation columns are unseen.
@@ -145,6 +149,7 @@ def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str]
     """
     types: dict[tuple[str, ...], list[str]] = {}
     unseen: set[str] = set()
+    real_held_out: set[tuple[str, ...]] = set()
     for split, stem in RELEASE_SPLIT_FILES.items():
         for table in load_tables(SAMPLE_DATA_DIR / f"{stem}{TABLES_SUFFIX}").values():
             header = tuple(table["header"])
@@ -152,16 +157,25 @@ def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str]
             types[header] = ["real" if "real" in pair else "text" for pair in zip(known, table["types"])]
             if split != "train":
                 unseen.update(name.lower() for name in header)
+                real_held_out.add(header)
     rng = random.Random(SEED)
-    # A query names a column by its name, so a header naming two columns alike cannot be asked about both.
+
+    def askable(header: tuple[str, ...]) -> bool:
+        # A query names a column by its name, so a header naming two columns alike cannot be asked about both.
+        return len({name.lower() for name in header}) == len(header)
+
     candidates = sorted(
-        header
-        for header in types
-        if len({name.lower() for name in header}) == len(header) and not {name.lower() for name in header} & unseen
+        header for header in types if askable(header) and not {name.lower() for name in header} & unseen
     )
-    # The sample holds only a few dozen such headers: validation takes VALIDATION_HEADERS, test all the others.
+    # The sample's train tables hold only a few dozen such headers: validation takes VALIDATION_HEADERS, test the
+    # others and the headers of the sample's dev and test tables, whose names training never has either (drawn
+    # apart, so training and validation stay as they were): over TEST_HEADERS tables, not one table's habits.
     chosen = rng.sample(candidates, len(candidates))
-    held_out = {"validation": chosen[:VALIDATION_HEADERS], "test": chosen[VALIDATION_HEADERS:]}
+    real = sorted(header for header in real_held_out if askable(header) and header not in chosen)
+    held_out = {
+        "validation": chosen[:VALIDATION_HEADERS],
+        "test": chosen[VALIDATION_HEADERS:] + random.Random(f"{SEED}-test-headers").sample(real, len(real)),
+    }
     unseen.update(name.lower() for headers in held_out.values() for header in headers for name in header)
     # Words, not fragments such as "(2008)" or "[e": names a question can say, as WikiSQL's columns mostly are.
     words = sorted(
