@@ -18,6 +18,7 @@ import pytest
 from textsql.arguments import train_argv
 from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_VAR
 from textsql.errors import LaunchError
+from textsql.files import master_dir, write_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.tracking_env import tracking_env, without_tracking
 from textsql.tracking.mlflow_runs import finish_tracking, load_tracking_env, log_evaluation, start_tracking
@@ -123,6 +124,33 @@ def test_inference_scores_join_the_training_run_and_a_tracking_failure_is_a_warn
     (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": "0" * 32}))  # a run this server does not know
     assert not log_evaluation(run_dir, "test", scores, metrics_file)
     assert "the scores were not logged to MLflow run" in caplog.text
+
+
+def test_inference_scores_go_to_the_run_the_master_kept_not_to_one_the_run_directory_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run directory is the workers' to write: a forged ``mlflow_run.json`` there sends no score elsewhere."""
+    from mlflow import MlflowClient
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    client = MlflowClient(tracking_uri)
+    experiment = client.create_experiment(EXPERIMENT, (tmp_path / "artifacts").as_uri())
+    trained, other = client.create_run(experiment), client.create_run(experiment)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    metrics_file = run_dir / "metrics.json"
+    metrics_file.write_text("{}")
+    write_json(master_dir(run_dir) / MLFLOW_RUN_NAME, {"run_id": trained.info.run_id, "output_dir": str(run_dir)})
+    (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": other.info.run_id}))
+    assert log_evaluation(run_dir, "test", {"lf_accuracy": 0.5}, metrics_file)
+    assert client.get_run(trained.info.run_id).data.metrics == {"test_lf_accuracy": 0.5}
+    assert client.get_run(other.info.run_id).data.metrics == {}
+    (master_dir(run_dir) / MLFLOW_RUN_NAME).unlink()  # `textsql train` without a launch: its rank's record
+    (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": "../../etc"}))
+    with caplog.at_level(logging.WARNING, logger="textsql.tracking.mlflow_runs"):
+        assert not log_evaluation(run_dir, "test", {"lf_accuracy": 0.5}, metrics_file)
+    assert "holds no MLflow run id" in caplog.text
 
 
 def logging_rank(output: Path) -> SimpleNamespace:

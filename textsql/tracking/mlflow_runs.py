@@ -35,6 +35,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 logger = logging.getLogger(__name__)
+# What MLflow names a run: 32 hex digits (a uuid4's).
+RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 # The run a launch hands the logging rank (textsql.tracking.launch_runs); MLflow's own variable.
 RUN_ID_VAR = "MLFLOW_RUN_ID"
@@ -228,13 +231,12 @@ def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metric
     :returns: whether they were logged.
     :rtype: bool
     """
-    record = run_dir / MLFLOW_RUN_NAME
-    if not record.is_file() or importlib.util.find_spec(MLFLOW) is None:
+    run_id = evaluated_run(run_dir)
+    if run_id is None or importlib.util.find_spec(MLFLOW) is None:
         return False
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    run_id = read_json(record)["run_id"]
     source = metrics_file.stem.removesuffix(Path(METRICS_NAME).stem).rstrip("_")
     prefix = f"{source}_{split}" if source else split
     scores = {f"{prefix}_{name}": value for name, value in metrics.items() if isinstance(value, int | float)}
@@ -249,6 +251,28 @@ def log_evaluation(run_dir: Path, split: str, metrics: Mapping[str, Any], metric
         )
         return False
     return True
+
+
+def evaluated_run(run_dir: Path) -> str | None:
+    """The MLflow run of the training in ``run_dir``: the one its launch kept on the master
+    (:func:`textsql.tracking.launch_runs.kept_run`, which no worker can write), else, for a ``textsql train`` run
+    without a launch, the id its logging rank wrote into the run directory, if it is an MLflow run id at all.
+
+    :rtype: str | None
+    """
+    from textsql.tracking.launch_runs import kept_run
+
+    kept = kept_run(run_dir)
+    if kept.get("output_dir") == str(run_dir.resolve()):
+        return str(kept["run_id"])
+    record = run_dir / MLFLOW_RUN_NAME
+    if not record.is_file():
+        return None
+    run_id = read_json(record).get("run_id")
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        logger.warning("%s holds no MLflow run id: the scores are not logged to MLflow", record)
+        return None
+    return run_id
 
 
 def _end_unfinished(mlflow: Any) -> None:
