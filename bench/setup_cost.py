@@ -5,7 +5,9 @@ The install runs ``python3 -m venv`` then ``pip install -r requirements.txt`` in
 this machine's pip settings (its index and wheel cache: a first install over a slow network takes longer). The
 demo runs as ``make demo`` runs it, from a scratch directory; its peak memory is the largest sum of the proportional
 set sizes of all its processes (master, kernels, worker pods, ranks), sampled, and its summary is kept whole
-(docs/getting-started.md shows it).
+(docs/getting-started.md shows it). Its scores are kept too (:func:`demo_scores`): what the demo's recipe learns in
+its step budget, beside its wall time, so a change to the data, model or schedule is measured the same way.
+``python -m bench setup-cost`` runs it too.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 import psutil
 
 from bench.machine import describe_machine, releases
-from textsql.files import write_json
+from textsql.constants import METRICS_NAME, PREDICTIONS_NAME, REAL_METRICS_NAME
+from textsql.files import read_json, write_json
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
@@ -90,6 +93,7 @@ def measure_demo(work: Path, steps: int | None) -> dict:
     return {
         "command": "textsql demo" + (f" -p max_steps={steps}" if steps else ""),
         "wall_s": round(time.monotonic() - started, 1),
+        "scores": demo_scores(work / "runs" / "demo"),
         "notebook_s": {name: float(seconds) for name, seconds in NOTEBOOK_TIME.findall(summary)},
         "peak_memory_gib": round(peak / GIB, 2),
         "peak_memory_sampled_every_s": SAMPLE_S,
@@ -97,11 +101,29 @@ def measure_demo(work: Path, steps: int | None) -> dict:
     }
 
 
-def main() -> None:
+def demo_scores(run_dir: Path) -> dict:
+    """The held-out synthetic scores of a demo's run directory, each accuracy with its standard error, and the real
+    questions' select accuracy beside its baseline (``metrics.json``, ``real_metrics.json``)."""
+
+    def scores(name: str) -> dict:
+        metrics = read_json(run_dir / name)
+        kept = ("n", "lf_accuracy", "lf_standard_error", "ex_accuracy", "ex_standard_error")
+        return {key: metrics.get(key) for key in kept} | {
+            "tables": len({line["table_id"] for line in map(json.loads, (run_dir / PREDICTIONS_NAME).open())})
+            if name == METRICS_NAME
+            else None,
+            "select": metrics["components"]["sel"],
+            "select_baseline": metrics["baseline"]["components"]["sel"],
+        }
+
+    return {"held_out_synthetic": scores(METRICS_NAME), "real": scores(REAL_METRICS_NAME)}
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="the demo's optimizer steps (default: its own)")
     parser.add_argument("--skip-install", action="store_true", help="keep the install figures already written")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="setup-cost-"))
     try:
         install = None if args.skip_install else measure_install(work)
@@ -122,7 +144,8 @@ def main() -> None:
     )
     SUMMARY.write_text(demo["summary"])
     print(RESULT.read_text())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
