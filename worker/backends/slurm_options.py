@@ -88,7 +88,8 @@ class SlurmOptions:
     constraint: str | None = None
     """Node features the workers need (``--constraint``, e.g. ``a100``)."""
     sbatch_flags: Sequence[str] = ()
-    """Further ``sbatch`` flags, each ``--flag=value`` from :data:`ALLOWED_SBATCH_FLAGS`."""
+    """Further ``sbatch`` flags, each ``--flag=value``: placement, accounting and memory only (the flags of
+    :data:`ALLOWED_SBATCH_FLAGS`, listed on the Slurm page); any other is refused in one line."""
     exclusive: bool = True
     """Each worker holds its node alone (``--exclusive``): two workers of a run must never share a node (one sshd
     port and one address per worker)."""
