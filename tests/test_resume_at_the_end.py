@@ -2,34 +2,17 @@
 were ended) trains no further step: it goes straight on to the final evaluation and writes the model."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.launch import textsql_train
 
 from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
 from textsql.training.checkpoints import newest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
-
-TEXTSQL = Path(sys.executable).with_name("textsql")
-
-
-def textsql_train(argv: list[str]) -> str:
-    result = subprocess.run(
-        [str(TEXTSQL), "--verbose", "train", *argv],
-        check=False,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
-    return result.stdout + result.stderr
 
 
 def test_a_checkpoint_at_max_steps_goes_straight_to_the_evaluation_and_the_model(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.checkpoints import complete_checkpoint
+from helpers.launch import textsql_train
 from helpers.paths import PROJECT_DIR
 
 from bench.seaweed import BUCKET, S3Server, s3_server
@@ -169,15 +170,7 @@ def test_textsql_train_uploads_each_checkpoint_and_the_model_to_a_local_store(
 
     uri = f"file://{tmp_path / 'store'}"
     train_args = tiny_run_argv(prepared_sample, tmp_path / "out", max_steps=2, eval_every=None, save_steps=1)
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "textsql"), "train", "--checkpoint-store", uri, *train_args],
-        check=False,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    textsql_train(["--checkpoint-store", uri, *train_args])
     store = open_store(uri)
     assert complete_steps(store) == [1, 2]
     assert (tmp_path / "store" / "model" / "config.json").is_file()

@@ -9,12 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from helpers.docs import shell_blocks
-from helpers.launch import textsql_launch
+from helpers.launch import SecretWatch, textsql_launch
 from helpers.paths import PROJECT_DIR
 
 from bench.seaweed import BUCKET, S3Server, s3_server
@@ -47,30 +46,11 @@ def workers(tmp_path_factory):
         yield cluster
 
 
-class CommandLines:
-    """Every process command line holding ``secret``, looked at every 0.2 s until stopped."""
-
-    def __init__(self, secret: str) -> None:
-        self.secret, self.holding, self.stop = secret.encode(), [], threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self.stop.wait(0.2):
-            for entry in Path("/proc").iterdir():
-                try:
-                    if self.secret in (entry / "cmdline").read_bytes():
-                        self.holding.append(entry.name)
-                except OSError:
-                    pass
-
-
 def launch_with_store(
     workers, s3: S3Server, data: Path, output: Path, uri: str, max_steps: int, **values: object
 ) -> subprocess.CompletedProcess:
     train_args = tiny_run_argv(data, output, max_steps=max_steps, eval_every=None, save_steps=2, **values)
-    watch = CommandLines(s3.secret_key)
-    watch.thread.start()
-    try:
+    with SecretWatch(s3.secret_key) as watch:
         result = subprocess.run(
             [*textsql_launch(workers.run_dir), "--checkpoint-store", uri, "--", *train_args],
             check=False,
@@ -80,9 +60,6 @@ def launch_with_store(
             text=True,
             timeout=600,
         )
-    finally:
-        watch.stop.set()
-        watch.thread.join()
     assert watch.holding == [], "the store's secret was on a command line"
     assert s3.secret_key not in result.stdout + result.stderr
     return result

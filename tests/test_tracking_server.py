@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.launch import tagged_processes, textsql_launch
+from helpers.launch import SecretWatch, tagged_processes, textsql_launch
 from helpers.paths import PROJECT_DIR
 
 from bench.tiny_run import tiny_run_argv
@@ -121,31 +120,6 @@ def mlflow_server(tmp_path: Path):
                 server.wait()
 
 
-class CommandLines:
-    """Every process command line that holds ``secret``, looked at every 0.2 s until stopped."""
-
-    def __init__(self, secret: str, private_file: Path) -> None:
-        self.secret, self.private_file = secret.encode(), private_file
-        self.holding: list[str] = []
-        self.private_file_modes: set[int] = set()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self.stop.wait(0.2):
-            for entry in Path("/proc").iterdir():
-                try:
-                    command = (entry / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                if self.secret in command:
-                    self.holding.append(command.replace(b"\0", b" ").decode(errors="replace"))
-            try:
-                self.private_file_modes.add(stat.S_IMODE(self.private_file.stat().st_mode))
-            except FileNotFoundError:
-                pass
-
-
 @pytest.mark.slow
 def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_log_or_file(
     two_local_workers, prepared_sample: Path, mlflow_server: int, tmp_path: Path
@@ -171,21 +145,18 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
         "MLFLOW_TRACKING_TOKEN": token,
         "OMP_NUM_THREADS": "1",
     }
-    watch = CommandLines(token, out / TRACKING_ENV_NAME)
-    watch.thread.start()
     try:
-        result = subprocess.run(
-            [*textsql_launch(run_dir), "--", *train_args],
-            check=False,
-            env=environ,
-            cwd=PROJECT_DIR,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        with SecretWatch(token, out / TRACKING_ENV_NAME) as watch:
+            result = subprocess.run(
+                [*textsql_launch(run_dir), "--", *train_args],
+                check=False,
+                env=environ,
+                cwd=PROJECT_DIR,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
     finally:
-        watch.stop.set()
-        watch.thread.join()
         proxy.shutdown()
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
