@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One command for a lent GPU machine, run from the repository root:
+# One command for a GPU machine without network, run from the repository root of a copy of the tree:
 #
-#   bash bench/device.sh OUT_DIR            (the device tool: command "bash bench/device.sh $OUT", carry ["bench/wheels"])
+#   bash bench/device.sh OUT_DIR            (install from the copied bench/wheels, measure, write into OUT_DIR)
 #   bash bench/device.sh --dry-run OUT_DIR  (check and say what would be installed; install and run nothing)
 #
 # Prints the Python, torch, CUDA and the GPU; installs only what the machine lacks of bench/gpu-requirements.txt,
 # only from the wheels in bench/wheels/ (make gpu-wheels, on a connected machine), keeping the machine's own torch;
 # then runs `python -m bench gpu-quick` (about 3-4 minutes on one H100), its JSON (gpu_quick.json), its log, the
 # ranks' logs (OUT_DIR/logs, kept even when an arm fails) and this script's output into OUT_DIR. Everything is sized
-# for one 8-minute call: gpu-quick gets what is left of BUDGET_S (460 s) after the install, gpu_quick.json is written
+# for an 8-minute session: gpu-quick gets what is left of BUDGET_S (460 s) after the install, gpu_quick.json is written
 # after each arm, so a run cut short keeps the old recipe's figures, and the time spent against BUDGET_S is printed
 # after the install, after each arm and at the end, however the script ends.
 #
@@ -59,7 +59,7 @@ fi
 
 deepspeed_pin=$(grep -E '^deepspeed==' "$requirements" | cut -d= -f3)
 compgen -G "$wheels/deepspeed-$deepspeed_pin.tar.gz" >/dev/null \
-    || fail "no wheels in $wheels (deepspeed-$deepspeed_pin.tar.gz missing): run \`make gpu-wheels\` on a connected machine, and pass carry [\"$wheels\"] to the device tool"
+    || fail "no wheels in $wheels (deepspeed-$deepspeed_pin.tar.gz missing): run \`make gpu-wheels\` on a connected machine and copy $wheels here with the tree"
 
 # --no-index: nothing but the carried files; pip keeps what already satisfies a pin (the machine's torch included:
 # no torch is carried, so pip can never replace it). DeepSpeed is an sdist, built without its ops against that torch.

@@ -66,8 +66,8 @@ RESULT_NAME = "gpu_quick.json"
 GIB = 1024**3
 ARMS = ("old_recipe", "defaults")
 LOGS = "logs"
-# The end of each log that comes back: a rank's traceback and a compile error's last lines are at the end, and the
-# device tool brings back a bounded amount.
+# The end of each log that comes back: a rank's traceback and a compile error's last lines are at the end, and what
+# comes back from a GPU machine without network is often bounded in size.
 LOG_TAIL_BYTES = 1024**2
 
 
