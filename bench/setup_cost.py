@@ -28,7 +28,7 @@ import psutil
 
 from bench.machine import describe_machine, releases
 from textsql.constants import METRICS_NAME, PREDICTIONS_NAME, REAL_METRICS_NAME
-from textsql.files import read_json, write_json
+from textsql.files import read_json, read_jsonl, write_json
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent
@@ -109,7 +109,7 @@ def demo_scores(run_dir: Path) -> dict:
         metrics = read_json(run_dir / name)
         kept = ("n", "lf_accuracy", "lf_standard_error", "ex_accuracy", "ex_standard_error")
         return {key: metrics.get(key) for key in kept} | {
-            "tables": len({line["table_id"] for line in map(json.loads, (run_dir / PREDICTIONS_NAME).open())})
+            "tables": len({line["table_id"] for line in read_jsonl(run_dir / PREDICTIONS_NAME)})
             if name == METRICS_NAME
             else None,
             "select": metrics["components"]["sel"],

@@ -53,6 +53,7 @@ from textsql.constants import (
 from textsql.errors import LaunchError
 from textsql.files import read_json, write_json
 from textsql.sanitize import mask_credentials
+from textsql.tracking.launch_runs import kept_run
 from worker.files import UnsafeRead, read_bounded
 
 if TYPE_CHECKING:
@@ -260,8 +261,6 @@ def evaluated_run(run_dir: Path) -> str | None:
 
     :rtype: str | None
     """
-    from textsql.tracking.launch_runs import kept_run
-
     kept = kept_run(run_dir)
     if kept.get("output_dir") == str(run_dir.resolve()):
         return str(kept["run_id"])
