@@ -147,10 +147,12 @@ def test_inference_scores_go_to_the_run_the_master_kept_not_to_one_the_run_direc
     assert client.get_run(trained.info.run_id).data.metrics == {"test_lf_accuracy": 0.5}
     assert client.get_run(other.info.run_id).data.metrics == {}
     (master_dir(run_dir) / MLFLOW_RUN_NAME).unlink()  # `textsql train` without a launch: its rank's record
-    (run_dir / MLFLOW_RUN_NAME).write_text(json.dumps({"run_id": "../../etc"}))
-    with caplog.at_level(logging.WARNING, logger="textsql.tracking.mlflow_runs"):
-        assert not log_evaluation(run_dir, "test", {"lf_accuracy": 0.5}, metrics_file)
-    assert "holds no MLflow run id" in caplog.text
+    for forged in (json.dumps({"run_id": "../../etc"}), "[1]", "not json"):
+        (run_dir / MLFLOW_RUN_NAME).write_text(forged)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="textsql.tracking.mlflow_runs"):
+            assert not log_evaluation(run_dir, "test", {"lf_accuracy": 0.5}, metrics_file)
+        assert "holds no MLflow run id" in caplog.text, forged
 
 
 def logging_rank(output: Path) -> SimpleNamespace:

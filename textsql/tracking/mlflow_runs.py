@@ -50,7 +50,7 @@ from textsql.constants import (
     TRACKING_ENV_VAR,
     TRACKING_PREFIX,
 )
-from textsql.errors import LaunchError
+from textsql.errors import DataError, LaunchError
 from textsql.files import read_json, write_json
 from textsql.sanitize import mask_credentials
 from textsql.tracking.launch_runs import kept_run
@@ -267,7 +267,11 @@ def evaluated_run(run_dir: Path) -> str | None:
     record = run_dir / MLFLOW_RUN_NAME
     if not record.is_file():
         return None
-    run_id = read_json(record).get("run_id")
+    try:
+        recorded = read_json(record)
+    except DataError:  # a link, an oversized file, not JSON: said below like any record holding no run id
+        recorded = None
+    run_id = recorded.get("run_id") if isinstance(recorded, dict) else None
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         logger.warning("%s holds no MLflow run id: the scores are not logged to MLflow", record)
         return None
