@@ -19,6 +19,7 @@ import torch
 from bench.tiny_run import tiny_run_argv
 from textsql.display.tensorboard import read_scalars
 from textsql.training.profiles import available_profiles, get_profile
+from textsql.training.shared_buffer import BUFFER_PREFIX, SHARED_MEMORY_DIR
 from worker.network import free_port
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def prepared_data(tmp_path_factory) -> Path:
     return out
 
 
-def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.CompletedProcess:
+def launch(data: Path, output: Path, profile: str, *flags: str, master_port: int = 0) -> subprocess.CompletedProcess:
     """`deepspeed --num_gpus 2 --module textsql.training.train ...` on this machine, no ssh (the CPU
     accelerator counts one device; --num_gpus sets the ranks per host)."""
     command = [
@@ -48,7 +49,7 @@ def launch(data: Path, output: Path, profile: str, *flags: str) -> subprocess.Co
         "--num_gpus",
         str(RANKS),
         "--master_port",
-        str(free_port()),
+        str(master_port or free_port()),
         "--module",
         "textsql.training.train",
         *tiny_run_argv(
@@ -79,7 +80,12 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     output = tmp_path / "run"
     output.mkdir()
     (output / "notes.txt").write_text("not the trainer's")
-    result = launch(prepared_data, output, profile)
+    master_port = free_port()
+    result = launch(prepared_data, output, profile, master_port=master_port)
+    # Both ranks on one machine: DeepSpeed's CPU op gave each an all-reduce buffer in /dev/shm, which it never
+    # removes; the ranks removed the names once mapped, so the run's memory went with its processes.
+    assert "deepspeed_shm_comm_op built successfully" in result.stdout
+    assert sorted(SHARED_MEMORY_DIR.glob(f"{BUFFER_PREFIX}_*_{master_port}_*")) == []
 
     summary = json.loads((output / "run.json").read_text())
     # auto: the small T5 fits unsharded in each CPU rank's share of host memory, so the cheapest stage.

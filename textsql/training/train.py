@@ -47,6 +47,7 @@ from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.output_dir import export_model, prepare_output_dir, resume_checkpoint
 from textsql.training.progress import announce_op_build, announce_run, pace_record, use_step_lines
 from textsql.training.schedule import TimedSchedule
+from textsql.training.shared_buffer import release_allreduce_buffer
 from textsql.training.trainer import GrammarSeq2SeqTrainer, ResumableTrainer
 from textsql.training.universal import load_universal
 from worker.network import free_port
@@ -244,6 +245,7 @@ def init_distributed(timeout: timedelta) -> None:
     share_cpu_threads(int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     announce_op_build()
     PartialState(backend=backend, timeout=timeout)
+    release_allreduce_buffer()
 
 
 def load_prepared(data_args: DataArguments) -> datasets.DatasetDict:
