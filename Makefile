@@ -31,6 +31,10 @@ $(DEV_STAMP): requirements-dev.txt requirements-store.txt $(STAMP)
 demo: setup
 	$(BIN)/textsql demo --run-dir runs/demo
 
+# The tests build DeepSpeed's CPU ops into this checkout's own cache: a build interrupted elsewhere (its lock left
+# behind) or another checkout's paths (a rebuild each time the two alternate) never reach a test run.
+test test-fast: export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
+
 test: setup-dev
 	$(BIN)/python -m pytest
 
