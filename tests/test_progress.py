@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from textsql.rank_lines import STAGE_PREFIX
-from textsql.training.progress import SHM_OP_NAME, op_built, tick_while_building
+from textsql.training.progress import SHM_OP_NAME, announce_op_build, op_built, tick_while_building
 
 
 def test_a_compiling_op_is_reported_every_interval_until_it_is_in_the_cache(tmp_path, capsys):
@@ -28,6 +28,27 @@ def test_a_compiling_op_is_reported_every_interval_until_it_is_in_the_cache(tmp_
     assert op_built(tmp_path)
     ticks.join(timeout=30)
     assert not ticks.is_alive(), "the lines stop once the op is built"
+
+
+@pytest.mark.parametrize("locked", [True, False])
+def test_a_build_lock_already_in_the_cache_is_named_with_how_to_clear_it(locked, tmp_path, monkeypatch, capsys):
+    import torch
+
+    built = tmp_path / "py311_cpu" / SHM_OP_NAME / f"{SHM_OP_NAME}.so"
+    built.parent.mkdir(parents=True)
+    built.touch()  # built for another checkout's paths: torch rebuilds it, and waits on the lock first
+    if locked:  # what a compile killed midway leaves: torch waits for it to go, forever
+        (built.parent / "lock").touch()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    announce_op_build()
+    lines = capsys.readouterr().out.splitlines()
+    if locked:
+        assert len(lines) == 1 and lines[0].startswith(f"{STAGE_PREFIX}waiting on {built.parent / 'lock'}: ")
+        assert "delete the file" in lines[0] and "killed" in lines[0]
+    else:
+        assert lines == []
 
 
 def test_the_heartbeat_reports_steps_evaluations_and_saves_until_training_ends(capsys):

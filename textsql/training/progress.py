@@ -38,6 +38,11 @@ OP_BUILD_NOTICE = (
     STAGE_PREFIX + "compiling DeepSpeed's shared-memory communication op for CPU (once per machine, about "
     "2 min; cached in {root})"
 )
+# torch's build lock: while it exists every rank on the machine waits, and a compile killed midway never removes it.
+OP_LOCK_NOTICE = (
+    STAGE_PREFIX + "waiting on {lock}: another training on this machine is compiling DeepSpeed's CPU op, or a "
+    "compile was killed and left it (nothing then ends the wait: if no cc1plus runs, delete the file)"
+)
 
 
 # Seconds between the lines that say the op is still compiling (the demo must never look stuck).
@@ -227,7 +232,7 @@ def announce_op_build() -> None:
     """Say what the coming silence is before DeepSpeed compiles its CPU op, once per machine.
 
     Only the first rank of each host speaks (the others wait on the same build); nothing is said where a
-    GPU is used or the op is already in the extensions cache.
+    GPU is used or the op is already in the extensions cache, unless the cache's build lock is there already.
     """
     import torch
     from torch.utils.cpp_extension import get_default_build_root
@@ -235,6 +240,8 @@ def announce_op_build() -> None:
     if os.environ.get("LOCAL_RANK", "0") != "0" or torch.cuda.is_available():
         return
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    for lock in root.glob(f"**/{SHM_OP_NAME}/lock"):
+        print(OP_LOCK_NOTICE.format(lock=lock), flush=True)
     if not op_built(root):
         print(OP_BUILD_NOTICE.format(root=root), flush=True)
         # The build prints nothing for minutes: a line every few seconds says it is still going.
