@@ -103,7 +103,7 @@ def test_a_killed_training_without_a_complete_checkpoint_starts_over_as_the_same
     steps = continuation_steps(manifest, chosen)
     assert actions(steps) == ["skip", "relaunch", "run"]
     assert steps[TRAIN].extra == {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
-    assert steps[TRAIN].reason.endswith(": no complete checkpoint, starting again from step 0")
+    assert steps[TRAIN].reason.endswith(": no complete checkpoint here, starting again from step 0")
     changed = {**chosen, TRAIN: {**chosen[TRAIN], "max_steps": 8}}
     assert continuation_steps(manifest, changed)[TRAIN].extra == {
         "resume_from_checkpoint": None,
@@ -111,6 +111,31 @@ def test_a_killed_training_without_a_complete_checkpoint_starts_over_as_the_same
     }
     prepared_again = {**chosen, PREPARE: {**chosen[PREPARE], "limit": 48}}
     assert continuation_steps(manifest, prepared_again)[TRAIN].extra["overwrite_output_dir"] is True
+
+
+def test_a_continuation_whose_run_directory_is_lost_resumes_from_its_checkpoint_store_instead_of_deleting_it(tmp_path):
+    """A new pod, volume or project: no record and no checkpoint here, the store holds the training. A fresh run
+    (overwrite_output_dir) would delete the store's checkpoints; the continuation resumes from them instead."""
+    stored = demo_parameters(tmp_path)
+    stored[TRAIN]["checkpoint_store"] = "s3://bucket/runs/demo"
+    steps = continuation_steps(Manifest.load(tmp_path), stored)
+    assert actions(steps) == ["run", "relaunch", "run"]
+    assert steps[TRAIN].extra == {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
+    assert steps[TRAIN].reason == (
+        "no record of an earlier run: resuming from the newest complete checkpoint in its checkpoint store, else from step 0"
+    )
+    assert "s3://" not in steps[TRAIN].reason, "a store URI is the user's to show, not the plan's"
+    # Asked to start over, or without a store, the training runs fresh as before.
+    replaced = {**stored, TRAIN: {**stored[TRAIN], "overwrite_output_dir": True}}
+    assert actions(continuation_steps(Manifest.load(tmp_path), replaced)) == ["run", "run", "run"]
+    assert actions(continuation_steps(Manifest.load(tmp_path), demo_parameters(tmp_path))) == ["run", "run", "run"]
+    # A killed training whose checkpoints only the store kept is said to resume from there, not from step 0.
+    manifest = Manifest(tmp_path)
+    record(manifest, stored, PREPARE)
+    record(manifest, stored, TRAIN, completed=False)
+    assert continuation_steps(manifest, stored)[TRAIN].reason.endswith(
+        "no complete checkpoint here, resuming from the newest complete checkpoint in its checkpoint store, else from step 0"
+    )
 
 
 def test_a_job_whose_earlier_notebook_ran_again_runs_again(tmp_path):

@@ -356,16 +356,27 @@ def _training_step(
 ) -> Step:
     record = manifest.records.get(TRAIN)
     checkpoint = newest_complete_checkpoint(notebook_relative(parameters["run_dir"]))
+    relaunch = {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
+    from_store = "resuming from the newest complete checkpoint in its checkpoint store, else from step 0"
+    if (
+        record is None
+        and checkpoint is None
+        and parameters.get("checkpoint_store")
+        and not parameters["overwrite_output_dir"]
+    ):
+        # The run directory is lost (a new pod, volume or project): the store holds what is left of the training,
+        # which a fresh run (overwrite_output_dir) would delete.
+        return Step("relaunch", f"{reason}: {from_store}", relaunch)
     if record is None or record["status"] == COMPLETED or parameters["overwrite_output_dir"]:
         return Step("run", reason, FRESH_PARAMETERS[TRAIN])
-    relaunch = {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
     if checkpoint is None:
         # The same training starts over from step 0, in the same MLflow run (textsql.tracking.launch_runs), unless
         # it is another training now: its dataset prepared again, or a parameter of its changed.
         prepared_since = record["inputs"].get(PREPARE) != manifest.records.get(PREPARE, {}).get("run")
         if data_again or prepared_since or changed_parameters(TRAIN, record["parameters"], parameters):
             return Step("run", reason, FRESH_PARAMETERS[TRAIN])
-        return Step("relaunch", f"{reason}: no complete checkpoint, starting again from step 0", relaunch)
+        restart = from_store if parameters.get("checkpoint_store") else "starting again from step 0"
+        return Step("relaunch", f"{reason}: no complete checkpoint here, {restart}", relaunch)
     changes = _pinned_changes(manifest, chosen, Path(checkpoint))
     if changes:
         raise NotebookError(
