@@ -229,6 +229,27 @@ def test_a_checkpoint_rotated_away_during_its_upload_is_skipped_and_the_next_upl
     assert [entry["name"] for entry in uploads.record["checkpoints"]] == [newer.name]
 
 
+def test_each_upload_is_a_line_the_demos_terminal_shows_between_its_bar_redraws(tmp_path: Path, capsys) -> None:
+    import io
+
+    from textsql.display.terminal import StageView
+    from textsql.store.uploads import StoreUploads
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    fake_checkpoint(tmp_path / "run", 2, shard_bytes=300_000)
+    with StoreUploads(store, tmp_path / "run", poll_s=0.05) as uploads:
+        uploads.finish()
+    printed = capsys.readouterr().out
+    terminal = io.StringIO()
+    view = StageView(total=3, stream=terminal, live=False, tick_s=None)
+    with view.stage("02_train_distributed"):
+        view.feed(printed)
+    shown = [line.strip() for line in terminal.getvalue().splitlines() if "checkpoint store" in line]
+    assert len(shown) == 1 and shown[0].startswith(
+        f"checkpoint store: checkpoint-2 uploaded to {store.uri} (0.3 MB in "
+    )
+
+
 def test_a_store_holding_a_previous_run_is_refused_unless_resumed_or_overwritten(tmp_path: Path) -> None:
     from textsql.store.uploads import store_uploads
 

@@ -31,6 +31,7 @@ from typing import Self
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.errors import StoreError
 from textsql.files import read_json, write_json
+from textsql.rank_lines import STAGE_PREFIX
 from textsql.store.location import Store, check_store, open_store, refusal
 from textsql.store.sync import (
     apply_retention,
@@ -150,12 +151,11 @@ class StoreUploads:
             self.record["checkpoints"].append(
                 {"name": checkpoint.name, "bytes": copied, "seconds": seconds, "waited_s": round(waited, 3)}
             )
-            logger.warning(
-                "checkpoint store: %s uploaded to %s (%.1f MB in %.1f s)",
-                checkpoint.name,
-                self.store.uri,
-                copied / 1e6,
-                seconds,
+            # A stage line: the demo's terminal shows it between its step bar's redraws, as it does the ranks' own.
+            print(
+                f"{STAGE_PREFIX}checkpoint store: {checkpoint.name} uploaded to {self.store.uri} "
+                f"({copied / 1e6:.1f} MB in {seconds:.1f} s)",
+                flush=True,
             )
             try:
                 apply_retention(self.store, self.keep)
