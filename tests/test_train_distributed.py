@@ -2,8 +2,8 @@
 
 Each run is as small as it can be while still real (a 48-question slice of the shipped WikiSQL
 sample, 8 steps, 2 ranks of one thread). zero3_offload builds DeepSpeed's CPU Adam once into
-the extensions cache (about a minute; `make test` keeps one per checkout) and reuses it afterwards, so the environment's
-TORCH_EXTENSIONS_DIR is passed through untouched.
+the extensions cache (about a minute; `make test` keeps one per checkout) and reuses it afterwards,
+so the environment's TORCH_EXTENSIONS_DIR is passed through untouched.
 """
 
 import json

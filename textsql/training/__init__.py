@@ -10,6 +10,7 @@ training time, ``loss`` the loss, ``clipping`` gradient clipping on the reduced 
 ``throughput`` the questions and tokens that ran; ``checkpoints`` says which checkpoints can be resumed and
 ``mark_complete`` marks each one once every rank saved it; ``universal`` converts one to another world size;
 ``output_dir`` refuses or clears a previous run's directory, picks the checkpoint to resume and writes ``model/``;
-``collective`` times the first collectives and ``shared_buffer`` frees the CPU all-reduce's shared memory; ``events`` and ``progress`` are what a run writes to TensorBoard and
-prints, ``time_left`` its estimate of the time to the last step.
+``collective`` times the first collectives and ``shared_buffer`` frees the CPU all-reduce's shared memory;
+``events`` and ``progress`` are what a run writes to TensorBoard and prints, ``time_left`` its estimate of the
+time to the last step.
 """
