@@ -50,7 +50,7 @@ def test_a_model_with_weights_gets_the_pretrained_recipe_and_one_from_its_config
     assert (recipe["name"], training["learning_rate"], training["lr_scheduler_type"], training["warmup_steps"]) == (
         FROM_CONFIG_RECIPE.name,
         1e-3,
-        "constant",
+        "warmup_stable_decay",
         0,
     )
 
@@ -222,3 +222,30 @@ def test_a_model_from_its_config_batched_to_a_token_budget_warms_up():
         0.06,
     )
     assert recipe["overridden"] == [] and parsed(profile="zero0")[0]["name"] == FROM_CONFIG_RECIPE.name
+
+
+@pytest.mark.parametrize("given", [{}, {"num_decay_steps": 5}])
+def test_the_demos_rate_is_held_then_decays_to_zero_over_the_last_fifth_unless_told(tmp_path, given):
+    from transformers import Seq2SeqTrainingArguments
+
+    from textsql.training.trainer import ResumableTrainer
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=10,
+        learning_rate=1e-3,
+        lr_scheduler_type=FROM_CONFIG_RECIPE.schedule,
+        lr_scheduler_kwargs=given,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = ResumableTrainer(model=load_model(), args=args)
+    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    rates = []
+    for _ in range(10):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    decay = given.get("num_decay_steps", 2)  # a fifth of 10
+    assert rates[: 10 - decay] == [pytest.approx(1e-3)] * (10 - decay)
+    assert rates[10 - decay :] == sorted(rates[10 - decay :], reverse=True) and rates[-1] < 1e-3

@@ -8,9 +8,18 @@ import pytest
 from textsql.constants import AGG_OPS, COND_OPS, SPLITS
 from textsql.data.prepare import prepare
 from textsql.data.sql import parse_sql, render_sql
-from textsql.data.synthetic import MAX_CONDITIONS, QUESTIONS, TEST_HEADERS, load_synthetic_split, split_headers
+from textsql.data.synthetic import (
+    FULL,
+    MAX_CONDITIONS,
+    QUESTIONS,
+    TEST_HEADERS,
+    Synthesis,
+    load_synthetic_split,
+    split_headers,
+)
 from textsql.data.wikisql import load_split
 from textsql.files import load_tables, prepared_tables_path
+from textsql.pipeline.parameters import declared_defaults
 from textsql.scoring.engine import TableEngine
 from textsql.scoring.evaluate import evaluate
 
@@ -57,7 +66,7 @@ def test_held_out_tables_share_no_column_name_with_training(synthetic):
 
 def test_queries_follow_wikisql_grammar_and_fit_column_types(synthetic):
     for split, (records, tables) in synthetic.items():
-        assert len(records) == QUESTIONS[split] and len({record["question"] for record in records}) > 0.95 * len(
+        assert len(records) == FULL.questions(split) and len({record["question"] for record in records}) > 0.95 * len(
             records
         )
         for record in records:
@@ -94,6 +103,28 @@ def test_questions_vary_in_their_words_not_only_their_names(synthetic):
     aggregations = {record["sql"]["agg"] for record in records}
     counts = {len(record["sql"]["conds"]) for record in records}
     assert len(openings) > 30 and aggregations == set(range(len(AGG_OPS))) and counts == set(range(MAX_CONDITIONS + 1))
+
+
+def test_training_asks_for_long_where_clauses_more_often_and_held_out_splits_keep_wikisqls_mix(synthetic):
+    # A model that rarely sees three or four conditions learns to write only the first and the last of them.
+    def long_share(split):
+        records, _ = synthetic[split]
+        return sum(len(record["sql"]["conds"]) >= 3 for record in records) / len(records)
+
+    assert long_share("train") > 2 * long_share("test") and long_share("test") < 0.15
+    # Training's mix is its own: the held-out questions every score is measured on stay as they are.
+    only_one_condition = Synthesis(training_condition_weights=(0, 1, 0, 0, 0))
+    assert load_synthetic_split("test", synthesis=only_one_condition) == synthetic["test"]
+    assert {len(record["sql"]["conds"]) for record in load_synthetic_split("train", 50, only_one_condition)[0]} == {1}
+
+
+def test_the_demos_training_never_sees_a_question_twice(synthetic):
+    # Questions are a stream the demo's steps consume once, not a set it learns by heart.
+    training = declared_defaults("02_train_distributed")
+    ranks = training["workers"] * max(1, training["worker_gpus"])  # one rank a worker on CPUs
+    consumed = training["max_steps"] * training["per_device_train_batch_size"] * ranks
+    records, _ = synthetic["train"]
+    assert len(records) >= consumed and len({record["question"] for record in records}) > 0.99 * len(records)
 
 
 def test_mixed_source_holds_both_with_distinct_ids():

@@ -54,36 +54,50 @@ logger = logging.getLogger(__name__)
 
 SEED = 28
 MAX_CONDITIONS = 4
-# Questions per split and how many distinct headers validation uses: the test split is large enough
+# Held-out questions per split and how many distinct headers validation uses: the test split is large enough
 # that a score's standard error is about 1.5 points (sqrt(0.5 * 0.5 / 1000)); validation stays small because
 # training evaluates it repeatedly.
-QUESTIONS = {"train": 12000, "validation": 200, "test": 1000}
+QUESTIONS = {"validation": 200, "test": 1000}
 VALIDATION_HEADERS = 15
 # The test split's tables (tests/test_synthetic.py checks it): enough that a score is not one table's habits.
 TEST_HEADERS = 72
-# Training tables, their column counts (WikiSQL's headers mostly have 4 to 8), and how many columns are numbers.
-TRAIN_TABLES = 3000
+# Training questions and tables: as many questions as the demo's 2,000 steps of 2 x 16 consume, so none is seen
+# twice (a model that sees each of 12,000 five times learns them by heart), four to a table.
+TRAIN_QUESTIONS = 64000
+TRAIN_TABLES = 16000
+# Training tables' column counts (WikiSQL's headers mostly have 4 to 8), and how many columns are numbers.
 TRAIN_COLUMNS = (4, 8)
 REAL_SHARE = 0.35
 ROWS_PER_TABLE = 12
-# How often a query has 0..4 conditions (WikiSQL: almost all have one or two).
+# How often a held-out query has 0..4 conditions (WikiSQL: almost all have one or two), and a training one: more
+# often three or four, since a model that rarely sees a long WHERE clause learns to stop after two conditions
+# (docs/explanation/training-defaults.md).
 CONDITION_WEIGHTS = (2, 60, 28, 7, 3)
+TRAINING_CONDITION_WEIGHTS = (2, 35, 33, 20, 10)
 
 
 @dataclass(frozen=True)
 class Synthesis:
-    """One synthetic source: its name (the records' id prefix), its training tables' column counts, and how
-    often a query has 0..4 conditions."""
+    """One synthetic source: its name (the records' id prefix), its training questions and tables, their column
+    counts, and how often a held-out query and a training one have 0..4 conditions."""
 
     name: str = "synthetic"
+    training_questions: int = TRAIN_QUESTIONS
+    training_tables: int = TRAIN_TABLES
     columns: tuple[int, int] = TRAIN_COLUMNS
     condition_weights: tuple[int, ...] = CONDITION_WEIGHTS
+    training_condition_weights: tuple[int, ...] = TRAINING_CONDITION_WEIGHTS
+
+    def questions(self, split: str) -> int:
+        """How many questions ``split`` holds."""
+        return self.training_questions if split == "train" else QUESTIONS[split]
 
 
 FULL = Synthesis()
-# The learning check's source (``synthetic-select``): four-column training tables and no conditions, so a
-# model from random weights learns within minutes to copy the column a question names; held out as FULL's.
-SELECT_ONLY = Synthesis("synthetic-select", (4, 4), (1, 0, 0, 0, 0))
+# The learning check's source (``synthetic-select``): 12,000 questions without conditions over 3,000 four-column
+# training tables, so a model from random weights learns within minutes to copy the column a question names
+# (docs/explanation/learning-check.md calibrated it so); held out as FULL's.
+SELECT_ONLY = Synthesis("synthetic-select", 12000, 3000, (4, 4), (1, 0, 0, 0, 0), (1, 0, 0, 0, 0))
 
 _AGG = {name: index for index, name in enumerate(AGG_OPS)}
 _OP = {name: index for index, name in enumerate(COND_OPS)}
@@ -114,11 +128,12 @@ def load_synthetic_split(
         table_id = f"{synthesis.name}-{split}-{number}"
         tables[table_id] = _table(table_id, header, types, rng)
     table_list = list(tables.values())
-    count = QUESTIONS[split] if limit is None else min(limit, QUESTIONS[split])
+    count = synthesis.questions(split) if limit is None else min(limit, synthesis.questions(split))
+    weights = synthesis.training_condition_weights if split == "train" else synthesis.condition_weights
     records = []
     for index in range(count):
         table = table_list[index % len(table_list)]
-        question, sql = _question(table, rng, synthesis.condition_weights)
+        question, sql = _question(table, rng, weights)
         records.append(
             {
                 "id": f"{synthesis.name}-{split}-{index}",
@@ -141,9 +156,9 @@ def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str]
     dozen) from the sample's train tables and those of the sample's dev and test tables (:data:`TEST_HEADERS` in
     all), drawn from :data:`SEED`, with the sample's column types (``real`` where any sample table with that header
     says so).
-    Training takes :data:`TRAIN_TABLES` recombined headers (:func:`_recombined_headers`): column names written
-    from the words of the sample's column names, none of which (case-insensitively) is a held-out column name
-    or a column name of the sample's dev and test tables, so held-out and real validation columns are unseen.
+    Training takes the source's ``training_tables`` recombined headers (:func:`_recombined_headers`): column names
+    written from the words of the sample's column names, none of which (case-insensitively) is a held-out column
+    name or a column name of the sample's dev and test tables, so held-out and real validation columns are unseen.
 
     :rtype: dict[str, list[tuple[list[str], list[str]]]]
     """
@@ -182,21 +197,21 @@ def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str]
         {word for header in types for name in header for word in name.split() if word.isalpha() and len(word) > 1}
     )
     return {
-        "train": _recombined_headers(words, unseen, rng, synthesis.columns),
+        "train": _recombined_headers(words, unseen, rng, synthesis.training_tables, synthesis.columns),
         **{split: [(list(header), types[header]) for header in headers] for split, headers in held_out.items()},
     }
 
 
 def _recombined_headers(
-    words: list[str], unseen: set[str], rng: random.Random, column_counts: tuple[int, int]
+    words: list[str], unseen: set[str], rng: random.Random, tables: int, column_counts: tuple[int, int]
 ) -> list[tuple[list[str], list[str]]]:
-    """:data:`TRAIN_TABLES` headers of new column names, each a few of ``words`` in a row, none in ``unseen``.
+    """``tables`` headers of new column names, each a few of ``words`` in a row, none in ``unseen``.
 
     Far more column names than a small model can memorise, written from the same words as real headers: the
     model learns to copy the name a question mentions rather than to recall the names of the tables it saw.
     """
     headers: list[tuple[list[str], list[str]]] = []
-    while len(headers) < TRAIN_TABLES:
+    while len(headers) < tables:
         names: list[str] = []
         taken = set(unseen)
         columns = rng.randint(*column_counts)

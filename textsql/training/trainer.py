@@ -3,7 +3,8 @@ training, with generation constrained to the WikiSQL grammar.
 
 :class:`ResumableTrainer` is the token-budget trainer that resumes from a checkpoint already at ``max_steps`` (the
 last one a killed run's ranks wrote) without training a step past it: the checkpoint loaded goes straight on to the
-final evaluation and the model.
+final evaluation and the model. Its ``warmup_stable_decay`` schedule (the from-scratch recipe's) learns the run's
+step count here, where transformers knows it (:func:`textsql.training.recipe.stable_decay_kwargs`).
 
 ``Seq2SeqTrainer`` generates for each evaluation batch with the same keyword arguments; the grammar,
 though, is each question's own, and a batch knows its questions only as token ids. So
@@ -18,9 +19,11 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
+from transformers.trainer_utils import SchedulerType
 
 from textsql.decoding.processor import processor_for_inputs
 from textsql.training.batching import TokenBudgetTrainer
+from textsql.training.recipe import stable_decay_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +43,21 @@ def generation_budget(gen_kwargs: dict[str, Any], config: GenerationConfig) -> i
 
 
 class ResumableTrainer(TokenBudgetTrainer):
-    """:class:`~textsql.training.batching.TokenBudgetTrainer` that trains no step past ``max_steps`` when resumed there.
+    """:class:`~textsql.training.batching.TokenBudgetTrainer` that trains no step past ``max_steps`` when resumed
+    there, and whose ``warmup_stable_decay`` schedule decays over the recipe's share of the steps unless told.
 
     Usage::
 
         >>> ResumableTrainer(model=model, args=training_args, ...).train(resume_from_checkpoint=last)  # doctest: +SKIP
     """
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        if (
+            self.lr_scheduler is None
+            and SchedulerType(self.args.lr_scheduler_type) == SchedulerType.WARMUP_STABLE_DECAY
+        ):
+            self.args.lr_scheduler_kwargs = stable_decay_kwargs(self.args.lr_scheduler_kwargs or {}, num_training_steps)
+        return super().create_scheduler(num_training_steps, optimizer)
 
     def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
         # The trainer checks for the end only after a step: resumed at max_steps it would take one more ("step 9/8").
