@@ -56,7 +56,9 @@ class ResumableTrainer(TokenBudgetTrainer):
             self.lr_scheduler is None
             and SchedulerType(self.args.lr_scheduler_type) == SchedulerType.WARMUP_STABLE_DECAY
         ):
-            self.args.lr_scheduler_kwargs = stable_decay_kwargs(self.args.lr_scheduler_kwargs or {}, num_training_steps)
+            # TrainingArguments has parsed a --lr-scheduler-kwargs string into a dict by now.
+            given = self.args.lr_scheduler_kwargs if isinstance(self.args.lr_scheduler_kwargs, dict) else {}
+            self.args.lr_scheduler_kwargs = stable_decay_kwargs(given, num_training_steps)
         return super().create_scheduler(num_training_steps, optimizer)
 
     def _run_epoch(self, *args: Any, **kwargs: Any) -> None:
