@@ -179,7 +179,7 @@ def test_a_demo_continued_on_a_new_machine_resumes_its_training_from_the_store(t
 
     def demo(max_steps: int, *flags: str) -> str:
         command = [textsql, "demo", *flags, "--run-dir", str(run_dir), "-p", f"checkpoint_store=file://{store}"]
-        command += ["-p", f"max_steps={max_steps}", "-p", "03_inference.limit=4"]
+        command += ["-p", f"max_steps={max_steps}", "-p", "01_prepare_dataset.limit=64", "-p", "03_inference.limit=4"]
         ran = subprocess.run(
             command,
             check=False,
