@@ -19,7 +19,8 @@ Measured where CUDA is present (``make bench``), or on the CPU with ``python -m 
     the same batches eager (``--torch_compile false``) in fp32 with plain AdamW; batched against one-at-a-time
   inference.
 
-An estimated 25-45 minutes on one H100; ``python -m bench gpu-quick`` (:mod:`bench.gpu_quick`) fits a device lease.
+An estimated 25-45 minutes on one H100. Where the GPU machine is yours for minutes, not an hour,
+``python -m bench gpu-quick`` (:mod:`bench.gpu_quick`) compares the same two recipes in a few.
 """
 
 from __future__ import annotations

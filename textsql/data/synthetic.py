@@ -97,7 +97,14 @@ FULL = Synthesis()
 # The learning check's source (``synthetic-select``): 12,000 questions without conditions over 3,000 four-column
 # training tables, so a model from random weights learns within minutes to copy the column a question names
 # (docs/explanation/learning-check.md calibrated it so); held out as FULL's.
-SELECT_ONLY = Synthesis("synthetic-select", 12000, 3000, (4, 4), (1, 0, 0, 0, 0), (1, 0, 0, 0, 0))
+SELECT_ONLY = Synthesis(
+    name="synthetic-select",
+    training_questions=12000,
+    training_tables=3000,
+    columns=(4, 4),
+    condition_weights=(1, 0, 0, 0, 0),
+    training_condition_weights=(1, 0, 0, 0, 0),
+)
 
 _AGG = {name: index for index, name in enumerate(AGG_OPS)}
 _OP = {name: index for index, name in enumerate(COND_OPS)}
