@@ -380,3 +380,16 @@ def test_beams_rank_queries_by_their_probability_among_what_the_grammar_allows(p
     for scores in steps:
         live = scores[torch.isfinite(scores).any(-1)]
         assert torch.allclose(live.logsumexp(-1), torch.zeros(len(live)), atol=1e-4)
+
+
+def test_a_beam_the_grammar_left_nowhere_to_go_is_minus_infinity_beside_live_ones(tokenizer, monkeypatch):
+    """A row with no token left to write scores -inf everywhere, not NaN (beam search would rank NaN above every
+    live beam), while the other rows stay distributions over what the grammar allows."""
+    question = "How many schools did player number 3 play at?"
+    processor = grammar_processor(tokenizer, [question, question], [PLAYERS, PLAYERS], 64)
+    monkeypatch.setattr(processor.automata[1], "allowed", lambda state, remaining: torch.tensor([], dtype=torch.long))
+    select = tokenizer("SELECT", add_special_tokens=False)["input_ids"]
+    processed = processor(torch.tensor([[tokenizer.pad_token_id, *select]] * 2), torch.randn(2, len(tokenizer)))
+    assert not processed.isnan().any()
+    assert processed[1].isneginf().all()
+    assert torch.allclose(processed[0].logsumexp(-1), torch.tensor(0.0), atol=1e-5)

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from textsql.rank_lines import STAGE_PREFIX
-from textsql.training.progress import SHM_OP_NAME, announce_op_build, op_built, tick_while_building
+from textsql.training.progress import (
+    SHM_OP_NAME,
+    announce_op_build,
+    build_ops_with_pinned_ninja,
+    op_built,
+    tick_while_building,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_compiling_op_is_reported_every_interval_until_it_is_in_the_cache(tmp_path, capsys):
@@ -49,6 +62,25 @@ def test_a_build_lock_already_in_the_cache_is_named_with_how_to_clear_it(locked,
         assert "delete the file" in lines[0] and "killed" in lines[0]
     else:
         assert lines == []
+
+
+def test_ops_are_built_by_the_pinned_ninja_even_with_another_first_on_path(tmp_path, monkeypatch):
+    """Another ninja first on PATH (Debian's, in a shell without the venv's tools) would recompile an op cache the
+    pinned one built, and the next launch recompile it back: every rank process asks for the pinned one."""
+    other = tmp_path / "bin" / "ninja"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\necho 1.11.1\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(other.parent), os.environ["PATH"]]))
+    assert subprocess.check_output(["ninja", "--version"], text=True).strip() == "1.11.1"
+    build_ops_with_pinned_ninja()
+    pinned = re.search(r"^ninja==(\S+)", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
+    assert pinned, "requirements.txt pins ninja"
+    assert subprocess.check_output(["ninja", "--version"], text=True).startswith(pinned.group(1))
+    assert (
+        Path(subprocess.check_output(["sh", "-c", "command -v ninja"], text=True).strip()).parent
+        == Path(sys.executable).parent
+    )
 
 
 def test_the_heartbeat_reports_steps_evaluations_and_saves_until_training_ends(capsys):

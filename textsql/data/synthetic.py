@@ -34,6 +34,7 @@ questions on every machine.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from dataclasses import dataclass
@@ -156,6 +157,8 @@ def load_synthetic_split(
     return records, {table_id: table for table_id, table in tables.items() if table_id in used}
 
 
+# Computed once a process: each split's load needs them, and the training tables take half a second.
+@functools.cache
 def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str], list[str]]]]:
     """The ``(header, types)`` of the tables each split synthesises questions over.
 
@@ -166,6 +169,7 @@ def split_headers(synthesis: Synthesis = FULL) -> dict[str, list[tuple[list[str]
     Training takes the source's ``training_tables`` recombined headers (:func:`_recombined_headers`): column names
     written from the words of the sample's column names, none of which (case-insensitively) is a held-out column
     name or a column name of the sample's dev and test tables, so held-out and real validation columns are unseen.
+    The same object is returned to every caller: read it, do not change it.
 
     :rtype: dict[str, list[tuple[list[str], list[str]]]]
     """

@@ -62,19 +62,24 @@ class GrammarLogitsProcessor(LogitsProcessor):
                 choices.append((row, choice))
         # Only the states one step back are ever looked up again.
         self._states = states
-        mask = torch.full_like(scores, -math.inf)
+        # Only the few allowed scores are copied into a row of -inf: the vocabulary-wide passes (32,128 tokens a
+        # row, every beam, every step) are what this costs, so there are as few of them as the result allows.
+        masked = torch.full_like(scores, -math.inf)
         if rows:
-            row_index = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts))
-            mask[row_index.to(scores.device), torch.cat(allowed).to(scores.device)] = 0
+            row_index = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts)).to(scores.device)
+            token_index = torch.cat(allowed).to(scores.device)
+            masked[row_index, token_index] = scores[row_index, token_index]
         if free:
-            mask[free] = 0
-        masked = choose_phrases(scores, scores + mask, choices) if choices else scores + mask
+            masked[free] = scores[free]
+        if choices:
+            masked = choose_phrases(scores, masked, choices)
         # Beam search adds these up: as the model's log-probabilities with the refused tokens cut out, a beam through
         # a column the model would not have named (a header it never saw) pays for the names it may not write, and
         # beams drift to columns whose names it half knows. Normalised, they rank queries by their probability
-        # among what the grammar allows (greedy decoding picks the same token either way).
-        normalised = masked.log_softmax(-1)
-        return cast(torch.FloatTensor, normalised.masked_fill(normalised.isnan(), -math.inf))  # a row with nothing left
+        # among what the grammar allows (greedy decoding picks the same token either way). A row with nothing left
+        # stays -inf (its log-sum-exp, -inf, is not subtracted: that would make it NaN).
+        total = masked.logsumexp(-1, keepdim=True)
+        return cast(torch.FloatTensor, masked - total.masked_fill(total.isneginf(), 0.0))
 
     def _state(self, automaton: QueryAutomaton, key: tuple[int, tuple[int, ...]]) -> int:
         question, sequence = key

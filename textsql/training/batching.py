@@ -352,13 +352,14 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     def _get_train_sampler(self, train_dataset: Dataset | None = None) -> Sampler | None:
         # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a
         # given group size keeps the order of the examples whatever the number of ranks.
-        if self.length_group_size and self.args.train_sampling_strategy == "group_by_length":
-            return LengthGroupedSampler(
-                self.length_group_size,
-                dataset=train_dataset if train_dataset is not None else self.train_dataset,
-                model_input_name=self.processing_class.model_input_names[0] if self.processing_class else None,
-            )
-        return super()._get_train_sampler(train_dataset)
+        # The lengths are read a column at a time: left to the sampler, they are read a row (every column) at a time,
+        # 2 s on each rank for the demo's 64,000 questions.
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy != "group_by_length" or dataset is None:
+            return super()._get_train_sampler(train_dataset)
+        name = self.processing_class.model_input_names[0] if self.processing_class else "input_ids"
+        group_size = self.length_group_size or self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return LengthGroupedSampler(group_size, lengths=[len(ids) for ids in dataset[name]])
 
     def get_train_dataloader(self) -> DataLoader:
         """The token-budget loader, or the trainer's own without a budget.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -226,6 +227,20 @@ def announce_run(model: str, profile: str, auto: bool, world_size: int, precisio
         f"{STAGE_PREFIX}training {model} on {world_size} rank(s): profile {profile} (ZeRO-{get_profile(profile).stage}{how}), {precision}",
         flush=True,
     )
+
+
+def build_ops_with_pinned_ninja() -> None:
+    """Put this interpreter's own ``ninja`` (requirements.txt pins it) first on ``PATH`` for DeepSpeed's op builds.
+
+    torch compiles an op with whichever ``ninja`` ``PATH`` finds first, and ninja releases record their builds
+    differently: a cache that one (1.13, pinned) built is compiled again from scratch by another (Debian's 1.11 says
+    "command line changed"), about 20 s before the first step each time the two alternate, e.g. a launch (its ranks
+    get the environment's tools first) after ``.venv/bin/textsql train`` from a shell whose ``PATH`` has Debian's.
+    Nothing changes where the interpreter's directory holds no ``ninja``.
+    """
+    own = Path(sys.executable).parent
+    if (own / "ninja").exists() and shutil.which("ninja") != str(own / "ninja"):
+        os.environ["PATH"] = os.pathsep.join([str(own), os.environ.get("PATH", "")])
 
 
 def announce_op_build() -> None:

@@ -45,7 +45,13 @@ from textsql.training.loss import BatchVocabularyT5, resolve_loss_vocabulary
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.output_dir import export_model, prepare_output_dir, resume_checkpoint
-from textsql.training.progress import announce_op_build, announce_run, pace_record, use_step_lines
+from textsql.training.progress import (
+    announce_op_build,
+    announce_run,
+    build_ops_with_pinned_ninja,
+    pace_record,
+    use_step_lines,
+)
 from textsql.training.schedule import TimedSchedule
 from textsql.training.shared_buffer import release_allreduce_buffer
 from textsql.training.trainer import GrammarSeq2SeqTrainer, ResumableTrainer
@@ -243,6 +249,7 @@ def init_distributed(timeout: timedelta) -> None:
     backend = None if torch.cuda.is_available() else "gloo"
     # DeepSpeed's per-node launcher tells each rank how many ranks share its node.
     share_cpu_threads(int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    build_ops_with_pinned_ninja()
     announce_op_build()
     PartialState(backend=backend, timeout=timeout)
     release_allreduce_buffer()
