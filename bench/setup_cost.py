@@ -6,7 +6,9 @@ this machine's pip settings (its index and wheel cache: a first install over a s
 demo runs as ``make demo`` runs it, from a scratch directory; its peak memory is the largest sum of the proportional
 set sizes of all its processes (master, kernels, worker pods, ranks), sampled, and its summary is kept whole
 (docs/getting-started.md shows it). Its scores are kept too (:func:`demo_scores`): what the demo's recipe learns in
-its step budget, beside its wall time, so a change to the data, model or schedule is measured the same way.
+its step budget, beside its wall time, so a change to the data, model or schedule is measured the same way. With
+``--baseline REVISION`` the demo of that commit runs right after, the same way, and ``baseline`` keeps its times,
+scores and ``demo_time_ratio`` (this demo's wall time over the baseline's).
 ``python -m bench setup-cost`` runs it too.
 """
 
@@ -37,7 +39,9 @@ SUMMARY = BENCH_DIR / "demo_summary.txt"  # the demo's summary as printed, inclu
 GIB = 1024**3
 # The summary's "Time:" lines: "  02_train_distributed     366.0 s".
 NOTEBOOK_TIME = re.compile(r"^  (0\d_\w+) +([\d.]+) s$", re.MULTILINE)
-SAMPLE_S = 0.5
+# Reading a process's proportional set size walks its pages in the kernel: every half second, for the ranks, kernels
+# and pods, that took 9 % of a core from the two the demo trains on, and slowed the demo it measured.
+SAMPLE_S = 2.0
 
 
 def directory_bytes(path: Path) -> int:
@@ -73,14 +77,18 @@ def tree_memory(process: psutil.Process) -> int:
     return total
 
 
-def measure_demo(work: Path, steps: int | None) -> dict:
-    """Run ``textsql demo --run-dir runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own): its wall
-    time, the summary it printed, and its peak memory (:func:`tree_memory` of the command: the master, the notebooks'
-    kernels, the local worker pods and their ranks), sampled every half second."""
+def measure_demo(work: Path, steps: int | None, code: Path = PROJECT_DIR) -> dict:
+    """Run ``textsql demo --run-dir runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own) with the
+    package of the checkout ``code``: its wall time, the summary it printed, and its peak memory (:func:`tree_memory`
+    of the command: the master, the notebooks' kernels, the local worker pods and their ranks), sampled every
+    :data:`SAMPLE_S` seconds."""
     command = [str(Path(sys.executable).parent / "textsql"), "demo", "--run-dir", "runs/demo"]
     command += ["-p", f"max_steps={steps}"] if steps else []
+    # Ahead of the installed package: the launch hands the package's own checkout to the ranks (their PYTHONPATH).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
+    work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    demo = psutil.Popen(command, cwd=work, stdout=subprocess.PIPE, text=True)
+    demo = psutil.Popen(command, cwd=work, stdout=subprocess.PIPE, text=True, env=env)
     peak = 0
     while demo.poll() is None:
         peak = max(peak, tree_memory(demo))
@@ -119,15 +127,38 @@ def demo_scores(run_dir: Path) -> dict:
     return {"held_out_synthetic": scores(METRICS_NAME), "real": scores(REAL_METRICS_NAME)}
 
 
+def measure_baseline(work: Path, revision: str, steps: int | None) -> dict:
+    """The demo of commit ``revision`` (a worktree of this repository), run as :func:`measure_demo` runs this one,
+    right after it on the same machine: the times to compare with, without which a demo's time says little."""
+    commit = subprocess.run(
+        ["git", "-C", str(PROJECT_DIR), "rev-parse", "--short", revision], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    checkout = work / f"baseline-{commit}"
+    subprocess.run(["git", "-C", str(PROJECT_DIR), "worktree", "add", "--detach", str(checkout), commit], check=True)
+    try:
+        demo = measure_demo(work / "baseline-demo", steps, code=checkout)
+    finally:
+        subprocess.run(["git", "-C", str(PROJECT_DIR), "worktree", "remove", "--force", str(checkout)], check=False)
+    kept = ("command", "wall_s", "notebook_s", "peak_memory_gib")
+    return {"commit": commit, **{key: demo[key] for key in kept}, "scores": demo["scores"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="the demo's optimizer steps (default: its own)")
     parser.add_argument("--skip-install", action="store_true", help="keep the install figures already written")
+    parser.add_argument(
+        "--baseline", metavar="REVISION", help="also run this commit's demo after this one's, and compare their times"
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="setup-cost-"))
+    baseline = None
     try:
         install = None if args.skip_install else measure_install(work)
         demo = measure_demo(work, args.steps)
+        if args.baseline:
+            baseline = measure_baseline(work, args.baseline, args.steps)
+            baseline["demo_time_ratio"] = round(demo["wall_s"] / baseline["wall_s"], 3)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     previous = json.loads(RESULT.read_text()) if args.skip_install and RESULT.exists() else {}
@@ -139,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "install": install or previous.get("install"),
             "demo": demo,
+            "baseline": baseline,
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         },
     )

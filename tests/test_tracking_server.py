@@ -99,6 +99,9 @@ def mlflow_server(tmp_path: Path):
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # MLflow's job runner (GenAI evaluation jobs, unused here) keeps its queue in a /dev/shm directory that
+            # the server never removes: one left behind per test otherwise.
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )
         try:
             deadline = time.monotonic() + SERVER_START_S
