@@ -62,8 +62,8 @@ QUESTIONS = {"validation": 200, "test": 1000}
 VALIDATION_HEADERS = 15
 # The test split's tables (tests/test_synthetic.py checks it): enough that a score is not one table's habits.
 TEST_HEADERS = 72
-# Training questions and tables: as many questions as the demo's 2,000 steps of 2 x 16 consume, so none is seen
-# twice (a model that sees each of 12,000 five times learns them by heart), four to a table.
+# Training questions and tables: more than the demo's 1,800 steps of 2 x 16 consume (57,600), so none is seen twice
+# (a model that sees each of 12,000 five times learns them by heart), four to a table.
 TRAIN_QUESTIONS = 64000
 TRAIN_TABLES = 16000
 # Training tables' column counts (WikiSQL's headers mostly have 4 to 8), and how many columns are numbers.

@@ -58,7 +58,7 @@ class DemoResult:
 
 def demo_parameters(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Where the demo's notebooks write and read: everything else is the notebooks' own defaults (questions
-    synthesised over the sample's tables, uncased, the small T5, two local worker pods, profile auto, 2,000
+    synthesised over the sample's tables, uncased, the small T5, two local worker pods, profile auto, 1,800
     steps; then the sample's real questions answered beside the synthetic ones).
 
     :param out_dir: the run directory (absolute); the prepared dataset goes beside it (:func:`demo_data_dir`).
