@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.paths import PROJECT_DIR
 
 from textsql.rank_lines import STAGE_PREFIX
 from textsql.training.progress import (
@@ -21,8 +22,6 @@ from textsql.training.progress import (
     op_built,
     tick_while_building,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_compiling_op_is_reported_every_interval_until_it_is_in_the_cache(tmp_path, capsys):
@@ -74,7 +73,7 @@ def test_ops_are_built_by_the_pinned_ninja_even_with_another_first_on_path(tmp_p
     monkeypatch.setenv("PATH", os.pathsep.join([str(other.parent), os.environ["PATH"]]))
     assert subprocess.check_output(["ninja", "--version"], text=True).strip() == "1.11.1"
     build_ops_with_pinned_ninja()
-    pinned = re.search(r"^ninja==(\S+)", (ROOT / "requirements.txt").read_text(), re.MULTILINE)
+    pinned = re.search(r"^ninja==(\S+)", (PROJECT_DIR / "requirements.txt").read_text(), re.MULTILINE)
     assert pinned, "requirements.txt pins ninja"
     assert subprocess.check_output(["ninja", "--version"], text=True).startswith(pinned.group(1))
     assert (
