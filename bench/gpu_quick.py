@@ -35,6 +35,8 @@ line says how much of the device run's budget is spent (:class:`Budget`; ``bench
 from __future__ import annotations
 
 import logging
+import math
+import re
 import shutil
 import tempfile
 import time
@@ -64,8 +66,13 @@ logger = logging.getLogger(__name__)
 COMMAND = "gpu-quick"
 RESULT_NAME = "gpu_quick.json"
 GIB = 1024**3
-ARMS = ("old_recipe", "defaults")
+ARMS = ("old_recipe", "defaults_eager", "defaults")
 LOGS = "logs"
+# torch.compile logs each recompilation with the guard that failed: the compiled arm's rank log keeps them.
+RECOMPILE_LOGGING = {"TORCH_LOGS": "recompiles"}
+RECOMPILING = "Recompiling function"
+GUARD_FAILED = re.compile(r"\[__recompiles\]\s+- (?P<guard>\S.*)$")
+REASONS_KEPT, REASON_CHARS = 10, 300
 # The end of each log that comes back: a rank's traceback and a compile error's last lines are at the end, and what
 # comes back from a GPU machine without network is often bounded in size.
 LOG_TAIL_BYTES = 1024**2
@@ -176,17 +183,24 @@ def run(
     old_rate, old = old_recipe_arm(load, sizes, started)
     result["arms"]["old_recipe"] = old
     save(result)
+    if chosen.get("torch_compile"):
+        # The same run without torch.compile prices the compilation: what it costs, and after how many steps it pays.
+        _, result["arms"]["defaults_eager"] = defaults_arm(load, sizes, work, {**chosen, "torch_compile": False})
+        save(result)
     samples, defaults = defaults_arm(load, sizes, work, chosen)
     result["arms"]["defaults"] = defaults
     result |= {
         "value": round(samples / old_rate, 2),
         "unit": "x (samples/s of the defaults / the old recipe's, same device, same run)",
+        **compile_price(result["arms"], sizes.steps),
         "wall_s": round(time.monotonic() - started, 1),
         "method": (
             f"one {load.device_name}; model {load.model_label}; {result['data']}; "
-            f"both arms {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
+            f"every arm {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
             f"{sizes.steps} (StepClock in the training process); MFU against the peak {load.peak} FLOP/s; wall_s "
-            "from the start of the figure (after the imports and preparing the sample; process_wall_s counts them)"
+            "from the start of the figure (after the imports and preparing the sample; process_wall_s counts them); "
+            "defaults_eager (only where the defaults compile): the defaults with --torch-compile false, the same "
+            "batches step for step; recompilations: torch's TORCH_LOGS=recompiles lines in the compiled rank's log"
         ),
     }
     save(result)
@@ -220,28 +234,32 @@ def old_recipe_arm(load: Workload, sizes: QuickSizes, started: float) -> tuple[f
 
 
 def defaults_arm(load: Workload, sizes: QuickSizes, work: Path, chosen: dict) -> tuple[float, dict]:
-    """The defaults: ``textsql launch`` on one rank.
+    """The defaults: ``textsql launch`` on one rank; eager where ``chosen`` turns torch.compile off.
 
-    :param chosen: :func:`textsql.training.hardware.fast_defaults` of this machine, for the arm's label.
+    :param chosen: :func:`textsql.training.hardware.fast_defaults` of this machine (``torch_compile`` set False for
+        the eager arm), for the arm's label.
     :returns: its samples/s, and its arm.
     :rtype: tuple[float, dict]
     """
     launched = time.monotonic()
+    compiled = chosen.get("torch_compile", False)
+    eager_of_compiled = "torch_compile" in chosen and not compiled
     run_dir = launch_ours(
         work,
-        "gpu-quick-defaults",
+        "gpu-quick-defaults-eager" if eager_of_compiled else "gpu-quick-defaults",
         load.model,
         load.data,
+        probe_env=RECOMPILE_LOGGING if compiled else None,
         max_steps=sizes.steps,
         eval_strategy="no",
         report_to="none",
         max_tokens_per_batch=sizes.token_budget,
+        **({"torch_compile": False} if eager_of_compiled else {}),
     )
     summary, record = run_summary(run_dir), probe_record(run_dir)
     budget = summary["token_budget"]["max_tokens_per_batch"]
     rates = throughput(record, step_samples(load.lengths, budget, load.shape, sizes.steps), sizes.warmup_steps)
     memory, measure = peak_memory(record)
-    compiled = chosen.get("torch_compile", False)
     return rates.samples, {
         "label": (
             f"defaults: textsql launch --ranks 1, profile {summary['profile']} ({summary['profile_chosen_by']}), "
@@ -260,6 +278,46 @@ def defaults_arm(load: Workload, sizes: QuickSizes, work: Path, chosen: dict) ->
         "precision": summary["precision"],
         "torch_compile": compiled,
         "token_budget": budget,
+        **({"recompilations": recompilations(run_dir / "bench.log")} if compiled else {}),
+    }
+
+
+def recompilations(log: Path) -> dict:
+    """How many times torch.compile compiled the model again during a run, and the first guard that failed each time
+    (the first :data:`REASONS_KEPT`), from the rank's log under :data:`RECOMPILE_LOGGING`.
+
+    :rtype: dict
+    """
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    reasons = []
+    for index, line in enumerate(lines):
+        if RECOMPILING not in line:
+            continue
+        failed = (GUARD_FAILED.search(later) for later in lines[index + 1 : index + 4])
+        guard = next((match["guard"] for match in failed if match), "")
+        reasons.append(guard[:REASON_CHARS])
+    return {"count": len(reasons), "first_guards_failed": reasons[:REASONS_KEPT]}
+
+
+def compile_price(arms: dict, steps: int) -> dict:
+    """What torch.compile cost the defaults against the same run eager, where both ran: the extra wall seconds, the
+    median step's saving, and the steps after which a run compiled is done sooner than eager.
+
+    :rtype: dict
+    """
+    if "defaults_eager" not in arms:
+        return {}
+    eager, compiled = arms["defaults_eager"], arms["defaults"]
+    extra_s = compiled["wall_s"] - eager["wall_s"]
+    saved_s = eager["median_step_s"] - compiled["median_step_s"]
+    return {
+        "compile": {
+            "extra_wall_s": round(extra_s, 1),
+            "median_step_s_saved": round(saved_s, 4),
+            "samples_per_s_over_eager": round(compiled["samples_per_s"] / eager["samples_per_s"], 2),
+            # wall(n) = start-up + compilation + n x step: equal for both at n = steps + extra_s / saved_s.
+            "break_even_steps": math.ceil(steps + extra_s / saved_s) if saved_s > 0 else None,
+        }
     }
 
 
@@ -289,4 +347,19 @@ def table(result: dict) -> str:
     lines += ["", *(f"- {name}: {result['arms'][name]['label']}" for name in ARMS if name in result["arms"])]
     if "value" in result:
         lines += ["", f"defaults / old recipe: {result['value']}x samples/s; {result['wall_s']} s in all"]
+    recompiled = result["arms"].get("defaults", {}).get("recompilations")
+    if recompiled is not None:
+        lines.append(f"torch.compile compiled the model again {recompiled['count']} time(s) after the first")
+    price = result.get("compile")
+    if price:
+        pays = (
+            "never, at these step times"
+            if price["break_even_steps"] is None
+            else f"after {price['break_even_steps']} steps"
+        )
+        lines.append(
+            f"torch.compile: {price['extra_wall_s']} s more than eager over the run, {price['median_step_s_saved']} s "
+            f"saved a step (median), {price['samples_per_s_over_eager']}x eager's samples/s; a run is done sooner "
+            f"compiled {pays}"
+        )
     return "\n".join(lines)
