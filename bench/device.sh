@@ -6,11 +6,12 @@
 #
 # Prints the Python, torch, CUDA and the GPU; installs only what the machine lacks of bench/gpu-requirements.txt,
 # only from the wheels in bench/wheels/ (make gpu-wheels, on a connected machine), keeping the machine's own torch;
-# then runs `python -m bench gpu-quick` (about 3-4 minutes on one H100), its JSON (gpu_quick.json), its log, the
-# ranks' logs (OUT_DIR/logs, kept even when an arm fails) and this script's output into OUT_DIR. Everything is sized
-# for an 8-minute session: gpu-quick gets what is left of BUDGET_S (460 s) after the install, gpu_quick.json is written
-# after each arm, so a run cut short keeps the old recipe's figures, and the time spent against BUDGET_S is printed
-# after the install, after each arm and at the end, however the script ends.
+# then runs `python -m bench gpu-quick` (process_wall_s in bench/gpu_quick.json says how long one H200 took), writing
+# its JSON (gpu_quick.json), its log, the ranks' logs (OUT_DIR/logs, kept even when an arm fails) and this script's
+# output into OUT_DIR. Everything is sized for an 8-minute session: gpu-quick gets what is left of BUDGET_S (460 s)
+# after the install, gpu_quick.json is written after each arm, so a run cut short keeps the arms done (the slow one,
+# torch.compile's, runs last), and the time spent against BUDGET_S is printed after the install, after each arm and at
+# the end, however the script ends.
 #
 # Environment: PYTHON (default python3, the interpreter that has the machine's torch), WHEELS (default bench/wheels),
 # BUDGET_S (default 460), QUICK_ARGS (more gpu-quick arguments: "--device cpu --smoke" rehearses it all on a CPU).

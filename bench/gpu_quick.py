@@ -1,31 +1,31 @@
 """``python -m bench gpu-quick`` (``make bench-gpu``): the old recipe against the defaults on t5-small, sized to
 take minutes on one GPU.
 
-Both arms train a model of t5-small's shape (``textsql/assets/t5-small``, random weights) on WikiSQL-shaped data
+Every arm trains a model of t5-small's shape (``textsql/assets/t5-small``, random weights) on WikiSQL-shaped data
 (:mod:`bench.fullscale`) with the full-vocabulary loss, for ``warmup_steps + timed_steps`` steps (30 + 200):
 
-- the old recipe (:mod:`bench.old_recipe`) in this process: eager, fp32, batch 32 padded to 96, plain AdamW;
-- the defaults (:mod:`bench.ours`): ``textsql launch`` on 1 rank with no flag but ``--loss_vocabulary full``
+- ``old_recipe`` (:mod:`bench.old_recipe`), in this process: eager, fp32, batch 32 padded to 96, plain AdamW;
+- ``defaults`` (:mod:`bench.ours`): ``textsql launch`` on 1 rank with no flag but ``--loss_vocabulary full``
   and ``--report_to none`` (TensorBoard's package is not among the wheels bench/device.sh installs on a GPU
   machine without network; the run logs every 10 steps either way), so on CUDA the profile ``auto`` picks,
-  bf16, torch.compile, fused AdamW, TF32 and the token budget for the GPU's memory.
+  bf16, fused AdamW, TF32 and the token budget for the GPU's memory;
+- on a GPU, the same with torch.compile turned the other way (``defaults_compiled``, or ``defaults_eager`` where
+  the defaults compile), last. Both see the same batches step for step, so :func:`compile_price` gives what
+  compiling costs in wall seconds, what it saves a step, and the steps after which it pays. The compiled rank runs
+  under ``TORCH_LOGS=recompiles``, and :func:`recompilations` counts the recompilations with the guard that failed.
 
 Samples/s (and real tokens/s: each sample's input and labels at their own lengths) is taken inside each training
 process between the end of the last warm-up step and the end of the last step (:class:`bench.steps.StepClock`,
-which waits for the GPU before each read): compilation falls in the warm-up; ``slowest_step_s`` beside
-``median_step_s`` shows a recompilation that did not. MFU counts each sample's FLOPs at the lengths
-it trains at, the full output layer included (:mod:`bench.flops`); peak memory is torch's high-water mark of
-allocated CUDA memory (on a CPU, peak RSS). One JSON (``gpu_quick.json`` in ``--out``), written after each arm,
-with ``process_wall_s`` (from the process's start) at the end, and a table on stdout.
+which waits for the GPU before each read). The first compilation falls in the warm-up; a recompilation can fall
+in the timed window, and ``slowest_step_s`` beside ``median_step_s`` shows it. MFU counts each sample's FLOPs at
+the lengths it trains at, the full output layer included (:mod:`bench.flops`); peak memory is torch's high-water
+mark of allocated CUDA memory (on a CPU, peak RSS). One JSON (``gpu_quick.json`` in ``--out``), written after each
+arm, with ``process_wall_s`` (from the process's start) at the end, and a table on stdout.
 
-How long it takes on a GPU is not measured yet: ``process_wall_s`` in the JSON says what a run took. What it
-spends time on: imports and preparing the data (seconds on CPUs: preparing the sample and resampling 56,355
-questions), the old recipe's 230 eager steps, then for the defaults the launcher and ranks' start-up, DeepSpeed's
-set-up, torch.compile of t5-small's training step (once: the trainer marks the token-budget batches' dimensions
-dynamic, so no batch shape recompiles; ``warmup_s`` shows a slow compile), the 230 steps and writing the model.
+What a whole run takes on a GPU is its JSON's ``process_wall_s``; the compiled arm's ``wall_s`` is most of it.
 
 ``--device cpu --smoke`` runs the same code with the embedded small T5, a few steps and a small token budget
-(tests/test_bench_gpu.py).
+(tests/test_bench_gpu.py), without the GPU-only arm.
 
 Whatever happens, the scratch directory's logs (the ranks' ``bench.log``, the launcher's) are copied into
 ``--out``'s ``logs/`` (:func:`keep_logs`): a compile error on the GPU comes back with the results. After each arm a
@@ -66,7 +66,9 @@ logger = logging.getLogger(__name__)
 COMMAND = "gpu-quick"
 RESULT_NAME = "gpu_quick.json"
 GIB = 1024**3
-ARMS = ("old_recipe", "defaults_eager", "defaults")
+# "defaults" is what textsql picks on the machine; the other two run the defaults with torch.compile turned the
+# other way (on a GPU only): the one that differs from "defaults" runs.
+ARMS = ("old_recipe", "defaults", "defaults_eager", "defaults_compiled")
 LOGS = "logs"
 # torch.compile logs each recompilation with the guard that failed: the compiled arm's rank log keeps them.
 RECOMPILE_LOGGING = {"TORCH_LOGS": "recompiles"}
@@ -183,12 +185,14 @@ def run(
     old_rate, old = old_recipe_arm(load, sizes, started)
     result["arms"]["old_recipe"] = old
     save(result)
-    if chosen.get("torch_compile"):
-        # The same run without torch.compile prices the compilation: what it costs, and after how many steps it pays.
-        _, result["arms"]["defaults_eager"] = defaults_arm(load, sizes, work, {**chosen, "torch_compile": False})
+    samples, result["arms"]["defaults"] = defaults_arm(load, sizes, work, chosen)
+    if device == "cuda":
+        # The same batches with torch.compile turned the other way price it: what compiling costs, what it saves
+        # a step, after how many steps it pays. Last: a run cut short keeps the other arms.
         save(result)
-    samples, defaults = defaults_arm(load, sizes, work, chosen)
-    result["arms"]["defaults"] = defaults
+        flipped = not chosen.get("torch_compile", False)
+        name = "defaults_compiled" if flipped else "defaults_eager"
+        _, result["arms"][name] = defaults_arm(load, sizes, work, {**chosen, "torch_compile": flipped}, name)
     result |= {
         "value": round(samples / old_rate, 2),
         "unit": "x (samples/s of the defaults / the old recipe's, same device, same run)",
@@ -199,8 +203,9 @@ def run(
             f"every arm {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
             f"{sizes.steps} (StepClock in the training process); MFU against the peak {load.peak} FLOP/s; wall_s "
             "from the start of the figure (after the imports and preparing the sample; process_wall_s counts them); "
-            "defaults_eager (only where the defaults compile): the defaults with --torch-compile false, the same "
-            "batches step for step; recompilations: torch's TORCH_LOGS=recompiles lines in the compiled rank's log"
+            "defaults_eager or defaults_compiled (on a GPU): the defaults with torch.compile turned the other way, "
+            "the same batches step for step; recompilations: torch's TORCH_LOGS=recompiles lines in the compiled "
+            "rank's log"
         ),
     }
     save(result)
@@ -233,20 +238,22 @@ def old_recipe_arm(load: Workload, sizes: QuickSizes, started: float) -> tuple[f
     }
 
 
-def defaults_arm(load: Workload, sizes: QuickSizes, work: Path, chosen: dict) -> tuple[float, dict]:
-    """The defaults: ``textsql launch`` on one rank; eager where ``chosen`` turns torch.compile off.
+def defaults_arm(
+    load: Workload, sizes: QuickSizes, work: Path, chosen: dict, name: str = "defaults"
+) -> tuple[float, dict]:
+    """The defaults: ``textsql launch`` on one rank, with torch.compile as ``chosen`` says (passed on the command
+    line when ``name`` is not ``defaults``).
 
-    :param chosen: :func:`textsql.training.hardware.fast_defaults` of this machine (``torch_compile`` set False for
-        the eager arm), for the arm's label.
+    :param chosen: :func:`textsql.training.hardware.fast_defaults` of this machine (``torch_compile`` turned for the
+        other arms), for the arm's label.
     :returns: its samples/s, and its arm.
     :rtype: tuple[float, dict]
     """
     launched = time.monotonic()
     compiled = chosen.get("torch_compile", False)
-    eager_of_compiled = "torch_compile" in chosen and not compiled
     run_dir = launch_ours(
         work,
-        "gpu-quick-defaults-eager" if eager_of_compiled else "gpu-quick-defaults",
+        "gpu-quick-" + name.replace("_", "-"),
         load.model,
         load.data,
         probe_env=RECOMPILE_LOGGING if compiled else None,
@@ -254,7 +261,7 @@ def defaults_arm(load: Workload, sizes: QuickSizes, work: Path, chosen: dict) ->
         eval_strategy="no",
         report_to="none",
         max_tokens_per_batch=sizes.token_budget,
-        **({"torch_compile": False} if eager_of_compiled else {}),
+        **({} if name == "defaults" else {"torch_compile": compiled}),
     )
     summary, record = run_summary(run_dir), probe_record(run_dir)
     budget = summary["token_budget"]["max_tokens_per_batch"]
@@ -300,14 +307,15 @@ def recompilations(log: Path) -> dict:
 
 
 def compile_price(arms: dict, steps: int) -> dict:
-    """What torch.compile cost the defaults against the same run eager, where both ran: the extra wall seconds, the
-    median step's saving, and the steps after which a run compiled is done sooner than eager.
+    """What torch.compile cost against the same run eager, where both ran: the extra wall seconds, the median step's
+    saving, and the steps after which a run compiled is done sooner than eager.
 
     :rtype: dict
     """
-    if "defaults_eager" not in arms:
+    by_compile = {arm["torch_compile"]: arm for name, arm in arms.items() if name != "old_recipe"}
+    if set(by_compile) != {False, True}:
         return {}
-    eager, compiled = arms["defaults_eager"], arms["defaults"]
+    eager, compiled = by_compile[False], by_compile[True]
     extra_s = compiled["wall_s"] - eager["wall_s"]
     saved_s = eager["median_step_s"] - compiled["median_step_s"]
     return {
@@ -316,7 +324,8 @@ def compile_price(arms: dict, steps: int) -> dict:
             "median_step_s_saved": round(saved_s, 4),
             "samples_per_s_over_eager": round(compiled["samples_per_s"] / eager["samples_per_s"], 2),
             # wall(n) = start-up + compilation + n x step: equal for both at n = steps + extra_s / saved_s.
-            "break_even_steps": math.ceil(steps + extra_s / saved_s) if saved_s > 0 else None,
+            # Rounded first: float noise must not add a step (183 / 0.02 is 9150.000000000002).
+            "break_even_steps": math.ceil(round(steps + extra_s / saved_s, 6)) if saved_s > 0 else None,
         }
     }
 
@@ -347,9 +356,9 @@ def table(result: dict) -> str:
     lines += ["", *(f"- {name}: {result['arms'][name]['label']}" for name in ARMS if name in result["arms"])]
     if "value" in result:
         lines += ["", f"defaults / old recipe: {result['value']}x samples/s; {result['wall_s']} s in all"]
-    recompiled = result["arms"].get("defaults", {}).get("recompilations")
-    if recompiled is not None:
-        lines.append(f"torch.compile compiled the model again {recompiled['count']} time(s) after the first")
+    for name, arm in result["arms"].items():
+        if "recompilations" in arm:
+            lines.append(f"{name}: torch.compile compiled the model again {arm['recompilations']['count']} time(s)")
     price = result.get("compile")
     if price:
         pays = (

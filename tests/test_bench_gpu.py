@@ -206,6 +206,96 @@ def test_the_gpu_quick_table_shows_tokens_per_second_beside_samples_per_second()
     assert header.startswith("| arm | samples/s | real tokens/s |") and row.startswith("| old_recipe | 508.1 | 40123 |")
 
 
+# Two recompilations as torch 2.11's TORCH_LOGS=recompiles wrote them in a rank's log on an H200 (shortened).
+RECOMPILE_LOG = """\
+heartbeat rank 0 step 1 progress 1
+[rank0]:V1127 12:21:40.580000 829 torch/_dynamo/guards.py:4760] [12/1] [__recompiles] Recompiling function forward in /x/modeling_t5.py:937
+[rank0]:V1127 12:21:40.580000 829 torch/_dynamo/guards.py:4760] [12/1] [__recompiles]     triggered by the following guard failure(s):
+[rank0]:V1127 12:21:40.580000 829 torch/_dynamo/guards.py:4760] [12/1] [__recompiles]     - 12/0: 512*input_ids.size()[1]*input_ids.size()[0] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)
+step 10/230: loss 8.239 (160 s)
+[rank0]:V1127 12:22:34.320000 829 torch/_dynamo/guards.py:4760] [12/2] [__recompiles] Recompiling function forward in /x/modeling_t5.py:937
+[rank0]:V1127 12:22:34.320000 829 torch/_dynamo/guards.py:4760] [12/2] [__recompiles]     triggered by the following guard failure(s):
+[rank0]:V1127 12:22:34.320000 829 torch/_dynamo/guards.py:4760] [12/2] [__recompiles]     - 12/0: (input_ids.size()[1] % 16) != 0  # (_meta_registrations.py:6232 in meta__scaled_dot_product_efficient_backward)
+"""
+
+
+def test_recompilations_are_counted_with_the_guard_that_failed(tmp_path):
+    from bench.gpu_quick import recompilations
+
+    log = tmp_path / "bench.log"
+    log.write_text(RECOMPILE_LOG)
+    found = recompilations(log)
+    assert found["count"] == 2
+    assert found["first_guards_failed"][0].startswith("12/0: 512*input_ids.size()[1]*input_ids.size()[0] >= 5242880")
+    assert "meta__scaled_dot_product_efficient_backward" in found["first_guards_failed"][1]
+    log.write_text("step 10/230: loss 8.239 (160 s)\n")
+    assert recompilations(log) == {"count": 0, "first_guards_failed": []}
+
+
+@pytest.mark.parametrize("defaults_compile", [True, False])
+def test_the_price_of_torch_compile_is_the_same_whichever_arm_the_defaults_are(defaults_compile):
+    from bench.gpu_quick import compile_price
+
+    eager = {"torch_compile": False, "wall_s": 44.0, "median_step_s": 0.06, "samples_per_s": 5000.0}
+    compiled = {"torch_compile": True, "wall_s": 227.0, "median_step_s": 0.04, "samples_per_s": 2000.0}
+    arms = {"old_recipe": {"samples_per_s": 500.0}}
+    arms |= (
+        {"defaults": compiled, "defaults_eager": eager}
+        if defaults_compile
+        else {"defaults": eager, "defaults_compiled": compiled}
+    )
+    price = compile_price(arms, steps=230)["compile"]
+    # 183 s more over 230 steps, 0.02 s saved a step: even after 230 + 183 / 0.02 = 9,380 steps.
+    assert price == {
+        "extra_wall_s": 183.0,
+        "median_step_s_saved": 0.02,
+        "samples_per_s_over_eager": 0.4,
+        "break_even_steps": 9380,
+    }
+    assert compile_price({"old_recipe": {}, "defaults": eager}, steps=230) == {}  # the CPU smoke run: one arm
+    slower = {**compiled, "median_step_s": 0.07}
+    assert compile_price({"defaults": eager, "defaults_compiled": slower}, 230)["compile"]["break_even_steps"] is None
+
+
+def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu(tmp_path, monkeypatch):
+    """The third arm runs the defaults' batches with torch.compile flipped, on CUDA only, and logs recompilations
+    only where it compiles."""
+    from bench import gpu_quick
+
+    launched = []
+
+    def defaults_arm(load, sizes, work, chosen, name="defaults"):
+        launched.append((name, chosen.get("torch_compile", False)))
+        return 100.0, {
+            "torch_compile": chosen.get("torch_compile", False),
+            "wall_s": 1.0,
+            "median_step_s": 0.1,
+            "samples_per_s": 100.0,
+        }
+
+    class Load:
+        device_name, model_label, peak = "H200", "m", 1.0
+
+        def describe_data(self):
+            return "d"
+
+    monkeypatch.setattr(gpu_quick, "defaults_arm", defaults_arm)
+    monkeypatch.setattr(gpu_quick, "old_recipe_arm", lambda load, sizes, started: (50.0, {"samples_per_s": 50.0}))
+    monkeypatch.setattr(gpu_quick.Workload, "build", classmethod(lambda cls, *args: Load()))
+    monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"optim": "adamw_torch_fused"})
+    sizes = gpu_quick.QuickSizes(token_budget=2048)
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda")
+    assert launched == [("defaults", False), ("defaults_compiled", True)] and "compile" in result
+    assert list(result["arms"]) == ["old_recipe", "defaults", "defaults_compiled"]
+    launched.clear()
+    monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"torch_compile": True})
+    gpu_quick.run("data", tmp_path, sizes, "cuda")
+    assert launched == [("defaults", True), ("defaults_eager", False)]
+    launched.clear()
+    gpu_quick.run("data", tmp_path, sizes, "cpu")
+    assert launched == [("defaults", True)]
+
+
 def test_step_times_separate_the_warm_up_from_the_timed_steps():
     clock = record(6)
     clock["step_ended"] = [30.0, 31.0, 32.0, 33.0, 35.0, 36.0]  # a 30 s first step (compilation), then one slow one

@@ -29,7 +29,8 @@ def test_a_cuda_gpu_gets_fused_adamw_pinned_workers_and_no_per_step_sync():
     assert defaults["dataloader_pin_memory"] and defaults["dataloader_persistent_workers"]
     assert defaults["dataloader_num_workers"] == 4
     assert defaults["logging_nan_inf_filter"] is False
-    assert defaults["torch_compile"] is True and "torch_compile" not in fast_defaults(CPU)
+    # Eager: on one H200, compiling t5-small paid off only after thousands of steps (bench/gpu_quick.json).
+    assert "torch_compile" not in defaults and "torch_compile" not in fast_defaults(CPU)
 
 
 def test_tf32_only_from_ampere_on():

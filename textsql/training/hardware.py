@@ -2,10 +2,14 @@
 
 :func:`fast_defaults` turns :class:`DeviceFacts` into ``textsql train`` defaults (every one can still be
 overridden on the command line). On CUDA: the fused AdamW kernel (one launch for all parameters
-instead of several per tensor), ``torch.compile`` through the DeepSpeed engine, TF32 matmuls on Ampere
-and newer, pinned memory (copied to the GPU without blocking) and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a token
+instead of several per tensor), TF32 matmuls on Ampere and newer, pinned memory (copied to the GPU without blocking) and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a token
 budget sized from the GPU's memory, and evaluation and checkpoints spaced by time (their step grid alone
-would run them every few seconds of training). On a CPU the defaults stay as they were. Precision is not here:
+would run them every few seconds of training). On a CPU the defaults stay as they were.
+
+Not a default: ``torch.compile`` (``--torch-compile true`` turns it on, through the DeepSpeed engine). Measured on
+one H200 with t5-small's shape (``bench/gpu_quick.json``), compiling took minutes and compiled again on new batch
+shapes, so a compiled run finished sooner than an eager one only after thousands of steps: more than a WikiSQL
+fine-tune of t5-small takes. Precision is not here:
 ``--precision auto`` already picks bf16 where the GPU supports it (``textsql.training.command_line.resolve_precision``).
 
 :func:`share_cpu_threads` splits a CPU node's threads among its ranks: left at torch's default, every rank
@@ -94,9 +98,6 @@ def fast_defaults(facts: DeviceFacts) -> dict[str, Any]:
         "dataloader_persistent_workers": True,
         # The trainer's NaN/inf filter reads the loss on the host at every step.
         "logging_nan_inf_filter": False,
-        # accelerate compiles the DeepSpeed engine itself (engine.compile in Accelerator._prepare_deepspeed);
-        # the token-budget buckets bound the shapes it compiles for. --torch_compile false turns it off.
-        "torch_compile": True,
         # Large token batches make a step-based schedule evaluate and checkpoint every few seconds
         # (textsql.training.schedule): evaluation kept to 5 % of the run, a checkpoint every 10 minutes.
         "eval_share": EVAL_SHARE,
