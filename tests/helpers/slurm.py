@@ -9,6 +9,7 @@ files; two test runs at once do not meet. :meth:`SlurmCluster.start` returns onc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ NODES = {"node1": "127.0.0.2", "node2": "127.0.0.3"}
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch")
 # Seconds for the daemons to come up and both nodes to be idle (about 1 s here).
 READY_S = 60.0
+# How long each group of daemons may take to exit on SIGTERM (they took about 2 s).
+STOP_S = 10.0
 
 
 def missing_tools() -> list[str]:
@@ -133,23 +136,58 @@ class SlurmCluster:
         self.run("scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason={reason}")
 
     def stop(self) -> None:
-        """Cancel every job, stop the daemons (slurmd first) and munged, and remove the directory."""
+        """Cancel every job and wait for the queue to empty, stop the daemons and then munged (each takes about 2 s to
+        exit: the Slurm daemons are stopped together, then munged, which they use until they exit), end whatever of
+        the cluster is left (a job step's ``slurmstepd`` whose slurmd went first waits for it for ever), and remove
+        the directory."""
         self.run("scancel", "--user=root", check=False)
-        pids = [self.directory / f"slurmd-{name}.pid" for name in NODES]
-        pids += [self.directory / "slurmctld.pid", self.munge / "munged.pid"]
-        for pid_file in pids:
-            try:
-                pid = int(pid_file.read_text().split()[0])
-                os.kill(pid, signal.SIGTERM)
-            except (OSError, ValueError, IndexError):
-                continue
-            for _ in range(100):
+        deadline = time.monotonic() + STOP_S
+        while self.conf.exists() and self.jobs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        slurm = [self.directory / f"slurmd-{name}.pid" for name in NODES] + [self.directory / "slurmctld.pid"]
+        for pid_files in (slurm, [self.munge / "munged.pid"]):
+            stopping = []
+            for pid_file in pid_files:
                 try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
+                    pid = int(pid_file.read_text().split()[0])
+                    os.kill(pid, signal.SIGTERM)
+                except (OSError, ValueError, IndexError):
+                    continue
+                stopping.append(pid)
+            deadline = time.monotonic() + STOP_S
+            while stopping and time.monotonic() < deadline:
+                stopping = [pid for pid in stopping if alive(pid)]
                 time.sleep(0.1)
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.directory, ignore_errors=True)
+        deadline = time.monotonic() + STOP_S
+        while (left := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if left:
+            raise RuntimeError(f"processes of the Slurm cluster in {self.directory} outlived it: {left}")
+
+    def processes(self) -> list[int]:
+        """The processes started with this cluster's ``SLURM_CONF`` (its daemons, job steps and what they ran), this
+        test's own process aside."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            pid = int(environ.parent.name)
+            with contextlib.suppress(OSError):
+                if pid != os.getpid() and mark in environ.read_bytes().split(b"\0"):
+                    found.append(pid)
+        return found
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def new_cluster() -> SlurmCluster:
