@@ -208,6 +208,32 @@ def test_an_upload_that_keeps_failing_ends_in_one_line_naming_the_store(tmp_path
     assert complete_steps(store) == []
 
 
+def test_a_checkpoint_without_every_ranks_files_ends_the_run_and_is_not_uploaded(tmp_path: Path) -> None:
+    """Hosts that do not share the run directory: the master sees rank 0's files only. Uploaded, the store would
+    hold a checkpoint marked complete that no run can resume."""
+    from textsql.store.uploads import StoreUploads
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    checkpoint = fake_checkpoint(tmp_path / "run", 2)
+    (checkpoint / "rng_state_0.pth").write_bytes(b"rank 0")
+    with StoreUploads(store, tmp_path / "run", poll_s=0.05) as uploads:
+        uploads.ranks = 2
+        wait_for(uploads.failed)
+        with pytest.raises(StoreError) as ended:
+            uploads.finish()
+    assert str(ended.value).startswith(
+        f"checkpoint store file://{tmp_path / 'store'}: {checkpoint} lacks the files of rank(s) 1 of 2"
+    )
+    assert "give every host the same shared run directory" in str(ended.value) and "\n" not in str(ended.value)
+    assert complete_steps(store) == []
+
+    (checkpoint / "rng_state_1.pth").write_bytes(b"rank 1")  # a shared run directory: every rank's files
+    with StoreUploads(store, tmp_path / "run", poll_s=0.05) as uploads:
+        uploads.ranks = 2
+        wait_for(lambda: complete_steps(store) == [2])
+        uploads.finish()
+
+
 def test_a_checkpoint_rotated_away_during_its_upload_is_skipped_and_the_next_uploaded(tmp_path: Path) -> None:
     import shutil
 

@@ -91,6 +91,8 @@ class Supervisor(Recovery):
         previous, aware_at = None, None
         for attempt in range(self.max_restarts + 1):
             watch = self._watch(attempt, aware_at)
+            if self.uploads is not None:
+                self.uploads.ranks = self._world()
             try:
                 code = launch(self._launch_arguments(), stream=watch, should_stop=self._should_stop(watch))
             finally:

@@ -41,7 +41,7 @@ from textsql.store.sync import (
     upload_checkpoint,
     upload_outputs,
 )
-from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete_checkpoint
+from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete_checkpoint, ranks_missing
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class StoreUploads:
         self.store, self.output, self.keep = store, output, keep
         self.poll_s, self.tries, self.backoff_s = poll_s, tries, backoff_s
         self.failure: str | None = None
+        #: Ranks of the launch writing checkpoints now (the supervisor sets it before each launch): a checkpoint
+        #: without every rank's files is not uploaded, and ends the run.
+        self.ranks = 1
         self.record: dict = {"store": store.uri, "checkpoints": [], "outputs": None}
         self._uploaded = set(complete_steps(store))
         self._stop = threading.Event()
@@ -134,6 +137,16 @@ class StoreUploads:
         previous, finished_at = "", 0.0
         while self.failure is None and (pending := self._pending()):
             checkpoint = pending[0]
+            missing = ranks_missing(checkpoint, self.ranks)
+            if missing:
+                self.failure = (
+                    f"checkpoint store {self.store.where()}: {checkpoint} lacks the files of rank(s) "
+                    f"{', '.join(map(str, missing))} of {self.ranks}, so the hosts do not share the run directory and "
+                    "their shards never reach this machine; give every host the same shared run directory, or train "
+                    "without a checkpoint store"
+                )
+                logger.error("%s", self.failure)
+                return
             waited = _waited(checkpoint, finished_at)
             if waited:
                 logger.warning(

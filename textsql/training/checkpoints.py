@@ -32,6 +32,9 @@ MAX_TAG_BYTES = 1024
 COMPLETE_MARKER = "textsql-complete"
 # What an incomplete checkpoint is renamed to, out of the trainer's sight (its glob is checkpoint-*).
 SET_ASIDE_PREFIX = "incomplete-"
+# What each rank of a run of several writes into a checkpoint, beside its own DeepSpeed shards (transformers'
+# Trainer._save_rng_state): the proof, on the machine that reads the checkpoint, that every rank's files reached it.
+RANK_RNG_STATE_FILE = "rng_state_{rank}.pth"
 # The trainer's checkpoint-N directories (transformers' PREFIX_CHECKPOINT_DIR; tests/test_train.py checks they agree).
 CHECKPOINT_PREFIX = "checkpoint"
 _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}-(\d+)")
@@ -72,6 +75,17 @@ def incomplete_reason(path: Path) -> str | None:
     if not (path / TRAINER_STATE_FILE).is_file():
         return f"no {TRAINER_STATE_FILE}"
     return latest_state(path)[1]
+
+
+def ranks_missing(path: Path, ranks: int) -> list[int]:
+    """The ranks of a run of ``ranks`` whose files are not in the checkpoint ``path`` (empty for one rank, which
+    writes them all): on hosts that do not share the run directory, each rank's files stay on its own host.
+
+    :rtype: list[int]
+    """
+    if ranks <= 1:
+        return []
+    return [rank for rank in range(ranks) if not (path / RANK_RNG_STATE_FILE.format(rank=rank)).is_file()]
 
 
 def latest_state(path: Path) -> tuple[Path | None, str | None]:
