@@ -6,10 +6,11 @@ multiple of 8, the top one at the 98th percentile; the longest 2 % (WikiSQL's le
 fall into an overflow bucket of their own, padded to the longest, so they do not widen the top bucket for
 everyone. A batch holds examples of one bucket only, padded to that bucket's bounds, and as many of them
 as the budget allows (fewer for the overflow bucket's long examples). So a batch never exceeds the budget, padding is small, and the model sees a
-few distinct shapes (one per bucket, plus each bucket's last, shorter batch). Under ``torch.compile`` the trainer
-marks a batch's example and length dimensions dynamic (:func:`mark_batch_dynamic`), so the first compilation serves
-every shape; and no batch holds a single example where the budget allows two (dynamo compiles a dimension of size 1
-apart): a bucket's last example shares the bucket's last batch, a bucket of one example joins the smallest bucket
+few distinct shapes (one per bucket, plus each bucket's last, shorter batch). Under ``--torch-compile true`` the
+trainer marks a batch's example and length dimensions dynamic (:func:`mark_batch_dynamic`), so dynamo's first
+compilation serves every shape (Inductor may still compile again where it chose by size: 4 times on one H200,
+``bench/gpu_quick.json``); and no batch holds a single example where the budget allows two (dynamo compiles a
+dimension of size 1 apart): a bucket's last example shares the bucket's last batch, a bucket of one example joins the smallest bucket
 that holds it. The batch order is shuffled per epoch from a seed, and every rank
 draws from the same global order, so all ranks step the same number of times.
 
