@@ -95,7 +95,7 @@ def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(checkout, tmp_path
         timeout=900,
     )
     result = json.loads((tmp_path / "out" / RESULT_NAME).read_text())
-    assert set(result["arms"]) == set(ARMS)
+    assert list(result["arms"]) == ["old_recipe", "defaults"] and set(result["arms"]) < set(ARMS)  # no GPU: two arms
     for name, arm in result["arms"].items():
         assert set(ARM_KEYS) <= set(arm), (name, set(ARM_KEYS) - set(arm))
         assert arm["samples_per_s"] > 0 and arm["mfu_real_tokens"] > 0 and arm["peak_memory_gib"] > 0, (name, arm)
