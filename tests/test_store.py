@@ -291,3 +291,28 @@ def test_a_store_holding_a_previous_run_is_refused_unless_resumed_or_overwritten
         assert uploads is not None and (tmp_path / "run" / "checkpoint-2").is_dir()
     with store_uploads(uri, tmp_path / "fresh", overwrite=True):
         assert complete_steps(open_store(uri)) == []
+
+
+def test_the_supervisor_tells_the_uploads_how_many_ranks_write_each_launchs_checkpoints(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The uploads check each checkpoint for every rank's files: the supervisor gives them the launch's world size
+    (the hostfile's slots) before it launches."""
+    import io
+
+    from textsql.launching import supervisor as supervised
+    from textsql.launching.command import LaunchArguments
+    from textsql.store.uploads import StoreUploads
+
+    (tmp_path / "hostfile").write_text("127.0.0.2 slots=2\n127.0.0.3 slots=1\n")
+    uploads = StoreUploads(open_store(f"file://{tmp_path / 'store'}"), tmp_path / "out")
+    seen = []
+
+    def launch(arguments, stream=None, should_stop=None):
+        seen.append(uploads.ranks)
+        return 0
+
+    monkeypatch.setattr(supervised, "launch", launch)
+    arguments = LaunchArguments(run_dir=tmp_path, module="json.tool")
+    assert supervised.Supervisor(arguments, uploads=uploads, stream=io.StringIO()).run() == 0
+    assert seen == [3]
