@@ -234,3 +234,20 @@ def test_sigterm_flood_still_stops_sshd_cleanly(tmp_path):
     assert wait_gone(run_dir) == []
     logs = (run_dir / "workers" / "local-0.log").read_text()
     assert "stopping on signal" in logs and f"sshd on 127.0.0.2:{port} stopped" in logs
+
+
+def test_a_local_agent_killed_hard_leaves_nothing_in_the_machines_temporary_space(tmp_path):
+    """A local pod's temporary files (its heartbeat socket's directory) are the backend's to remove: an agent killed
+    with SIGKILL cannot, and its /tmp is this machine's. Before, every such agent left a textsql-beats-* behind."""
+    run_dir = tmp_path / "run"
+    with start_workers("local", 1, run_dir, timeout=60, sshd=False) as cluster:
+        (agent,) = [pid for pid in agent_pids(run_dir) if "worker.agent" in " ".join(psutil.Process(pid).cmdline())]
+        tmpdir = Path(psutil.Process(agent).environ()["TMPDIR"])
+        assert tmpdir.is_dir() and tmpdir.name.startswith(f"textsql-{cluster.workers[0].pod}-")
+        deadline = time.monotonic() + 30
+        while not list(tmpdir.glob("textsql-beats-*/beats.sock")):
+            assert time.monotonic() < deadline, "the agent's heartbeat socket is not in its own TMPDIR"
+            time.sleep(0.05)
+        os.kill(agent, signal.SIGKILL)
+        assert wait_gone(run_dir) == []
+    assert not tmpdir.exists()

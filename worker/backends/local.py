@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,9 @@ class LocalBackend(Backend):
         # What launch() was given, so a replacement starts as the original did: pod -> address index.
         self._indexes: dict[str, int] = {}
         self._env: dict[str, str] = {}
+        # Each agent's TMPDIR (its heartbeat socket's directory): a local pod's temporary space is this machine's,
+        # and an agent killed hard cannot remove its own files, so the backend does when the pod ends.
+        self._tmpdirs: dict[str, Path] = {}
         self._slots = 1
         self._replaced = 0
 
@@ -100,6 +104,7 @@ class LocalBackend(Backend):
         if old is not None and old.poll() is None:
             old.kill()  # lost already: no grace to give
             old.wait()
+        self._remove_tmpdir(pod)
         if not self.replacements:
             raise WorkerError(f"no capacity for a replacement of {pod} (local backend with replacements=False)")
         self._replaced += 1
@@ -124,6 +129,7 @@ class LocalBackend(Backend):
                 c.ENV_POD: pod,
                 c.ENV_WORKER_DIR: str(workdir / pod),
                 c.ENV_SSHD: "1" if self.sshd else "0",
+                "TMPDIR": str(self._tmpdirs.setdefault(pod, Path(tempfile.mkdtemp(prefix=f"textsql-{pod}-")))),
             }
         )
         if self.pod_key is not None:  # launched by start_workers: this pod's key, not the run's token
@@ -161,5 +167,12 @@ class LocalBackend(Backend):
                 process.wait()
         if self._processes:
             logger.info("stopped %d local workers", len(self._processes))
+        for pod in list(self._tmpdirs):
+            self._remove_tmpdir(pod)
         self._processes.clear()
         self._indexes.clear()
+
+    def _remove_tmpdir(self, pod: str) -> None:
+        tmpdir = self._tmpdirs.pop(pod, None)
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
