@@ -19,6 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
+from textsql.launching.ranks import marked_processes
 from worker.network import free_port
 
 NODES = {"node1": "127.0.0.2", "node2": "127.0.0.3"}
@@ -156,7 +159,7 @@ class SlurmCluster:
                 stopping.append(pid)
             deadline = time.monotonic() + STOP_S
             while stopping and time.monotonic() < deadline:
-                stopping = [pid for pid in stopping if alive(pid)]
+                stopping = [pid for pid in stopping if psutil.pid_exists(pid)]
                 time.sleep(0.1)
         for pid in self.processes():
             with contextlib.suppress(ProcessLookupError):
@@ -171,23 +174,7 @@ class SlurmCluster:
     def processes(self) -> list[int]:
         """The processes started with this cluster's ``SLURM_CONF`` (its daemons, job steps and what they ran), this
         test's own process aside."""
-        mark = f"SLURM_CONF={self.conf}".encode()
-        found = []
-        for environ in Path("/proc").glob("[0-9]*/environ"):
-            pid = int(environ.parent.name)
-            with contextlib.suppress(OSError):
-                if pid != os.getpid() and mark in environ.read_bytes().split(b"\0"):
-                    found.append(pid)
-        return found
-
-
-def alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        return marked_processes(str(self.conf), "SLURM_CONF")
 
 
 def new_cluster() -> SlurmCluster:
