@@ -122,6 +122,7 @@ class LocalBackend(Backend):
 
     def _start(self, pod: str, index: int) -> None:
         workdir = self._workdir()
+        self._tmpdirs[pod] = Path(tempfile.mkdtemp(prefix=f"textsql-{pod}-"))
         agent_env = {c.ENV_SLOTS: str(self._slots), **os.environ, **self._env}
         agent_env.update(
             {
@@ -129,7 +130,7 @@ class LocalBackend(Backend):
                 c.ENV_POD: pod,
                 c.ENV_WORKER_DIR: str(workdir / pod),
                 c.ENV_SSHD: "1" if self.sshd else "0",
-                "TMPDIR": str(self._tmpdirs.setdefault(pod, Path(tempfile.mkdtemp(prefix=f"textsql-{pod}-")))),
+                "TMPDIR": str(self._tmpdirs[pod]),
             }
         )
         if self.pod_key is not None:  # launched by start_workers: this pod's key, not the run's token
