@@ -38,7 +38,7 @@ from bench.fullscale import prepare_data
 from bench.machine import describe_machine, releases
 from bench.ours import available
 from bench.report import PROFILES_KEY, write
-from textsql.files import read_json, write_json
+from textsql.json_files import read_json, write_json
 
 logger = logging.getLogger("bench")
 

@@ -8,7 +8,7 @@ Measured where CUDA is present (``make bench``), or on the CPU with ``python -m 
 - Old recipe (:mod:`bench.old_recipe`): every input and query padded to 96, fp32, eager, batch 32, plain AdamW,
   a plain ``Seq2SeqTrainer`` in this process.
 - Ours (:mod:`bench.ours`): ``textsql launch`` on 1 rank with no overrides but the loss (the default profile and
-  the defaults of :func:`textsql.training.hardware.fast_defaults`), then each profile.
+  the defaults of :func:`textsql.planning.device_defaults.fast_defaults`), then each profile.
 - Both arms train the full-vocabulary loss, a pretrained T5 user's (``loss_vocabulary`` recorded per arm).
 - Both arms: ``warmup_steps + timed_steps + 1`` steps; samples/s from a :class:`bench.steps.StepClock`
   (per-step wall times inside the training process) between the end of step ``warmup_steps`` and the
@@ -52,10 +52,10 @@ from bench.rank_probe import STOP_BELOW_VAR
 from bench.steps import StepClock, timed_window, training_seconds_to
 from bench.timing import rounded
 from bench.workload import Workload, versions
-from textsql.training.estimate import estimate
+from textsql.planning.device_defaults import device_facts, fast_defaults
+from textsql.planning.estimate import estimate
+from textsql.planning.profiles import available_profiles
 from textsql.training.events import TENSORBOARD_SUBDIR
-from textsql.training.hardware import device_facts, fast_defaults
-from textsql.training.profiles import available_profiles
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ from bench.ours import available, launch_ours, peak_memory, probe_record, run_su
 from bench.steps import StepClock, step_times, timed_window
 from bench.timing import rounded
 from bench.workload import Workload, versions
-from textsql.training.hardware import device_facts, fast_defaults
+from textsql.planning.device_defaults import device_facts, fast_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class QuickSizes:
     questions: int = WIKISQL_TRAIN_QUESTIONS
     tiny_model: bool = False  # the embedded small T5 instead of t5-small's shape
     old_batch: int = OLD_BATCH  # the old recipe's batch (smaller only in the smoke run)
-    token_budget: int | None = None  # None: the defaults' own for the GPU (textsql.training.hardware)
+    token_budget: int | None = None  # None: the defaults' own for the GPU (textsql.planning.device_defaults)
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 1 or self.timed_steps < 1:
@@ -244,7 +244,7 @@ def defaults_arm(
     """The defaults: ``textsql launch`` on one rank, with torch.compile as ``chosen`` says (passed on the command
     line when ``name`` is not ``defaults``).
 
-    :param chosen: :func:`textsql.training.hardware.fast_defaults` of this machine (``torch_compile`` turned for the
+    :param chosen: :func:`textsql.planning.device_defaults.fast_defaults` of this machine (``torch_compile`` turned for the
         other arms), for the arm's label.
     :returns: its samples/s, and its arm.
     :rtype: tuple[float, dict]

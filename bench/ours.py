@@ -22,7 +22,7 @@ from bench.rank_probe import PROFILE_STEP_VAR
 from bench.steps import timed_window
 from textsql.arguments import train_argv
 from textsql.constants import RUN_SUMMARY_NAME
-from textsql.files import read_json
+from textsql.json_files import read_json
 from textsql.training.batching import TokenBudgetBatchSampler
 
 logger = logging.getLogger(__name__)

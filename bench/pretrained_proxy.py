@@ -6,7 +6,7 @@ the "pretrained" model; it reads headers it never saw. That model is then fine-t
 the shipped real sample, in two arms that differ only in their learning-rate recipe:
 
 - ``recipe``: no rate flags, so the model directory with weights gets the with-weights recipe
-  (:data:`textsql.training.recipe.WITH_WEIGHTS_RECIPE`: AdamW 3e-4, linear warm-up, linear decay);
+  (:data:`textsql.planning.recipe.WITH_WEIGHTS_RECIPE`: AdamW 3e-4, linear warm-up, linear decay);
 - ``constant``: the from-scratch recipe forced by flags (AdamW at a constant 1e-3, no warm-up).
 
 What it keeps: the held-out synthetic accuracy (logical form and select, as ``textsql evaluate`` scores them)
@@ -40,11 +40,11 @@ from textsql.arguments import PrepareArguments
 from textsql.constants import LABEL_PAD_TOKEN_ID, RUN_SUMMARY_NAME, SAMPLE_SOURCE, UNCASED_FORMAT
 from textsql.data.prepare import prepare
 from textsql.data.wikisql import SYNTHETIC_SELECT_SOURCE
-from textsql.files import read_json
 from textsql.inference.predict import predict
+from textsql.json_files import read_json
 from textsql.model import load_model, load_tokenizer
+from textsql.planning.recipe import FROM_CONFIG_RECIPE
 from textsql.training.loss import BatchVocabularyT5
-from textsql.training.recipe import FROM_CONFIG_RECIPE
 
 logger = logging.getLogger(__name__)
 

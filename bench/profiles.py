@@ -22,12 +22,12 @@ from bench.events import samples_per_second, step_wall_times
 from bench.rank_probe import PROBE_DIR_VAR
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import ASSETS_DIR, DEFAULT_MODEL_DIR
-from textsql.files import read_json
+from textsql.json_files import read_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.launch import launch
-from textsql.training.estimate import estimate
+from textsql.planning.estimate import estimate
+from textsql.planning.profiles import available_profiles
 from textsql.training.events import TENSORBOARD_SUBDIR
-from textsql.training.profiles import available_profiles
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ def run(data_dir: str, work: Path, sizes: Sizes = Sizes()) -> dict:
             f"CPU accelerator + gloo; batch {sizes.batch_size} per rank, {sizes.steps} steps, no evaluation or checkpoints; "
             f"samples/s from the train/loss event wall times between step {sizes.skip_steps} and step {sizes.steps}; peak RSS "
             "per rank = ru_maxrss at the rank's exit (whole run, final model export included); estimate = "
-            f"textsql.training.estimate.estimate(nodes=1, gpus_per_node={RANKS}); estimate_ram = GPU share + CPU share per rank, since "
+            f"textsql.planning.estimate.estimate(nodes=1, gpus_per_node={RANKS}); estimate_ram = GPU share + CPU share per rank, since "
             f"both are the same RAM here; {sizes.warmup} unmeasured warm-up launch, then {sizes.repetitions} rounds over the profiles, alternating their order; median samples/s, "
             "highest peak RSS"
         ),

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.steps import StepClock, phase_markers
-from textsql.files import write_json
+from textsql.json_files import write_json
 from textsql.training import train
 
 logger = logging.getLogger(__name__)

@@ -34,13 +34,13 @@ from bench.profiles import train_only
 from bench.timing import summary
 from textsql.arguments import train_argv
 from textsql.constants import DEFAULT_MODEL_DIR
-from textsql.files import read_json
+from textsql.json_files import read_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.failures import FailureKind
 from textsql.launching.recovery import SUPERVISOR_FILE
 from textsql.launching.supervisor import supervise
 from textsql.rank_lines import STEP_LINE
-from textsql.training.checkpoints import COMPLETE_MARKER
+from textsql.rundir.checkpoints import COMPLETE_MARKER
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def kill_pod(tag: str, rank: int = KILLED_RANK) -> float:
     return killed_at
 
 
-def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **values) -> LaunchArguments:
+def supervised_arguments(data: Path, output: Path, tag: str, **values) -> LaunchArguments:
     """The launch of a short real training run tagged ``tag``, every step logged, no evaluation.
 
     :param values: training arguments on top (``max_steps``, ``save_steps``, ``profile`` ...).
@@ -170,14 +170,13 @@ def supervised_arguments(run_dir: Path, data: Path, output: Path, tag: str, **va
     args = train_argv(
         model=DEFAULT_MODEL_DIR,
         data_dir=data,
-        run_dir=output,
         logging_steps=1,
         eval_strategy="no",
         disable_tqdm=True,
         log_level="info",
         **{"profile": PROFILE} | values,
     )
-    return LaunchArguments(run_dir=run_dir, train_args=args, env={TAG_VAR: tag})
+    return LaunchArguments(run_dir=output, train_args=args, env={TAG_VAR: tag})
 
 
 def kill_after(
@@ -223,7 +222,6 @@ def once(
     checkpoint = output / f"checkpoint-{sizes.kill_after_step // sizes.save_steps * sizes.save_steps}"
     killer = kill_after(stream, sizes.kill_after_step, checkpoint, tag, killed, kill=kill)
     arguments = supervised_arguments(
-        cluster.run_dir,
         data,
         output,
         tag,
@@ -238,7 +236,7 @@ def once(
     killer.join(timeout=1)
     if code != 0 or "at" not in killed:
         raise RuntimeError(f"recovery run failed (exit code {code}, kill {killed}); see {work / 'bench.log'}")
-    return figures(read_json(cluster.run_dir / SUPERVISOR_FILE)["events"], killed["at"])
+    return figures(read_json(output / SUPERVISOR_FILE)["events"], killed["at"])
 
 
 def figures(events: list[dict], killed_at: float) -> dict:

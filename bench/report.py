@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from textsql.files import write_json
+from textsql.json_files import write_json
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)

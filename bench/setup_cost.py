@@ -30,7 +30,7 @@ import psutil
 
 from bench.machine import describe_machine, releases
 from textsql.constants import METRICS_NAME, PREDICTIONS_NAME, REAL_METRICS_NAME
-from textsql.files import read_json, read_jsonl, write_json
+from textsql.json_files import read_json, read_jsonl, write_json
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = BENCH_DIR.parent

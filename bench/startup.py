@@ -27,7 +27,7 @@ from bench.events import step_wall_times
 from bench.profiles import train_args, train_only
 from bench.timing import summary
 from textsql.constants import COLLECTIVE_FILE_NAME, DEFAULT_MODEL_DIR
-from textsql.files import read_json
+from textsql.json_files import read_json
 from textsql.rank_lines import STAGE_PREFIX
 from textsql.training.events import TENSORBOARD_SUBDIR
 from worker.network import free_port
@@ -75,7 +75,7 @@ def once(data: Path, run_dir: Path) -> dict[str, float]:
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     command = local_launch(
-        run_dir, RANKS, train_args(DEFAULT_MODEL_DIR, data, run_dir / "out", PROFILE, steps=2, batch_size=8)
+        run_dir / "out", RANKS, train_args(DEFAULT_MODEL_DIR, data, run_dir / "out", PROFILE, steps=2, batch_size=8)
     )
     seen: dict[str, float] = {}
     with open(run_dir / "bench.log", "w", encoding="utf-8") as log:

@@ -19,12 +19,12 @@ from bench.profiles import model_dir
 from bench.steps import StepClock
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.model import load_model
-from textsql.training.estimate import estimate
-from textsql.training.hardware import DeviceFacts, fast_defaults
+from textsql.planning.device_defaults import DeviceFacts, fast_defaults
+from textsql.planning.estimate import estimate
 
 logger = logging.getLogger(__name__)
 
-# An 80 GB H100 on a 16-core node, as textsql.training.hardware.device_facts describes one.
+# An 80 GB H100 on a 16-core node, as textsql.planning.device_defaults.device_facts describes one.
 HOPPER = DeviceFacts(cuda=True, compute_capability=(9, 0), memory_gib=79.1, gpus=1, cpu_cores=16)
 
 

@@ -29,7 +29,7 @@ from bench.startup import local_launch
 from bench.timing import summary
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import RUN_SUMMARY_NAME
-from textsql.files import read_json
+from textsql.json_files import read_json
 from textsql.training.events import TENSORBOARD_SUBDIR
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Sizes:
 
 
 def launch(run_dir: Path, train_args: list[str], env: dict[str, str], store: str | None) -> tuple[float, str]:
-    """One ``textsql launch`` of 2 local ranks; its start time and output.
+    """One ``textsql launch`` of 2 local ranks into ``run_dir`` (the ranks' run directory); its start time and output.
 
     :rtype: tuple[float, str]
     """
@@ -108,16 +108,16 @@ def _measure(server: S3Server, data: Path, work: Path, sizes: Sizes) -> dict:
         for arm in list(steps) if index % 2 == 0 else reversed(list(steps)):
             run_dir, store = work / f"store-{arm}-{index}", f"s3://{BUCKET}/bench/{arm}-{index}"
             output = run_dir / "out"
-            launch(run_dir, train(data, output, sizes.steps, sizes.save_steps), env, store if "with" in arm else None)
+            launch(output, train(data, output, sizes.steps, sizes.save_steps), env, store if "with" in arm else None)
             steps[arm].append(step_seconds(output))
             if arm == "with_store":
                 uploads += read_json(output / RUN_SUMMARY_NAME)["checkpoint_store"]["checkpoints"]
     # One more step from the newest checkpoint of the last store run: from its directory, then from the store alone.
     resumed = train(data, output, sizes.steps + 1, sizes.save_steps, resume_from_checkpoint="auto")
-    started, _ = launch(run_dir, resumed, env, None)
+    started, _ = launch(output, resumed, env, None)
     from_disk = first_step_after(output, sizes.steps + 1, started)
     shutil.rmtree(output)
-    started, said = launch(run_dir, resumed, env, store)
+    started, said = launch(output, resumed, env, store)
     from_store = first_step_after(output, sizes.steps + 1, started)
     downloaded = DOWNLOADED.search(said)
     upload_seconds = [entry["seconds"] for entry in uploads]

@@ -18,7 +18,7 @@ import datasets
 from bench.timing import alternate, ratio, summary
 from textsql.constants import PROJECT_DIR, SAMPLE_SOURCE, SPLITS
 from textsql.data.wikisql import load_records, source_text, target_text
-from textsql.files import read_jsonl
+from textsql.json_files import read_jsonl
 from textsql.model import load_tokenizer
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from helpers.paths import FAKES, SHARED_DATA_DIR
 
 @pytest.fixture(scope="session", autouse=True)
 def master_state_dir(tmp_path_factory):
-    """The runs' master-private directories (textsql.files.master_dir) under the session's temp dir, for this
+    """The runs' master-private directories (textsql.rundir.master_state.master_dir) under the session's temp dir, for this
     process and every one it starts, not in the user's ~/.local/state."""
     from textsql.constants import STATE_DIR_VAR
 

@@ -83,17 +83,46 @@ def test_import_contracts_hold():
 )
 def test_an_import_going_the_wrong_way_breaks_a_contract(tmp_path, module, wrong_import, broken):
     """The contracts are not vacuous: a copy of the tree with one import the wrong way fails them."""
-    for name in (*PACKAGES, "pyproject.toml"):
-        source = PROJECT_DIR / name
-        if source.is_dir():
-            shutil.copytree(source, tmp_path / name, ignore=shutil.ignore_patterns("assets", "__pycache__"))
-        else:
-            shutil.copy(source, tmp_path / name)
+    copy_tree(tmp_path)
     path = tmp_path / module
     path.write_text((path.read_text() if path.exists() else "") + f"\n{wrong_import}  # the wrong way\n")
     result = lint_imports(tmp_path)
     assert result.returncode == 1
     assert broken in result.stdout and " broken" in result.stdout
+
+
+# One wrong import from each package of the master side into the rank program, planted in one copy of the tree.
+MASTER_INTO_RANK = {
+    "textsql/cli/options.py": "import textsql.training.batching",
+    "textsql/pipeline/runs.py": "from textsql.training.output_dir import export_model",
+    "textsql/launching/recovery.py": "import textsql.training.mark_complete",
+    "textsql/store/sync.py": "import textsql.training",
+}
+
+
+def test_the_master_side_importing_the_rank_program_breaks_a_contract(tmp_path):
+    """cli, pipeline, launching and store plan with textsql.planning and read runs with textsql.rundir: an import
+    of textsql.training from any of them (but the `train` command's own entry point) breaks the forbidden contract."""
+    copy_tree(tmp_path)
+    for module, wrong_import in MASTER_INTO_RANK.items():
+        path = tmp_path / module
+        path.write_text(path.read_text() + f"\n{wrong_import}  # the wrong way\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1
+    assert "never imports the rank program (training) BROKEN" in " ".join(result.stdout.split())
+    for module in MASTER_INTO_RANK:
+        importer = module.removesuffix(".py").replace("/", ".")
+        assert f"{importer} -> textsql.training" in result.stdout, result.stdout
+
+
+def copy_tree(destination: Path) -> None:
+    """The packages and pyproject.toml, without the model assets, for lint-imports to run over."""
+    for name in (*PACKAGES, "pyproject.toml"):
+        source = PROJECT_DIR / name
+        if source.is_dir():
+            shutil.copytree(source, destination / name, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+        else:
+            shutil.copy(source, destination / name)
 
 
 def test_no_module_imports_a_private_name_of_another():

@@ -238,7 +238,7 @@ HOSTILE_QUESTION = (
 def hostile_questions(tmp_path: Path) -> tuple[Path, Path]:
     """A run directory holding a model (the small T5 as built, untrained: what it answers does not matter here)
     and a questions file whose first question is :data:`HOSTILE_QUESTION`; returns (run_dir, questions)."""
-    from textsql.files import write_jsonl
+    from textsql.json_files import write_jsonl
     from textsql.model import load_model, load_tokenizer
 
     run_dir = tmp_path / "run"

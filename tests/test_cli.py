@@ -19,6 +19,7 @@ from textsql.cli.training import LAUNCH_SECTIONS
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
 from textsql.launching.supervisor import Supervisor
+from textsql.launching.training_plan import TrainingPlan
 from worker.constants import MAX_EXPECTED_WORKERS, MAX_SLOTS
 from worker.errors import RendezvousError
 from worker.registration import check_slots
@@ -159,7 +160,8 @@ def launch_options(tmp_path: Path, *options: str) -> click.testing.Result:
 
 def supervisor_accepts(tmp_path: Path, **values: float) -> bool:
     try:
-        Supervisor(LaunchArguments(run_dir=tmp_path, module="json.tool"), **values)
+        arguments = LaunchArguments(run_dir=tmp_path, module="json.tool")
+        Supervisor(arguments, plan=TrainingPlan.read(arguments), **values)
     except LaunchError:
         return False
     return True
@@ -254,7 +256,7 @@ def test_train_short_help_is_short_and_imports_no_torch():
 
 
 def test_the_short_help_names_only_real_training_flags_in_either_spelling():
-    from textsql.training.command_line import parse_command_line
+    from textsql.planning.train_args import parse_command_line
 
     kebab = ["--data-dir", "data", "--run-dir", "out", "--per-device-train-batch-size", "4", "--no-constrained"]
     snake = ["--data_dir", "data", "--run_dir", "out", "--per_device_train_batch_size", "4", "--no_constrained"]

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers.launch import fake_prepared
 
 from textsql.cli import cli
-from textsql.files import write_json
+from textsql.json_files import write_json
 from textsql.launching.cluster_check import (
     CHECKPOINTS_KEPT,
     ClusterError,
@@ -167,9 +168,7 @@ def test_two_local_pods_with_another_torch_and_wrong_slots_are_refused_before_pd
     env = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", c.ENV_INVENTORY_OVERRIDES: json.dumps(overrides)}
     with start_workers("local", 2, run_dir, timeout=60, env=env) as cluster, pytest.raises(ClusterError) as refused:
         supervise(
-            LaunchArguments(
-                run_dir=cluster.run_dir, train_args=["--data_dir", str(tmp_path / "data"), "--run_dir", str(run_dir)]
-            ),
+            LaunchArguments(run_dir=cluster.run_dir, train_args=["--data_dir", str(fake_prepared(tmp_path / "data"))]),
             cluster,
         )
     lines = str(refused.value).splitlines()

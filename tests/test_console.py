@@ -25,7 +25,7 @@ from textsql.console import (
 )
 from textsql.display.terminal import StageView, cell_output_to
 from textsql.errors import TextSQLError
-from textsql.files import record_launch_hosts
+from textsql.rundir.master_state import record_launch_hosts
 from worker.files import UnsafePath
 
 # Lines DeepSpeed's runner and the ranks print in a demo, read from a real launch.log.

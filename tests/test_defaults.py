@@ -21,8 +21,8 @@ from textsql.cli import cli
 from textsql.launching.command import LaunchArguments
 from textsql.pipeline.demo import demo_parameters
 from textsql.pipeline.parameters import ENV_PREFIX, NOTEBOOKS, PATH_PARAMETERS, notebook_defaults, notebook_path
-from textsql.training.command_line import parse_command_line
-from textsql.training.recipe import FROM_CONFIG_RECIPE
+from textsql.planning.recipe import FROM_CONFIG_RECIPE
+from textsql.planning.train_args import parse_command_line
 from worker.backends.base import Resources
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent

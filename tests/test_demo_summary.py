@@ -1,6 +1,6 @@
 """The demo's closing summary: each score beside its standard error, read from files the pods can write."""
 
-from textsql.files import write_json
+from textsql.json_files import write_json
 from textsql.pipeline.demo import DemoResult, format_summary
 
 

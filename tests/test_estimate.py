@@ -10,7 +10,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from textsql.cli import cli
 from textsql.errors import ProfileError
 from textsql.model import load_config, load_model
-from textsql.training.estimate import (
+from textsql.planning.estimate import (
     GIB,
     choose_profile,
     count_parameters,

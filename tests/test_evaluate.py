@@ -10,7 +10,7 @@ import pytest
 from textsql.data.sql import parse_sql, render_sql
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
-from textsql.files import read_jsonl
+from textsql.json_files import read_jsonl
 from textsql.scoring.evaluate import evaluate, format_report
 
 

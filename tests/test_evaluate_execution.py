@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from textsql.cli import cli
+from textsql.data.tables import load_tables
 from textsql.errors import DataError
-from textsql.files import load_tables
 from textsql.scoring.engine import ExecutionError, TableEngine, to_number
 from textsql.scoring.evaluate import evaluate, format_report
 

@@ -1,4 +1,4 @@
-"""The library's file I/O (textsql.files) and the atomic write under it (worker.files)."""
+"""The library's JSON files (textsql.json_files), tables files (textsql.data.tables), master-private state (textsql.rundir.master_state) and the atomic write under it (worker.files)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,9 @@ import stat
 import pytest
 
 from textsql.constants import SAMPLE_DATA_DIR
+from textsql.data.tables import load_tables, prepared_tables_path, tables_beside
 from textsql.errors import DataError
-from textsql.files import (
-    load_tables,
-    prepared_tables_path,
-    read_json,
-    read_jsonl,
-    read_jsonl_located,
-    tables_beside,
-    write_json,
-    write_jsonl,
-)
+from textsql.json_files import read_json, read_jsonl, read_jsonl_located, write_json, write_jsonl
 from worker.files import atomic_write, last_line
 
 
@@ -122,9 +114,9 @@ def test_a_json_file_planted_as_a_link_is_refused_not_followed(tmp_path):
 
 
 def test_a_json_file_too_large_or_not_a_file_is_refused_in_one_line(tmp_path, monkeypatch):
-    import textsql.files
+    import textsql.json_files
 
-    monkeypatch.setattr(textsql.files, "MAX_JSON_BYTES", 1024)
+    monkeypatch.setattr(textsql.json_files, "MAX_JSON_BYTES", 1024)
     (tmp_path / "run.json").write_text("[" + "0," * 1024 + "0]")
     with pytest.raises(DataError, match=r"run.json' is larger than 1024 bytes"):
         read_json(tmp_path / "run.json")

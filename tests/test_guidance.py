@@ -6,10 +6,10 @@ import torch
 from textsql.arguments import GenerationOptions
 from textsql.data.sql import parse_sql
 from textsql.errors import SQLParseError
-from textsql.files import write_jsonl
 from textsql.inference.guidance import ExecutionGuide
 from textsql.inference.predict import predict
 from textsql.inference.predictor import Predictor
+from textsql.json_files import write_jsonl
 from textsql.scoring.engine import ExecutionError, TableEngine
 
 HEADER = ["Player", "No.", "School"]

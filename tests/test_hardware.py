@@ -3,15 +3,9 @@
 import pytest
 import torch
 
-from textsql.training.command_line import parse_command_line
-from textsql.training.hardware import (
-    DeviceFacts,
-    device_facts,
-    fast_defaults,
-    share_cpu_threads,
-    teardown_distributed,
-    token_budget_record,
-)
+from textsql.planning.device_defaults import DeviceFacts, device_facts, fast_defaults
+from textsql.planning.train_args import parse_command_line
+from textsql.training.hardware import share_cpu_threads, teardown_distributed, token_budget_record
 from worker.network import free_port
 
 H100 = DeviceFacts(cuda=True, compute_capability=(9, 0), memory_gib=79.2, gpus=1, cpu_cores=16)

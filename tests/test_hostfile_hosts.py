@@ -27,6 +27,7 @@ from textsql.launching.failures import Failure, FailureKind
 from textsql.launching.hostfile_hosts import REMAINING_HOSTFILE_NAME, HostfileHosts
 from textsql.launching.recovery import SUPERVISOR_FILE
 from textsql.launching.supervisor import Supervisor
+from textsql.launching.training_plan import TrainingPlan
 from worker.errors import WorkerError
 from worker.network import free_port
 
@@ -71,12 +72,20 @@ def supervisor(tmp_path: Path, min_workers: int, back_at: float, replace_timeout
     hosts = ScriptedHosts(
         read.run_dir, read.hostfile, read.slots, clock=clock, sleep=clock.sleep, back_at={"127.0.0.3": back_at}
     )
-    return Supervisor(arguments, hosts, replace_timeout=replace_timeout, min_workers=min_workers, stream=io.StringIO())
+    return Supervisor(
+        arguments,
+        hosts,
+        replace_timeout=replace_timeout,
+        min_workers=min_workers,
+        stream=io.StringIO(),
+        plan=TrainingPlan.read(arguments),
+    )
 
 
 def test_a_hostfile_run_supervises_its_hosts_without_a_cluster(tmp_path: Path) -> None:
     (tmp_path / "hostfile").write_text(HOSTFILE)
-    hosts = Supervisor(LaunchArguments(run_dir=tmp_path, module="standin")).hosts
+    arguments = LaunchArguments(run_dir=tmp_path, module="standin")
+    hosts = Supervisor(arguments, plan=TrainingPlan.read(arguments)).hosts
     assert isinstance(hosts, HostfileHosts) and hosts.hosts == ["127.0.0.2", "127.0.0.3"]
     assert hosts.hostfile == (tmp_path / "hostfile").resolve()
 
@@ -161,11 +170,11 @@ def test_a_lost_host_of_a_hostfile_is_left_behind_or_ends_the_run(
     run_dir, output, tag, killed = two_local_workers.run_dir, tmp_path / "out", uuid.uuid4().hex, {}
     hostfile = Path(shutil.copy(run_dir / "hostfile", tmp_path / "hosts"))
     train_args = supervised_arguments(
-        run_dir, train_data, output, tag, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, per_device_train_batch_size=4
+        train_data, output, tag, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, per_device_train_batch_size=4
     ).train_args
     command = textsql_launch(
-        run_dir,
-        *("--hostfile", str(hostfile), "--max-restarts", "1"),
+        output,
+        *("--hostfile", str(hostfile), "--ssh-config", str(run_dir / "ssh_config"), "--max-restarts", "1"),
         *("--min-workers", str(min_workers), "--replace-timeout", str(REPLACE_TIMEOUT_S)),
         env={TAG_VAR: tag},
     )
@@ -187,7 +196,7 @@ def test_a_lost_host_of_a_hostfile_is_left_behind_or_ends_the_run(
     assert "at" in killed, killed
     assert tagged_processes(tag) == [], "ranks left behind"
     assert hostfile.read_text() == HOSTFILE, "the user's hostfile was changed"
-    events = json.loads((run_dir / SUPERVISOR_FILE).read_text())["events"]
+    events = json.loads((output / SUPERVISOR_FILE).read_text())["events"]
     assert events[0]["event"] == FailureKind.WORKER_LOST and events[0]["host"] == "127.0.0.3", events[0]
     remaining = run_dir / REMAINING_HOSTFILE_NAME
     if min_workers == 2:

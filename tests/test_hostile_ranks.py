@@ -19,8 +19,9 @@ from textsql.launching.launch import launch
 from textsql.launching.launch_watch import LaunchWatch
 from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S, StallDetector
 from textsql.launching.supervisor import Supervisor
+from textsql.launching.training_plan import TrainingPlan
 from textsql.rank_lines import split_host_prefix
-from textsql.training.universal import convert, needs_conversion
+from textsql.rundir.universal import convert, needs_conversion
 from worker.hostfile import read_hostfile
 
 pytestmark = pytest.mark.slow
@@ -101,7 +102,12 @@ def test_a_host_gluing_lines_with_nul_neither_takes_nor_silences_another_hosts_h
     arguments = LaunchArguments(run_dir=two_local_workers.run_dir, module="gluing_rank", env=env)
     stream = io.StringIO()
     supervisor = Supervisor(
-        arguments, two_local_workers, max_restarts=0, stall_timeout=SHORTEST_STALL_TIMEOUT_S, stream=stream
+        arguments,
+        two_local_workers,
+        max_restarts=0,
+        stall_timeout=SHORTEST_STALL_TIMEOUT_S,
+        stream=stream,
+        plan=TrainingPlan.read(arguments),
     )
 
     code = supervisor.run()

@@ -31,9 +31,9 @@ from textsql.data.prepare import prepare
 from textsql.data.sql import canonical_sql
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
-from textsql.files import read_jsonl
 from textsql.inference.predict import load_questions, parse_header, predict
 from textsql.inference.predictor import Predictor, ask
+from textsql.json_files import read_jsonl
 from textsql.model import load_model, load_tokenizer
 from textsql.scoring.evaluate import evaluate
 

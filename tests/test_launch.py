@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers.launch import BIN, HOSTS, tagged_processes, textsql_launch
+from helpers.launch import BIN, HOSTS, fake_prepared, tagged_processes, textsql_launch
 from helpers.paths import PROJECT_DIR
 
 from textsql.arguments import train_argv
 from textsql.cli import cli
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME
 from textsql.errors import LaunchError
-from textsql.files import master_dir
 from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
@@ -33,6 +32,7 @@ from textsql.launching.command import (
     without_secrets,
 )
 from textsql.launching.launch import launch
+from textsql.rundir.master_state import master_dir
 from textsql.sanitize import mask_credentials
 from worker.network import free_port
 
@@ -52,8 +52,10 @@ time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
 dist.destroy_process_group()
 """
 
-# A training command line the launch reads (its output directory) before anything starts.
-TRAINING = train_argv(data_dir="data", run_dir="out")
+
+def training(tmp_path: Path) -> list[str]:
+    """A training command line the launch reads (and checks: a prepared dataset) before anything starts."""
+    return train_argv(data_dir=fake_prepared(tmp_path / "data"))
 
 
 @pytest.fixture
@@ -174,7 +176,7 @@ def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
         (["--", "--run_dir", "$HOME/x"], "characters the hosts' shell would interpret"),
         (["--", "--run_name", "run-%h"], "characters the hosts' shell would interpret"),
         ([], "no dataset given; pass --data-dir"),
-        (["--", "--data_dir", "data", "--run_dir", "out"], "does not exist; start the workers first"),
+        (["--", "--data_dir", "data"], "does not exist; start the workers first"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_fix(
@@ -194,7 +196,7 @@ def test_missing_pdsh_names_the_package(tmp_path: Path, monkeypatch: pytest.Monk
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n")
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(LaunchError, match="pdsh is not installed; run `make setup`"):
-        launch(LaunchArguments(run_dir=tmp_path, train_args=TRAINING))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=training(tmp_path)))
 
 
 def test_unreachable_host_fails_before_anything_starts(tmp_path: Path) -> None:
@@ -203,7 +205,7 @@ def test_unreachable_host_fails_before_anything_starts(tmp_path: Path) -> None:
         f"Host 127.0.0.2\n  Port {free_port('127.0.0.2')}\n  StrictHostKeyChecking yes\n"
     )
     with pytest.raises(LaunchError, match=r"passwordless ssh failed for 127\.0\.0\.2 \(.*Connection refused"):
-        launch(LaunchArguments(run_dir=tmp_path, train_args=TRAINING))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=training(tmp_path)))
     assert not (tmp_path / "launch.log").exists()
 
 
@@ -211,7 +213,7 @@ def test_unverified_host_keys_are_refused(tmp_path: Path) -> None:
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n")
     (tmp_path / "ssh_config").write_text("Host *\n  StrictHostKeyChecking no\n")
     with pytest.raises(LaunchError, match="would not verify its host key"):
-        launch(LaunchArguments(run_dir=tmp_path, train_args=TRAINING))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=training(tmp_path)))
 
 
 # ---- real launches ----------------------------------------------------------------------------

@@ -18,11 +18,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.launch import HOSTS, tagged_processes, textsql_launch
+from helpers.launch import HOSTS, on_cluster, tagged_processes, textsql_launch
 
 from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
-from textsql.training.checkpoints import newest_complete_checkpoint
+from textsql.rundir.checkpoints import newest_complete_checkpoint
 
 # Enough steps after the first checkpoint that the interrupt lands mid-run.
 MAX_STEPS = 30
@@ -57,7 +57,7 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
     args = ["--", *tiny_run_argv(prepared_sample, out, max_steps=MAX_STEPS, eval_every=1000, **TRAIN_ARGS)]
 
     first_log = tmp_path / "first.log"
-    first = start(textsql_launch(run_dir, env=tag) + args, first_log)
+    first = start(textsql_launch(out, *on_cluster(run_dir), env=tag) + args, first_log)
     to_first_step = wait_for(lambda: re.search(r"step \d+/\d+: loss ", first_log.read_text()), first, first_log)
     # Whichever checkpoint is complete when looked at: at a step a fraction of a second long, checkpoint-2
     # may already be rotated away (save_total_limit 2) by the time the poll comes.
@@ -72,7 +72,8 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
 
     second_log = tmp_path / "second.log"
     started = time.monotonic()
-    second = start(textsql_launch(run_dir, env=tag) + [*args, *train_argv(resume_from_checkpoint="auto")], second_log)
+    resumed = [*args, *train_argv(resume_from_checkpoint="auto")]
+    second = start(textsql_launch(out, *on_cluster(run_dir), env=tag) + resumed, second_log)
     assert second.wait(timeout=900) == 0, second_log.read_text()[-4000:]
     resumed_run = time.monotonic() - started
     output = second_log.read_text()

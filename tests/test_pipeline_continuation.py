@@ -20,7 +20,6 @@ from helpers.pipeline_records import actions, finished_demo, record
 
 from textsql.cli import cli
 from textsql.constants import LAUNCH_LOG_NAME
-from textsql.files import master_dir
 from textsql.launching.ranks import marked_processes
 from textsql.pipeline.demo import DEMO_MARKER, demo_data_dir, demo_parameters
 from textsql.pipeline.leftovers import launch_ids
@@ -36,10 +35,11 @@ from textsql.pipeline.manifest import (
     manifest_path,
 )
 from textsql.pipeline.parameters import NOTEBOOKS, job_parameters
-from textsql.training.checkpoints import (
+from textsql.rundir.checkpoints import (
     checkpoint_dirs,
     is_complete_checkpoint,
 )
+from textsql.rundir.master_state import master_dir
 
 TEXTSQL = str(Path(sys.executable).parent / "textsql")
 

@@ -17,7 +17,6 @@ from helpers.checkpoints import complete_checkpoint
 
 from textsql.cli import cli
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NAME, TRACKING_ENV_NAME
-from textsql.files import master_dir
 from textsql.launching.launch import record_launch
 from textsql.launching.ranks import LAUNCH_ID_VAR
 from textsql.pipeline.demo import DEMO_MARKER
@@ -28,6 +27,7 @@ from textsql.pipeline.manifest import (
     manifest_path,
 )
 from textsql.rank_lines import RUN_MARK_VAR, run_mark
+from textsql.rundir.master_state import master_dir
 
 
 def test_an_attempt_still_running_is_found_and_a_dead_one_is_not(tmp_path):

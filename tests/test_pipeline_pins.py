@@ -72,7 +72,7 @@ def test_a_continuation_pins_what_training_resolved_to_not_the_parameters(tmp_pa
     more = {**chosen, TRAIN: {**chosen[TRAIN], "workers": 4}}
     with pytest.raises(NotebookError, match=r"before its ranks, workers x worker_gpus \(2 -> 4\) changed; set it"):
         continuation_steps(manifest, more)
-    # Converted to a universal checkpoint, it loads at any number of ranks (textsql.training.universal).
+    # Converted to a universal checkpoint, it loads at any number of ranks (textsql.rundir.universal).
     (checkpoint / "global_step2_universal" / "zero").mkdir(parents=True)
     (checkpoint / "latest_universal").write_text("global_step2_universal")
     assert actions(continuation_steps(manifest, more)) == ["skip", "relaunch", "run"]

@@ -16,8 +16,8 @@ from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
 from textsql.errors import ProfileError
 from textsql.model import load_model
 from textsql.pipeline.parameters import notebook_path
-from textsql.training.estimate import GIB, estimate, format_estimate
-from textsql.training.profiles import (
+from textsql.planning.estimate import GIB, estimate, format_estimate
+from textsql.planning.profiles import (
     autocast_bf16,
     available_overlays,
     available_profiles,

@@ -31,7 +31,7 @@ from textsql.constants import RUN_SUMMARY_NAME
 from textsql.launching.failures import FailureKind
 from textsql.launching.recovery import SUPERVISOR_FILE
 from textsql.launching.supervisor import supervise
-from textsql.training.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
+from textsql.rundir.checkpoints import COMPLETE_MARKER, SET_ASIDE_PREFIX
 from textsql.training.events import TENSORBOARD_SUBDIR
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,6 @@ def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStre
     """The supervised run to the end (``options``: more arguments of ``supervise``); supervisor.json's events.
     No rank is left behind."""
     arguments = supervised_arguments(
-        cluster.run_dir,
         data,
         output,
         tag,
@@ -64,10 +63,10 @@ def run_supervised(cluster, data: Path, output: Path, tag: str, stream: StepStre
     finally:
         stream.close()
         print(stream.text[-8000:])
-    print(json.dumps(json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text()), indent=1))
+    print(json.dumps(json.loads((output / SUPERVISOR_FILE).read_text()), indent=1))
     assert code == 0
     assert tagged_processes(tag) == [], "ranks left behind"
-    return json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text())
+    return json.loads((output / SUPERVISOR_FILE).read_text())
 
 
 def assert_resumed_to_the_end(

@@ -10,7 +10,7 @@ from helpers.launch import textsql_train
 
 from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
-from textsql.training.checkpoints import newest_complete_checkpoint
+from textsql.rundir.checkpoints import newest_complete_checkpoint
 
 pytestmark = pytest.mark.slow
 

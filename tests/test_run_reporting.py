@@ -15,9 +15,9 @@ import torch
 from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
 from textsql.model import load_model, load_tokenizer
+from textsql.planning.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
+from textsql.planning.train_args import parse_command_line
 from textsql.training.batching import TokenBudgetBatchSampler, TokenBudgetTrainer
-from textsql.training.command_line import parse_command_line
-from textsql.training.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
 
 SYNC_OP = "aten::_local_scalar_dense"  # what .item() and every other host read of a tensor dispatch
 RUN_TIMEOUT_S = 600
@@ -212,7 +212,7 @@ def test_evaluations_generate_runs_under_the_engines_bf16_autocast(tmp_path):
 def test_a_model_from_its_config_batched_to_a_token_budget_warms_up():
     """A GPU's default batches (hundreds of questions a step) from random weights: the rate is reached by a warm-up,
     then held; without a token budget (the CPU demo) the rate is held from the first step."""
-    from textsql.training.recipe import FROM_CONFIG_TOKEN_BATCHES_RECIPE
+    from textsql.planning.recipe import FROM_CONFIG_TOKEN_BATCHES_RECIPE
 
     recipe, training = parsed(profile="zero0", max_tokens_per_batch=16384)
     assert (recipe["name"], training["learning_rate"], training["lr_scheduler_type"], training["warmup_steps"]) == (

@@ -12,7 +12,7 @@ from textsql.cli import cli
 from textsql.console import SanitizedLines, set_log_level
 from textsql.display.terminal import StageView
 from textsql.display.views import format_cluster, format_run
-from textsql.files import write_json
+from textsql.json_files import write_json
 from textsql.sanitize import sanitized, sanitized_lines
 
 # What a terminal acts on, and every line break str.splitlines() honours besides "\n".

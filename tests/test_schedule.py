@@ -5,7 +5,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import DefaultFlowCallback
 
 from textsql.errors import LaunchError
-from textsql.training.hardware import DeviceFacts, fast_defaults
+from textsql.planning.device_defaults import DeviceFacts, fast_defaults
 from textsql.training.schedule import TimedSchedule
 
 
@@ -100,7 +100,7 @@ def test_checkpoints_wait_for_their_minutes_and_the_last_step_always_saves(args)
 
 def test_gpus_get_the_timed_schedule_and_cpus_the_step_grid(tmp_path, monkeypatch):
     from textsql.arguments import train_argv
-    from textsql.training import command_line
+    from textsql.planning import train_args as command_line
 
     gpu = DeviceFacts(cuda=True, memory_gib=80, gpus=1, cpu_cores=8)
     assert "eval_share" not in fast_defaults(DeviceFacts(cuda=False, cpu_cores=2))
@@ -115,7 +115,7 @@ def test_gpus_get_the_timed_schedule_and_cpus_the_step_grid(tmp_path, monkeypatc
 @pytest.mark.parametrize(("flag", "value"), [("eval_share", "1"), ("eval_share", "-0.1"), ("save_every_minutes", "-1")])
 def test_an_impossible_schedule_is_refused_naming_the_flag(tmp_path, flag, value):
     from textsql.arguments import train_argv
-    from textsql.training.command_line import parse_command_line
+    from textsql.planning.train_args import parse_command_line
 
     with pytest.raises(LaunchError, match=f"pass --{flag.replace('_', '-')}"):
         parse_command_line(train_argv(data_dir=str(tmp_path), run_dir=str(tmp_path)) + [f"--{flag}", value])

@@ -40,9 +40,9 @@ from textsql.launching.failures import FailureKind
 from textsql.launching.launch import launch
 from textsql.launching.recovery import SUPERVISOR_FILE
 from textsql.launching.supervisor import supervise
-from textsql.training.checkpoints import is_complete_checkpoint
+from textsql.rundir.checkpoints import is_complete_checkpoint
+from textsql.rundir.universal import STAGING_DIR, UNIVERSAL_LATEST_FILE, convert, converted, needs_conversion
 from textsql.training.events import TENSORBOARD_SUBDIR
-from textsql.training.universal import STAGING_DIR, UNIVERSAL_LATEST_FILE, convert, converted, needs_conversion
 from worker.cluster import start_workers
 from worker.network import free_port
 
@@ -81,7 +81,6 @@ def test_a_lost_pod_without_replacement_leaves_two_workers_that_finish_the_run(
     stream = StepStream(tmp_path / "output.log")
     killer = kill_after(stream, SAVE_STEPS + 1, output / f"checkpoint-{SAVE_STEPS}", tag, killed, kill=kill_pod)
     arguments = supervised_arguments(
-        cluster.run_dir,
         train_data,
         output,
         tag,
@@ -103,7 +102,7 @@ def test_a_lost_pod_without_replacement_leaves_two_workers_that_finish_the_run(
         print(stream.text[-8000:])
     killer.join(timeout=5)
     assert "at" in killed, killed
-    record = json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text())
+    record = json.loads((output / SUPERVISOR_FILE).read_text())
     print(json.dumps(record, indent=1))
     assert code == 0
     assert tagged_processes(tag) == [], "ranks left behind"
@@ -195,9 +194,7 @@ def local_run(tmp_path: Path, data: Path, output: Path, ranks: int, max_steps: i
         seed=SEED,
         **values,
     )
-    arguments = LaunchArguments(
-        run_dir=tmp_path / "run", launcher="local", ranks=ranks, train_args=args, master_port=free_port()
-    )
+    arguments = LaunchArguments(run_dir=output, launcher="local", ranks=ranks, train_args=args, master_port=free_port())
     return launch(arguments)
 
 
@@ -222,7 +219,7 @@ def kill_conversion_half_way(checkpoint: Path, caught: dict) -> None:
                 raise TimeoutError("the conversion never started writing")
             time.sleep(0.005)
         # The conversion's own process (its pool of workers, forked from it, are its children).
-        child = next(p for p in psutil.Process().children() if "textsql.training.universal" in p.cmdline())
+        child = next(p for p in psutil.Process().children() if "textsql.rundir.universal" in p.cmdline())
         os.kill(child.pid, signal.SIGSTOP)
         if (checkpoint / UNIVERSAL_LATEST_FILE).exists():
             raise RuntimeError("the conversion had finished before it was stopped")

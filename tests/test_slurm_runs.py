@@ -21,7 +21,7 @@ from textsql.constants import RUN_SUMMARY_NAME
 from textsql.launching.command import LaunchArguments
 from textsql.launching.recovery import SUPERVISOR_FILE
 from textsql.launching.supervisor import supervise
-from textsql.training.checkpoints import COMPLETE_MARKER
+from textsql.rundir.checkpoints import COMPLETE_MARKER
 from worker.cluster import start_workers
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def test_a_two_node_run_trains_evaluates_and_writes_the_model(slurm_cluster, pre
     stream = StepStream()
     with start_workers("slurm", 2, tmp_path / "run", timeout=REGISTER_S, ssh_port=0) as cluster:
         arguments = LaunchArguments(
-            run_dir=cluster.run_dir,
+            run_dir=output,
             train_args=tiny_run_argv(prepared_sample, output, max_steps=4, eval_every=2, save_steps=4),
         )
         code = supervise(arguments, cluster, max_restarts=0, stream=stream)
@@ -74,7 +74,7 @@ def test_a_node_set_down_mid_run_is_replaced_and_the_run_resumes_to_max_steps(sl
     stream = StepStream(tmp_path / "stream.log")
     with start_workers("slurm", 2, tmp_path / "run", timeout=REGISTER_S, ssh_port=0) as cluster:
         arguments = supervised_arguments(
-            cluster.run_dir, train_data, output, uuid.uuid4().hex, max_steps=MAX_STEPS, save_steps=SAVE_STEPS,
+            train_data, output, uuid.uuid4().hex, max_steps=MAX_STEPS, save_steps=SAVE_STEPS,
             per_device_train_batch_size=4, seed=7,
         )  # fmt: skip
         thread = down_after(cluster, slurm_cluster, stream, output / f"checkpoint-{SAVE_STEPS}", downed)
@@ -85,7 +85,7 @@ def test_a_node_set_down_mid_run_is_replaced_and_the_run_resumes_to_max_steps(sl
             print(stream.text[-6000:])
         thread.join(timeout=5)
     assert "error" not in downed, downed
-    record = json.loads((tmp_path / "run" / SUPERVISOR_FILE).read_text())
+    record = json.loads((output / SUPERVISOR_FILE).read_text())
     print(json.dumps(record, indent=1))
     events = {event["event"]: event for event in record["events"]}
     figures = {

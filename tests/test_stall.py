@@ -15,8 +15,9 @@ from textsql.launching.launch_watch import LaunchWatch
 from textsql.launching.recovery import classify
 from textsql.launching.stall import MIN_STALL_TIMEOUT_S, STALL_FACTOR, StallDetector
 from textsql.launching.supervisor import PROCESS_GROUP_TIMEOUT_S, Supervisor, process_group_timeout
+from textsql.launching.training_plan import TrainingPlan
+from textsql.planning.train_args import parse_command_line
 from textsql.rank_lines import HEARTBEAT_LINE, heartbeat_line, ranks_by_host, split_host_prefix
-from textsql.training.command_line import parse_command_line
 from worker.beats import Beat
 
 # Hostfiles: host to slots.
@@ -216,14 +217,16 @@ def run_dir(tmp_path):
 def test_a_stall_timeout_too_short_for_the_heartbeat_is_refused_in_one_line(run_dir):
     arguments = LaunchArguments(run_dir=run_dir, module="standin_rank")
     with pytest.raises(LaunchError, match=r"^--stall-timeout 5 must be at least 20 seconds \(or left out"):
-        Supervisor(arguments, stall_timeout=5)
+        Supervisor(arguments, stall_timeout=5, plan=TrainingPlan.read(arguments))
 
 
 def test_the_supervisor_lowers_the_ranks_process_group_timeout_to_the_bound(run_dir):
-    train_args = train_argv(data_dir=run_dir, run_dir=run_dir / "out", profile="zero1")
-    supervisor = Supervisor(LaunchArguments(run_dir=run_dir, train_args=train_args), stall_timeout=30)
+    train_args = train_argv(data_dir=run_dir, profile="zero1")
+    arguments = LaunchArguments(run_dir=run_dir, train_args=train_args)
+    supervisor = Supervisor(arguments, stall_timeout=30, plan=TrainingPlan(ddp_timeout=1800))
     assert supervisor.overrides == {"ddp_timeout": 60}
-    _, _, _, training = parse_command_line([*train_args, *train_argv(**supervisor.overrides)])
+    _, _, _, training = parse_command_line(
+        [*train_argv(run_dir=run_dir), *train_args, *train_argv(**supervisor.overrides)]
+    )
     assert training["ddp_timeout"] == 60
-    user_shorter = [*train_args, "--ddp_timeout", "20"]
-    assert Supervisor(LaunchArguments(run_dir=run_dir, train_args=user_shorter), stall_timeout=30).overrides == {}
+    assert Supervisor(arguments, stall_timeout=30, plan=TrainingPlan(ddp_timeout=20)).overrides == {}

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from textsql.console import SanitizedLines
 from textsql.display.step_bar import StepBar, shown_output
-from textsql.files import record_launch_hosts
+from textsql.rundir.master_state import record_launch_hosts
 
 STEPS = 2000
 WIDGET = "application/vnd.jupyter.widget-view+json"

@@ -19,9 +19,9 @@ from helpers.paths import PROJECT_DIR
 from bench.seaweed import BUCKET, S3Server, s3_server
 from textsql.errors import StoreError
 from textsql.launching.launch import _prepare_local
+from textsql.rundir.checkpoints import COMPLETE_MARKER, is_complete_checkpoint
 from textsql.store.location import check_store, open_store
 from textsql.store.sync import apply_retention, complete_steps, download_newest, upload_checkpoint
-from textsql.training.checkpoints import COMPLETE_MARKER, is_complete_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -302,17 +302,18 @@ def test_the_supervisor_tells_the_uploads_how_many_ranks_write_each_launchs_chec
 
     from textsql.launching import supervisor as supervised
     from textsql.launching.command import LaunchArguments
+    from textsql.launching.training_plan import TrainingPlan
     from textsql.store.uploads import StoreUploads
 
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=2\n127.0.0.3 slots=1\n")
     uploads = StoreUploads(open_store(f"file://{tmp_path / 'store'}"), tmp_path / "out")
     seen = []
 
-    def launch(arguments, stream=None, should_stop=None):
+    def launch(arguments, plan, stream=None, should_stop=None):
         seen.append(uploads.ranks)
         return 0
 
     monkeypatch.setattr(supervised, "launch", launch)
     arguments = LaunchArguments(run_dir=tmp_path, module="json.tool")
-    assert supervised.Supervisor(arguments, uploads=uploads, stream=io.StringIO()).run() == 0
+    assert supervised.Supervisor(arguments, uploads=uploads, stream=io.StringIO(), plan=TrainingPlan()).run() == 0
     assert seen == [3]

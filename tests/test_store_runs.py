@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 from helpers.docs import shell_blocks
-from helpers.launch import SecretWatch, textsql_launch
+from helpers.launch import SecretWatch, on_cluster, textsql_launch
 from helpers.paths import PROJECT_DIR
 
 from bench.seaweed import BUCKET, S3Server, s3_server
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
-from textsql.files import master_dir
 from textsql.pipeline.demo import demo_data_dir
+from textsql.rundir.checkpoints import COMPLETE_MARKER
+from textsql.rundir.master_state import master_dir
 from textsql.store.location import open_store
 from textsql.store.sync import complete_steps
-from textsql.training.checkpoints import COMPLETE_MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def launch_with_store(
     train_args = tiny_run_argv(data, output, max_steps=max_steps, eval_every=None, save_steps=2, **values)
     with SecretWatch(s3.secret_key) as watch:
         result = subprocess.run(
-            [*textsql_launch(workers.run_dir), "--checkpoint-store", uri, "--", *train_args],
+            [*textsql_launch(output, *on_cluster(workers.run_dir)), "--checkpoint-store", uri, "--", *train_args],
             check=False,
             env=os.environ | s3.environ() | {"OMP_NUM_THREADS": "1"},
             cwd=PROJECT_DIR,
@@ -127,10 +127,16 @@ def test_wrong_keys_end_the_launch_in_one_line_before_any_rank_starts(
     s3: S3Server, workers, train_data: Path, tmp_path: Path
 ) -> None:
     train_args = tiny_run_argv(train_data, tmp_path / "out", max_steps=2, eval_every=None)
-    launch_log = workers.run_dir / LAUNCH_LOG_NAME
+    launch_log = tmp_path / "out" / LAUNCH_LOG_NAME
     before = launch_log.read_text() if launch_log.exists() else ""
     result = subprocess.run(
-        [*textsql_launch(workers.run_dir), "--checkpoint-store", f"s3://{BUCKET}/runs/refused", "--", *train_args],
+        [
+            *textsql_launch(tmp_path / "out", *on_cluster(workers.run_dir)),
+            "--checkpoint-store",
+            f"s3://{BUCKET}/runs/refused",
+            "--",
+            *train_args,
+        ],
         check=False,
         env=os.environ | s3.environ(secret="wrong-secret-value"),
         cwd=PROJECT_DIR,

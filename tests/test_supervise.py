@@ -25,7 +25,7 @@ from textsql.launching.launch_watch import LaunchWatch
 from textsql.launching.recovery import SUPERVISOR_FILE, classify
 from textsql.launching.supervisor import Supervisor, supervise
 from textsql.launching.training_plan import TrainingPlan
-from textsql.training.command_line import parse_command_line
+from textsql.planning.train_args import parse_command_line
 
 # A rank program: forms the gloo group; rank 1 of the first launch (no --resume-from-checkpoint yet) fails as asked.
 RANK_MODULE = """
@@ -228,8 +228,10 @@ def test_min_workers_must_be_from_one_to_the_workers(tmp_path: Path) -> None:
     arguments = LaunchArguments(run_dir=tmp_path, module="standin_rank")
     for bad in (0, 3):
         with pytest.raises(LaunchError, match=rf"--min-workers {bad} must be from 1 to the number of workers \(2\)"):
-            Supervisor(arguments, min_workers=bad)
-    assert Supervisor(arguments).min_workers == 2, "the default must keep today's behaviour: never go on with fewer"
+            Supervisor(arguments, min_workers=bad, plan=TrainingPlan.read(arguments))
+    assert Supervisor(arguments, plan=TrainingPlan.read(arguments)).min_workers == 2, (
+        "the default must keep today's behaviour: never go on with fewer"
+    )
 
 
 # ---- real launches ----------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from textsql.data.synthetic import (
     load_synthetic_split,
     split_headers,
 )
+from textsql.data.tables import load_tables, prepared_tables_path
 from textsql.data.wikisql import load_split
-from textsql.files import load_tables, prepared_tables_path
 from textsql.pipeline.parameters import declared_defaults
 from textsql.scoring.engine import TableEngine
 from textsql.scoring.evaluate import evaluate

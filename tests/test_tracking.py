@@ -14,15 +14,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.launch import fake_prepared
 
 from textsql.arguments import train_argv
 from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_VAR
 from textsql.errors import LaunchError
-from textsql.files import master_dir, write_json
+from textsql.json_files import write_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.tracking_env import tracking_env, without_tracking
+from textsql.launching.training_plan import TrainingPlan
+from textsql.planning.train_args import parse_command_line
+from textsql.rundir.master_state import master_dir
 from textsql.tracking.mlflow_runs import finish_tracking, load_tracking_env, log_evaluation, start_tracking
-from textsql.training.command_line import parse_command_line
 
 EXPERIMENT = "textsql-tracking-test"
 
@@ -30,18 +33,19 @@ EXPERIMENT = "textsql-tracking-test"
 # ---- the launching side: a 0600 file for one launch, nothing on the runner's environment ---------
 
 
-@pytest.mark.parametrize("spelling", ["train_argv", "--run_dir", "--run-dir="])
+@pytest.mark.parametrize("spelling", ["train_argv", "--run_dir", "--run-dir=", "the launch's alone"])
 def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after(tmp_path: Path, spelling: str) -> None:
-    out = tmp_path / "out"
+    out, data = tmp_path / "out", fake_prepared(tmp_path / "data")
     token = secrets.token_hex(16)
     environ = {"MLFLOW_TRACKING_URI": "http://10.0.0.5:5000", "MLFLOW_TRACKING_TOKEN": token, "HOME": "/root"}
     train_args = {
-        "train_argv": train_argv(data_dir=tmp_path, run_dir=out),  # what notebook 02 and the demo launch with
-        "--run_dir": ["--data_dir", str(tmp_path), "--run_dir", str(out)],
-        "--run-dir=": ["--data-dir", str(tmp_path), f"--run-dir={out}"],
+        "train_argv": train_argv(data_dir=data, run_dir=out),  # what the demo's first releases launched with
+        "--run_dir": ["--data_dir", str(data), "--run_dir", str(out)],
+        "--run-dir=": ["--data-dir", str(data), f"--run-dir={out}"],
+        "the launch's alone": train_argv(data_dir=data),  # what notebook 02 launches with
     }[spelling]
-    arguments = LaunchArguments(run_dir=tmp_path / "run", train_args=train_args)
-    with tracking_env(arguments, environ) as tracked:
+    arguments = LaunchArguments(run_dir=out, train_args=train_args)
+    with tracking_env(arguments, TrainingPlan.read(arguments), environ) as tracked:
         path = Path(tracked.env[TRACKING_ENV_VAR])
         assert path == (out / TRACKING_ENV_NAME).resolve()
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -56,8 +60,8 @@ def test_mlflow_variables_go_to_a_private_file_for_the_launch_and_are_gone_after
 
 
 def test_without_mlflow_variables_the_launch_is_unchanged(tmp_path: Path) -> None:
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=train_argv(data_dir=tmp_path, run_dir=tmp_path / "out"))
-    with tracking_env(arguments, {"HOME": "/root"}) as tracked:
+    arguments = LaunchArguments(run_dir=tmp_path / "out", train_args=train_argv(data_dir=fake_prepared(tmp_path / "d")))
+    with tracking_env(arguments, TrainingPlan.read(arguments), {"HOME": "/root"}) as tracked:
         assert tracked is arguments
     assert not (tmp_path / "out").exists()
 
@@ -71,8 +75,8 @@ def test_a_tracking_file_a_hard_kill_left_is_removed_when_the_next_launch_starts
     out = tmp_path / "out"
     out.mkdir()
     (out / TRACKING_ENV_NAME).write_text(json.dumps({"MLFLOW_TRACKING_PASSWORD": "left-by-a-killed-launch"}))
-    arguments = LaunchArguments(run_dir=tmp_path, train_args=train_argv(data_dir=tmp_path, run_dir=out))
-    with tracking_env(arguments, {"HOME": "/root"}) as tracked:
+    arguments = LaunchArguments(run_dir=out, train_args=train_argv(data_dir=fake_prepared(tmp_path / "data")))
+    with tracking_env(arguments, TrainingPlan.read(arguments), {"HOME": "/root"}) as tracked:
         assert tracked is arguments and not (out / TRACKING_ENV_NAME).exists()
 
 

@@ -23,16 +23,18 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.launch import SecretWatch, tagged_processes, textsql_launch
+from helpers.launch import SecretWatch, fake_prepared, on_cluster, tagged_processes, textsql_launch
 from helpers.paths import PROJECT_DIR
 
 from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
 from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_VAR
-from textsql.files import master_dir, read_json
+from textsql.json_files import read_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.tracking_env import tracking_env
+from textsql.launching.training_plan import TrainingPlan
 from textsql.pipeline.leftovers import end_leftovers
+from textsql.rundir.master_state import master_dir
 from worker.network import free_port
 
 SERVER_START_S = 180
@@ -151,7 +153,7 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
     try:
         with SecretWatch(token, out / TRACKING_ENV_NAME) as watch:
             result = subprocess.run(
-                [*textsql_launch(run_dir), "--", *train_args],
+                [*textsql_launch(out, *on_cluster(run_dir)), "--", *train_args],
                 check=False,
                 env=environ,
                 cwd=PROJECT_DIR,
@@ -255,7 +257,7 @@ def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
     on into the MLflow run the master opened for it and keeps in its own directory, not into a second one."""
     from mlflow.tracking import MlflowClient
 
-    run_dir, out, log, tag = tmp_path / "run", tmp_path / "out", tmp_path / "launch.out", uuid.uuid4().hex
+    out, log, tag = tmp_path / "out", tmp_path / "launch.out", uuid.uuid4().hex
     train_args = tiny_run_argv(
         prepared_sample, out, max_steps=12, eval_every=None, profile="zero0", save_steps=1000, report_to="mlflow"
     )
@@ -264,7 +266,7 @@ def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
     environ = os.environ | {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": EXPERIMENT, "OMP_NUM_THREADS": "1"}
     with open(log, "w") as output:
         launch = subprocess.Popen(
-            [*textsql_launch(run_dir, *options, env={"LAUNCH_TEST_TAG": tag}), "--", *train_args],
+            [*textsql_launch(out, *options, env={"LAUNCH_TEST_TAG": tag}), "--", *train_args],
             env=environ,
             cwd=PROJECT_DIR,
             stdout=output,
@@ -288,7 +290,7 @@ def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
     assert run.info.status == "FINISHED" and run.data.params["max_steps"] == "12"
     steps = [point.step for point in client.get_metric_history(run.info.run_id, "loss")]
     assert steps.count(1) == 2 and steps[-12:] == list(range(1, 13)), f"both launches' losses in one run: {steps}"
-    assert read_json(master_dir(run_dir) / MLFLOW_RUN_NAME)["run_id"] == run.info.run_id
+    assert read_json(master_dir(out) / MLFLOW_RUN_NAME)["run_id"] == run.info.run_id
 
 
 @pytest.mark.slow
@@ -303,9 +305,10 @@ def test_a_run_killed_hard_is_marked_killed_when_its_pipeline_continues_and_the_
     settings = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": EXPERIMENT}
     for key, value in settings.items():
         monkeypatch.setenv(key, value)
-    run_dir, out = tmp_path / "run", tmp_path / "run"
-    train_args = train_argv(data_dir=tmp_path, run_dir=out, report_to="mlflow")
-    with tracking_env(LaunchArguments(run_dir=run_dir, train_args=train_args)) as tracked:
+    run_dir = tmp_path / "run"
+    train_args = train_argv(data_dir=fake_prepared(tmp_path / "data"), report_to="mlflow")
+    first = LaunchArguments(run_dir=run_dir, train_args=train_args)
+    with tracking_env(first, TrainingPlan.read(first)) as tracked:
         handed = json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"]
         client = MlflowClient(uri)
         assert client.get_run(handed).info.status == "RUNNING"
@@ -313,9 +316,9 @@ def test_a_run_killed_hard_is_marked_killed_when_its_pipeline_continues_and_the_
         end_leftovers(run_dir, None)
         assert client.get_run(handed).info.status == "KILLED"
     resumed = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(resume_from_checkpoint="auto")])
-    with tracking_env(resumed) as tracked:
+    with tracking_env(resumed, TrainingPlan.read(resumed)) as tracked:
         assert json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"] == handed
     fresh = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(overwrite_output_dir=True)])
-    with tracking_env(fresh) as tracked:
+    with tracking_env(fresh, TrainingPlan.read(fresh)) as tracked:
         assert json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"] != handed, "a new training"
     assert len(client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])) == 2

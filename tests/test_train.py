@@ -5,11 +5,13 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers.launch import fake_prepared
 
 from textsql.arguments import RunArguments, train_argv
 from textsql.cli import cli
 from textsql.errors import DataError, LaunchError, ModelError, ProfileError, RenamedOptionError
-from textsql.training.checkpoints import (
+from textsql.planning.train_args import check_train_args, parse_command_line, resolve_precision
+from textsql.rundir.checkpoints import (
     CHECKPOINT_PREFIX,
     COMPLETE_MARKER,
     checkpoint_dirs,
@@ -17,7 +19,6 @@ from textsql.training.checkpoints import (
     newest_complete_checkpoint,
     set_aside_incomplete,
 )
-from textsql.training.command_line import check_train_args, parse_command_line, resolve_precision
 from textsql.training.output_dir import _prepare_on_saving_rank
 
 REQUIRED = train_argv(data_dir="data", run_dir="out")
@@ -234,13 +235,6 @@ def test_cli_train_errors_are_one_line_without_traceback():
     ]
 
 
-def fake_prepared(directory):
-    """What check_train_args reads of a prepared dataset: the split list save_to_disk writes."""
-    directory.mkdir()
-    (directory / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "validation", "test"]}))
-    return directory
-
-
 @pytest.mark.parametrize(
     ("values", "error", "fix"),
     [
@@ -287,12 +281,43 @@ def test_textsql_launch_refuses_before_any_rank_starts(tmp_path, monkeypatch, va
     monkeypatch.chdir(tmp_path)
     fake_prepared(tmp_path / "data")
     run_dir = tmp_path / "run"
-    train_args = train_argv(**({"data_dir": "data", "run_dir": "out"} | values))
+    train_args = train_argv(**({"data_dir": "data"} | values))
     result = CliRunner().invoke(cli, ["launch", "--run-dir", str(run_dir), "--launcher", "local", "--", *train_args])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1 and result.output.startswith(message), result.output
     # launch() creates the run directory before anything else (launch.log, .deepspeed_env, the ranks).
-    assert not run_dir.exists() and not (tmp_path / "out").exists()
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("spelling", ["--run-dir", "--run_dir", "--run-dir="])
+def test_textsql_launch_refuses_a_second_run_dir_that_differs_naming_both(tmp_path, monkeypatch, spelling):
+    from click.testing import CliRunner
+
+    from textsql.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    fake_prepared(tmp_path / "data")
+    second = [f"{spelling}runs/b"] if spelling.endswith("=") else [spelling, "runs/b"]
+    result = CliRunner().invoke(
+        cli, ["launch", "--run-dir", "runs/a", "--launcher", "local", "--", "--data-dir", "data", *second]
+    )
+    assert result.exit_code == 1
+    refusal = "--run-dir 'runs/b' after -- differs from the launch's --run-dir 'runs/a'; give the run directory once"
+    assert result.output.strip().splitlines() == [f"Error: {refusal}, before --"]
+    assert not (tmp_path / "runs").exists(), "nothing written to either directory"
+
+
+def test_the_launch_run_dir_is_the_ranks_given_once_or_twice_alike(tmp_path):
+    from textsql.launching.command import LaunchArguments
+    from textsql.launching.training_plan import TrainingPlan
+
+    data = fake_prepared(tmp_path / "data")
+    once = TrainingPlan.read(LaunchArguments(run_dir=tmp_path / "run", train_args=train_argv(data_dir=data)))
+    assert once.output_dir == tmp_path / "run"
+    assert once.rank_args[:2] == ("--run-dir", str(tmp_path / "run")), "the ranks get the launch's run directory"
+    # The same directory spelt another way after -- is no mismatch.
+    twice = LaunchArguments(run_dir=tmp_path / "run", train_args=train_argv(data_dir=data, run_dir=f"{tmp_path}/./run"))
+    assert TrainingPlan.read(twice).output_dir.resolve() == (tmp_path / "run").resolve()
 
 
 def test_train_argv_refuses_a_name_that_is_no_argument():

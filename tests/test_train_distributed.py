@@ -18,7 +18,7 @@ import torch
 
 from bench.tiny_run import tiny_run_argv
 from textsql.display.tensorboard import read_scalars
-from textsql.training.profiles import available_profiles, get_profile
+from textsql.planning.profiles import available_profiles, get_profile
 from textsql.training.shared_buffer import BUFFER_PREFIX, SHARED_MEMORY_DIR
 from worker.network import free_port
 

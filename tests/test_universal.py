@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from textsql.errors import LaunchError
-from textsql.training.universal import (
+from textsql.rundir.universal import (
     UNIVERSAL_LATEST_FILE,
     converted,
     load_universal,
@@ -64,7 +64,7 @@ def test_another_world_without_a_conversion_is_refused_with_the_fix(tmp_path):
     with pytest.raises(
         LaunchError,
         match=r"checkpoint-2 was written by 3 data-parallel ranks and this run has 2; resume with 3 ranks, "
-        r"or convert it first: python -m textsql.training.universal ",
+        r"or convert it first: python -m textsql.rundir.universal ",
     ):
         load_universal(path, 2)
 

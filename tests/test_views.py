@@ -10,7 +10,7 @@ import pytest
 from textsql.data.sql import parsed
 from textsql.display.views import format_answer, format_run, plot_accuracy_by_type, predictions_table
 from textsql.errors import TextSQLError
-from textsql.files import write_json, write_jsonl
+from textsql.json_files import write_json, write_jsonl
 from textsql.scoring.evaluate import evaluate
 
 matplotlib.use("Agg")

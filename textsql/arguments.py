@@ -11,7 +11,7 @@ These fields and :data:`TRAINING_DEFAULTS` are the one source of a run's default
 parameters cell, ``textsql demo`` and the AMP's environment variables repeat them (a notebook's
 parameters must be literals), and ``tests/test_defaults.py`` fails when a copy drifts
 (:func:`textsql.pipeline.parameters.notebook_defaults` names them as the notebook does). The learning rate,
-its schedule and warm-up are the model's recipe's (:mod:`textsql.training.recipe`).
+its schedule and warm-up are the model's recipe's (:mod:`textsql.planning.recipe`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ RENAMED_TRAIN_FLAGS = {
     "--output_dir": f"{RUN_DIR_FLAG} DIR",
     "--resume": "--resume-from-checkpoint auto|PATH",
 }
-# How `textsql train` flags are spelled (its help says it; textsql.training.command_line parses both).
+# How `textsql train` flags are spelled (its help says it; textsql.planning.train_args parses both).
 TRAIN_SPELLING = (
     "Flags are written in kebab-case (--per-device-train-batch-size), as every textsql command's; HuggingFace's "
     "snake_case (--per_device_train_batch_size) is accepted too, so commands from transformers' docs work as they "
@@ -58,7 +58,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "report_to": "tensorboard",
     "predict_with_generate": True,
     "generation_max_length": 64,
-    # Per rank; on a GPU batches are filled to a token budget instead (textsql.training.hardware.fast_defaults).
+    # Per rank; on a GPU batches are filled to a token budget instead (textsql.planning.device_defaults.fast_defaults).
     "per_device_train_batch_size": 16,
     "eval_strategy": "steps",
     "eval_steps": 100,
@@ -262,10 +262,10 @@ class RunArguments:
     )
     # Set once --profile auto is resolved (textsql.training.train), for run.json and the stage line.
     auto_profile: bool = field(default=False, init=False)
-    # Set with the DeepSpeed config (textsql.training.profiles.autocast_bf16): the norm the optimizer clips
+    # Set with the DeepSpeed config (textsql.planning.profiles.autocast_bf16): the norm the optimizer clips
     # to itself, DeepSpeed then clipping nothing (0: DeepSpeed clips, as --max_grad_norm says).
     optimizer_max_grad_norm: float = field(default=0.0, init=False)
-    # Set once the model is known (textsql.training.command_line): the recipe it trains with, for run.json.
+    # Set once the model is known (textsql.planning.train_args): the recipe it trains with, for run.json.
     recipe: dict[str, Any] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -339,7 +339,7 @@ def train_argv(**values: Any) -> list[str]:
     ``Seq2SeqTrainingArguments``, named as their flags are (``run_dir`` for its ``output_dir``); ``None``
     and empty lists leave a flag out, booleans are written ``true``/``false`` and lists give one value each.
     The list is what the ranks parse, so checking it with
-    :func:`textsql.training.command_line.check_train_args` checks the run.
+    :func:`textsql.planning.train_args.check_train_args` checks the run.
 
     Usage::
 

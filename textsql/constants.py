@@ -13,7 +13,7 @@ PROJECT_DIR = PACKAGE_DIR.parent
 # The profiles: assets/dsconfig links to the checkout's dsconfig/, so a built wheel carries them as files
 # (an installed package has no checkout beside it; tests/test_package.py runs `textsql estimate` from one).
 DSCONFIG_DIR = (ASSETS_DIR / "dsconfig").resolve()
-# Another directory of profiles in place of dsconfig/ (textsql.training.profiles); ranks inherit it.
+# Another directory of profiles in place of dsconfig/ (textsql.planning.profiles); ranks inherit it.
 DSCONFIG_DIR_VAR = "TEXTSQL_DSCONFIG_DIR"
 
 # WikiSQL's own encodings (lib/query.py in the release).
@@ -42,7 +42,7 @@ METRICS_NAME = "metrics.json"
 # The workers' inventories as the master judged them, and the ranks' collective check (bus bandwidth).
 CLUSTER_FILE_NAME = "cluster.json"
 COLLECTIVE_FILE_NAME = "collective.json"
-# What the master writes and later trusts lives in each run's master-private directory (textsql.files.master_dir),
+# What the master writes and later trusts lives in each run's master-private directory (textsql.rundir.master_state.master_dir),
 # never in the run directory the workers may write: the ranks' environment for DeepSpeed's runner, the ids of the
 # launches whose processes a continuation ends, the running launch's hosts (whose first one's step lines the
 # displays believe), the pipeline's record (textsql.pipeline.manifest.MANIFEST_NAME).

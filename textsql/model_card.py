@@ -22,7 +22,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from textsql.constants import DEFAULT_MODEL_DIR, HUB_SOURCE, PREPARE_JSON_NAME, SAMPLE_SOURCE
 from textsql.data.wikisql import MIXED_SOURCE, SYNTHETIC_SELECT_SOURCE, SYNTHETIC_SOURCE
-from textsql.files import read_json
+from textsql.json_files import read_json
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)

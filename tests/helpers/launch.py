@@ -3,6 +3,7 @@ command lines show while they run."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -27,6 +28,20 @@ def tagged_processes(tag: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def fake_prepared(directory: Path) -> Path:
+    """What a launch's check reads of a prepared dataset (textsql.data.tables.check_prepared): the split list
+    save_to_disk writes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "validation", "test"]}))
+    return directory
+
+
+def on_cluster(cluster_run_dir: Path) -> list[str]:
+    """`textsql launch` options for a run directory of its own on the workers a cluster started in another: the
+    cluster's hostfile and ssh_config (each launch's --run-dir is its ranks' run directory)."""
+    return ["--hostfile", str(cluster_run_dir / "hostfile"), "--ssh-config", str(cluster_run_dir / "ssh_config")]
 
 
 def textsql_launch(run_dir: Path, *options: str, env: dict[str, str] | None = None) -> list[str]:

@@ -23,7 +23,7 @@ from textsql.arguments import (
     kebab_flag,
 )
 from textsql.cli.options import RENAMED_VARIABLES
-from textsql.training.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
+from textsql.planning.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
 
 # `textsql train -h`: the flags most runs set. Ours take their help from the argument dataclasses; the few of
 # Seq2SeqTrainingArguments are described here, because reading theirs would import transformers and torch.

@@ -143,7 +143,8 @@ def evaluate(
     """Score predictions with WikiSQL's logical-form and execution accuracy."""
     from json import dumps
 
-    from textsql.files import tables_beside, write_json
+    from textsql.data.tables import tables_beside
+    from textsql.json_files import write_json
     from textsql.scoring.evaluate import evaluate as score
     from textsql.scoring.evaluate import format_report
 

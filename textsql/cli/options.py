@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from textsql.arguments import argument_field, kebab_flag
 from textsql.errors import ProfileError
-from textsql.training.profiles import available_profiles, profile_path
+from textsql.planning.profiles import available_profiles, profile_path
 
 
 class ProfileType(click.ParamType):

@@ -15,7 +15,7 @@ import click
 from textsql.cli.help import Command, SectionedCommand, TrainCommand
 from textsql.cli.options import ProfileType, field_option
 from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S
-from textsql.launching.command import LAUNCHERS, TRAIN_MODULE, LaunchArguments
+from textsql.launching.command import LAUNCHERS, LaunchArguments
 from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S
 
 # `textsql launch --help`: its options by what they are about (click.Command lists them in one block).
@@ -55,8 +55,8 @@ def train(args: tuple[str, ...], checkpoint_store: str | None) -> None:
     The flags are those of `python -m textsql.training.train`: HfArgumentParser over the model, data and run
     arguments plus Seq2SeqTrainingArguments, parsed strictly; --checkpoint-store is this command's own.
     """
+    from textsql.planning.train_args import parse_command_line
     from textsql.store.uploads import store_uploads
-    from textsql.training.command_line import parse_command_line
     from textsql.training.train import main
 
     if checkpoint_store is None:
@@ -132,18 +132,15 @@ def launch(
 ) -> None:
     """Train on every rank through DeepSpeed's launcher; TRAIN_ARGS (after --) go to `textsql train`.
 
-    The training arguments are checked here first (profile, model, data_dir, flags), so a mistake is
-    one line before any rank starts rather than one per rank on every host.
+    --run-dir is the ranks' run directory too: after -- only training settings. The training arguments are
+    checked first (profile, model, data_dir, flags), so a mistake is one line before any rank starts rather than
+    one per rank on every host.
     """
     from textsql.launching.launch import parse_env
     from textsql.launching.supervisor import supervise
 
     given = {name: value for name, value in options.items() if value is not None}
     arguments = LaunchArguments(env=parse_env(env), train_args=list(train_args), **given)
-    if arguments.module == TRAIN_MODULE:
-        from textsql.training.command_line import check_train_args
-
-        check_train_args(arguments.train_args)
     raise SystemExit(
         supervise(
             arguments,
@@ -186,8 +183,8 @@ def estimate(
     import sys
     from json import dumps
 
-    from textsql.training.estimate import estimate as run_estimate
-    from textsql.training.estimate import format_estimate
+    from textsql.planning.estimate import estimate as run_estimate
+    from textsql.planning.estimate import format_estimate
 
     # DeepSpeed logs to stdout (its import announces the accelerator); stdout is for the report.
     with contextlib.redirect_stdout(sys.stderr):

@@ -28,9 +28,10 @@ from tokenizers import Tokenizer
 
 from textsql.arguments import PrepareArguments
 from textsql.constants import PREPARE_JSON_NAME, SPLITS
+from textsql.data.tables import prepared_tables_path
 from textsql.data.wikisql import NAMED_SOURCES, load_split, source_text, target_text
 from textsql.errors import DataError
-from textsql.files import prepared_tables_path, write_json, write_jsonl
+from textsql.json_files import write_json, write_jsonl
 from textsql.model import load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)

@@ -48,8 +48,8 @@ from textsql.data.synthetic_templates import (
     LEADING_CLAUSE_OPENERS,
     SELECT_PHRASES,
 )
+from textsql.data.tables import TABLES_SUFFIX, load_tables
 from textsql.errors import DataError
-from textsql.files import TABLES_SUFFIX, load_tables
 
 logger = logging.getLogger(__name__)
 

@@ -39,8 +39,9 @@ from textsql.constants import (
 )
 from textsql.data.sql import parse_sql, render_sql
 from textsql.data.synthetic import FULL, SELECT_ONLY, load_synthetic_split
+from textsql.data.tables import TABLES_SUFFIX, checked_table, load_tables
 from textsql.errors import DataError, SQLParseError
-from textsql.files import TABLES_SUFFIX, checked_table, load_tables, read_json, read_jsonl_located
+from textsql.json_files import read_json, read_jsonl_located
 
 logger = logging.getLogger(__name__)
 

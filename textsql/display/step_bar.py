@@ -26,8 +26,8 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from textsql.console import SanitizedLines, TextSink, is_verbose
-from textsql.files import launch_hosts
 from textsql.rank_lines import STEP_LINE, rank0_step
+from textsql.rundir.master_state import launch_hosts
 
 # The notebook bar's line: tqdm.notebook draws its widget where "{bar}" stands.
 NOTEBOOK_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n}/{total} steps [{elapsed}{postfix}]"
@@ -46,7 +46,7 @@ def left_and_text(left_s: float | None, text: str) -> str:
 
 def rank0_step_line(line: str, run_dir: Path | None) -> re.Match[str] | None:
     """``line`` read as rank 0's step line (:func:`textsql.rank_lines.rank0_step`) of the run's latest launch, whose
-    hosts the launch keeps in the run's master-private directory (:func:`textsql.files.launch_hosts`); None for any
+    hosts the launch keeps in the run's master-private directory (:func:`textsql.rundir.master_state.launch_hosts`); None for any
     other line, a step line from another host included.
 
     :param line: a line of the launch's output.

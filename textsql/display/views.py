@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from textsql.constants import CLUSTER_FILE_NAME, COLLECTIVE_FILE_NAME, LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.errors import TextSQLError
-from textsql.files import read_json, read_jsonl
+from textsql.json_files import read_json, read_jsonl
 from textsql.sanitize import sanitized_record
 from textsql.scoring.evaluate import logical_form_key
 

@@ -20,10 +20,11 @@ from typing import Any
 from textsql.arguments import GenerationOptions
 from textsql.constants import METRICS_NAME, PREDICTIONS_NAME, PREPARE_JSON_NAME
 from textsql.data.sql import parsed, render_sql
+from textsql.data.tables import load_tables, prepared_tables_path
 from textsql.data.wikisql import load_split
 from textsql.errors import DataError
-from textsql.files import load_tables, prepared_tables_path, read_jsonl, write_json, write_jsonl
 from textsql.inference.predictor import Predictor
+from textsql.json_files import read_jsonl, write_json, write_jsonl
 from textsql.model_card import record_evaluation
 from textsql.scoring.evaluate import evaluate, format_report
 from textsql.tracking.mlflow_runs import log_evaluation

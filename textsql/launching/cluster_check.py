@@ -21,8 +21,8 @@ from pathlib import Path
 
 from textsql.constants import CLUSTER_FILE_NAME
 from textsql.errors import LaunchError
-from textsql.files import write_json
-from textsql.training.profiles import OPTIMIZER_BYTES
+from textsql.json_files import write_json
+from textsql.planning.profiles import OPTIMIZER_BYTES
 from worker.inventory import VERSION_FIELDS, Inventory, collect
 from worker.registration import Registration
 
@@ -48,7 +48,7 @@ def checkpoint_size(model: str | Path | None) -> int:
     :rtype: int
     """
     from textsql.model import load_config
-    from textsql.training.estimate import count_parameters
+    from textsql.planning.estimate import count_parameters
 
     total, _ = count_parameters(load_config(model))
     return total * CHECKPOINT_BYTES_PER_PARAMETER

@@ -77,7 +77,8 @@ class LaunchArguments:
 
     run_dir: Path = field(
         metadata={
-            "help": "Run directory: the workers' hostfile, ssh_config and known_hosts; launch.log and .deepspeed_env are written here."
+            "help": "Run directory, the ranks' too (their checkpoints, model/, run.json, tensorboard/): the workers' "
+            "hostfile, ssh_config and known_hosts; launch.log is written here."
         }
     )
     train_args: list[str] = field(

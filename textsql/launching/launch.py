@@ -33,7 +33,7 @@ What this module adds to DeepSpeed's runner:
 Usage::
 
     >>> from textsql.launching.launch import LaunchArguments, launch
-    >>> launch(LaunchArguments(run_dir="runs/r1", train_args=["--run-dir", "runs/r1/out"]))
+    >>> launch(LaunchArguments(run_dir="runs/r1", train_args=["--data-dir", "runs/data"]))
     0
 """
 
@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import IO, NoReturn, TextIO
@@ -62,7 +63,6 @@ import psutil
 from textsql.console import SanitizedLines, TextSink
 from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
-from textsql.files import master_dir, record_launch_hosts
 from textsql.launching.command import (
     LaunchArguments,
     deepspeed_command,
@@ -75,6 +75,8 @@ from textsql.launching.command import (
 from textsql.launching.preflight import preflight
 from textsql.launching.ranks import LocalRanks, RemoteRanks
 from textsql.launching.tracking_env import tracking_env, without_tracking
+from textsql.launching.training_plan import TrainingPlan
+from textsql.rundir.master_state import master_dir, record_launch_hosts
 from textsql.sanitize import mask_credentials
 from textsql.store.location import without_store_credentials
 from worker.constants import HOSTFILE_NAME
@@ -96,11 +98,16 @@ Prepared = tuple[list[str], dict[str, str], RemoteRanks | LocalRanks]
 
 
 def launch(
-    arguments: LaunchArguments, stream: TextSink | None = None, should_stop: Callable[[], bool] | None = None
+    arguments: LaunchArguments,
+    plan: TrainingPlan | None = None,
+    stream: TextSink | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> int:
     """Run ``arguments.module`` on every rank through DeepSpeed's launcher and wait for it.
 
     :param arguments: hosts, ssh settings and the training arguments.
+    :param plan: the training arguments parsed (:meth:`TrainingPlan.read`; the supervisor hands each launch its
+        own); None: parsed here, for a launch run without a supervisor.
     :param stream: where the ranks' output goes live (default: sys.stdout); it is also appended to
         RUN_DIR/launch.log.
     :param should_stop: called every second while the launch runs; once it returns True every rank is ended
@@ -110,12 +117,15 @@ def launch(
     :raises LaunchError: if pdsh, ssh or the hostfile is not ready (the message says what to fix).
     :raises KeyboardInterrupt: on interrupt or SIGTERM, after every rank of the launch has ended.
     """
+    if plan is None:
+        plan = TrainingPlan.read(arguments)
+        arguments = replace(arguments, train_args=list(plan.rank_args))
     run_dir = arguments.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     launch_id = secrets.token_hex(8)
     prepare = _prepare_pdsh if arguments.launcher == "pdsh" else _prepare_local
     # MLflow's settings and credentials reach the logging rank in a 0600 file, never a command line.
-    with tracking_env(arguments) as tracked:
+    with tracking_env(arguments, plan) as tracked:
         command, env, ranks = prepare(tracked, run_dir, launch_id)
         record_launch(run_dir, launch_id)
         record_launch_hosts(run_dir, ranks.hosts if isinstance(ranks, RemoteRanks) else [])

@@ -23,7 +23,7 @@ Every relaunch resumes from the newest complete checkpoint (incomplete newer one
 
 **Shrinking.** ``min_workers`` below the number of workers lets a run continue on fewer: the lost
 worker is dropped (:meth:`worker.cluster.Cluster.without_worker`), the newest complete checkpoint is
-converted for the new data-parallel size where its ZeRO stage needs it (:mod:`textsql.training.universal`),
+converted for the new data-parallel size where its ZeRO stage needs it (:mod:`textsql.rundir.universal`),
 and the relaunch keeps the global batch (per-rank batch x gradient accumulation x ranks, or the tokens
 of a step with a token budget: :meth:`textsql.launching.training_plan.TrainingPlan.batch_for`) and the order
 of the examples. A replacement that arrives later is not waited for. With ``min_workers`` equal to the number
@@ -62,8 +62,8 @@ from textsql.launching.hostfile_hosts import HostfileHosts
 from textsql.launching.launch_watch import LaunchWatch
 from textsql.launching.stall import SHORTEST_STALL_TIMEOUT_S
 from textsql.launching.training_plan import TrainingPlan
-from textsql.training.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
-from textsql.training.universal import convert, needs_conversion
+from textsql.rundir.checkpoints import SET_ASIDE_PREFIX, incomplete_newer, newest_complete_checkpoint
+from textsql.rundir.universal import convert, needs_conversion
 from worker.beats import Beat
 from worker.constants import HOSTFILE_NAME
 from worker.errors import WorkerError
@@ -186,6 +186,8 @@ class Recovery:
     stall_timeout: float | None = DEFAULT_STALL_TIMEOUT_S
     stream: TextSink = field(default_factory=lambda: SanitizedLines(sys.stdout))
     events: list[dict] = field(default_factory=list)
+    # The launch's training arguments, parsed once (TrainingPlan.read) before the supervisor was made.
+    plan: TrainingPlan = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -212,7 +214,6 @@ class Recovery:
                 f"--stall-timeout {self.stall_timeout!r} must be at least {SHORTEST_STALL_TIMEOUT_S:g} seconds "
                 "(or left out for the default)"
             )
-        self.plan = TrainingPlan.read(self.arguments)
         self.first_world = self._world()
         # Training arguments on top of the user's for the next launch (the last of a flag wins).
         self.overrides: dict[str, Any] = {}
@@ -269,7 +270,7 @@ class Recovery:
         converted_s = None
         if checkpoint is not None and needs_conversion(Path(checkpoint), after):
             try:
-                # On a worker that goes on, never here: see textsql.training.universal.
+                # On a worker that goes on, never here: see textsql.rundir.universal.
                 converted_s = convert(Path(checkpoint), on_worker=partial(self.hosts.ssh_command, self.hosts.hosts[0]))
             except LaunchError as error:
                 self._event("gave up", attempt, str(error), checkpoint=checkpoint)

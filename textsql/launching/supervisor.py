@@ -43,7 +43,7 @@ from textsql.constants import (
 )
 from textsql.display.step_bar import shown_output
 from textsql.errors import StoreError
-from textsql.files import read_json, write_json
+from textsql.json_files import read_json, write_json
 from textsql.launching.cluster_check import check_cluster
 from textsql.launching.command import LaunchArguments
 from textsql.launching.failures import Failure
@@ -94,7 +94,12 @@ class Supervisor(Recovery):
             if self.uploads is not None:
                 self.uploads.ranks = self._world()
             try:
-                code = launch(self._launch_arguments(), stream=watch, should_stop=self._should_stop(watch))
+                code = launch(
+                    self._launch_arguments(),
+                    self.plan.with_overrides(self.overrides),
+                    stream=watch,
+                    should_stop=self._should_stop(watch),
+                )
             finally:
                 if self.hosts is not None:
                     self.hosts.relay_beats(None)
@@ -205,6 +210,7 @@ def supervise(
     min_workers: int | None = None,
     replace_timeout: float = DEFAULT_REPLACE_TIMEOUT_S,
     stall_timeout: float | None = DEFAULT_STALL_TIMEOUT_S,
+    plan: TrainingPlan | None = None,
 ) -> int:
     """Run the launch under a :class:`Supervisor` (see the module docstring).
 
@@ -218,10 +224,14 @@ def supervise(
     :param replace_timeout: seconds a replacement has to register.
     :param stall_timeout: seconds no rank may advance before the run is relaunched (None: the default, see
         :mod:`textsql.launching.stall`).
+    :param plan: the launch's training arguments as :meth:`TrainingPlan.read` parsed them, when the caller checked
+        them before starting its workers (notebook 02); None: parsed here, once.
     :rtype: int
+    :raises TextSQLError: before anything is launched, for training arguments a rank would refuse.
     :raises ClusterError: before anything is launched, when the workers cannot train together.
     """
-    plan = TrainingPlan.read(arguments)
+    plan = plan if plan is not None else TrainingPlan.read(arguments)
+    arguments = replace(arguments, train_args=list(plan.rank_args))
     if cluster is not None:
         check_cluster(cluster.workers, arguments.run_dir, plan.model, arguments.socket_ifname)
     with contextlib.ExitStack() as stack:
@@ -244,6 +254,7 @@ def supervise(
             stall_timeout=stall_timeout,
             stream=output,
             uploads=uploads,
+            plan=plan,
         ).run()
         if code == 0 and uploads is not None:
             uploads.finish()

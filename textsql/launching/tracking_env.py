@@ -64,17 +64,19 @@ def without_tracking(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def tracking_env(arguments: LaunchArguments, environ: Mapping[str, str] | None = None) -> Iterator[LaunchArguments]:
+def tracking_env(
+    arguments: LaunchArguments, plan: TrainingPlan, environ: Mapping[str, str] | None = None
+) -> Iterator[LaunchArguments]:
     """``arguments`` whose ranks find ``environ``'s ``MLFLOW_*`` variables in a 0600 file, for one launch.
 
     With no such variable, or no run directory among the training arguments, ``arguments`` as they are.
 
     :param arguments: the launch.
+    :param plan: its training arguments, parsed (:meth:`TrainingPlan.read`, with a relaunch's overrides).
     :param environ: the launching environment (``os.environ`` when None).
     :rtype: typing.Iterator[LaunchArguments]
     """
     variables = tracking_variables(os.environ if environ is None else environ)
-    plan = TrainingPlan.read(arguments)
     output_dir = plan.output_dir
     if output_dir is not None:
         # One a hard-killed launch left behind, credentials in it: gone before anything else starts.

@@ -1,7 +1,7 @@
 """What the master reads of the ranks' training arguments, and the batch that keeps a run's on fewer ranks.
 
 The supervisor and the launch parse the launch's training arguments with the ranks' own parser
-(:func:`textsql.training.command_line.parse_command_line`, which knows every spelling of every flag) for where the
+(:func:`textsql.planning.train_args.parse_command_line`, which knows every spelling of every flag) for where the
 checkpoints are, whether the training resumes and reports to MLflow (:mod:`textsql.launching.tracking_env`), the
 model (for the cluster check), the ranks' process-group timeout and the batch; when a run goes on with fewer workers,
 :meth:`TrainingPlan.batch_for` says the training arguments that keep its global batch and order of examples.
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from textsql.arguments import RUN_DIR_FLAG
 from textsql.errors import LaunchError
 from textsql.launching.command import TRAIN_MODULE, LaunchArguments
 
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TrainingPlan:
     """What the supervisor reads of the ranks' training arguments, parsed by the ranks' own parser
-    (:func:`textsql.training.command_line.parse_command_line`); None fields for another module."""
+    (:func:`textsql.planning.train_args.parse_command_line`); None fields for another module."""
 
     output_dir: Path | None = None
     per_device_train_batch_size: int = 1
@@ -42,18 +43,29 @@ class TrainingPlan:
     resume_from_checkpoint: str | None = None
     overwrite_output_dir: bool = False
     report_to: str | list[str] | None = None
+    rank_args: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, arguments: LaunchArguments) -> TrainingPlan:
-        """The plan of a launch of the training module (an empty one for any other module).
+        """The plan of a launch of the training module, checked as every rank will check it before any rank starts
+        (an empty one for any other module, whose arguments pass as they are).
 
         :rtype: TrainingPlan
+        :raises TextSQLError: for arguments a rank would refuse, naming the fix; a LaunchError when they name
+            another run directory than the launch's.
         """
         if arguments.module != TRAIN_MODULE:
-            return cls()
-        from textsql.training.command_line import parse_command_line
+            return cls(rank_args=tuple(arguments.train_args))
+        from textsql.planning.train_args import check_train_args
 
-        model_args, data_args, run_args, training = parse_command_line(arguments.train_args)
+        # The launch's run directory first: a --run-dir among the training arguments comes later and would win.
+        rank_args = (RUN_DIR_FLAG, str(arguments.run_dir), *arguments.train_args)
+        model_args, data_args, run_args, training = check_train_args(list(rank_args))
+        if Path(training["output_dir"]).resolve() != arguments.run_dir.resolve():
+            raise LaunchError(
+                f"{RUN_DIR_FLAG} {training['output_dir']!r} after -- differs from the launch's {RUN_DIR_FLAG} "
+                f"{str(arguments.run_dir)!r}; give the run directory once, before --"
+            )
         return cls(
             Path(training["output_dir"]),
             training["per_device_train_batch_size"],
@@ -66,7 +78,17 @@ class TrainingPlan:
             training.get("resume_from_checkpoint"),
             run_args.overwrite_output_dir,
             training["report_to"],
+            rank_args,
         )
+
+    def with_overrides(self, overrides: dict[str, Any]) -> TrainingPlan:
+        """This plan as a relaunch with the supervisor's ``overrides`` (training arguments after the user's) sees it.
+
+        :param overrides: training arguments by field name, each a field of the plan's.
+        :rtype: TrainingPlan
+        """
+        known = {field.name for field in fields(self)}
+        return replace(self, **{name: value for name, value in overrides.items() if name in known})
 
     def batch_for(self, first_world: int, world: int) -> dict[str, Any]:
         """Training arguments that keep the first launch's global batch and data order on ``world`` ranks.

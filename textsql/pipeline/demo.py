@@ -29,12 +29,13 @@ from textsql.constants import (
     RUN_SUMMARY_NAME,
 )
 from textsql.display.terminal import StageView, cell_output_to
-from textsql.files import master_dir, read_json
+from textsql.json_files import read_json
 from textsql.pipeline.manifest import Manifest, Step
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
 from textsql.pipeline.runs import continuation_plan, end_earlier_attempt, run_recorded
+from textsql.planning.profiles import AUTO_PROFILE, get_profile
+from textsql.rundir.master_state import master_dir
 from textsql.sanitize import sanitized
-from textsql.training.profiles import AUTO_PROFILE, get_profile
 from worker.constants import HOSTFILE_NAME
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
     # The profile first: it is the cheap check and the common typo, refused before torch is imported.
     if training["profile"] != AUTO_PROFILE:
         get_profile(training["profile"])
-    from textsql.files import check_prepared
+    from textsql.data.tables import check_prepared
     from textsql.model import load_config
 
     load_config(training["model"])

@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 
 from textsql.constants import LAUNCH_IDS_NAME, TRACKING_ENV_NAME
-from textsql.files import master_dir
 from textsql.launching.ranks import END_GRACE_S, POLL_S, end_marked, marked_processes
 from textsql.pipeline.manifest import ATTEMPT_VAR
 from textsql.rank_lines import run_mark
+from textsql.rundir.master_state import master_dir
 from textsql.tracking.launch_runs import end_killed_run
 
 logger = logging.getLogger(__name__)

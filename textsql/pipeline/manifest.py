@@ -13,9 +13,9 @@ learning rate under it) is refused in one line, since the trainer would either f
 checkpoint's values. What training's parameters resolved to is recorded when it starts
 (:func:`~textsql.pipeline.parameters.resolved_training`)
 and compared, not the parameters alone: the profile ``auto`` picks for the workers, and the number of ranks, which a
-ZeRO-1/2/3 checkpoint without a universal conversion cannot change (:mod:`textsql.training.universal`).
+ZeRO-1/2/3 checkpoint without a universal conversion cannot change (:mod:`textsql.rundir.universal`).
 
-The file is replaced whole at every change (:func:`textsql.files.write_json`: a temp file beside it, fsync,
+The file is replaced whole at every change (:func:`textsql.json_files.write_json`: a temp file beside it, fsync,
 rename), so a run killed at any moment leaves the previous record or the new one, never half of one.
 """
 
@@ -41,11 +41,13 @@ from textsql.constants import (
     REAL_PREDICTIONS_NAME,
     RUN_SUMMARY_NAME,
 )
-from textsql.files import DATASET_DICT_FILE, master_dir, read_json, write_json
+from textsql.data.tables import DATASET_DICT_FILE
+from textsql.json_files import read_json, write_json
 from textsql.pipeline.parameters import NOTEBOOKS, NOTEBOOKS_DIR, NotebookError, declared_defaults, resolved_training
 from textsql.rank_lines import RUN_MARK_VAR, run_mark
-from textsql.training.checkpoints import newest_complete_checkpoint
-from textsql.training.universal import needs_conversion
+from textsql.rundir.checkpoints import newest_complete_checkpoint
+from textsql.rundir.master_state import master_dir
+from textsql.rundir.universal import needs_conversion
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from textsql.constants import (
     PROJECT_DIR,
 )
 from textsql.errors import TextSQLError
-from textsql.files import read_json
-from textsql.training.profiles import AUTO_PROFILE
+from textsql.json_files import read_json
+from textsql.planning.profiles import AUTO_PROFILE
 
 NOTEBOOKS_DIR = PROJECT_DIR / "notebooks"
 NOTEBOOKS = ("01_prepare_dataset", "02_train_distributed", "03_inference")
@@ -131,7 +131,7 @@ def notebook_defaults() -> dict[str, Any]:
         "profile": argument_field(RunArguments, "profile").default,
         "model": argument_field(ModelArguments, "model").default,
         "per_device_train_batch_size": TRAINING_DEFAULTS["per_device_train_batch_size"],
-        # None: the model's recipe decides (textsql.training.recipe: from its config or with weights).
+        # None: the model's recipe decides (textsql.planning.recipe: from its config or with weights).
         "learning_rate": None,
         "eval_share": argument_field(RunArguments, "eval_share").default,
         "save_every_minutes": argument_field(RunArguments, "save_every_minutes").default,
@@ -256,9 +256,9 @@ def parse_overrides(entries: list[str]) -> dict[str, dict[str, Any]]:
 
 def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """What notebook 02's parameters resolve to on the master: the profile (``auto``: the one the notebook's estimate
-    picks for its workers, :func:`textsql.training.estimate.workers_estimate`), the precision (``auto``, which each
+    picks for its workers, :func:`textsql.planning.estimate.workers_estimate`), the precision (``auto``, which each
     rank resolves from its device: fp32 on CPUs; on GPUs bf16 where the GPU has it, else fp32,
-    :func:`textsql.training.command_line.resolve_precision`) and the ranks, workers x GPUs per worker (one rank a
+    :func:`textsql.planning.train_args.resolve_precision`) and the ranks, workers x GPUs per worker (one rank a
     worker on CPUs).
 
     :param parameters: the notebook's effective parameters.
@@ -267,7 +267,7 @@ def resolved_training(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """
     profile = parameters["profile"]
     if profile == AUTO_PROFILE:
-        from textsql.training.estimate import choose_profile, workers_estimate
+        from textsql.planning.estimate import choose_profile, workers_estimate
 
         with chdir(NOTEBOOKS_DIR):  # a model directory is relative to the notebook, as its kernel reads it
             report = workers_estimate(

@@ -15,7 +15,7 @@ from contextlib import chdir
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textsql.files import read_json
+from textsql.json_files import read_json
 from textsql.pipeline.leftovers import end_leftovers
 from textsql.pipeline.manifest import Manifest, Step, continuation_steps, effective_parameters, manifest_path
 from textsql.pipeline.parameters import NOTEBOOKS_DIR, NotebookError, check_parameters, notebook_path

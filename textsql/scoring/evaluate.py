@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from textsql.constants import AGG_OPS
+from textsql.data.tables import load_tables
 from textsql.errors import DataError
-from textsql.files import load_tables, read_jsonl
+from textsql.json_files import read_jsonl
 from textsql.scoring.engine import ExecutionError, TableEngine
 
 logger = logging.getLogger(__name__)

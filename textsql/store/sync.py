@@ -24,14 +24,14 @@ import shutil
 from pathlib import Path
 
 from textsql.constants import METRICS_NAME, MODEL_SUBDIR, RUN_SUMMARY_NAME, TENSORBOARD_SUBDIR
-from textsql.store.location import Store
-from textsql.training.checkpoints import (
+from textsql.rundir.checkpoints import (
     CHECKPOINT_PREFIX,
     COMPLETE_MARKER,
     checkpoint_dir,
     checkpoint_dirs,
     is_complete_checkpoint,
 )
+from textsql.store.location import Store
 
 logger = logging.getLogger(__name__)
 

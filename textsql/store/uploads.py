@@ -30,8 +30,9 @@ from typing import Self
 
 from textsql.constants import RUN_SUMMARY_NAME
 from textsql.errors import StoreError
-from textsql.files import read_json, write_json
+from textsql.json_files import read_json, write_json
 from textsql.rank_lines import STAGE_PREFIX
+from textsql.rundir.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete_checkpoint, ranks_missing
 from textsql.store.location import Store, check_store, open_store, refusal
 from textsql.store.sync import (
     apply_retention,
@@ -41,7 +42,6 @@ from textsql.store.sync import (
     upload_checkpoint,
     upload_outputs,
 )
-from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete_checkpoint, ranks_missing
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 trusts; and a run a hard kill left RUNNING, ended as KILLED.
 
 A training is one MLflow run however many launches it takes. The master keeps the run's id in the run's
-master-private directory (:func:`textsql.files.master_dir`, beside ``pipeline.json`` and ``launch_ids``), never
+master-private directory (:func:`textsql.rundir.master_state.master_dir`, beside ``pipeline.json`` and ``launch_ids``), never
 reading it back from the run directory the workers may write, and hands it to the logging rank as ``MLFLOW_RUN_ID``
 with the other MLflow settings (:mod:`textsql.launching.tracking_env`). One rule decides the run:
 
@@ -30,7 +30,8 @@ from typing import Any
 
 from textsql.constants import MLFLOW_RUN_NAME
 from textsql.errors import DataError
-from textsql.files import master_dir, read_json, write_json
+from textsql.json_files import read_json, write_json
+from textsql.rundir.master_state import master_dir
 from textsql.sanitize import mask_credentials
 
 logger = logging.getLogger(__name__)

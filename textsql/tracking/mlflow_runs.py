@@ -51,7 +51,7 @@ from textsql.constants import (
     TRACKING_PREFIX,
 )
 from textsql.errors import DataError, LaunchError
-from textsql.files import read_json, write_json
+from textsql.json_files import read_json, write_json
 from textsql.sanitize import mask_credentials
 from textsql.tracking.launch_runs import kept_run
 from worker.files import UnsafeRead, read_bounded

@@ -282,7 +282,7 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     With ``max_tokens_per_batch`` unset it is the plain trainer (``per_device_train_batch_size`` examples a batch).
     With ``optimizer_max_grad_norm`` the optimizer clips the gradients to that norm itself, right before each
     step (:mod:`textsql.training.clipping`: a fixed handful of ops for all tensors, no host read): for DeepSpeed configs
-    that leave clipping out (:func:`textsql.training.profiles.autocast_bf16`), where the engine steps the
+    that leave clipping out (:func:`textsql.planning.profiles.autocast_bf16`), where the engine steps the
     optimizer inside the backward call and the trainer's own clipping would come too late.
     """
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from textsql.constants import COLLECTIVE_FILE_NAME
-from textsql.files import write_json
+from textsql.json_files import write_json
 
 logger = logging.getLogger(__name__)
 

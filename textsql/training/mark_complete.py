@@ -1,4 +1,4 @@
-"""The trainer callback that marks a checkpoint complete (see :mod:`textsql.training.checkpoints`)."""
+"""The trainer callback that marks a checkpoint complete (see :mod:`textsql.rundir.checkpoints`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from textsql.arguments import output_path
-from textsql.training.checkpoints import COMPLETE_MARKER, checkpoint_dir
+from textsql.rundir.checkpoints import COMPLETE_MARKER, checkpoint_dir
 
 
 class MarkComplete(TrainerCallback):

@@ -24,7 +24,7 @@ from transformers.trainer_utils import EvalPrediction
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.data.sql import parsed
-from textsql.files import load_tables, prepared_tables_path
+from textsql.data.tables import load_tables, prepared_tables_path
 from textsql.scoring.evaluate import evaluate
 
 logger = logging.getLogger(__name__)

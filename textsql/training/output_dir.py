@@ -1,7 +1,7 @@
 """The run's output directory: a previous run refused or cleared, the checkpoint to resume, ``model/`` written whole.
 
 A previous run's checkpoints or model are never deleted unless ``--overwrite-output-dir`` asks;
-``--resume-from-checkpoint`` names the checkpoint the run continues from (``auto``: the newest complete one, :mod:`textsql.training.checkpoints`).
+``--resume-from-checkpoint`` names the checkpoint the run continues from (``auto``: the newest complete one, :mod:`textsql.rundir.checkpoints`).
 The model directory is written to a staging directory and renamed, so a crash never leaves a half-written ``model/``.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from textsql.arguments import RunArguments, output_path
 from textsql.constants import MODEL_SUBDIR
 from textsql.errors import LaunchError
-from textsql.training.checkpoints import incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
+from textsql.rundir.checkpoints import incomplete_reason, newest_complete_checkpoint, set_aside_incomplete
 
 if TYPE_CHECKING:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments

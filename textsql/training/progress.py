@@ -220,7 +220,7 @@ def announce_run(model: str, profile: str, auto: bool, world_size: int, precisio
     :param world_size: ranks in the run.
     :param precision: the resolved precision.
     """
-    from textsql.training.profiles import get_profile
+    from textsql.planning.profiles import get_profile
 
     how = "; auto: the cheapest that fits" if auto else ""
     print(

@@ -31,14 +31,15 @@ from textsql.constants import LABEL_PAD_TOKEN_ID, MODEL_SUBDIR, PREPARE_JSON_NAM
 from textsql.data.wikisql import recorded_input_format
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
 from textsql.errors import DataError, TextSQLError
-from textsql.files import write_json, write_jsonl
+from textsql.json_files import write_json, write_jsonl
 from textsql.model import load_model, load_tokenizer
 from textsql.model_card import write_training_card
+from textsql.planning.estimate import AUTO_PROFILE
+from textsql.planning.train_args import parse_command_line
+from textsql.rundir.universal import load_universal
 from textsql.tracking.mlflow_runs import finish_tracking, run_params, start_tracking
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.collective import exit_on_failure
-from textsql.training.command_line import parse_command_line
-from textsql.training.estimate import AUTO_PROFILE
 from textsql.training.events import close_run_events, events_dir, use_run_events
 from textsql.training.hardware import share_cpu_threads, teardown_distributed, token_budget_record
 from textsql.training.loss import BatchVocabularyT5, resolve_loss_vocabulary
@@ -55,7 +56,6 @@ from textsql.training.progress import (
 from textsql.training.schedule import TimedSchedule
 from textsql.training.shared_buffer import release_allreduce_buffer
 from textsql.training.trainer import GrammarSeq2SeqTrainer, ResumableTrainer
-from textsql.training.universal import load_universal
 from worker.network import free_port
 
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ def _write_summary(
         "profile_chosen_by": AUTO_PROFILE if run_args.auto_profile else "name",
         "precision": model_args.precision,
         "model": model_args.model,
-        # How its optimizer stepped (textsql.training.recipe.training_recipe), with the flags that changed it.
+        # How its optimizer stepped (textsql.planning.recipe.training_recipe), with the flags that changed it.
         "recipe": run_args.recipe,
         "loss_vocabulary": trainer.model.loss_vocabulary if isinstance(trainer.model, BatchVocabularyT5) else "full",
         "resumed_from": checkpoint,

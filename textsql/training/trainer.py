@@ -4,7 +4,7 @@ training, with generation constrained to the WikiSQL grammar.
 :class:`ResumableTrainer` is the token-budget trainer that resumes from a checkpoint already at ``max_steps`` (the
 last one a killed run's ranks wrote) without training a step past it: the checkpoint loaded goes straight on to the
 final evaluation and the model. Its ``warmup_stable_decay`` schedule (the from-scratch recipe's) learns the run's
-step count here, where transformers knows it (:func:`textsql.training.recipe.stable_decay_kwargs`).
+step count here, where transformers knows it (:func:`textsql.planning.recipe.stable_decay_kwargs`).
 
 ``Seq2SeqTrainer`` generates for each evaluation batch with the same keyword arguments; the grammar,
 though, is each question's own, and a batch knows its questions only as token ids. So
@@ -22,8 +22,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 from transformers.trainer_utils import SchedulerType
 
 from textsql.decoding.processor import processor_for_inputs
+from textsql.planning.recipe import stable_decay_kwargs
 from textsql.training.batching import TokenBudgetTrainer
-from textsql.training.recipe import stable_decay_kwargs
 
 logger = logging.getLogger(__name__)
 

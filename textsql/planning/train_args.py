@@ -29,14 +29,14 @@ from textsql.arguments import (
     RunArguments,
     kebab_flag,
 )
+from textsql.data.tables import check_prepared
 from textsql.errors import LaunchError, RenamedOptionError
-from textsql.files import check_prepared
 from textsql.model import builds_from_config, load_config
+from textsql.planning.device_defaults import device_facts, fast_defaults
+from textsql.planning.estimate import AUTO_PROFILE, resolve_profile_here
+from textsql.planning.profiles import autocast_bf16, get_profile, load_profile
+from textsql.planning.recipe import Recipe, training_recipe
 from textsql.tracking.mlflow_runs import check_tracking
-from textsql.training.estimate import AUTO_PROFILE, resolve_profile_here
-from textsql.training.hardware import device_facts, fast_defaults
-from textsql.training.profiles import autocast_bf16, get_profile, load_profile
-from textsql.training.recipe import Recipe, training_recipe
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -116,7 +116,7 @@ def parse_command_line(
     check_tracking(values["report_to"])
     run_args.recipe = recipe_record(recipe, values)
     model_args.precision = resolve_precision(model_args.precision)
-    # auto: the estimate's recommendation for this rank's world and device (textsql.training.estimate).
+    # auto: the estimate's recommendation for this rank's world and device (textsql.planning.estimate).
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
     run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
     get_profile(run_args.profile).check_precision(model_args.precision)
@@ -165,11 +165,12 @@ def _parsed_values(argv: list[str]) -> tuple[dict[str, Any], Recipe]:
     return vars(parser.parse_known_args(argv)[0]), recipe
 
 
-def check_train_args(argv: list[str]) -> None:
-    """Check a training command line on the launching machine, before any worker or rank starts.
+def check_train_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
+    """Parse a training command line on the launching machine, before any worker or rank starts, and check it.
 
     It is parsed exactly as every rank will parse it (flags, profile, precision, output directory), and
-    the model's config and the prepared dataset it names are read; nothing distributed starts.
+    the model's config and the prepared dataset it names are read; nothing distributed starts. A launch parses
+    through here once (:meth:`textsql.launching.training_plan.TrainingPlan.read`).
 
     Usage::
 
@@ -178,17 +179,20 @@ def check_train_args(argv: list[str]) -> None:
         textsql.errors.ProfileError: unknown profile 'zero9'; pass --profile one of zero0, ...
 
     :param argv: the arguments of ``textsql train`` (see :func:`textsql.arguments.train_argv`).
+    :returns: what :func:`parse_command_line` returns.
+    :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
     :raises TextSQLError: a ProfileError, ModelError, DataError or LaunchError naming the fix.
     """
-    model_args, data_args, _, _ = parse_command_line(argv)
-    load_config(model_args.model)
-    check_prepared(data_args.prepared_dir())
+    parsed = parse_command_line(argv)
+    load_config(parsed[0].model)
+    check_prepared(parsed[1].prepared_dir())
+    return parsed
 
 
 def recipe_record(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
     """What run.json keeps of the recipe: the values the run trains with, and which of them flags changed.
 
-    :param recipe: the model's (:func:`textsql.training.recipe.training_recipe`).
+    :param recipe: the model's (:func:`textsql.planning.recipe.training_recipe`).
     :param values: the parsed command line.
     :rtype: dict[str, typing.Any]
     """

@@ -2,7 +2,7 @@
 
 The model is built on PyTorch's meta device (shapes only, no weights, no download of weights); each
 profile's model-state memory (16-bit parameters and gradients, fp32 master weights and Adam moments)
-comes from its own memory model, :meth:`textsql.training.profiles.Profile.memory`, so a profile added as a
+comes from its own memory model, :meth:`textsql.planning.profiles.Profile.memory`, so a profile added as a
 JSON file in ``dsconfig/`` is estimated too. Activations come on top and depend on batch and sequence
 length, hence the headroom in :data:`FIT_FRACTION`.
 
@@ -24,8 +24,8 @@ from transformers import AutoModelForSeq2SeqLM, PretrainedConfig
 
 from textsql.errors import ModelError, ProfileError
 from textsql.model import load_config
-from textsql.training.profiles import AUTO_PROFILE, get_profile
-from textsql.training.profiles import profiles as all_profiles
+from textsql.planning.profiles import AUTO_PROFILE, get_profile
+from textsql.planning.profiles import profiles as all_profiles
 
 logger = logging.getLogger(__name__)
 

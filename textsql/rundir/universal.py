@@ -42,8 +42,8 @@ from pathlib import Path
 
 from textsql.constants import PROJECT_DIR
 from textsql.errors import LaunchError
+from textsql.rundir.checkpoints import DEEPSPEED_LATEST_FILE, latest_state
 from textsql.sanitize import sanitized
-from textsql.training.checkpoints import DEEPSPEED_LATEST_FILE, latest_state
 from worker.files import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ ZERO_SHARD_GLOB = "*zero_pp_rank_*_optim_states.pt"
 
 def state_dir(checkpoint: Path) -> Path | None:
     """The DeepSpeed state directory that ``latest`` names in a ``checkpoint-N`` (None when it names none inside
-    it): checked here, where the conversion uses it, as :func:`textsql.training.checkpoints.incomplete_reason`
+    it): checked here, where the conversion uses it, as :func:`textsql.rundir.checkpoints.incomplete_reason`
     checked it when the checkpoint was chosen.
 
     :rtype: pathlib.Path | None

@@ -2,7 +2,7 @@
 
 A model built from its config (random weights) and one loaded with trained weights want different rates,
 schedules and warm-ups (docs/guides/gpus.md): :func:`training_recipe` is the one place that decides, the
-training command line (:mod:`textsql.training.command_line`) sets its values as defaults that any of
+training command line (:mod:`textsql.planning.train_args`) sets its values as defaults that any of
 ``--learning-rate``, ``--lr-scheduler-type`` and ``--warmup-steps`` overrides, and ``run.json`` records it.
 Nothing heavy is imported here, so ``textsql --help`` can quote the rates.
 """
@@ -41,7 +41,7 @@ class Recipe:
         return {"learning_rate": self.learning_rate, "lr_scheduler_type": self.schedule, "warmup_steps": self.warmup}
 
 
-# Both recipes step with AdamW (the optimizer hardware.fast_defaults picks: torch's, fused on CUDA), the one every
+# Both recipes step with AdamW (the optimizer device_defaults.fast_defaults picks: torch's, fused on CUDA), the one every
 # DeepSpeed profile runs, CPU Adam under offload among them.
 FROM_CONFIG_RECIPE = Recipe(
     name="from-scratch",
