@@ -15,7 +15,7 @@ from helpers.paths import FAKES, SHARED_DATA_DIR
 def master_state_dir(tmp_path_factory):
     """The runs' master-private directories (textsql.rundir.master_state.master_dir) under the session's temp dir, for this
     process and every one it starts, not in the user's ~/.local/state."""
-    from textsql.constants import STATE_DIR_VAR
+    from textsql.rundir.master_state import STATE_DIR_VAR
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(STATE_DIR_VAR, str(tmp_path_factory.mktemp("state")))

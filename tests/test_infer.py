@@ -22,7 +22,6 @@ from textsql.cli import cli
 from textsql.constants import (
     LABEL_PAD_TOKEN_ID,
     MAX_CONDITIONS,
-    MLFLOW_RUN_NAME,
     REAL_METRICS_NAME,
     REAL_PREDICTIONS_NAME,
     SAMPLE_DATA_DIR,
@@ -36,6 +35,7 @@ from textsql.inference.predictor import Predictor, ask
 from textsql.json_files import read_jsonl
 from textsql.model import load_model, load_tokenizer
 from textsql.scoring.evaluate import evaluate
+from textsql.tracking.launch_runs import MLFLOW_RUN_NAME
 
 QUESTIONS = 8
 # The fixture checks exact repetition every few steps, up to a cap (about 80 steps are needed here).

@@ -22,7 +22,7 @@ from helpers.paths import PROJECT_DIR
 
 from textsql.arguments import train_argv
 from textsql.cli import cli
-from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME
+from textsql.constants import LAUNCH_IDS_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import (
     LaunchArguments,
@@ -31,7 +31,7 @@ from textsql.launching.command import (
     rank_environment,
     without_secrets,
 )
-from textsql.launching.launch import launch
+from textsql.launching.launch import DEEPSPEED_ENV_NAME, launch
 from textsql.rundir.master_state import master_dir
 from textsql.sanitize import mask_credentials
 from worker.network import free_port

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from helpers.checkpoints import complete_checkpoint
 
 from textsql.cli import cli
-from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NAME, TRACKING_ENV_NAME
-from textsql.launching.launch import record_launch
+from textsql.constants import LAUNCH_IDS_NAME, LAUNCH_LOG_NAME, TRACKING_ENV_NAME
+from textsql.launching.launch import DEEPSPEED_ENV_NAME, record_launch
 from textsql.launching.ranks import LAUNCH_ID_VAR
 from textsql.pipeline.demo import DEMO_MARKER
 from textsql.pipeline.leftovers import end_leftovers, launch_ids

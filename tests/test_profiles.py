@@ -12,12 +12,13 @@ from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
 from bench import profiles as bench_profiles
 from textsql.cli import cli
-from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
+from textsql.constants import DSCONFIG_DIR_VAR
 from textsql.errors import ProfileError
 from textsql.model import load_model
 from textsql.pipeline.parameters import notebook_path
 from textsql.planning.estimate import GIB, estimate, format_estimate
 from textsql.planning.profiles import (
+    DSCONFIG_DIR,
     autocast_bf16,
     available_overlays,
     available_profiles,

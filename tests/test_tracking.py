@@ -17,7 +17,7 @@ import pytest
 from helpers.launch import fake_prepared
 
 from textsql.arguments import train_argv
-from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_VAR
+from textsql.constants import TRACKING_ENV_NAME, TRACKING_ENV_VAR
 from textsql.errors import LaunchError
 from textsql.json_files import write_json
 from textsql.launching.command import LaunchArguments
@@ -25,6 +25,7 @@ from textsql.launching.tracking_env import tracking_env, without_tracking
 from textsql.launching.training_plan import TrainingPlan
 from textsql.planning.train_args import parse_command_line
 from textsql.rundir.master_state import master_dir
+from textsql.tracking.launch_runs import MLFLOW_RUN_NAME
 from textsql.tracking.mlflow_runs import finish_tracking, load_tracking_env, log_evaluation, start_tracking
 
 EXPERIMENT = "textsql-tracking-test"

@@ -28,13 +28,14 @@ from helpers.paths import PROJECT_DIR
 
 from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
-from textsql.constants import MLFLOW_RUN_NAME, TRACKING_ENV_NAME, TRACKING_ENV_VAR
+from textsql.constants import TRACKING_ENV_NAME, TRACKING_ENV_VAR
 from textsql.json_files import read_json
 from textsql.launching.command import LaunchArguments
 from textsql.launching.tracking_env import tracking_env
 from textsql.launching.training_plan import TrainingPlan
 from textsql.pipeline.leftovers import end_leftovers
 from textsql.rundir.master_state import master_dir
+from textsql.tracking.launch_runs import MLFLOW_RUN_NAME
 from worker.network import free_port
 
 SERVER_START_S = 180

@@ -22,13 +22,16 @@ from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, DEFAULT_MAX_TARGET_LENGTH, INPUT_FORMATS, SAMPLE_SOURCE
+from textsql.constants import DEFAULT_MAX_SOURCE_LENGTH, INPUT_FORMATS, SAMPLE_SOURCE
 from textsql.errors import DataError, LaunchError, ModelError
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
 logger = logging.getLogger(__name__)
+
+# Tokens of a target query by default (WikiSQL's longest fit).
+DEFAULT_MAX_TARGET_LENGTH = 128
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # What the training loss normalises over (textsql.training.loss).

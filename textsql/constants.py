@@ -10,9 +10,6 @@ DEFAULT_MODEL_DIR = ASSETS_DIR / "t5-tiny"
 SAMPLE_DATA_DIR = ASSETS_DIR / "wikisql_sample"
 # The repository root when running from a checkout (dsconfig/, notebooks/ live there).
 PROJECT_DIR = PACKAGE_DIR.parent
-# The profiles: assets/dsconfig links to the checkout's dsconfig/, so a built wheel carries them as files
-# (an installed package has no checkout beside it; tests/test_package.py runs `textsql estimate` from one).
-DSCONFIG_DIR = (ASSETS_DIR / "dsconfig").resolve()
 # Another directory of profiles in place of dsconfig/ (textsql.planning.profiles); ranks inherit it.
 DSCONFIG_DIR_VAR = "TEXTSQL_DSCONFIG_DIR"
 
@@ -24,11 +21,7 @@ SPLITS = ("train", "validation", "test")
 # File stem of each split in the original release layout.
 RELEASE_SPLIT_FILES = {"train": "train", "validation": "dev", "test": "test"}
 
-HUB_DATASET = "Salesforce/wikisql"
-HUB_REVISION = "refs/convert/parquet"
-
 # Distributed run layout (ports and the run-dir files the workers write: worker.constants).
-DEFAULT_MASTER_PORT = 29500
 LAUNCH_LOG_NAME = "launch.log"
 # What a training run writes at its end (textsql.training.train): engine, profile, steps, the trainer's log history.
 RUN_SUMMARY_NAME = "run.json"
@@ -46,10 +39,7 @@ COLLECTIVE_FILE_NAME = "collective.json"
 # never in the run directory the workers may write: the ranks' environment for DeepSpeed's runner, the ids of the
 # launches whose processes a continuation ends, the running launch's hosts (whose first one's step lines the
 # displays believe), the pipeline's record (textsql.pipeline.manifest.MANIFEST_NAME).
-STATE_DIR_VAR = "TEXTSQL_STATE_DIR"
-DEEPSPEED_ENV_NAME = ".deepspeed_env"
 LAUNCH_IDS_NAME = "launch_ids"
-LAUNCH_HOSTS_NAME = "launch_hosts"
 # MLflow tracking (textsql.launching.tracking_env on the master, textsql.tracking.mlflow_runs on the logging rank):
 # the launching environment's MLFLOW_* variables reach the rank in a 0600 file of the output directory, named
 # to the ranks by TRACKING_ENV_VAR, never on a command line; the run's MLflow run id is kept beside run.json, and by
@@ -57,7 +47,6 @@ LAUNCH_HOSTS_NAME = "launch_hosts"
 TRACKING_PREFIX = "MLFLOW_"
 TRACKING_ENV_VAR = "TEXTSQL_TRACKING_ENV"
 TRACKING_ENV_NAME = ".tracking_env.json"
-MLFLOW_RUN_NAME = "mlflow_run.json"
 
 # WikiSQL as text for T5 (textsql.data.sql, textsql.data.wikisql, textsql.data.prepare).
 # T5's SentencePiece vocabulary has no "<" (it encodes to <unk>), so the "less than" operator is
@@ -72,16 +61,11 @@ SQL_TABLE_NAME = "table"
 # must learn to copy; the product's scores compare case-insensitively already).
 UNCASED_FORMAT = "uncased"
 INPUT_FORMATS = ("schema", "question", UNCASED_FORMAT)
-SQL_TASK_PREFIX = "translate to SQL: "
-COLUMNS_MARKER = " columns: "
-COLUMN_SEPARATOR = " | "
 DEFAULT_MAX_SOURCE_LENGTH = 512
-DEFAULT_MAX_TARGET_LENGTH = 128
 PREPARE_JSON_NAME = "prepare.json"
 # Notebook 03's answers to a second, real source's questions (its `real_source`), beside predictions.jsonl.
 REAL_PREDICTIONS_NAME = "real_predictions.jsonl"
 REAL_METRICS_NAME = "real_metrics.json"
-TABLES_DIR_NAME = "tables"
 LABEL_PAD_TOKEN_ID = -100
 # Relaunches the supervisor allows after a failed launch (textsql.launching.recovery).
 DEFAULT_MAX_RESTARTS = 3

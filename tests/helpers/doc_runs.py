@@ -20,7 +20,7 @@ from pathlib import Path
 
 from helpers.docs import Block
 from helpers.paths import PROJECT_DIR
-from textsql.constants import STATE_DIR_VAR
+from textsql.rundir.master_state import STATE_DIR_VAR
 
 # What a server may take to answer here (mkdocs builds the site first; mlflow starts its workers).
 SERVER_WAIT_S = 240

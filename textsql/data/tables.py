@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from textsql.constants import TABLES_DIR_NAME
 from textsql.errors import DataError
 from textsql.json_files import read_jsonl_located
 
+# Where a prepared dataset keeps its splits' tables.
+TABLES_DIR_NAME = "tables"
 # The release layout keeps each question file's tables beside it: dev.jsonl, dev.tables.jsonl.
 TABLES_SUFFIX = ".tables.jsonl"
 # What datasets' save_to_disk writes beside the splits of a DatasetDict: their names.

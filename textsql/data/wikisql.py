@@ -22,11 +22,7 @@ from typing import Any
 
 from textsql.constants import (
     AGG_OPS,
-    COLUMN_SEPARATOR,
-    COLUMNS_MARKER,
     COND_OPS,
-    HUB_DATASET,
-    HUB_REVISION,
     HUB_SOURCE,
     INPUT_FORMATS,
     PREPARE_JSON_NAME,
@@ -34,7 +30,6 @@ from textsql.constants import (
     SAMPLE_DATA_DIR,
     SAMPLE_SOURCE,
     SPLITS,
-    SQL_TASK_PREFIX,
     UNCASED_FORMAT,
 )
 from textsql.data.sql import parse_sql, render_sql
@@ -44,6 +39,14 @@ from textsql.errors import DataError, SQLParseError
 from textsql.json_files import read_json, read_jsonl_located
 
 logger = logging.getLogger(__name__)
+
+# WikiSQL on the hub, as its parquet conversion (datasets >= 4 refuses the loading script).
+HUB_DATASET = "Salesforce/wikisql"
+HUB_REVISION = "refs/convert/parquet"
+# The model's input text: the task prefix, the question, then the table's columns.
+SQL_TASK_PREFIX = "translate to SQL: "
+COLUMNS_MARKER = " columns: "
+COLUMN_SEPARATOR = " | "
 
 SYNTHETIC_SOURCE = FULL.name
 # Questions without conditions over four-column training tables: the learning check's quick source.

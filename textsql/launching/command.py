@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.constants import DEFAULT_MASTER_PORT, DSCONFIG_DIR_VAR, PROJECT_DIR, TRACKING_PREFIX
+from textsql.constants import DSCONFIG_DIR_VAR, PROJECT_DIR, TRACKING_PREFIX
 from textsql.errors import LaunchError
 from textsql.rank_lines import LAUNCH_ID_VAR, RUN_MARK_VAR, run_mark
 from textsql.sanitize import has_url_password
@@ -36,6 +36,9 @@ from worker.files import atomic_write
 from worker.network import free_port
 
 logger = logging.getLogger(__name__)
+
+# torch.distributed's store on the first host: DeepSpeed's default port.
+DEFAULT_MASTER_PORT = 29500
 
 # Variables a rank inherits from the launching environment when set there. Caches are carried only
 # when set: unset, each host keeps its own default (torch's default extensions dir is

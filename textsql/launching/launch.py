@@ -61,7 +61,7 @@ from typing import IO, NoReturn, TextIO
 import psutil
 
 from textsql.console import SanitizedLines, TextSink
-from textsql.constants import DEEPSPEED_ENV_NAME, LAUNCH_IDS_NAME, LAUNCH_LOG_NAME
+from textsql.constants import LAUNCH_IDS_NAME, LAUNCH_LOG_NAME
 from textsql.errors import LaunchError
 from textsql.launching.command import (
     LaunchArguments,
@@ -84,6 +84,9 @@ from worker.files import private_opener
 from worker.hostfile import read_hostfile
 
 logger = logging.getLogger(__name__)
+
+# The ranks' environment for DeepSpeed's runner, in the master-private directory (never the shared run directory).
+DEEPSPEED_ENV_NAME = ".deepspeed_env"
 
 # How long DeepSpeed's runner gets to exit once its ranks have ended.
 RUNNER_EXIT_S = 20.0

@@ -35,12 +35,7 @@ from pathlib import Path
 
 from textsql.arguments import train_argv
 from textsql.console import TextSink
-from textsql.constants import (
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_REPLACE_TIMEOUT_S,
-    DEFAULT_STALL_TIMEOUT_S,
-    RUN_SUMMARY_NAME,
-)
+from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, RUN_SUMMARY_NAME
 from textsql.display.step_bar import shown_output
 from textsql.errors import StoreError
 from textsql.json_files import read_json, write_json

@@ -23,12 +23,7 @@ from typing import Any
 import yaml
 
 from textsql.arguments import TRAINING_DEFAULTS, ModelArguments, RunArguments, argument_field
-from textsql.constants import (
-    DEFAULT_MAX_RESTARTS,
-    DEFAULT_REPLACE_TIMEOUT_S,
-    DEFAULT_STALL_TIMEOUT_S,
-    PROJECT_DIR,
-)
+from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, PROJECT_DIR
 from textsql.errors import TextSQLError
 from textsql.json_files import read_json
 from textsql.planning.profiles import AUTO_PROFILE

@@ -21,10 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from textsql.constants import DSCONFIG_DIR, DSCONFIG_DIR_VAR
+from textsql.constants import ASSETS_DIR, DSCONFIG_DIR_VAR
 from textsql.errors import ProfileError
 
 logger = logging.getLogger(__name__)
+
+# The profiles: assets/dsconfig links to the checkout's dsconfig/, so a built wheel carries them as files
+# (an installed package has no checkout beside it; tests/test_package.py runs `textsql estimate` from one).
+DSCONFIG_DIR = (ASSETS_DIR / "dsconfig").resolve()
 
 OVERLAY_SUBDIR = "overlays"
 # The profile value that means "the estimate's recommendation" (the default of every run), here rather than

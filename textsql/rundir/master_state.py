@@ -9,8 +9,11 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from textsql.constants import LAUNCH_HOSTS_NAME, STATE_DIR_VAR
 from worker.files import UnsafePath, atomic_write, private_dir
+
+# Where the master-private directories live (default: $XDG_STATE_HOME/textsql), and the latest launch's hosts there.
+STATE_DIR_VAR = "TEXTSQL_STATE_DIR"
+LAUNCH_HOSTS_NAME = "launch_hosts"
 
 
 def master_dir(run_dir: str | Path) -> Path:

@@ -28,13 +28,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from textsql.constants import MLFLOW_RUN_NAME
 from textsql.errors import DataError
 from textsql.json_files import read_json, write_json
 from textsql.rundir.master_state import master_dir
 from textsql.sanitize import mask_credentials
 
 logger = logging.getLogger(__name__)
+
+# The MLflow run a run directory's launches log into, kept in its master-private directory.
+MLFLOW_RUN_NAME = "mlflow_run.json"
 
 RUNNING, KILLED = "RUNNING", "KILLED"
 

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 from textsql.arguments import DataArguments, ModelArguments, RunArguments, output_path
 from textsql.constants import (
     METRICS_NAME,
-    MLFLOW_RUN_NAME,
     MODEL_SUBDIR,
     PREPARE_JSON_NAME,
     RUN_SUMMARY_NAME,
@@ -53,7 +52,7 @@ from textsql.constants import (
 from textsql.errors import DataError, LaunchError
 from textsql.json_files import read_json, write_json
 from textsql.sanitize import mask_credentials
-from textsql.tracking.launch_runs import kept_run
+from textsql.tracking.launch_runs import MLFLOW_RUN_NAME, kept_run
 from worker.files import UnsafeRead, read_bounded
 
 if TYPE_CHECKING:
