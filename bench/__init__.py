@@ -4,4 +4,22 @@ Each figure lives in its own module and returns a dict (its numbers, how they we
 ratio that counts); :mod:`bench.__main__` runs them in order and :mod:`bench.report` writes
 ``bench/results.json`` and ``bench/README.md``. On a shared machine absolute times are noise: the two
 arms of a comparison run in the same process, alternated, and the figure is the ratio of medians.
+
+The modules, by what they are:
+
+- **Figures** (each measures one comparison and returns its dict): ``tokenization``, ``train_padding``,
+  ``inference``, ``model_latency``, ``rendezvous``, ``startup``, ``profiles``, ``recovery``, ``store``,
+  ``setup_cost``, ``step_ops``, ``pretrained_proxy``; the GPU comparisons ``gpu`` and ``gpu_quick``.
+- **Measured arms** (what a figure runs against each other): ``old_recipe`` (the seed notebook's plain
+  ``Seq2SeqTrainer``), ``ours`` (``textsql train`` with its defaults), ``rank_probe`` (one rank that records its
+  own peak memory and step times); and what the GPU arms train on, ``workload`` and ``fullscale``.
+- **Server stand-ins** (real servers started for a figure and for the tests): ``seaweed`` (an S3-compatible
+  store).
+- **Shared helpers**: ``timing`` (alternated repetitions, medians), ``steps`` and ``events`` (step times from inside
+  the process and from TensorBoard's files), ``flops`` (FLOPs and MFU), ``machine`` (what was measured on),
+  ``report`` (results.json and the table), and ``tiny_run`` (the command line of a tiny training run).
+
+What the tests share with the bench (``tiny_run``, ``seaweed``, the recovery run's builders, the GPU comparison's
+parsers) is imported from these modules by name, since the bench never imports ``tests/``; everything else here
+is the bench's own.
 """

@@ -256,3 +256,13 @@ def test_the_top_level_of_textsql_stays_small():
     """New modules go into the subpackage of their stage; the top level keeps what every stage shares."""
     top_level = sorted(path.name for path in (PROJECT_DIR / "textsql").glob("*.py"))
     assert len(top_level) <= TOP_LEVEL_MODULES, f"{len(top_level)} modules at textsql/'s top level: {top_level}"
+
+
+def test_the_bench_docstring_sorts_every_module_into_its_kind():
+    """bench/__init__.py is the bench's map (figures, measured arms, server stand-ins, shared helpers): each module
+    named there in ``double backticks``, and no module that is gone."""
+    docstring = ast.get_docstring(ast.parse((PROJECT_DIR / "bench" / "__init__.py").read_text())) or ""
+    named = set(re.findall(r"``([a-z_]+)``", docstring))
+    modules = {path.stem for path in (PROJECT_DIR / "bench").glob("*.py")} - {"__init__", "__main__"}
+    assert sorted(modules - named) == [], "bench modules missing from bench/__init__.py's map"
+    assert sorted(named - modules) == [], "bench/__init__.py names modules that are gone"
