@@ -235,12 +235,14 @@ class CellOutput(logging.Handler):
     """Papermill's live record of the cells' output: all of it to a log file, each text to a :class:`StageView`."""
 
     def __init__(self, path: Path, view: StageView) -> None:
+        # The log lies in the run directory the pods share: a link planted there is refused, never written through.
+        # Opened before the handler exists for logging, which closes every handler it knows at exit: one whose open
+        # failed would end the refusal's one line with an AttributeError from close().
+        self.file = open(path, "a", encoding="utf-8", opener=private_opener)  # noqa: SIM115 - closed in close()
         super().__init__()
         self.path = path
         self.view = view
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        # The log lies in the run directory the pods share: a link planted there is refused, never written through.
-        self.file = open(path, "a", encoding="utf-8", opener=private_opener)  # noqa: SIM115 - closed in close()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.file.write(self.format(record) + "\n")
