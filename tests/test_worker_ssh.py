@@ -80,9 +80,10 @@ def end_remote_ranks(run_dir: Path, host: str) -> None:
 
 def probe_cluster(run_dir: Path, host: str) -> None:
     (run_dir / "ssh_config").write_text("")
+    # No workers and no backend: only the cluster's ssh is called.
     cluster = Cluster(
         run_dir, run_dir / "hostfile", run_dir / "known_hosts", run_dir / "ssh_config", None, 22, "", ("", 0), (), None
-    )  # type: ignore[arg-type]  # no backend: only its ssh is called
+    )
     assert cluster.ssh(host, "true", timeout=10).returncode != 0
 
 
