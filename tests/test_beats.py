@@ -4,6 +4,7 @@ replayed or from a worker given up gets."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import stat
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from worker.beats import Beat, BeatInbox, InvalidBeats, beats_from_wire, decode_beat, encode_beat, send_beat
-from worker.constants import MAX_SLOTS
+from worker.constants import MAX_RELAYED_FRAME_BYTES, MAX_SLOTS, RELAYED_FRAMES_BURST, RELAYED_FRAMES_PER_S
 from worker.errors import WorkerError
-from worker.protocol import new_nonce, recv_frame, send_frame, sign
+from worker.protocol import encode_frame, new_nonce, recv_frame, send_frame, sign
 from worker.registration import Registration
 from worker.rendezvous.client import register
 from worker.rendezvous.server import RendezvousServer
@@ -24,6 +25,8 @@ from worker.rendezvous.token import pod_key
 from worker.runfiles import RunFiles
 
 TOKEN = secrets.token_urlsafe(32)
+# The largest count a heartbeat carries (15 digits, as a rank's datagram may hold).
+_LARGEST_COUNT = 10**15 - 1
 
 
 def registration(index: int) -> Registration:
@@ -126,16 +129,20 @@ class HeldWorker:
         send_frame(self.sock, {"type": "register", "nonce": self.client_nonce, "worker": worker, "mac": mac})
         assert recv_frame(self.sock)["type"] == "accepted"
 
-    def relay(self, sequence: int, beats: list[list[int]], key: bytes | None = None) -> None:
+    def frame(self, sequence: int, beats: list[list[int]], key: bytes | None = None, **unsigned: object) -> dict:
+        """A heartbeat frame signed with ``key`` (the pod's own by default), with ``unsigned`` fields beside."""
         mac = sign(key or self.key, "beats", self.server_nonce, self.client_nonce, sequence, beats)
-        send_frame(self.sock, {"type": "beats", "sequence": sequence, "beats": beats, "mac": mac})
+        return {"type": "beats", "sequence": sequence, "beats": beats, "mac": mac, **unsigned}
 
-    def dropped(self) -> bool:
-        """Whether the master hung up (its keepalives read until then)."""
-        self.sock.settimeout(10)
+    def relay(self, sequence: int, beats: list[list[int]], key: bytes | None = None, **unsigned: object) -> None:
+        send_frame(self.sock, self.frame(sequence, beats, key, **unsigned))
+
+    def dropped(self, within_s: float = 10.0) -> bool:
+        """Whether the master hung up within ``within_s`` (its keepalives read until then)."""
+        deadline = time.monotonic() + within_s
         try:
-            while recv_frame(self.sock, timeout=10):
-                pass
+            while time.monotonic() < deadline:
+                recv_frame(self.sock, timeout=within_s)
         except Exception:  # noqa: BLE001 - a close or a reset, as the master drops it
             return True
         return False
@@ -173,3 +180,58 @@ def test_a_worker_given_up_speaks_for_its_address_no_more(tmp_path: Path):
         send_frame(worker.sock, {"type": "shutdown"})  # dropped for it, so the relay before it was read
         assert worker.dropped()
     assert received == []
+
+
+def test_the_largest_heartbeat_frame_an_agent_sends_fits_the_relayed_frame_limit():
+    largest = [[_LARGEST_COUNT] * 3] * MAX_SLOTS
+    mac = sign(b"k" * 32, "beats", new_nonce(), new_nonce(), 10**12, largest)
+    frame = encode_frame({"type": "beats", "sequence": 10**12, "beats": largest, "mac": mac})
+    assert len(frame) - 4 <= MAX_RELAYED_FRAME_BYTES
+
+
+@pytest.mark.parametrize("padding", [[0] * 4096, "x"], ids=["8 KiB of numbers", "one letter"])
+def test_a_relayed_frame_with_more_than_its_signed_fields_drops_the_worker(tmp_path: Path, padding):
+    """A pod signs its heartbeat frames with its own key and pads them with fields the signature does not cover: the
+    master parsed every one (8 KiB of numbers, 556 frames a second took 80 % of a core). A frame larger than any
+    heartbeat frame is refused by its length prefix, unread; padding that fits is refused once read. Either drops the
+    worker, and its beats are never believed."""
+    received: list[tuple[str, Beat]] = []
+    with RendezvousServer(expect=2, token=TOKEN, files=RunFiles.in_dir(tmp_path), heartbeat=0.2) as server:
+        server.beats_to = lambda address, beat: received.append((address, beat))
+        hostile, honest = HeldWorker(server, 0), HeldWorker(server, 1)
+        hostile.relay(1, [[0, 1, 1]], padding=padding)
+        assert hostile.dropped(within_s=3)
+        honest.relay(1, [[1, 1, 1]])
+        assert wait_for(lambda: received)
+        honest.sock.close()
+    assert received == [("10.0.0.2", Beat(1, 1, 1))]
+
+
+def test_a_flood_of_signed_relayed_frames_is_read_no_faster_than_the_rate(tmp_path: Path):
+    """A pod floods well-formed heartbeat frames, signed with its own key, as fast as loopback takes them: the master
+    reads its burst, then RELAYED_FRAMES_PER_S a second (the rest wait unread in TCP's buffers, and the flood's sends
+    block), while another pod's beat is taken at once. Before, the master read and checked every frame it was sent."""
+    received: list[tuple[str, Beat]] = []
+    with RendezvousServer(expect=2, token=TOKEN, files=RunFiles.in_dir(tmp_path), heartbeat=0.2) as server:
+        server.beats_to = lambda address, beat: received.append((address, beat))
+        hostile, honest = HeldWorker(server, 0), HeldWorker(server, 1)
+        sent = [0]
+
+        def flood() -> None:
+            hostile.sock.settimeout(None)
+            with contextlib.suppress(OSError):
+                for sequence in range(1, 100_000):
+                    hostile.sock.sendall(encode_frame(hostile.frame(sequence, [[0, sequence, sequence]])))
+                    sent[0] = sequence
+
+        flooding = threading.Thread(target=flood, daemon=True)
+        started = time.monotonic()
+        flooding.start()
+        time.sleep(2)
+        honest.relay(1, [[1, 1, 1]])
+        assert wait_for(lambda: ("10.0.0.2", Beat(1, 1, 1)) in received, within=2)
+        elapsed, flooded = time.monotonic() - started, sum(address == "10.0.0.1" for address, _ in received)
+        hostile.sock.shutdown(socket.SHUT_RDWR)
+        flooding.join(timeout=10)
+    assert sent[0] > flooded, "the flood outran what the master reads"
+    assert flooded <= RELAYED_FRAMES_BURST + RELAYED_FRAMES_PER_S * elapsed + 1, (flooded, sent[0], elapsed)

@@ -270,6 +270,37 @@ def test_a_link_a_worker_planted_at_the_demo_log_is_never_written_through(tmp_pa
     assert bashrc.read_text() == "# the user's own\n"
 
 
+# The demo's refusal of a planted demo.log, as far as the interpreter's exit: the error is kept (as click keeps it
+# while it prints the one line), and with it the handler whose log could not be opened.
+REFUSED_DEMO_LOG = """
+import io, sys
+from pathlib import Path
+from textsql.display.terminal import StageView, cell_output_to
+from worker.files import UnsafePath
+try:
+    with cell_output_to(Path(sys.argv[1]), StageView(total=1, stream=io.StringIO(), live=False)):
+        pass
+except UnsafePath as error:
+    refusal = error
+    print(f"Error: {refusal}", file=sys.stderr)
+"""
+
+
+def test_a_refused_demo_log_is_one_line_to_the_end(tmp_path):
+    """`textsql demo --resume` refused a planted demo.log in one line, then logging closed the half-made handler at
+    exit: AttributeError: 'CellOutput' object has no attribute 'file'."""
+    (tmp_path / "demo.log").symlink_to(tmp_path / "elsewhere")
+    result = subprocess.run(
+        [sys.executable, "-c", REFUSED_DEMO_LOG, str(tmp_path / "demo.log")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and result.stderr.startswith("Error: refusing to write"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_papermill_writes_an_executed_notebook_without_following_a_planted_link(tmp_path):
     """Papermill writes RUN_DIR/notebooks/*.ipynb at the start and every 30 s: a link there is replaced, not
     written through (a stand-in ~/.profile here)."""

@@ -5,6 +5,9 @@ views, `textsql preflight --run-dir`)."""
 from __future__ import annotations
 
 import io
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -51,6 +54,62 @@ def test_the_stage_view_shows_a_ranks_stage_line_inert():
             view.feed(f"127.0.0.3: stage: compiling{unsafe}[1/1] 02_train_distributed done in 1 s\n")
     assert_inert(stream.getvalue())
     assert sum(line.startswith("[1/1]") for line in stream.getvalue().split("\n")) == 1
+
+
+MIB = 1 << 20
+
+
+def peak_bytes(work: Callable[[], object]) -> int:
+    """The most memory Python held at once while ``work`` ran, above what it held before."""
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_sanitising_holds_the_escaped_text_and_little_more():
+    """A line of 1 MiB of NULs is shown as 4 MiB of ``\\x00``: sanitising it may hold that text and a copy while it
+    is joined, not a match object and an escape string per character (79 times the input before)."""
+    line = "\x00" * MIB
+    peak = peak_bytes(lambda: sanitized(line))
+    assert sanitized(line) == "\\x00" * MIB
+    assert peak < 3 * 4 * MIB, f"{peak / MIB:.0f} MiB to sanitise 1 MiB"
+
+
+def follow_view(log: Path) -> StageView:
+    log.write_bytes(b"")
+    return StageView(total=1, stream=io.StringIO(), live=False, tick_s=None, follow=log)
+
+
+def test_a_tick_reads_a_bounded_part_of_what_the_ranks_appended_to_launch_log(tmp_path):
+    """The ranks write launch.log: 4 MiB of NULs on one line, then a line of terminal escapes a thousand times, in
+    one go. A tick reads at most its cap of it, the newest, so the latest step line is still shown, and holds a few
+    MiB whatever was appended (before: the whole append, at 79 times its size once sanitised)."""
+    log = tmp_path / "launch.log"
+    view = follow_view(log)
+    with view.stage("02_train_distributed"):
+        with log.open("ab") as growing:
+            growing.write(b"\x00" * 4 * MIB + b"\n" + b"\x1b[2J" * 1000 + b"\n" + b"step 20/200: loss 3.120 (14 s)\n")
+        peak = peak_bytes(view.tick)
+    assert view.step == ("step 20/200", "loss 3.120")
+    assert peak < 8 * MIB, f"{peak / MIB:.0f} MiB for one tick"
+
+
+def test_a_line_longer_than_a_tick_reads_is_skipped_and_following_goes_on(tmp_path):
+    """A line with no end in sight (3 MiB and growing) is not waited for: the tick goes past it, shows none of it,
+    and the next whole line after it is read as a line of its own."""
+    log = tmp_path / "launch.log"
+    view = follow_view(log)
+    with view.stage("02_train_distributed"), log.open("ab") as growing:
+        growing.write(b"step 1/200: loss 9.000 (1 s)" + b"\x00" * 3 * MIB)
+        growing.flush()
+        view.tick()
+        growing.write(b"x" * MIB + b"step 2/200: loss 8.000 (2 s)\nstep 3/200: loss 7.000 (3 s)\n")
+        growing.flush()
+        view.tick()
+    assert view.step == ("step 3/200", "loss 7.000")
 
 
 HOSTILE = "local-1\x1b[2J\u2028problem: none\nproblem: none\r"

@@ -5,6 +5,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from textsql.errors import LaunchError
+from textsql.launching.hostfile_hosts import HostfileHosts
+from textsql.launching.preflight import preflight
+from textsql.launching.ranks import RemoteRanks
+from worker.cluster import Cluster
+from worker.network import free_port
 from worker.registration import Registration
 from worker.runfiles import format_ssh_config
 from worker.ssh import ssh_options
@@ -57,3 +65,37 @@ def test_the_run_config_and_the_options_agree(tmp_path: Path) -> None:
     )
     assert through_config == on_command_line
     assert through_config["stricthostkeychecking"] == "true" and through_config["batchmode"] == "yes"
+
+
+# A host as a hostfile line (or a registration) can name it: were it read as an option, ssh would run its
+# ProxyCommand on the master. Each way the master builds an ssh command, run for real, to a host named so.
+def probe_hostfile_hosts(run_dir: Path, host: str) -> None:
+    hosts = HostfileHosts(run_dir, run_dir / "hostfile", {host: 1}, ssh_port=free_port())
+    assert not hosts.answers(host, timeout=10)
+
+
+def end_remote_ranks(run_dir: Path, host: str) -> None:
+    RemoteRanks(ssh_options(port=free_port(), connect_timeout=5), [host], "launch-1").end()
+
+
+def probe_cluster(run_dir: Path, host: str) -> None:
+    (run_dir / "ssh_config").write_text("")
+    # No workers and no backend: only the cluster's ssh is called.
+    cluster = Cluster(
+        run_dir, run_dir / "hostfile", run_dir / "known_hosts", run_dir / "ssh_config", None, 22, "", ("", 0), (), None
+    )
+    assert cluster.ssh(host, "true", timeout=10).returncode != 0
+
+
+def check_before_launch(run_dir: Path, host: str) -> None:
+    with pytest.raises(LaunchError):
+        preflight([host], run_dir, ssh_port=free_port())
+
+
+@pytest.mark.parametrize("reach", [probe_hostfile_hosts, end_remote_ranks, probe_cluster, check_before_launch])
+def test_a_host_named_like_an_option_is_only_ever_a_host(tmp_path: Path, reach) -> None:
+    """`--` ends ssh's options before the host in every ssh command the master builds: a host named
+    ``-oProxyCommand=...`` runs nothing here (before, the hostfile hosts', the ranks' end and the cluster's ssh ran it)."""
+    ran = tmp_path / "ran"
+    reach(tmp_path, f"-oProxyCommand=touch {ran}")
+    assert not ran.exists(), "ssh read the host as an option and ran its ProxyCommand on the master"

@@ -3,7 +3,7 @@
 Usage::
 
     with start_workers("local", 2, Path("runs/demo")) as cluster:
-        subprocess.run(["ssh", "-F", cluster.ssh_config, cluster.hosts[0], "hostname"], check=True)
+        subprocess.run(cluster.ssh_command(cluster.hosts[0], "hostname"), check=True)
         env = {**os.environ, **cluster.pdsh_env}   # for deepspeed --launcher pdsh --hostfile cluster.hostfile
     # every launched worker is released and stopped here, also after an error or KeyboardInterrupt
 """
@@ -32,7 +32,7 @@ from worker.registration import Registration
 from worker.rendezvous.server import RendezvousServer
 from worker.rendezvous.token import new_token, pod_key
 from worker.runfiles import RunFiles, write_run_files
-from worker.ssh import ssh_options
+from worker.ssh import ssh_argv, ssh_options
 from worker.sshd import generate_keypair
 
 logger = logging.getLogger(__name__)
@@ -170,13 +170,13 @@ class Cluster:
         return {"PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": shlex.join(ssh_options(self.ssh_config))}
 
     def ssh_command(self, host: str, command: str) -> list[str]:
-        """``ssh -F ssh_config -o BatchMode=yes HOST COMMAND`` as an argument list (host keys verified).
+        """``ssh -F ssh_config -o BatchMode=yes -- HOST COMMAND`` as an argument list (host keys verified).
 
         :param host: a worker address.
         :param command: the remote shell command.
         :rtype: list[str]
         """
-        return ["ssh", *ssh_options(self.ssh_config), host, command]
+        return ssh_argv(ssh_options(self.ssh_config), host, command)
 
     def answers(self, host: str, timeout: float = 15.0, attempts: int = c.SSH_PROBE_ATTEMPTS) -> bool:
         """Whether ``host`` runs ``true`` over the run's ssh, trying ``attempts`` times with a growing pause

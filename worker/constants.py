@@ -62,6 +62,9 @@ FORWARDED_ENV = (
 PROTOCOL_VERSION = 2  # 2: a held worker relays its ranks' heartbeats (worker.beats)
 MAX_FRAME_BYTES = 16 * 1024  # a registration is a few hundred bytes; an ssh public key under 1 KiB
 MAX_FRAME_DEPTH = 8  # a register message nests 2 levels; nothing honest nests deeper than this
+# A held worker's frames: "beats" with at most MAX_SLOTS heartbeats (under 1 KiB as an agent sends it) or "detach".
+# A larger one is refused by its length prefix, unread: no padding beside the signed fields is ever parsed.
+MAX_RELAYED_FRAME_BYTES = 2 * 1024
 READ_TIMEOUT_S = 10.0  # a whole frame must arrive within this, however slowly it drips
 # The master's deadline for a new connection's registration: a worker sends it as soon as the hello
 # arrives, so only an idle or hostile peer needs longer, and it must not hold a slot for long.
@@ -77,6 +80,11 @@ MAX_CONNECTIONS = 512  # connections handled at once; more are closed at accept
 MAX_UNAUTHENTICATED_PER_ADDRESS = 64
 REFUSAL_LOG_INTERVAL_S = 5.0  # one log line per kind of refusal per this many seconds
 MAX_SLOTS = 16  # GPUs per worker
+# Frames a held worker's connection is read for at most: a burst, then so many a second (a token bucket). Its ranks
+# beat every 5 s each, so an honest pod sends at most MAX_SLOTS frames in 5 s; a flood's frames past the rate wait
+# unread in TCP's buffers, and its sends block, costing the master nothing.
+RELAYED_FRAMES_BURST = 2 * MAX_SLOTS
+RELAYED_FRAMES_PER_S = 8.0
 # A rank's heartbeat datagram to its agent is a few numbers; anything longer is not one.
 MAX_BEAT_BYTES = 64
 MAX_EXPECTED_WORKERS = 1024

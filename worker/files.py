@@ -4,8 +4,8 @@ logs only their owner can read, the run directory only its owner can enter, and 
 Nothing here follows a link planted where a file goes: a log is opened with ``O_NOFOLLOW`` and must be
 a regular file with one name (not a hard link to a file elsewhere); a whole-file write goes to a new
 temp file (``O_EXCL``) renamed over the path, which replaces a link instead of writing through it; a read of
-what a worker may have written (:func:`read_bounded`) refuses a link, anything but a regular file, and more
-than a limit.
+what a worker may have written (:func:`read_bounded`, :func:`open_regular`) refuses a link, anything but a regular
+file, and more than a limit.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from worker.errors import WorkerError
 
@@ -107,15 +108,29 @@ def read_bounded(path: Path, limit: int) -> bytes:
     :raises OSError: with ``errno.ELOOP`` for a symbolic link.
     :raises UnsafeRead: for anything but a regular file, or one larger than ``limit``.
     """
-    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeRead(f"{str(path)!r} is not a regular file")
+    with open_regular(path) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise UnsafeRead(f"{str(path)!r} is larger than {limit} bytes")
     return data
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """A regular file opened for reading: never through a symbolic link at ``path``, never waiting on a pipe.
+
+    :param path: the file.
+    :rtype: BinaryIO
+    :raises FileNotFoundError: when nothing is there.
+    :raises OSError: with ``errno.ELOOP`` for a symbolic link.
+    :raises UnsafeRead: for anything but a regular file.
+    """
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        raise UnsafeRead(f"{str(path)!r} is not a regular file")
+    return handle
 
 
 def last_line(path: Path) -> str:

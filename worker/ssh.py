@@ -9,12 +9,13 @@ Usage::
 
     >>> ssh_options(Path("runs/r1/ssh_config"))
     ['-F', 'runs/r1/ssh_config', '-o', 'BatchMode=yes']
-    >>> subprocess.run(["ssh", *ssh_options(port=22, known_hosts=Path("~/.ssh/known_hosts").expanduser()), "node1", "hostname"])
+    >>> subprocess.run(ssh_argv(ssh_options(port=22, known_hosts=Path("~/.ssh/known_hosts").expanduser()), "node1", "hostname"))
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,15 @@ def ssh_options(config: Path | None = None, **settings: Any) -> list[str]:
     for name, value in ssh_settings(**settings).items():
         options += ["-o", f"{name}={value}"]
     return options
+
+
+def ssh_argv(options: Sequence[str], host: str, *remote: str) -> list[str]:
+    """``ssh OPTIONS -- HOST [REMOTE...]``: every ssh command the master runs, so a host named like an option
+    (``-oProxyCommand=...`` in a hostfile) is only ever a host, never an option ssh acts on here.
+
+    :param options: ssh's options (:func:`ssh_options`; ``-G`` for its resolved settings).
+    :param host: the host to reach.
+    :param remote: the command to run there (none for ``-G``).
+    :rtype: list[str]
+    """
+    return ["ssh", *options, "--", host, *remote]

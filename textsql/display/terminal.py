@@ -25,14 +25,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from tqdm import tqdm
 
 from textsql.display.step_bar import left_and_text, rank0_step_line
 from textsql.rank_lines import STAGE_PREFIX
 from textsql.sanitize import sanitized_lines
-from worker.files import private_opener
+from worker.files import UnsafeRead, open_regular, private_opener
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,9 @@ PLAIN_HEARTBEAT_S = 60.0
 WAITING_FORMAT = "{desc}: {elapsed}{postfix}"
 # The time left is the ranks' (in the postfix), never tqdm's: the stage's clock includes start-up.
 STEPS_FORMAT = "{desc}: {percentage:3.0f}%|{bar:20}| {n}/{total} steps [{elapsed}{postfix}]"
+# The most of the followed log one tick reads. The ranks write launch.log, so a tick must cost the same however much
+# they appended at once; an honest run writes far less than this in a second, and past it a tick reads the newest.
+FOLLOWED_BYTES_PER_TICK = 1 << 20
 
 
 class StageView:
@@ -86,6 +89,8 @@ class StageView:
         self.step: tuple[str, str] | None = None
         self.left: tuple[float, float] | None = None
         self.follow, self._followed, self.run_dir = follow, 0, run_dir
+        # Whether the followed log's next bytes end a line too long to read (what a tick skips past).
+        self._skipping = False
         # Fed from papermill's log records and from the ticks' reads of `follow`.
         self._lock = threading.RLock()
         # When the last plain line was printed, and the progress it showed.
@@ -101,6 +106,7 @@ class StageView:
         self.step, self.left = None, None
         # Only what the stage adds: a resumed run's log already holds an earlier run's steps.
         self._followed = self.follow.stat().st_size if self.follow is not None and self.follow.is_file() else 0
+        self._skipping = False
         if self.live and has_size(self.stream):
             # position 0: papermill's own (hidden) bar would otherwise push this one down a line per redraw.
             self.bar = tqdm(
@@ -178,16 +184,36 @@ class StageView:
                 self._line(f"{self.label}: {now - self.started:.0f} s {shown}".rstrip())
 
     def _read_followed(self) -> None:
-        if self.follow is None or not self.follow.is_file():
+        if self.follow is None:
             return
-        with open(self.follow, "rb") as log:
-            log.seek(self._followed)
-            grown = log.read()
-        # Whole lines only (never a character cut in two): a line still being written is read at the next tick.
-        complete = grown[: grown.rfind(b"\n") + 1]
-        self._followed += len(complete)
+        try:
+            with open_regular(self.follow) as log:
+                complete = self._whole_lines_gained(log)
+        except (OSError, UnsafeRead):  # not written yet, or not a regular file: nothing of it is shown
+            return
         for line in sanitized_lines(complete.decode("utf-8", errors="replace"))[:-1]:
             self._read(line.strip())
+
+    def _whole_lines_gained(self, log: BinaryIO) -> bytes:
+        """The whole lines ``log`` gained since the last tick, of at most its newest :data:`FOLLOWED_BYTES_PER_TICK`
+        bytes. A line cut there is skipped to its end: no step line is that long."""
+        size = os.fstat(log.fileno()).st_size
+        if size <= self._followed:
+            return b""
+        start = max(self._followed, size - FOLLOWED_BYTES_PER_TICK)
+        skipping = self._skipping or start > self._followed
+        log.seek(start)
+        grown = log.read(size - start)
+        if skipping:
+            cut_line_end = grown.find(b"\n") + 1
+            if not cut_line_end:
+                self._followed, self._skipping = size, True
+                return b""
+            grown, start = grown[cut_line_end:], start + cut_line_end
+        # Whole lines only (never a character cut in two): a line still being written is read at the next tick.
+        complete = grown[: grown.rfind(b"\n") + 1]
+        self._followed, self._skipping = start + len(complete), False
+        return complete
 
     def _ticking(self, stop: threading.Event) -> None:
         assert self.tick_s is not None
@@ -209,12 +235,14 @@ class CellOutput(logging.Handler):
     """Papermill's live record of the cells' output: all of it to a log file, each text to a :class:`StageView`."""
 
     def __init__(self, path: Path, view: StageView) -> None:
+        # The log lies in the run directory the pods share: a link planted there is refused, never written through.
+        # Opened before the handler exists for logging, which closes every handler it knows at exit: one whose open
+        # failed would end the refusal's one line with an AttributeError from close().
+        self.file = open(path, "a", encoding="utf-8", opener=private_opener)  # noqa: SIM115 - closed in close()
         super().__init__()
         self.path = path
         self.view = view
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        # The log lies in the run directory the pods share: a link planted there is refused, never written through.
-        self.file = open(path, "a", encoding="utf-8", opener=private_opener)  # noqa: SIM115 - closed in close()
 
     def emit(self, record: logging.LogRecord) -> None:
         self.file.write(self.format(record) + "\n")

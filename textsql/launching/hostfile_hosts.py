@@ -31,6 +31,7 @@ from worker.beats import Beat
 from worker.constants import HOSTFILE_NAME
 from worker.errors import WorkerError
 from worker.hostfile import read_hostfile, write_hostfile
+from worker.ssh import ssh_argv
 
 logger = logging.getLogger(__name__)
 
@@ -146,11 +147,11 @@ class HostfileHosts:
         return replace(self, hostfile=hostfile, slots=remaining)
 
     def ssh_command(self, host: str, command: str) -> list[str]:
-        """``ssh OPTIONS HOST COMMAND`` with the options pdsh runs the launch with.
+        """``ssh OPTIONS -- HOST COMMAND`` with the options pdsh runs the launch with.
 
         :rtype: list[str]
         """
-        return ["ssh", *launch_ssh_options(self.run_dir, self.ssh_config, self.ssh_port), host, command]
+        return ssh_argv(launch_ssh_options(self.run_dir, self.ssh_config, self.ssh_port), host, command)
 
     def _check_host(self, host: str) -> None:
         if host not in self.slots:

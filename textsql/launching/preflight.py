@@ -39,7 +39,7 @@ from pathlib import Path
 from textsql.constants import HUB_SOURCE
 from textsql.errors import LaunchError
 from worker.constants import INSTALL_SSH_HINT, SSH_CONFIG_NAME, SSHD_PATH
-from worker.ssh import ssh_options
+from worker.ssh import ssh_argv, ssh_options
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ def _check_reachable(options: list[str], hosts: Sequence[str]) -> None:
     # All hosts at once: a cluster's worth of sequential ssh handshakes would delay every launch.
     checks = {
         host: subprocess.Popen(
-            ["ssh", *options, host, "true"],
+            ssh_argv(options, host, "true"),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -309,14 +309,14 @@ def _check_reachable(options: list[str], hosts: Sequence[str]) -> None:
             failed.append(f"{host} ({reason})")
     if failed:
         raise LaunchError(
-            f"passwordless ssh failed for {', '.join(failed)} with `{shlex.join(['ssh', *options, 'HOST', 'true'])}`; "
+            f"passwordless ssh failed for {', '.join(failed)} with `{shlex.join(ssh_argv(options, 'HOST', 'true'))}`; "
             "check that the workers are running and the run's ssh_config/known_hosts are theirs"
         )
 
 
 def _ssh_setting(options: list[str], host: str, name: str) -> str:
     """The value ssh would use for one setting when connecting to host (``ssh -G``: no connection)."""
-    result = subprocess.run(["ssh", "-G", *options, host], capture_output=True, text=True, check=False)
+    result = subprocess.run(ssh_argv(["-G", *options], host), capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise LaunchError(
             f"ssh cannot read its configuration for {host!r}: {result.stderr.strip()}; fix the ssh_config"

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 from textsql.constants import PROJECT_DIR
 from textsql.rank_lines import LAUNCH_ID_VAR, RUN_MARK_VAR
+from worker.ssh import ssh_argv
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class RemoteRanks:
         remote = remote_end_command(self.launch_id)
         enders = [
             subprocess.Popen(
-                ["ssh", *self.ssh_options, host, remote],
+                ssh_argv(self.ssh_options, host, remote),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

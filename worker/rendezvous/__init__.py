@@ -23,5 +23,8 @@ Conversation on one connection (frames and signatures from :mod:`worker.protocol
 (``token``: the pod's key.) The worker holds its connection open after it is accepted: the master sees a worker
 that dies before the run is complete (its registration is dropped), and the worker sees the master go away (no
 heartbeat, or the connection closes) as well as its release, without polling. The "beats" frames carry the
-ranks' heartbeats (:mod:`worker.beats`): each sequence number higher than the last, or the connection is dropped.
+ranks' heartbeats (:mod:`worker.beats`): each sequence number higher than the last, no field besides the signed
+ones, and no larger than :data:`~worker.constants.MAX_RELAYED_FRAME_BYTES` (refused unread), or the connection is
+dropped; past :data:`~worker.constants.RELAYED_FRAMES_BURST` frames, a held connection is read at most
+:data:`~worker.constants.RELAYED_FRAMES_PER_S` frames a second, the rest left waiting in TCP's buffers.
 """

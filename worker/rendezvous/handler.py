@@ -14,10 +14,18 @@ import secrets
 import selectors
 import socketserver
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from worker.beats import Beat, InvalidBeats, beats_from_wire
-from worker.constants import PROTOCOL_VERSION, READ_TIMEOUT_S, RELEASE_HANGUP_S
+from worker.constants import (
+    MAX_RELAYED_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    READ_TIMEOUT_S,
+    RELAYED_FRAMES_BURST,
+    RELAYED_FRAMES_PER_S,
+    RELEASE_HANGUP_S,
+)
 from worker.protocol import FrameError, is_nonce, new_nonce, recv_frame, send_frame, sign, verify
 from worker.registration import InvalidRegistration, Registration
 from worker.rendezvous.registry import Refused
@@ -27,6 +35,9 @@ if TYPE_CHECKING:
     from worker.rendezvous.server import RendezvousServer
 
 logger = logging.getLogger(__name__)
+
+# What a heartbeat frame holds: the fields its signature covers, and the signature.
+_SIGNED_FIELDS = {"type", "sequence", "beats", "mac"}
 
 
 def claimed_pod(worker: object) -> str:
@@ -135,19 +146,21 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
             self._send_release(server_nonce, client_nonce)
             return
         release_signal = self.server.release_signal
-        relayed = RelayedBeats(self.key, server_nonce, client_nonce)
+        relayed, budget = RelayedBeats(self.key, server_nonce, client_nonce), FrameBudget()
         with selectors.DefaultSelector() as selector:
-            selector.register(self.connection, selectors.EVENT_READ)
             selector.register(release_signal, selectors.EVENT_READ)
             next_heartbeat = time.monotonic() + self.server.heartbeat
             while True:
-                ready = {key.fileobj for key, _ in selector.select(timeout=next_heartbeat - time.monotonic())}
+                ready = self._ready(selector, budget, next_heartbeat)
                 try:
                     if release_signal in ready or self.server.released.is_set():
                         self._send_release(server_nonce, client_nonce)
                         return
                     if self.connection in ready:
-                        message = recv_frame(self.connection, timeout=self.server.read_timeout)
+                        budget.spend()
+                        message = recv_frame(
+                            self.connection, timeout=self.server.read_timeout, max_bytes=MAX_RELAYED_FRAME_BYTES
+                        )
                         # A held worker sends its ranks' heartbeats, or "detach" (registered, not holding on).
                         # Anything else, or a close, means it is gone.
                         if message.get("type") == "detach":
@@ -160,6 +173,51 @@ class RegistrationHandler(socketserver.StreamRequestHandler):
                 except FrameError as error:
                     self.server.forget(registration, self, reason=str(error))
                     return
+
+    def _ready(self, selector: selectors.BaseSelector, budget: FrameBudget, next_heartbeat: float) -> set[object]:
+        """What turns readable before the next heartbeat is due: the release signal, and the worker's connection
+        while its frames are within their budget. Past it the connection is not read at all: its frames wait in
+        TCP's buffers, and a flood's sends block, until the budget has grown again."""
+        wait_s = budget.wait_s()
+        reading = self.connection in selector.get_map()
+        if reading and wait_s:
+            selector.unregister(self.connection)
+            self.server.refusals.log(
+                logging.WARNING,
+                "worker %s sends more than %d frames a second: its frames are read no faster",
+                self.client_address[0],
+                RELAYED_FRAMES_PER_S,
+            )
+        elif not reading and not wait_s:
+            selector.register(self.connection, selectors.EVENT_READ)
+        timeout = next_heartbeat - time.monotonic()
+        return {key.fileobj for key, _ in selector.select(timeout=min(timeout, wait_s) if wait_s else timeout)}
+
+
+class FrameBudget:
+    """How many more frames a held connection may be read for: :data:`RELAYED_FRAMES_BURST` at first, and
+    :data:`RELAYED_FRAMES_PER_S` more each second up to that (a token bucket).
+
+    :param clock: seconds, monotonic.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.frames, self.counted_at = float(RELAYED_FRAMES_BURST), clock()
+
+    def wait_s(self) -> float:
+        """Seconds until one more frame may be read (0: now).
+
+        :rtype: float
+        """
+        now = self.clock()
+        self.frames = min(float(RELAYED_FRAMES_BURST), self.frames + (now - self.counted_at) * RELAYED_FRAMES_PER_S)
+        self.counted_at = now
+        return 0.0 if self.frames >= 1 else (1 - self.frames) / RELAYED_FRAMES_PER_S
+
+    def spend(self) -> None:
+        """One frame is being read."""
+        self.frames -= 1
 
 
 class RelayedBeats:
@@ -179,12 +237,14 @@ class RelayedBeats:
 
         :param message: the frame.
         :rtype: list[Beat]
-        :raises FrameError: when it is not a heartbeat frame, is not signed with the pod's key, repeats or goes
-            back in sequence, or its beats are malformed.
+        :raises FrameError: when it is not a heartbeat frame, has a field the signature does not cover, is not
+            signed with the pod's key, repeats or goes back in sequence, or its beats are malformed.
         """
         sequence, wire = message.get("sequence"), message.get("beats")
         if message.get("type") != "beats":
             raise FrameError("the worker sent something other than heartbeats or detach")
+        if message.keys() != _SIGNED_FIELDS:
+            raise FrameError("a heartbeat frame with fields besides type, sequence, beats and mac")
         if not isinstance(sequence, int) or isinstance(sequence, bool) or sequence <= self.sequence:
             raise FrameError("a heartbeat frame out of sequence")
         if not verify(self.key, message.get("mac"), "beats", *self.nonces, sequence, wire):
