@@ -70,6 +70,20 @@ def test_a_marker_linked_to_the_masters_secret_is_refused_and_never_uploaded(
     assert not [path for path, data in stored(store).items() if SECRET in data]
 
 
+def test_a_linked_checkpoint_directory_is_refused_and_nothing_it_names_uploaded(
+    store: Store, tmp_path: Path, secret: Path
+) -> None:
+    """A worker links ``checkpoint-30`` to a complete-looking directory of the master's (its ~/.aws here)."""
+    home_checkpoint = complete_checkpoint(tmp_path / "home-like", 30)
+    (home_checkpoint / "credentials").write_bytes(SECRET)
+    output = tmp_path / "run"
+    output.mkdir()
+    (output / "checkpoint-30").symlink_to(home_checkpoint)
+    with pytest.raises(UnsafePath, match="checkpoint-30: it is a symbolic link"):
+        upload_checkpoint(store, output / "checkpoint-30")
+    assert stored(store) == {}
+
+
 def test_a_file_swapped_for_a_link_while_its_upload_runs_is_not_followed(
     store: Store, tmp_path: Path, secret: Path, caplog
 ) -> None:
