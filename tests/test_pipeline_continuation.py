@@ -304,3 +304,25 @@ def test_a_pipeline_record_a_worker_forges_in_the_run_directory_skips_nothing(tm
     (out / MANIFEST_NAME).write_text(manifest_path(out).read_text())
     shutil.rmtree(master_dir(out))
     assert {step.action for step in continuation_steps(Manifest.load(out), chosen).values()} == {"run"}
+
+
+def test_an_executed_notebook_is_never_written_into_a_linked_notebooks_directory(tmp_path):
+    """`textsql demo --resume` had papermill replace another project's notebook: a worker linked
+    RUN_DIR/notebooks to that project's notebooks directory. Papermill's writes (the demo's handler) refuse it."""
+    import nbformat
+    from papermill.iorw import write_ipynb
+
+    from textsql.pipeline.runs import write_notebooks_without_following_links
+    from worker.files import UnsafePath
+
+    elsewhere = tmp_path / "other-project" / "notebooks"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "03_inference.ipynb").write_text("the other project's notebook")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notebooks").symlink_to(elsewhere)
+    write_notebooks_without_following_links()
+    with pytest.raises(UnsafePath, match="notebooks: it is a symbolic link"):
+        write_ipynb(nbformat.v4.new_notebook(), str(run / "notebooks" / "03_inference.ipynb"))
+    assert [path.name for path in elsewhere.iterdir()] == ["03_inference.ipynb"]
+    assert (elsewhere / "03_inference.ipynb").read_text() == "the other project's notebook"

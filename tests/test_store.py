@@ -195,7 +195,7 @@ def test_an_upload_that_keeps_failing_ends_in_one_line_naming_the_store(tmp_path
         tries.append(args)
         raise ConnectionResetError("connection reset by peer")
 
-    monkeypatch.setattr(store.fs, "put", refused)
+    monkeypatch.setattr(store.fs, "open", refused)
     with StoreUploads(store, tmp_path / "run", poll_s=0.05, tries=3, backoff_s=0.01) as uploads:
         wait_for(uploads.failed)
         with pytest.raises(StoreError) as ended:
@@ -241,14 +241,14 @@ def test_a_checkpoint_rotated_away_during_its_upload_is_skipped_and_the_next_upl
 
     store = open_store(f"file://{tmp_path / 'store'}")
     older, newer = fake_checkpoint(tmp_path / "run", 2), fake_checkpoint(tmp_path / "run", 4)
-    put = store.fs.put
+    opened = store.fs.open
 
-    def rotating(sources, *args, **kwargs):
-        if str(older) in sources[0]:
+    def rotating(path, *args, **kwargs):
+        if f"/{older.name}/" in path and older.exists():
             shutil.rmtree(older)  # the trainer's save_total_limit, while the upload runs
-        return put(sources, *args, **kwargs)
+        return opened(path, *args, **kwargs)
 
-    object.__setattr__(store.fs, "put", rotating)
+    object.__setattr__(store.fs, "open", rotating)
     with StoreUploads(store, tmp_path / "run", poll_s=0.05, backoff_s=0.01) as uploads:
         uploads.finish()
     assert complete_steps(store) == [4] and not uploads.failed()

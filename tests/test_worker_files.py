@@ -71,6 +71,28 @@ def test_a_whole_file_write_replaces_a_planted_link_instead_of_following_it(tmp_
     assert not config.is_symlink() and config.read_text() == "Host x\n" and untouched(target)
 
 
+@pytest.fixture
+def linked_parent(tmp_path, target) -> Path:
+    """``run/notebooks``, a worker's link to the directory of ``target`` (another project's notebooks)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notebooks").symlink_to(target.parent)
+    return run / "notebooks"
+
+
+def test_a_whole_file_write_into_a_linked_directory_is_refused_and_writes_nothing_there(linked_parent, target):
+    with pytest.raises(UnsafePath, match=r"run/notebooks: it is a symbolic link; remove it") as refused:
+        atomic_write(linked_parent / target.name, "the executed copy\n")
+    assert "\n" not in str(refused.value)
+    assert untouched(target) and [path.name for path in target.parent.iterdir()] == [target.name]
+
+
+def test_a_log_in_a_linked_directory_is_refused_and_writes_nothing_there(linked_parent, target):
+    with pytest.raises(UnsafePath, match=r"run/notebooks: it is a symbolic link"):
+        open(linked_parent / "demo.log", "a", opener=private_opener).close()
+    assert untouched(target) and [path.name for path in target.parent.iterdir()] == [target.name]
+
+
 @pytest.mark.slow
 def test_the_run_dir_is_private_and_its_ssh_files_are_for_the_user_alone(tmp_path):
     run = tmp_path / "run"

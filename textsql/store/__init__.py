@@ -10,6 +10,8 @@ The ranks never see the store or its credentials: they write and read the run di
   its package, bucket, keys, write permission), each failure one line;
 - ``sync`` (:mod:`textsql.store.sync`): a checkpoint uploaded and marked, the complete ones listed, the newest downloaded,
   retention, and the run's outputs at its end;
+- ``copying`` (:mod:`textsql.store.copying`): files copied between the run directory and the store by descriptor,
+  never through a link a worker planted;
 - ``uploads`` (:mod:`textsql.store.uploads`): the background thread that uploads each new complete checkpoint, one at a time,
   with retries, and records the bytes and seconds.
 """

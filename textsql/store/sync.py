@@ -6,6 +6,10 @@ A checkpoint in the store is ``ROOT/checkpoint-N/...``, the run directory's layo
 when a checkpoint is uploaded again or deleted). An upload cut off half-way leaves files without the marker, which
 nothing ever chooses. An emptied prefix may still list as a directory (SeaweedFS does): only markers are counted.
 
+The run directory is the workers' to write: every copy goes by descriptor, never through a link
+(:mod:`textsql.store.copying`), and a download is made in a fresh directory of this process's own, renamed into
+place whole.
+
 Usage::
 
     >>> upload_checkpoint(store, Path("runs/r1/checkpoint-200"))
@@ -18,12 +22,17 @@ Usage::
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import logging
+import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from textsql.constants import METRICS_NAME, MODEL_SUBDIR, RUN_SUMMARY_NAME, TENSORBOARD_SUBDIR
+from textsql.errors import StoreError
 from textsql.rundir.checkpoints import (
     CHECKPOINT_PREFIX,
     COMPLETE_MARKER,
@@ -31,34 +40,21 @@ from textsql.rundir.checkpoints import (
     checkpoint_dirs,
     is_complete_checkpoint,
 )
-from textsql.store.location import Store
+from textsql.store.copying import directory_of, download_tree, upload_file, upload_subdirectory, upload_tree
+from textsql.store.location import Store, refusal
+from worker.files import UnsafePath, UnsafeRead, read_bounded
 
 logger = logging.getLogger(__name__)
 
 _MARKED = re.compile(rf"{CHECKPOINT_PREFIX}-(\d+)/{COMPLETE_MARKER}$")
 # Where a download is written before it is renamed into place (out of the trainer's checkpoint-* glob).
 DOWNLOAD_PREFIX = ".download-"
+# The marker the ranks write is empty; anything much longer is not one.
+MAX_MARKER_BYTES = 4096
+# A downloaded checkpoint's directory, as the trainer's own are (under the usual umask): the ranks read it.
+DOWNLOADED_DIR_MODE = 0o755
 # The trainer's and the evaluation's metrics files beside run.json (save_metrics writes *_results.json).
 RESULTS_GLOB = "*results.json"
-
-
-def files_of(directory: Path) -> list[Path]:
-    """The regular files under ``directory``, links left out (a worker's link could name any file here).
-
-    :rtype: list[pathlib.Path]
-    """
-    return sorted(path for path in directory.rglob("*") if path.is_file() and not path.is_symlink())
-
-
-def put_files(store: Store, base: Path, files: list[Path]) -> int:
-    """Copy ``files`` (under ``base``) to the same relative paths under the store's root.
-
-    :returns: the bytes copied.
-    :rtype: int
-    """
-    if files:
-        store.fs.put([str(path) for path in files], [store.path(*path.relative_to(base).parts) for path in files])
-    return sum(path.stat().st_size for path in files)
 
 
 def upload_checkpoint(store: Store, checkpoint: Path) -> int:
@@ -67,16 +63,32 @@ def upload_checkpoint(store: Store, checkpoint: Path) -> int:
     :returns: the bytes copied.
     :rtype: int
     :raises FileNotFoundError: when the checkpoint's files vanish while being copied (the trainer rotated it).
+    :raises worker.files.UnsafePath: when the checkpoint or its marker is a link or not what it should be.
     """
     marker = store.path(checkpoint.name, COMPLETE_MARKER)
     # An earlier copy of the same step (a run resumed before it) stops counting before any file of it changes.
     if store.fs.exists(marker):
         store.fs.rm(marker)
-    copied = put_files(
-        store, checkpoint.parent, [path for path in files_of(checkpoint) if path.name != COMPLETE_MARKER]
-    )
-    store.fs.pipe(marker, (checkpoint / COMPLETE_MARKER).read_bytes())
+    with directory_of(checkpoint) as directory:
+        copied = upload_tree(store, directory, (checkpoint.name,), leave_out={COMPLETE_MARKER})
+        store.fs.pipe(marker, _marker_bytes(directory, checkpoint.name))
     return copied
+
+
+def _marker_bytes(directory: int, name: str) -> bytes:
+    """The marker the ranks wrote, read as a worker's file is (bounded, not through a link)."""
+    try:
+        return read_bounded(COMPLETE_MARKER, MAX_MARKER_BYTES, dir_fd=directory)
+    except UnsafeRead:
+        kind = f"not a regular file of at most {MAX_MARKER_BYTES} bytes"
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        kind = "a symbolic link"
+    raise UnsafePath(
+        f"refusing to mark {name} complete in the checkpoint store: {name}'s {COMPLETE_MARKER} is {kind}, not the "
+        "ranks' marker; remove it"
+    )
 
 
 def complete_steps(store: Store) -> list[int]:
@@ -93,25 +105,50 @@ def complete_steps(store: Store) -> list[int]:
 def download_newest(store: Store, output: Path) -> Path | None:
     """Download the store's newest complete checkpoint into ``output``, unless ``output`` holds one as new.
 
-    It is written beside, then renamed into place: a download cut off never looks like a checkpoint.
+    It is written into a fresh directory this process makes (:func:`tempfile.mkdtemp`, a name no worker could
+    plant a link at beforehand), each file new, then renamed into place: a download cut off never looks like a
+    checkpoint.
 
     :returns: the downloaded checkpoint, or None when there was nothing newer to download.
     :rtype: pathlib.Path | None
+    :raises StoreError: in one line, when the download fails or its files are not all there.
     """
     steps = complete_steps(store)
     local = [int(path.name.rpartition("-")[2]) for path in checkpoint_dirs(output) if is_complete_checkpoint(path)]
     if not steps or (local and max(local) >= steps[-1]):
         return None
     target = checkpoint_dir(output, steps[-1])
-    staging = output / f"{DOWNLOAD_PREFIX}{target.name}"
-    shutil.rmtree(staging, ignore_errors=True)
     output.mkdir(parents=True, exist_ok=True)
-    store.fs.get(store.path(target.name), str(staging), recursive=True)
-    if not is_complete_checkpoint(staging):
-        raise FileNotFoundError(f"{target.name} in the store is marked complete but its files are not all there")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    staging = Path(tempfile.mkdtemp(prefix=f"{DOWNLOAD_PREFIX}{target.name}-", dir=output))
+    try:
+        with directory_of(staging) as directory:
+            download_tree(store, store.path(target.name), directory)
+            os.fchmod(directory, DOWNLOADED_DIR_MODE)
+        if not is_complete_checkpoint(staging):
+            raise StoreError(
+                f"checkpoint store {store.where()}: {target.name} is marked complete but its files are not all there; "
+                "delete it from the store, or resume from another store prefix"
+            )
+        _replace(target, staging)
+    except (OSError, UnsafePath) as error:
+        raise StoreError(
+            f"checkpoint store {store.where()}: downloading {target.name} failed: {refusal(error)}"
+        ) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _replace(target: Path, staging: Path) -> None:
+    """Rename ``staging`` to ``target``, removing what is there first: a link itself (never what it names), or a
+    directory (``shutil.rmtree`` does not follow the links in it)."""
+    try:
+        target.unlink()
+    except IsADirectoryError:
+        shutil.rmtree(target)
+    except FileNotFoundError:
+        pass
+    staging.rename(target)
 
 
 def apply_retention(store: Store, keep: int | None) -> list[int]:
@@ -160,13 +197,12 @@ def upload_outputs(store: Store, output: Path) -> int:
     :returns: the bytes copied.
     :rtype: int
     """
-    files = [
-        *files_of(output / MODEL_SUBDIR),
-        *files_of(output / TENSORBOARD_SUBDIR),
-        *sorted(output.glob(RESULTS_GLOB)),
-        *[path for path in (output / METRICS_NAME, output / RUN_SUMMARY_NAME) if path.is_file()],
-    ]
-    return put_files(store, output, [path for path in files if not path.is_symlink()])
+    with directory_of(output) as directory:
+        copied = sum(upload_subdirectory(store, directory, name) for name in (MODEL_SUBDIR, TENSORBOARD_SUBDIR))
+        for name in sorted(os.listdir(directory)):
+            if fnmatch.fnmatch(name, RESULTS_GLOB) or name in (METRICS_NAME, RUN_SUMMARY_NAME):
+                copied += upload_file(store, directory, (name,))
+    return copied
 
 
 def _step_of(path: str) -> int | None:
