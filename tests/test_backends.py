@@ -292,7 +292,12 @@ def test_static_hosts_are_checked_over_ssh_and_written(static_host, tmp_path):
         result = cluster.ssh("127.0.0.2", "echo ok")
         assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
         assert [pod.pod for pod in cluster.backend.pods] == ["127.0.0.2"]
-    assert list(cluster.backend.pods) == []
+        # The hosts may share the run directory (the store guide's NFS): what ssh reads lies in a private directory.
+        private = cluster.ssh_config.parent
+        assert {cluster.hostfile.parent, cluster.known_hosts.parent} == {private} and private != cluster.run_dir
+        assert oct(private.stat().st_mode & 0o777) == "0o700" and not private.is_relative_to(cluster.run_dir)
+        assert not {"hostfile", "known_hosts", "ssh_config"} & {path.name for path in cluster.run_dir.iterdir()}
+    assert list(cluster.backend.pods) == [] and not private.exists()
 
 
 @pytest.mark.slow

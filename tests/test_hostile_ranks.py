@@ -50,7 +50,9 @@ def test_a_rank_cannot_forge_another_hosts_exit_or_heartbeat(two_local_workers, 
     assert list(hostfile) == list(HOSTS)
     detector = StallDetector(timeout=60, hosts=hostfile)
     watch = LaunchWatch(io.StringIO(), list(hostfile), detector=detector)
-    arguments = LaunchArguments(run_dir=two_local_workers.run_dir, module="hostile_rank", env=env)
+    arguments = LaunchArguments(
+        run_dir=two_local_workers.run_dir, ssh_config=two_local_workers.ssh_config, module="hostile_rank", env=env
+    )
 
     code = launch(arguments, stream=watch)
 
@@ -99,7 +101,9 @@ def test_a_host_gluing_lines_with_nul_neither_takes_nor_silences_another_hosts_h
     directory.mkdir()
     (directory / "gluing_rank.py").write_text(GLUING_RANK)
     env = {"PYTHONPATH": f"{directory}{os.pathsep}{PROJECT_DIR}"}
-    arguments = LaunchArguments(run_dir=two_local_workers.run_dir, module="gluing_rank", env=env)
+    arguments = LaunchArguments(
+        run_dir=two_local_workers.run_dir, ssh_config=two_local_workers.ssh_config, module="gluing_rank", env=env
+    )
     stream = io.StringIO()
     supervisor = Supervisor(
         arguments,

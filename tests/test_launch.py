@@ -201,19 +201,43 @@ def test_missing_pdsh_names_the_package(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_unreachable_host_fails_before_anything_starts(tmp_path: Path) -> None:
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n")
-    (tmp_path / "ssh_config").write_text(
-        f"Host 127.0.0.2\n  Port {free_port('127.0.0.2')}\n  StrictHostKeyChecking yes\n"
-    )
+    config = tmp_path / "config" / "ssh_config"
+    config.parent.mkdir()
+    config.write_text(f"Host 127.0.0.2\n  Port {free_port('127.0.0.2')}\n  StrictHostKeyChecking yes\n")
     with pytest.raises(LaunchError, match=r"passwordless ssh failed for 127\.0\.0\.2 \(.*Connection refused"):
-        launch(LaunchArguments(run_dir=tmp_path, train_args=training(tmp_path)))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=training(tmp_path), ssh_config=config))
     assert not (tmp_path / "launch.log").exists()
 
 
 def test_unverified_host_keys_are_refused(tmp_path: Path) -> None:
     (tmp_path / "hostfile").write_text("127.0.0.2 slots=1\n")
-    (tmp_path / "ssh_config").write_text("Host *\n  StrictHostKeyChecking no\n")
+    config = tmp_path / "config" / "ssh_config"
+    config.parent.mkdir()
+    config.write_text("Host *\n  StrictHostKeyChecking no\n")
     with pytest.raises(LaunchError, match="would not verify its host key"):
-        launch(LaunchArguments(run_dir=tmp_path, train_args=training(tmp_path)))
+        launch(LaunchArguments(run_dir=tmp_path, train_args=training(tmp_path), ssh_config=config))
+
+
+def test_an_ssh_config_a_worker_wrote_in_the_run_dir_runs_nothing_on_the_master(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The attack of issue 55 (finding 4): the run directory is the workers' to write (a shared volume, or the store
+    guide's NFS for static hosts); an ``ssh_config`` planted there with ``Match exec`` ran its command on the master
+    when ``textsql launch --hostfile`` checked its hosts (``ssh -G`` evaluates it)."""
+    run_dir, ran = tmp_path / "run", tmp_path / "ran-on-the-master"
+    run_dir.mkdir()
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("127.0.0.2 slots=1\n")
+    (run_dir / "ssh_config").write_text(
+        f'Match exec "touch {ran}"\n  User nobody\nHost *\n  StrictHostKeyChecking yes\n'
+    )
+    arguments = LaunchArguments(
+        run_dir=run_dir, hostfile=hostfile, ssh_port=free_port("127.0.0.2"), train_args=training(tmp_path)
+    )
+    with pytest.raises(LaunchError, match=r"passwordless ssh failed for 127\.0\.0\.2"):
+        launch(arguments)
+    assert not ran.exists(), "the worker's Match exec ran on the master"
+    assert f"{run_dir / 'ssh_config'} is not read" in caplog.text
 
 
 # ---- real launches ----------------------------------------------------------------------------
@@ -226,7 +250,11 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
     Also: no MLFLOW* variable of the launching environment reaches pdsh's command line or the log (DeepSpeed's
     runner would export them all; they reach the logging rank in a 0600 file, textsql.launching.tracking_env).
     """
-    command = textsql_launch(two_local_workers.run_dir, *MODULE, env=standin_env | {"STANDIN_FAIL_RANK": "1"})
+    command = textsql_launch(
+        two_local_workers.run_dir,
+        *("--ssh-config", str(two_local_workers.ssh_config), *MODULE),
+        env=standin_env | {"STANDIN_FAIL_RANK": "1"},
+    )
     environment = os.environ | {
         "MLFLOW_TRACKING_TOKEN": "do-not-show",
         "MLFLOW_EXPERIMENT_NAME": "launch-test",
@@ -261,7 +289,9 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
 def test_sigterm_ends_remote_ranks(two_local_workers, standin_env: dict[str, str]) -> None:
     """Also checks what the ranks got: world, node ranks, an argument with a space, gloo on lo, host prefixes."""
     command = textsql_launch(
-        two_local_workers.run_dir, *MODULE, "--", "--name", "two words", env=standin_env | {"STANDIN_SLEEP": "600"}
+        two_local_workers.run_dir,
+        *("--ssh-config", str(two_local_workers.ssh_config), *MODULE, "--", "--name", "two words"),
+        env=standin_env | {"STANDIN_SLEEP": "600"},
     )
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []

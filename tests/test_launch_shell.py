@@ -35,13 +35,15 @@ def payloads(marker: Path) -> dict[str, tuple[dict, str]]:
 
 
 def test_no_launch_setting_runs_on_the_workers_shell(two_local_workers, tmp_path):
-    run_dir = two_local_workers.run_dir
+    run_dir, ssh_config = two_local_workers.run_dir, two_local_workers.ssh_config
     ran, refused = {}, {}
     marker = tmp_path / "marker"
     for name, (fields, message) in payloads(marker).items():
         marker.unlink(missing_ok=True)
         try:
-            code = launch(LaunchArguments(run_dir=run_dir, module="this", **fields), stream=io.StringIO())
+            code = launch(
+                LaunchArguments(run_dir=run_dir, module="this", ssh_config=ssh_config, **fields), stream=io.StringIO()
+            )
             refused[name] = f"launched (exit {code})"
         except LaunchError as error:
             refused[name] = str(error)
@@ -50,5 +52,7 @@ def test_no_launch_setting_runs_on_the_workers_shell(two_local_workers, tmp_path
         ran[name] = marker.exists() or (deepspeed_env.exists() and "LD_PRELOAD" in deepspeed_env.read_text())
     assert not any(ran.values()), {name: refused[name] for name, did in ran.items() if did}
     # The same launch with plain settings runs: the refusals above are the checks, not a broken launch.
-    plain = LaunchArguments(run_dir=run_dir, module="this", socket_ifname="lo", env={"X": "$HOME/x"})
+    plain = LaunchArguments(
+        run_dir=run_dir, ssh_config=ssh_config, module="this", socket_ifname="lo", env={"X": "$HOME/x"}
+    )
     assert launch(plain, stream=io.StringIO()) == 0

@@ -282,9 +282,9 @@ def start_workers(
     (``rendezvous.token``, 0600) and ssh client key (``id_ed25519``/``.pub``), from which each agent gets
     its own key and the public half, and ``hostfile``, ``known_hosts`` and ``ssh_config`` (0600) once every
     worker registered; worker logs go under ``run_dir/workers``. Where the workers share ``run_dir``
-    (``Backend.shares_run_dir``: cml, kubernetes) those five files go to a private directory on this
-    machine instead (:attr:`Cluster.hostfile` names it), removed when the workers are stopped. An attaching backend (``static``) writes the same three files from
-    :meth:`Backend.attach`. On leaving the block (normally, on error, on timeout or on
+    (``Backend.shares_run_dir``: cml, kubernetes, slurm, static) those files go to a private directory on this
+    machine instead (:attr:`Cluster.hostfile` names it), removed when the workers are stopped. An attaching backend
+    (``static``) writes the hostfile, known_hosts and ssh_config from :meth:`Backend.attach`. On leaving the block (normally, on error, on timeout or on
     KeyboardInterrupt) workers are released and the backend stops them.
 
     :param backend: ``local``, ``cml``, ``kubernetes``, ``static``, or a :class:`Backend` instance.

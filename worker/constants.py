@@ -58,6 +58,12 @@ FORWARDED_ENV = (
     ENV_BEAT_SOCKET,
 )
 
+# What a worker agent inherits from the master's environment, by name (an allow-list: never the master's environment
+# minus a deny-list, which lets through every credential it forgot): the runtime (interpreter, libraries, caches,
+# locale, the user and their home), what sshd forwards to the ranks anyway. Store, tracking and hub credentials
+# stay with the master; the rest an agent gets is named by the run (its rendezvous settings, its key, the run's env).
+INHERITED_ENV = (*(name for name in FORWARDED_ENV if name != ENV_BEAT_SOCKET), "HOME", "USER", "LOGNAME", "TZ")
+
 # Rendezvous protocol limits.
 PROTOCOL_VERSION = 2  # 2: a held worker relays its ranks' heartbeats (worker.beats)
 MAX_FRAME_BYTES = 16 * 1024  # a registration is a few hundred bytes; an ssh public key under 1 KiB

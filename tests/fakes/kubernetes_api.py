@@ -8,8 +8,8 @@ set phase for every pod: enough to check the objects and the calls. ``RecordingN
 (``NetworkingV1Api``) keeps NetworkPolicies; nothing enforces them (no network namespaces here: the
 policy's effect is checked on the object, tests/test_worker_kubernetes.py). ``KubeletCoreV1`` is an
 EMULATOR of an API server with a kubelet behind it: each Pod it is given runs its container's ``args``
-as a local process, with what the kubelet would provide emulated (a new loopback address as the pod IP,
-the downward-API fields, the Secret volume as files), so the backend's real agents, sshd and rendezvous
+as a local process, with what the kubelet would provide emulated (the image's variables, ``fakes.image_env``,
+then the Pod's; a new loopback address as the pod IP, the downward-API fields, the Secret volume as files), so the backend's real agents, sshd and rendezvous
 run against it. What it does not do: namespaces (one for all), scheduling, image pulls
 (``image_pull_fails`` leaves new pods Pending the way a failed pull does), user and group ids
 (test_worker_kubernetes.py checks the mount's ownership as root), read-only and subPath mounts (the
@@ -32,13 +32,11 @@ import sys
 from pathlib import Path
 
 import yaml
+from fakes.image_env import image_environment
 from kubernetes import client
 from kubernetes.client.exceptions import ForbiddenException, NotFoundException
 
 from worker.files import atomic_write
-
-# What a container does not inherit from the machine it runs on: another platform's identity.
-_HOST_ONLY = ("CDSW_IP_ADDRESS", "CDSW_ENGINE_ID", "POD_IP", "HOSTNAME")
 
 
 def selected(body, label_selector) -> bool:
@@ -184,7 +182,7 @@ class KubeletCoreV1(RecordingCoreV1):
         fields = {"status.podIP": self.ips[name], "metadata.name": name}
         mounts = self._mount_secrets(body)
         container = body.spec.containers[0]
-        env = {key: value for key, value in os.environ.items() if key not in _HOST_ONLY}
+        env = image_environment()  # the image's variables, never the session's (fakes.image_env)
         for variable in container.env:
             value = variable.value if variable.value_from is None else fields[variable.value_from.field_ref.field_path]
             for mount_path, directory in mounts.items():

@@ -80,8 +80,8 @@ class LaunchArguments:
 
     run_dir: Path = field(
         metadata={
-            "help": "Run directory, the ranks' too (their checkpoints, model/, run.json, tensorboard/): the workers' "
-            "hostfile, ssh_config and known_hosts; launch.log is written here."
+            "help": "Run directory, the ranks' too (their checkpoints, model/, run.json, tensorboard/); launch.log is "
+            "written here."
         }
     )
     train_args: list[str] = field(
@@ -97,9 +97,7 @@ class LaunchArguments:
     hostfile: Path | None = field(default=None, metadata={"help": "DeepSpeed hostfile (default: RUN_DIR/hostfile)."})
     ssh_config: Path | None = field(
         default=None,
-        metadata={
-            "help": "ssh_config for every host (default: RUN_DIR/ssh_config if present, else your own ssh setup)."
-        },
+        metadata={"help": "ssh_config for every host (default: your own ssh setup; RUN_DIR/ssh_config is never read)."},
     )
     ssh_port: int | None = field(
         default=None, metadata={"help": "sshd port of every host, when ssh_config does not give it."}

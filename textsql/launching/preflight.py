@@ -17,9 +17,9 @@ Usage::
     >>> print(format_checks(check_runtime(model="default", source="sample", backend="local", worker_gpus=0)))
     ok       pdsh       /usr/bin/pdsh (DeepSpeed's launcher)
     ...
-    >>> options = preflight(["127.0.0.2", "127.0.0.3"], Path("runs/r1"))
+    >>> options = preflight(["127.0.0.2", "127.0.0.3"], Path("runs/r1"), cluster.ssh_config)
     >>> options
-    ['-F', '/abs/runs/r1/ssh_config', '-o', 'BatchMode=yes']
+    ['-F', '/tmp/textsql-r1-x1y2/ssh_config', '-o', 'BatchMode=yes']
 """
 
 from __future__ import annotations
@@ -232,8 +232,8 @@ def preflight(
     """Check pdsh, ssh and every host; the ssh options pdsh is to run with for this launch.
 
     :param hosts: the hostfile's hosts.
-    :param run_dir: the run directory (its ``ssh_config`` is used when present).
-    :param ssh_config: an ssh_config to use instead (must exist).
+    :param run_dir: the run directory (an ``ssh_config`` there is never read: the workers may write it).
+    :param ssh_config: the ssh_config to use (must exist; None: the user's own ssh configuration).
     :param ssh_port: sshd port of every host, when the config does not give it.
     :rtype: list[str]
     :raises LaunchError: naming what to install, start or fix; nothing has started then.
@@ -255,10 +255,10 @@ def preflight(
 
 
 def launch_ssh_options(run_dir: Path, ssh_config: Path | None = None, ssh_port: int | None = None) -> list[str]:
-    """The ssh options of a launch (what pdsh runs with): the run's ssh_config when present, the port.
+    """The ssh options of a launch (what pdsh runs with): the ssh_config given, the port.
 
-    :param run_dir: the run directory (its ``ssh_config`` is used when present).
-    :param ssh_config: an ssh_config to use instead (must exist).
+    :param run_dir: the run directory (an ``ssh_config`` there is never read: the workers may write it).
+    :param ssh_config: the ssh_config to use (must exist; None: the user's own ssh configuration).
     :param ssh_port: sshd port of every host, when the config does not give it.
     :rtype: list[str]
     :raises LaunchError: when a given ssh_config is missing, or its path has whitespace.
@@ -267,15 +267,28 @@ def launch_ssh_options(run_dir: Path, ssh_config: Path | None = None, ssh_port: 
 
 
 def _run_ssh_config(run_dir: Path, ssh_config: Path | None) -> Path | None:
-    config = ssh_config or run_dir / SSH_CONFIG_NAME
-    if not config.is_file():
-        if ssh_config is not None:
-            raise LaunchError(
-                f"ssh config {str(config)!r} does not exist; start the workers first or pass --ssh-config"
+    """The ssh_config the launch runs ssh with: the one given, else none (the user's own ssh configuration).
+
+    Never the run directory's: the workers may write it (a shared volume, the store guide's NFS), and ssh runs what
+    an ssh_config says on the master (``Match exec``, ``ProxyCommand``), ``ssh -G`` included. The workers' own
+    ssh_config, which start_workers writes in a private directory, reaches the launch by path (``--ssh-config``,
+    or the supervisor's cluster).
+    """
+    if ssh_config is None:
+        planted = run_dir / SSH_CONFIG_NAME
+        if os.path.lexists(planted):
+            logger.warning(
+                "%s is not read: the workers may write the run directory; pass --ssh-config for the workers' own",
+                planted,
             )
-        logger.info("no %s in %s: ssh uses your own configuration", SSH_CONFIG_NAME, run_dir)
+        else:
+            logger.info("no --ssh-config: ssh uses your own configuration")
         return None
-    resolved = config.resolve()
+    if not ssh_config.is_file():
+        raise LaunchError(
+            f"ssh config {str(ssh_config)!r} does not exist; start the workers first or pass --ssh-config"
+        )
+    resolved = ssh_config.resolve()
     # pdsh splits PDSH_SSH_ARGS_APPEND at whitespace, quotes or not.
     if re.search(r"\s", str(resolved)):
         raise LaunchError(

@@ -7,17 +7,28 @@ host keys are trusted; everything start_workers calls is declared here.
 from __future__ import annotations
 
 import logging
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from worker.constants import DEFAULT_SSH_PORT
+from worker.constants import DEFAULT_SSH_PORT, INHERITED_ENV
 from worker.errors import WorkerError
 from worker.registration import Registration
 
 logger = logging.getLogger(__name__)
+
+
+def inherited_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What an agent this machine starts inherits of its environment: the runtime's variables
+    (:data:`worker.constants.INHERITED_ENV`), by name, and nothing else: no credential of the master's reaches a worker.
+
+    :param environ: the master's environment.
+    :rtype: dict[str, str]
+    """
+    return {name: environ[name] for name in INHERITED_ENV if name in environ}
 
 
 @dataclass(frozen=True)
@@ -66,8 +77,9 @@ class Backend(ABC):
     #: Attaching backends: the private key the hosts accept (None: ssh's defaults). Launching ones
     #: leave it None: start_workers makes a key per run and hands its public half to the agents.
     identity_file: Path | None = None
-    #: Launching backends: True where the workers mount the run directory (a shared project volume), so
-    #: start_workers keeps the run's token, client key and ssh files out of it, on the master alone.
+    #: True where the workers may mount the run directory (a shared project volume, a cluster filesystem, NFS
+    #: between static hosts), so start_workers keeps the run's token, client key and ssh files out of it, in a
+    #: private directory on the master alone: ssh runs what an ssh_config says (``ProxyCommand``, ``Match exec``).
     shares_run_dir: ClassVar[bool] = False
     #: Where workers' logs and files go on the master (``RUN_DIR/workers``); start_workers sets it.
     workdir: Path | None = None

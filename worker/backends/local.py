@@ -9,7 +9,6 @@ number for all hosts).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from worker import constants as c
-from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.backends.base import Backend, Resources, WorkerHandle, inherited_environment
 from worker.errors import WorkerError
 from worker.files import last_line, private_dir, private_opener
 from worker.network import free_port_on_all
@@ -123,7 +122,9 @@ class LocalBackend(Backend):
     def _start(self, pod: str, index: int) -> None:
         workdir = self._workdir()
         self._tmpdirs[pod] = Path(tempfile.mkdtemp(prefix=f"textsql-{pod}-"))
-        agent_env = {c.ENV_SLOTS: str(self._slots), **os.environ, **self._env}
+        # The runtime's variables and what the run names, never the rest of the master's environment: a local pod is
+        # a stand-in for a remote one, and its agent's ssh sessions must see what a remote pod's would.
+        agent_env = {c.ENV_SLOTS: str(self._slots), **inherited_environment(), **self._env}
         agent_env.update(
             {
                 c.ENV_ADDRESS: loopback_address(index),

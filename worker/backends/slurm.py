@@ -6,6 +6,10 @@ ends only its own worker's job; the replacement is one more job of one node, whi
 why) like any other; and each job's environment carries only that worker's own rendezvous key. ``--exclusive``
 (the default) keeps two workers of a run off the same node.
 
+A job's environment is an allow-list, named in sbatch's ``--export``: the runtime's variables
+(:data:`worker.constants.INHERITED_ENV`), ``SLURM_CONF``, the run's settings and the pod's own name and key. sbatch's
+default (``ALL``) would give every job the master's whole environment: store, tracking and hub credentials included.
+
 Each job runs :mod:`worker.backends.slurm_node` (then the agent) in the master's working directory, its output in
 ``RUN_DIR/workers/POD.log``; ``--no-requeue``, so a job whose node failed ends (``NODE_FAIL``) and is replaced by
 the run's recovery rather than started again by Slurm behind its back. Jobs are named ``textsql-RUN-N`` (a
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from worker import constants as c
-from worker.backends.base import Backend, Resources, WorkerHandle
+from worker.backends.base import Backend, Resources, WorkerHandle, inherited_environment
 from worker.backends.slurm_options import SlurmOptions
 from worker.errors import WorkerError
 from worker.files import last_line, private_dir
@@ -47,9 +51,12 @@ ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED"
 # Seconds a job may wait before its reason is reported: the scheduler's first pass takes about one.
 REPORT_AFTER_S = 2.0
 _INSTALL_HINT = "run on a Slurm login node (or a session inside an allocation) where sbatch, squeue and scancel are"
-# The master's own Slurm job (a JupyterLab started by Open OnDemand runs inside one): its SLURM_* settings must
-# not leak into the worker jobs' submission, where sbatch would read them as requests.
-_INHERITED = re.compile(r"^(SLURM_|SBATCH_|SRUN_|SALLOC_)")
+# The one SLURM_ variable that names the cluster rather than the session's own job (a JupyterLab started by Open
+# OnDemand runs inside one, whose SLURM_* settings sbatch would read as requests): a cluster configured in a file of
+# its own is found by it, here and by the Slurm commands the job runs.
+_CLUSTER_CONF = "SLURM_CONF"
+# What sbatch's --export can name: a list of names it splits at commas, values taken from its own environment.
+_EXPORTABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def slurm(*command: str, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
@@ -208,19 +215,12 @@ class SlurmBackend(Backend):
         return self.pods[start:]
 
     def _submit(self, pod: str) -> None:
-        assert self.pod_key is not None, "launch() sets pod_key before any job is submitted"
         workdir = private_dir(self.workdir) if self.workdir else None
         log = f"{workdir}/{pod}.log" if workdir else "/dev/null"
-        environment = {key: value for key, value in os.environ.items() if not _INHERITED.match(key)}
-        # The one SLURM_ variable that names the cluster rather than the session's own job: a cluster configured in
-        # a file of its own is found by it, here and by the Slurm commands the job runs.
-        if "SLURM_CONF" in os.environ:
-            environment["SLURM_CONF"] = os.environ["SLURM_CONF"]
-        # The key travels in sbatch's environment (kept by slurmctld for the job), never on a command line.
-        environment |= self._env | {c.ENV_POD: pod, c.ENV_TOKEN: self.pod_key(pod)}
-        if workdir:
-            environment[c.ENV_WORKER_DIR] = f"{workdir}/{pod}"
+        environment = self._job_environment(pod, workdir)
         arguments = [
+            # Only these names reach the job (sbatch's default, ALL, is the whole environment of the submission).
+            f"--export={','.join(sorted(environment))}",
             f"--job-name={pod}",
             "--nodes=1",
             "--ntasks=1",
@@ -235,6 +235,28 @@ class SlurmBackend(Backend):
         script = f"#!/bin/sh\nexec {shlex.quote(self.python)} -m worker.backends.slurm_node\n"
         job = slurm("sbatch", "--parsable", *arguments, env=environment, stdin=script).strip().split(";")[0]
         self._jobs[pod] = job
+
+    def _job_environment(self, pod: str, workdir: Path | None) -> dict[str, str]:
+        """A job's whole environment, an allow-list: the runtime's variables, the cluster's ``SLURM_CONF``, the
+        run's settings and this pod's own name and key. The master's credentials (store, tracking, hub) stay here.
+
+        :raises WorkerError: for a variable name sbatch's ``--export`` cannot carry.
+        """
+        assert self.pod_key is not None, "launch() sets pod_key before any job is submitted"
+        environment = inherited_environment()
+        if _CLUSTER_CONF in os.environ:
+            environment[_CLUSTER_CONF] = os.environ[_CLUSTER_CONF]
+        # The key travels in sbatch's environment (kept by slurmctld for the job), never on a command line.
+        environment |= self._env | {c.ENV_POD: pod, c.ENV_TOKEN: self.pod_key(pod)}
+        if workdir:
+            environment[c.ENV_WORKER_DIR] = f"{workdir}/{pod}"
+        unexportable = sorted(name for name in environment if not _EXPORTABLE.fullmatch(name))
+        if unexportable:
+            raise WorkerError(
+                f"cannot pass {', '.join(map(repr, unexportable))} to the Slurm jobs (sbatch --export takes names of "
+                "letters, digits and underscores); rename the variable in the run's env"
+            )
+        return environment
 
     def wait(self, timeout: float) -> None:
         """Until every job runs; a pending one's reason is logged once each time it changes (the terminal and the

@@ -3,7 +3,10 @@
 Nothing is launched and no agent registers: each host is checked over ssh with the user's key and
 known_hosts (``BatchMode``, ``StrictHostKeyChecking yes``), its slots read from ``HOST slots=N``
 or counted with ``nvidia-smi -L``, and its host key copied from the trusted known_hosts into the
-run's known_hosts, so the run's ssh_config verifies hosts exactly as the user's own ssh does.
+run's known_hosts, so the run's ssh_config verifies hosts exactly as the user's own ssh does. The run's hostfile,
+known_hosts and ssh_config go to a private directory on the master (:attr:`shares_run_dir`), never the run directory:
+a host that can write it (a shared filesystem) could otherwise add a ``ProxyCommand`` or ``Match exec`` that ssh
+runs on the master.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class StaticBackend(Backend):
 
     name = "static"
     attaches = True
+    # The hosts may mount the run directory (the checkpoint store guide shares it over NFS): the run's hostfile,
+    # known_hosts and ssh_config, which ssh runs with on the master, stay off it.
+    shares_run_dir = True
 
     def __init__(
         self,

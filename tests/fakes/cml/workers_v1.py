@@ -1,9 +1,11 @@
 """EMULATOR of Cloudera Machine Learning's ``cml.workers_v1``, for tests on a machine without CML.
 
 The real module exists only inside a CML session, where each worker is a separate engine (pod).
-Here each "engine" is a local process running the given ``code`` (or ``script``) with the given
-``env`` plus the variables CML sets in an engine: ``CDSW_ENGINE_ID`` and ``CDSW_IP_ADDRESS``
-(a loopback address per engine: 127.0.0.2, 127.0.0.3, ...). Signatures follow the documented API
+Here each "engine" is a local process running the given ``code`` (or ``script``) with its image's variables
+(``fakes.image_env``: never the launching session's own environment, which a CML engine does not inherit), the
+given ``env``, and the variables CML sets in an engine: ``CDSW_ENGINE_ID`` and ``CDSW_IP_ADDRESS`` (a loopback
+address per engine: 127.0.0.2, 127.0.0.3, ...). A real CML also gives every engine the project's environment
+variables; the emulated project has none. Signatures follow the documented API
 of releases without ``name=``: launch_workers(n, cpu, memory, nvidia_gpu=0, kernel="python3",
 script="", code="", env={}, accelerator_label_id=None, resource_profile_id=None, resource_group_id=None),
 await_workers(ids, wait_for_completion=True, timeout_seconds=60), list_workers(), stop_workers(*worker_id).
@@ -18,6 +20,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from fakes.image_env import image_environment
 
 _engines: dict[str, dict] = {}
 # What each launch_workers call asked for beyond the engines themselves, for tests to read.
@@ -76,7 +80,7 @@ def launch_workers(
         command = [sys.executable, script] if script else [sys.executable, "-c", code]
         process = subprocess.Popen(
             command,
-            env={**os.environ, **env, "CDSW_ENGINE_ID": engine_id, "CDSW_IP_ADDRESS": ip},
+            env={**image_environment(), **env, "CDSW_ENGINE_ID": engine_id, "CDSW_IP_ADDRESS": ip},
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
