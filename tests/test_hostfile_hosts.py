@@ -198,7 +198,7 @@ def test_a_lost_host_of_a_hostfile_is_left_behind_or_ends_the_run(
     assert hostfile.read_text() == HOSTFILE, "the user's hostfile was changed"
     events = json.loads((output / SUPERVISOR_FILE).read_text())["events"]
     assert events[0]["event"] == FailureKind.WORKER_LOST and events[0]["host"] == "127.0.0.3", events[0]
-    remaining = run_dir / REMAINING_HOSTFILE_NAME
+    remaining = output / REMAINING_HOSTFILE_NAME
     if min_workers == 2:
         assert code == 1
         assert stream.text.rstrip().splitlines()[-1] == (

@@ -20,6 +20,7 @@ import papermill
 import psutil
 import pytest
 from click.testing import CliRunner
+from helpers.launch import fake_prepared
 from helpers.notebooks import output_lines
 from ipykernel.ipkernel import IPythonKernel
 
@@ -309,16 +310,14 @@ def test_demo_runs_the_three_notebooks_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_notebook_releases_workers_when_the_training_cell_fails(tmp_path, prepared_sample):
+def test_training_notebook_releases_workers_when_the_training_cell_fails(tmp_path):
     run_dir = tmp_path / "run"
-    # A real dataset passes the check before the workers; its path is refused inside the
-    # `with start_workers(...)` block, after both workers registered.
-    data_dir = tmp_path / "da;ta"
-    data_dir.symlink_to(prepared_sample)
-    with pytest.raises(NotebookError, match="02_train_distributed failed.*LaunchError.*shell would interpret"):
-        run_notebook(
-            "02_train_distributed", tmp_path / "02.ipynb", {"run_dir": str(run_dir), "data_dir": str(data_dir)}
-        )
+    # The split list passes the check before the workers (what launch's plan reads of a prepared dataset), but there
+    # are no splits: every rank fails inside the `with start_workers(...)` block, after both workers registered.
+    data_dir = fake_prepared(tmp_path / "data")
+    parameters = {"run_dir": str(run_dir), "data_dir": str(data_dir), "max_restarts": 0}
+    with pytest.raises(NotebookError, match="02_train_distributed failed.*LaunchError.*training failed with exit code"):
+        run_notebook("02_train_distributed", tmp_path / "02.ipynb", parameters)
     assert len((run_dir / "hostfile").read_text().splitlines()) == 2, "the workers never registered"
     assert not processes_mentioning(str(run_dir)), "workers were left running after the failure"
 
