@@ -4,7 +4,8 @@ Arguments: the notebook (01_prepare_dataset, 02_train_distributed or 03_inferenc
 Each parameter of the notebook can be set as TEXTSQL_<PARAMETER> in the project's or the job's environment;
 relative paths there (data_dir, run_dir, model_dir, and a model, source or real_source that is a directory of
 the project) are relative to the project root, as everything else in CML is, although the kernel runs in
-notebooks/. The executed copy is written to runs/jobs/<notebook>-<time>.ipynb, to open from the Files tab.
+notebooks/. The executed copy is written to runs/jobs/<notebook>-<time>.ipynb (TEXTSQL_JOBS_DIR, relative to the
+project root, names another directory), to open from the Files tab.
 
 Each run is recorded in the chain's run directory (TEXTSQL_RUN_DIR/pipeline.json). With --resume, or
 TEXTSQL_RESUME_FROM_CHECKPOINT=auto (notebook 02's own resume_from_checkpoint parameter), a notebook that completed with the same parameters
@@ -15,6 +16,7 @@ worker starts) ends the job with one line saying which, not a traceback.
 """
 
 import logging
+import os
 import sys
 import time
 
@@ -26,7 +28,9 @@ from textsql.pipeline.parameters import NOTEBOOKS, job_parameters, notebook_path
 from textsql.pipeline.runs import continuation_plan, run_recorded, runtime_checks
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")  # the cells' output, live, in the job's log
-output = PROJECT_DIR / "runs" / "jobs" / f"{sys.argv[1]}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+# Where the executed copies go; an absolute TEXTSQL_JOBS_DIR stays as it is (a path joined to an absolute one).
+JOBS_DIR = PROJECT_DIR / os.environ.get("TEXTSQL_JOBS_DIR", "runs/jobs")
+output = JOBS_DIR / f"{sys.argv[1]}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
 try:
     name = notebook_path(sys.argv[1]).stem
     chosen = job_parameters()

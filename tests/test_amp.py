@@ -277,8 +277,9 @@ def _unreachable_hub() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-def _new_job_notebooks(before: set[Path]) -> list[Path]:
-    return sorted(set((PROJECT_DIR / "runs" / "jobs").glob("*.ipynb")) - before)
+def _job_notebooks(jobs_dir: Path) -> list[Path]:
+    """The executed notebooks the jobs wrote to ``jobs_dir`` (TEXTSQL_JOBS_DIR: never the checkout's runs/jobs)."""
+    return sorted(jobs_dir.glob("*.ipynb"))
 
 
 @pytest.mark.slow
@@ -305,16 +306,12 @@ def test_import_as_cml_runs_it(tmp_path):
         "TEXTSQL_LIMIT": "16",
         "TEXTSQL_DATA_DIR": os.path.relpath(data_dir, PROJECT_DIR),
         "HF_ENDPOINT": _unreachable_hub(),
+        "TEXTSQL_JOBS_DIR": str(tmp_path / "jobs"),
     }
     dry_run = {"PIP_DRY_RUN": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
     project = amp_import.AmpImport(METADATA, PROJECT_DIR, user, dry_run)
-    before = set((PROJECT_DIR / "runs" / "jobs").glob("*.ipynb"))
-    try:
-        runs = project.run_all()
-    finally:
-        written = _new_job_notebooks(before)
-        for path in written:
-            path.unlink()
+    runs = project.run_all()
+    written = _job_notebooks(tmp_path / "jobs")
     assert [run.returncode for run in runs if run.returncode is not None] == [0, 0, 0, 0], [
         run.output[-2000:] for run in runs
     ]
@@ -351,13 +348,11 @@ def test_import_as_cml_runs_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_training_job_started_on_a_runtime_that_cannot_train_ends_in_one_line_before_any_worker():
-    project = amp_import.AmpImport(
-        METADATA, PROJECT_DIR, {"TEXTSQL_MODEL": "t5-small", "HF_ENDPOINT": _unreachable_hub()}
-    )
+def test_training_job_started_on_a_runtime_that_cannot_train_ends_in_one_line_before_any_worker(tmp_path):
+    user = {"TEXTSQL_MODEL": "t5-small", "HF_ENDPOINT": _unreachable_hub(), "TEXTSQL_JOBS_DIR": str(tmp_path / "jobs")}
+    project = amp_import.AmpImport(METADATA, PROJECT_DIR, user)
     (create,) = [task for task in TASKS if task["type"] == "create_job" and task["arguments"] == "02_train_distributed"]
     project.run(create)
-    before = set((PROJECT_DIR / "runs" / "jobs").glob("*.ipynb"))
     run = project.run({"type": "run_job", "entity_label": create["entity_label"]})
     assert run.returncode == 1
     (line,) = run.output.strip().splitlines()
@@ -366,4 +361,4 @@ def test_training_job_started_on_a_runtime_that_cannot_train_ends_in_one_line_be
         and "model hub: " in line
         and 'set model to "default"' in line
     )
-    assert _new_job_notebooks(before) == [], "the notebook never started, so no worker did"
+    assert _job_notebooks(tmp_path / "jobs") == [], "the notebook never started, so no worker did"
