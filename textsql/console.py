@@ -51,6 +51,11 @@ THIRD_PARTY_LOGGERS = (
     "httpx",
     "matplotlib",
     "asyncio",
+    # A checkpoint store's (s3fs on aiobotocore): "Found credentials in environment variables" on every open.
+    "fsspec",
+    "s3fs",
+    "aiobotocore",
+    "botocore",
 )
 # Read by the libraries at import, so kernels and ranks started from here are quiet from their first line.
 # The hub's switch also turns off transformers' "Loading weights" bar, which flashes by for every model load.

@@ -11,7 +11,7 @@ import click
 from textsql.arguments import GenerationOptions
 from textsql.cli.help import Command
 from textsql.cli.options import field_option, renamed_option
-from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, SAMPLE_SOURCE
+from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, PREPARE_JSON_NAME, SAMPLE_SOURCE
 
 
 @click.command(cls=Command, short_help="Write SQL for questions (notebook 03).")
@@ -98,7 +98,7 @@ def infer(
         raise click.UsageError("no model; pass --run-dir RUN (a `textsql train` run) or --model DIR")
     if predictions_file is None and run_dir is None and question is None:
         raise click.UsageError("nowhere to write; pass --run-dir RUN or --predictions-file FILE")
-    predictor = Predictor.load(model or Path(str(run_dir)) / MODEL_SUBDIR, input_format=input_format, device=device)
+    predictor = Predictor.load(model or _run_model(str(run_dir)), input_format=input_format, device=device)
     if question is not None and header is not None:
         generation = GenerationOptions(**options)
         click.echo(json.dumps(predictor.ask(question, parse_header(header), generation), ensure_ascii=False))
@@ -113,7 +113,37 @@ def _questions(data_dir: str | None, source: str | None, questions_file: str | N
     given = [value for value in (data_dir, source, questions_file) if value is not None]
     if len(given) > 1:
         raise click.UsageError("pass only one of --data-dir, --source and --questions-file")
+    if data_dir is not None:
+        _check_prepared(data_dir)
     return given[0] if given else SAMPLE_SOURCE
+
+
+def _check_prepared(data_dir: str) -> None:
+    """Refuse a --data-dir that holds no `textsql prepare` output, before the model loads."""
+    from textsql.errors import DataError
+
+    path = Path(data_dir).expanduser()
+    if not (path / PREPARE_JSON_NAME).is_file():
+        why = f"no {PREPARE_JSON_NAME}" if path.is_dir() else "no such directory"
+        raise DataError(
+            f"no prepared dataset at {data_dir!r} ({why}); run `textsql prepare --data-dir DIR` first, "
+            "or pass --source NAME or --questions-file FILE"
+        )
+
+
+def _run_model(run_dir: str) -> Path:
+    """The model a --run-dir holds, refused in one line when the directory or its model/ is missing."""
+    from textsql.errors import ModelError
+
+    path = Path(run_dir).expanduser()
+    if not path.is_dir():
+        raise ModelError(f"no run directory {run_dir!r}; pass --run-dir a `textsql train` run, or --model DIR")
+    if not (path / MODEL_SUBDIR).is_dir():
+        raise ModelError(
+            f"run directory {run_dir!r} holds no {MODEL_SUBDIR}/ (its training has not finished); pass --run-dir "
+            "a finished run, or --model DIR"
+        )
+    return path / MODEL_SUBDIR
 
 
 @click.command(cls=Command, short_help="Score predictions (WikiSQL's metrics).")
