@@ -13,6 +13,12 @@ from textsql.cli.help import Command
 from textsql.cli.options import field_option, renamed_option
 from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, PREPARE_JSON_NAME, SAMPLE_SOURCE
 
+# `textsql evaluate` without the tables infer used: EX is n/a, and this line says what to pass.
+NO_TABLES_HINT = (
+    "EX n/a: no table rows known for these predictions (no metrics.json of `textsql infer` beside them); pass "
+    "--tables FILE.tables.jsonl (a prepared dataset's tables/SPLIT.tables.jsonl) or --gold the release question file"
+)
+
 
 @click.command(cls=Command, short_help="Write SQL for questions (notebook 03).")
 @renamed_option("--data", "--data-dir", "textsql infer --data-dir DIR (or --source NAME, --questions-file FILE)")
@@ -151,7 +157,8 @@ def _run_model(run_dir: str) -> Path:
 @click.option(
     "--gold",
     type=click.Path(exists=True, dir_okay=False),
-    help="Release question file (dev.jsonl) or our records [default: the gold queries inside our predictions.jsonl].",
+    help="Release question file (dev.jsonl) or our records [default: the questions `textsql infer` answered, as the "
+    "metrics.json beside --predictions-file records them, else the gold queries inside our predictions.jsonl].",
 )
 @click.option(
     "--predictions-file",
@@ -162,7 +169,8 @@ def _run_model(run_dir: str) -> Path:
 @click.option(
     "--tables",
     type=click.Path(exists=True, dir_okay=False),
-    help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].",
+    help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else the tables "
+    "`textsql infer` read, else tables in the records].",
 )
 @click.option("--ordered/--no-ordered", help="Conditions must come in the gold order (official --ordered).")
 @click.option("--json/--no-json", help="Print the full JSON report instead of a table.")
@@ -170,15 +178,23 @@ def _run_model(run_dir: str) -> Path:
 def evaluate(
     gold: str | None, predictions_file: str, tables: str | None, ordered: bool, json: bool, report_file: str | None
 ) -> None:
-    """Score predictions with WikiSQL's logical-form and execution accuracy."""
+    """Score predictions with WikiSQL's logical-form and execution accuracy; `textsql infer`'s predictions against
+    the questions and tables it answered (as the metrics.json beside them records), unless --gold or --tables."""
     from json import dumps
 
     from textsql.data.tables import tables_beside
+    from textsql.inference.predict import answered_questions
     from textsql.json_files import write_json
     from textsql.scoring.evaluate import evaluate as score
     from textsql.scoring.evaluate import format_report
 
-    report = score(gold, predictions_file, tables or (gold and tables_beside(gold)), ordered=ordered)
+    answered = answered_questions(predictions_file) if gold is None and tables is None else None
+    if answered is not None:
+        report = score(answered.items, predictions_file, answered.tables, ordered=ordered)
+    else:
+        report = score(gold, predictions_file, tables or (gold and tables_beside(gold)), ordered=ordered)
     if report_file:
         write_json(report_file, report)
     click.echo(dumps(report, indent=2) if json else format_report(report))
+    if report["ex_accuracy"] is None and answered is None and tables is None:
+        click.echo(NO_TABLES_HINT, err=True)
