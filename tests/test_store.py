@@ -284,7 +284,7 @@ def test_a_store_holding_a_previous_run_is_refused_unless_resumed_or_overwritten
     with pytest.raises(StoreError) as refused, store_uploads(uri, tmp_path / "run"):
         pass
     assert str(refused.value) == (
-        f"checkpoint store {uri} holds checkpoint-2 of a previous run; pass --resume-from-checkpoint auto to continue it, "
+        f"checkpoint store {uri} holds checkpoint-2 of a previous run; pass --resume-from-checkpoint auto to resume it, "
         "--overwrite-output-dir to replace it, or another store prefix"
     )
     with store_uploads(uri, tmp_path / "run", resume_from_checkpoint="auto") as uploads:

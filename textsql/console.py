@@ -151,6 +151,19 @@ def configure_cli(verbose: bool) -> None:
     set_log_level("debug" if verbose else log_level())
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one.
+
+    Usage::
+
+        >>> counted(1, "question"), counted(3, "table")
+        ('1 question', '3 tables')
+
+    :rtype: str
+    """
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 class TextSink(Protocol):
     """Where a launch writes the ranks' lines: a text stream, or a filter in front of one (:class:`SanitizedLines`)."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from textsql.arguments import GenerationOptions
+from textsql.console import counted
 from textsql.constants import METRICS_NAME, PREDICTIONS_NAME, PREPARE_JSON_NAME
 from textsql.data.sql import parsed, render_sql
 from textsql.data.tables import load_tables, prepared_tables_path
@@ -253,7 +254,7 @@ def format_summary(summary: dict) -> str:
     :rtype: str
     """
     text = (
-        f"wrote {summary['n']} predictions to {summary['predictions']} ({summary['parse_errors']} unparsable) "
+        f"wrote {counted(summary['n'], 'prediction')} to {summary['predictions']} ({summary['parse_errors']} unparsable) "
         f"in {summary['seconds']}s on {summary['device']} ({summary['questions_per_second']} questions/s)"
     )
     if summary["official"]:
