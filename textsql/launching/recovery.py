@@ -285,7 +285,7 @@ class Recovery:
             "shrunk",
             attempt,
             f"worker {host} lost, no replacement after {waited:.1f} s; "
-            f"relaunching on {counted(len(self.hosts.hosts), 'worker')} {origin}{moved}",
+            f"going on with {counted(len(self.hosts.hosts), 'worker')} {origin}{moved}",
             host=host,
             hostfile=str(self.hosts.hostfile),
             reason=why,
