@@ -9,7 +9,7 @@ project root, names another directory), to open from the Files tab.
 
 Each run is recorded in the chain's run directory (TEXTSQL_RUN_DIR/pipeline.json). With --resume, or
 TEXTSQL_RESUME_FROM_CHECKPOINT=auto (notebook 02's own resume_from_checkpoint parameter), a notebook that completed with the same parameters
-is skipped in one line, training continues from its newest complete checkpoint, and a job whose earlier
+is skipped in one line, training resumes from its newest complete checkpoint, and a job whose earlier
 notebook must run again first (its parameters changed, or it did not complete) says which job to start.
 A failing cell, a wrong parameter, or a runtime without what training needs (pdsh, sshd: checked before any
 worker starts) ends the job with one line saying which, not a traceback.

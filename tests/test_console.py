@@ -19,6 +19,7 @@ from textsql.console import (
     QUIET_ENVIRONMENT,
     THIRD_PARTY_LOGGERS,
     configure_cli,
+    counted,
     is_verbose,
     set_log_level,
     shown_rank_line,
@@ -71,6 +72,10 @@ def test_third_party_loggers_are_at_warning_unless_verbose(monkeypatch):
     assert is_verbose() and os.environ[LOG_LEVEL_VAR] == "debug"
     assert all(logging.getLogger(name).level == logging.DEBUG for name in THIRD_PARTY_LOGGERS)
     assert not set(QUIET_ENVIRONMENT) & set(os.environ)
+
+
+def test_a_count_of_one_is_singular():
+    assert [counted(count, "question") for count in (0, 1, 2)] == ["0 questions", "1 question", "2 questions"]
 
 
 def test_unknown_log_level_names_the_known_ones():

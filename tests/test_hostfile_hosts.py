@@ -120,7 +120,7 @@ def test_a_host_not_back_in_time_is_dropped_when_min_workers_allows(tmp_path: Pa
     assert (shrunk["event"], shrunk["world_size_before"], shrunk["world_size_after"]) == ("shrunk", 2, 1)
     assert shrunk["line"].startswith("worker 127.0.0.3 lost, no replacement after ")
     assert shrunk["line"].endswith(
-        "; continuing on 1 workers from the start; "
+        "; going on with 1 worker from the start; "
         f"the hosts left are in {remaining.resolve()} ({(tmp_path / 'hosts').resolve()} unchanged)"
     )
     # The global batch of the two ranks is kept on one.
@@ -213,7 +213,7 @@ def test_a_lost_host_of_a_hostfile_is_left_behind_or_ends_the_run(
     shrunk = events[1]
     assert (shrunk["world_size_before"], shrunk["world_size_after"]) == (2, 1)
     assert f"no replacement after {REPLACE_TIMEOUT_S}." in shrunk["line"]
-    assert f"continuing on 1 workers from checkpoint-{SAVE_STEPS} (converted in " in shrunk["line"]
+    assert f"going on with 1 worker from checkpoint-{SAVE_STEPS} (converted in " in shrunk["line"]
     assert remaining.read_text() == "127.0.0.2 slots=1\n" and shrunk["hostfile"] == str(remaining.resolve())
     summary = json.loads((output / RUN_SUMMARY_NAME).read_text())
     assert summary["global_step"] == MAX_STEPS and summary["world_size"] == 1

@@ -181,7 +181,7 @@ def test_demo_refuses_a_bad_profile_before_any_notebook_or_worker(tmp_path):
     result = CliRunner().invoke(cli, ["demo", "--run-dir", str(out), "-p", "profile=zero9"])
     assert result.exit_code == 1
     assert len(result.output.strip().splitlines()) == 1 and result.output.startswith(
-        "Error: unknown profile 'zero9'; pass --profile one of zero0"
+        "Error: unknown profile 'zero9'; pass -p profile= one of auto, zero0"
     )
     assert not out.exists(), "nothing was written, no notebook ran, no worker started"
 

@@ -89,7 +89,7 @@ def test_a_training_killed_after_a_checkpoint_is_relaunched_to_resume_from_it(tm
     )
     assert actions(steps) == ["skip", "relaunch", "run"]
     assert steps[TRAIN].extra == {"resume_from_checkpoint": "auto", "overwrite_output_dir": False}
-    assert steps[TRAIN].reason.endswith(": continuing from checkpoint-2")
+    assert steps[TRAIN].reason.endswith(": resuming from checkpoint-2")
 
 
 def test_a_killed_training_without_a_complete_checkpoint_starts_over_as_the_same_training(tmp_path):
@@ -239,7 +239,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
     continued = demo(out, "--resume")
     assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
     assert f"{PREPARE} skipped: completed with the same parameters" in continued.stderr
-    assert f"{TRAIN} runs: it did not complete (running): continuing from checkpoint-" in continued.stderr
+    assert f"{TRAIN} runs: it did not complete (running): resuming from checkpoint-" in continued.stderr
     manifest = json.loads(manifest_path(out).read_text())
     assert manifest["notebooks"][PREPARE] == killed["notebooks"][PREPARE], "notebook 01 did not run again"
     assert (demo_data_dir(out) / "prepare.json").stat().st_mtime_ns == prepared
@@ -247,9 +247,7 @@ def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_pa
     run = json.loads((out / "run.json").read_text())
     resumed_from = int(Path(run["resumed_from"]).name.removeprefix("checkpoint-"))
     assert resumed_from >= 4 and run["global_step"] == 20, "continued from the checkpoint to max_steps"
-    assert (
-        f"--resume-from-checkpoint auto: continuing from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
-    )
+    assert f"--resume-from-checkpoint auto: resuming from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
     assert json.loads((out / "metrics.json").read_text())["n"] == 6
     assert not marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the killed run's processes were ended"
     assert not [pid for launch in killed_launches for pid in marked_processes(launch)], "and its ranks"

@@ -118,7 +118,7 @@ def test_a_lost_pod_without_replacement_leaves_two_workers_that_finish_the_run(
     shrunk, resumed = events[1], events[3]
     assert (shrunk["host"], shrunk["world_size_before"], shrunk["world_size_after"]) == ("127.0.0.3", 3, 2)
     assert shrunk["line"].startswith("worker 127.0.0.3 lost, no replacement after ")
-    assert f"; continuing on 2 workers from checkpoint-{SAVE_STEPS} (converted in " in shrunk["line"]
+    assert f"; going on with 2 workers from checkpoint-{SAVE_STEPS} (converted in " in shrunk["line"]
     assert shrunk["line"] in stream.text, "the user did not see the shrink's line"
     assert resumed["world_size"] == 2 and resumed["step"] == SAVE_STEPS + 1
     assert (cluster.run_dir / "hostfile").read_text() == "127.0.0.2 slots=1\n127.0.0.4 slots=1\n"

@@ -4,6 +4,7 @@ through fsspec's local filesystem where it does not. The runs of two workers are
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -284,13 +285,30 @@ def test_a_store_holding_a_previous_run_is_refused_unless_resumed_or_overwritten
     with pytest.raises(StoreError) as refused, store_uploads(uri, tmp_path / "run"):
         pass
     assert str(refused.value) == (
-        f"checkpoint store {uri} holds checkpoint-2 of a previous run; pass --resume-from-checkpoint auto to continue it, "
+        f"checkpoint store {uri} holds checkpoint-2 of a previous run; pass --resume-from-checkpoint auto to resume it, "
         "--overwrite-output-dir to replace it, or another store prefix"
     )
     with store_uploads(uri, tmp_path / "run", resume_from_checkpoint="auto") as uploads:
         assert uploads is not None and (tmp_path / "run" / "checkpoint-2").is_dir()
     with store_uploads(uri, tmp_path / "fresh", overwrite=True):
         assert complete_steps(open_store(uri)) == []
+
+
+def test_a_local_store_is_a_writable_directory_and_its_download_is_news_not_a_warning(tmp_path: Path, caplog) -> None:
+    from textsql.store.uploads import store_uploads
+
+    uri = f"file://{tmp_path / 'store'}"
+    upload_checkpoint(open_store(uri), fake_checkpoint(tmp_path / "old", 2))
+    with (
+        caplog.at_level(logging.INFO, logger="textsql.store"),
+        store_uploads(uri, tmp_path / "run", resume_from_checkpoint="auto"),
+    ):
+        pass
+    said = {record.getMessage(): record.levelname for record in caplog.records}
+    assert said[f"checkpoint store {uri}: directory writable"] == "INFO"
+    (downloaded,) = [message for message in said if "downloaded from" in message]
+    assert said[downloaded] == "INFO"
+    assert not [message for message in said if "bucket" in message]
 
 
 def test_the_supervisor_tells_the_uploads_how_many_ranks_write_each_launchs_checkpoints(

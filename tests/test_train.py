@@ -238,7 +238,7 @@ def test_cli_train_errors_are_one_line_without_traceback():
 @pytest.mark.parametrize(
     ("values", "error", "fix"),
     [
-        ({"profile": "zero9"}, ProfileError, "unknown profile 'zero9'; pass --profile one of zero0, zero1"),
+        ({"profile": "zero9"}, ProfileError, "unknown profile 'zero9'; pass --profile one of auto, zero0, zero1"),
         ({"model": "./no-such-model"}, ModelError, "model directory './no-such-model' does not exist; check --model"),
         ({"data_dir": "missing"}, DataError, "no such directory); run notebook 01 or `textsql prepare --data-dir DIR`"),
         ({"data_dir": "."}, DataError, "not a prepared dataset (no readable dataset_dict.json); run notebook 01"),

@@ -51,6 +51,11 @@ THIRD_PARTY_LOGGERS = (
     "httpx",
     "matplotlib",
     "asyncio",
+    # A checkpoint store's (s3fs on aiobotocore): "Found credentials in environment variables" on every open.
+    "fsspec",
+    "s3fs",
+    "aiobotocore",
+    "botocore",
 )
 # Read by the libraries at import, so kernels and ranks started from here are quiet from their first line.
 # The hub's switch also turns off transformers' "Loading weights" bar, which flashes by for every model load.
@@ -144,6 +149,19 @@ def configure_cli(verbose: bool) -> None:
         datefmt="%H:%M:%S",
     )
     set_log_level("debug" if verbose else log_level())
+
+
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one.
+
+    Usage::
+
+        >>> counted(1, "question"), counted(3, "table")
+        ('1 question', '3 tables')
+
+    :rtype: str
+    """
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 class TextSink(Protocol):

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from textsql.console import counted
 from textsql.constants import DEFAULT_MODEL_DIR, HUB_SOURCE, PREPARE_JSON_NAME, SAMPLE_SOURCE
 from textsql.data.wikisql import MIXED_SOURCE, SYNTHETIC_SELECT_SOURCE, SYNTHETIC_SOURCE
 from textsql.json_files import read_json
@@ -203,7 +204,7 @@ def _percent(value: float | None) -> str:
 
 
 def _scores_table(dataset: Dataset, split: str, scores: dict, baseline: dict | None) -> str:
-    count = f", {scores['n']} questions" if scores.get("n") else ""
+    count = f", {counted(scores['n'], 'question')}" if scores.get("n") else ""
     origin = "textsql infer / notebook 03" if baseline is not None else "training's final evaluation"
     lines = [
         f"**{dataset.name}**, {split} split{count} ({origin})",

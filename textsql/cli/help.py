@@ -56,7 +56,7 @@ TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (
     ("save_steps", f"Checkpoint every N steps [default: {TRAINING_DEFAULTS['save_steps']}]."),
     (
         "resume_from_checkpoint",
-        "auto: continue from the newest complete checkpoint in --run-dir (a fresh start if none); or a checkpoint path.",
+        "auto: resume from the newest complete checkpoint in --run-dir (a fresh start if none); or a checkpoint path.",
     ),
     ("overwrite_output_dir", RunArguments),
     ("max_train_samples", DataArguments),

@@ -11,7 +11,13 @@ import click
 from textsql.arguments import GenerationOptions
 from textsql.cli.help import Command
 from textsql.cli.options import field_option, renamed_option
-from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, SAMPLE_SOURCE
+from textsql.constants import INPUT_FORMATS, MODEL_SUBDIR, PREDICTIONS_NAME, PREPARE_JSON_NAME, SAMPLE_SOURCE
+
+# `textsql evaluate` without the tables infer used: EX is n/a, and this line says what to pass.
+NO_TABLES_HINT = (
+    "EX n/a: no table rows known for these predictions (no metrics.json of `textsql infer` beside them); pass "
+    "--tables FILE.tables.jsonl (a prepared dataset's tables/SPLIT.tables.jsonl) or --gold the release question file"
+)
 
 
 @click.command(cls=Command, short_help="Write SQL for questions (notebook 03).")
@@ -98,7 +104,7 @@ def infer(
         raise click.UsageError("no model; pass --run-dir RUN (a `textsql train` run) or --model DIR")
     if predictions_file is None and run_dir is None and question is None:
         raise click.UsageError("nowhere to write; pass --run-dir RUN or --predictions-file FILE")
-    predictor = Predictor.load(model or Path(str(run_dir)) / MODEL_SUBDIR, input_format=input_format, device=device)
+    predictor = Predictor.load(model or _run_model(str(run_dir)), input_format=input_format, device=device)
     if question is not None and header is not None:
         generation = GenerationOptions(**options)
         click.echo(json.dumps(predictor.ask(question, parse_header(header), generation), ensure_ascii=False))
@@ -113,7 +119,37 @@ def _questions(data_dir: str | None, source: str | None, questions_file: str | N
     given = [value for value in (data_dir, source, questions_file) if value is not None]
     if len(given) > 1:
         raise click.UsageError("pass only one of --data-dir, --source and --questions-file")
+    if data_dir is not None:
+        _check_prepared(data_dir)
     return given[0] if given else SAMPLE_SOURCE
+
+
+def _check_prepared(data_dir: str) -> None:
+    """Refuse a --data-dir that holds no `textsql prepare` output, before the model loads."""
+    from textsql.errors import DataError
+
+    path = Path(data_dir).expanduser()
+    if not (path / PREPARE_JSON_NAME).is_file():
+        why = f"no {PREPARE_JSON_NAME}" if path.is_dir() else "no such directory"
+        raise DataError(
+            f"no prepared dataset at {data_dir!r} ({why}); run `textsql prepare --data-dir DIR` first, "
+            "or pass --source NAME or --questions-file FILE"
+        )
+
+
+def _run_model(run_dir: str) -> Path:
+    """The model a --run-dir holds, refused in one line when the directory or its model/ is missing."""
+    from textsql.errors import ModelError
+
+    path = Path(run_dir).expanduser()
+    if not path.is_dir():
+        raise ModelError(f"no run directory {run_dir!r}; pass --run-dir a `textsql train` run, or --model DIR")
+    if not (path / MODEL_SUBDIR).is_dir():
+        raise ModelError(
+            f"run directory {run_dir!r} holds no {MODEL_SUBDIR}/ (its training has not finished); pass --run-dir "
+            "a finished run, or --model DIR"
+        )
+    return path / MODEL_SUBDIR
 
 
 @click.command(cls=Command, short_help="Score predictions (WikiSQL's metrics).")
@@ -121,7 +157,8 @@ def _questions(data_dir: str | None, source: str | None, questions_file: str | N
 @click.option(
     "--gold",
     type=click.Path(exists=True, dir_okay=False),
-    help="Release question file (dev.jsonl) or our records [default: the gold queries inside our predictions.jsonl].",
+    help="Release question file (dev.jsonl) or our records [default: the questions `textsql infer` answered, as the "
+    "metrics.json beside --predictions-file records them, else the gold queries inside our predictions.jsonl].",
 )
 @click.option(
     "--predictions-file",
@@ -132,7 +169,8 @@ def _questions(data_dir: str | None, source: str | None, questions_file: str | N
 @click.option(
     "--tables",
     type=click.Path(exists=True, dir_okay=False),
-    help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else tables in the records].",
+    help="Tables with rows for execution accuracy [default: GOLD's .tables.jsonl beside it, else the tables "
+    "`textsql infer` read, else tables in the records].",
 )
 @click.option("--ordered/--no-ordered", help="Conditions must come in the gold order (official --ordered).")
 @click.option("--json/--no-json", help="Print the full JSON report instead of a table.")
@@ -140,15 +178,23 @@ def _questions(data_dir: str | None, source: str | None, questions_file: str | N
 def evaluate(
     gold: str | None, predictions_file: str, tables: str | None, ordered: bool, json: bool, report_file: str | None
 ) -> None:
-    """Score predictions with WikiSQL's logical-form and execution accuracy."""
+    """Score predictions with WikiSQL's logical-form and execution accuracy; `textsql infer`'s predictions against
+    the questions and tables it answered (as the metrics.json beside them records), unless --gold or --tables."""
     from json import dumps
 
     from textsql.data.tables import tables_beside
+    from textsql.inference.predict import answered_questions
     from textsql.json_files import write_json
     from textsql.scoring.evaluate import evaluate as score
     from textsql.scoring.evaluate import format_report
 
-    report = score(gold, predictions_file, tables or (gold and tables_beside(gold)), ordered=ordered)
+    answered = answered_questions(predictions_file) if gold is None and tables is None else None
+    if answered is not None:
+        report = score(answered.items, predictions_file, answered.tables, ordered=ordered)
+    else:
+        report = score(gold, predictions_file, tables or (gold and tables_beside(gold)), ordered=ordered)
     if report_file:
         write_json(report_file, report)
     click.echo(dumps(report, indent=2) if json else format_report(report))
+    if report["ex_accuracy"] is None and answered is None and tables is None:
+        click.echo(NO_TABLES_HINT, err=True)

@@ -23,7 +23,7 @@ from textsql.launching.preflight import STAGES
 @click.option(
     "--resume/--no-resume",
     default=False,
-    help="Continue the demo in --run-dir: skip each notebook that completed with the same parameters, continue "
+    help="Continue the demo in --run-dir: skip each notebook that completed with the same parameters, resume "
     "training from its newest complete checkpoint, run the rest (and what a changed parameter affects).",
 )
 def demo(run_dir: str, parameter: tuple[str, ...], resume: bool) -> None:

@@ -55,13 +55,15 @@ def train(args: tuple[str, ...], checkpoint_store: str | None) -> None:
     The flags are those of `python -m textsql.training.train`: HfArgumentParser over the model, data and run
     arguments plus Seq2SeqTrainingArguments, parsed strictly; --checkpoint-store is this command's own.
     """
-    from textsql.planning.train_args import parse_command_line
+    from textsql.planning.train_args import check_train_args
     from textsql.store.uploads import store_uploads
     from textsql.training.train import main
 
+    # Checked as a launch checks them (the model's config, the prepared dataset), before DeepSpeed starts or the run
+    # directory is made.
+    _, _, run_args, training = check_train_args(list(args))
     if checkpoint_store is None:
         raise SystemExit(main(list(args)))
-    _, _, run_args, training = parse_command_line(list(args))
     output, keep = Path(training["output_dir"]), training.get("save_total_limit")
     with store_uploads(
         checkpoint_store, output, keep, training.get("resume_from_checkpoint"), run_args.overwrite_output_dir

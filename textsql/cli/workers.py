@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from textsql.cli.help import PipelineGroup
+from textsql.console import counted
 from worker.constants import MAX_EXPECTED_WORKERS, MAX_SLOTS
 
 # rendezvous: the master serves before workers register.
@@ -57,7 +58,7 @@ def serve(**options: Any) -> None:
     from worker.rendezvous.server import serve as serve_rendezvous
 
     workers = serve_rendezvous(**options)
-    click.echo(f"{len(workers)} workers registered; wrote {options['hostfile']}")
+    click.echo(f"{counted(len(workers), 'worker')} registered; wrote {options['hostfile']}")
 
 
 @rendezvous.command(short_help="On a worker: register with the master.")
@@ -121,7 +122,7 @@ def cleanup(backend: str, namespace: str, run: str | None) -> None:
         from worker.backends import slurm
 
         cancelled = slurm.cleanup(run)
-        click.echo(f"cancelled {len(cancelled)} Slurm jobs{': ' + ' '.join(cancelled) if cancelled else ''}")
+        click.echo(f"cancelled {counted(len(cancelled), 'Slurm job')}{': ' + ' '.join(cancelled) if cancelled else ''}")
         return
     from worker.backends import kubernetes
 

@@ -27,6 +27,7 @@ from datasets import Dataset, DatasetDict, Features, List, Value
 from tokenizers import Tokenizer
 
 from textsql.arguments import PrepareArguments
+from textsql.console import counted
 from textsql.constants import PREPARE_JSON_NAME, SPLITS
 from textsql.data.tables import prepared_tables_path
 from textsql.data.wikisql import NAMED_SOURCES, load_split, source_text, target_text
@@ -134,7 +135,7 @@ def format_summary(summary: dict) -> str:
             summary["truncated"][split],
         )
         lines.append(
-            f"  {split}: {summary['counts'][split]} questions, {summary['tables'][split]} tables; "
+            f"  {split}: {counted(summary['counts'][split], 'question')}, {counted(summary['tables'][split], 'table')}; "
             f"source tokens p50/p95/max {source['p50']}/{source['p95']}/{source['max']} ({truncated['source']} truncated), "
             f"target tokens {target['p50']}/{target['p95']}/{target['max']} ({truncated['target']} truncated, "
             f"{summary['targets_with_unknown_tokens'][split]} with <unk>)"

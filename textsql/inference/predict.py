@@ -5,7 +5,8 @@
 question to ``predictions.jsonl`` (optionally also the official WikiSQL prediction format), plus
 ``metrics.json`` beside it when the questions have gold queries (:mod:`textsql.scoring.evaluate`), which also go
 into the model's card and, for a tracked run, to MLflow. :func:`parse_header` and :func:`format_summary` are
-``textsql infer``'s reading of a header and its report.
+``textsql infer``'s reading of a header and its report; :func:`answered_questions` finds again the questions a
+predictions file answered, so ``textsql evaluate`` scores it as ``textsql infer`` did.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from textsql.arguments import GenerationOptions
+from textsql.console import counted
 from textsql.constants import METRICS_NAME, PREDICTIONS_NAME, PREPARE_JSON_NAME
 from textsql.data.sql import parsed, render_sql
 from textsql.data.tables import load_tables, prepared_tables_path
-from textsql.data.wikisql import load_split
+from textsql.data.wikisql import NAMED_SOURCES, load_split
 from textsql.errors import DataError
 from textsql.inference.predictor import Predictor
 from textsql.json_files import read_jsonl, write_json, write_jsonl
@@ -167,6 +169,7 @@ def predict(
     if all(item.get("sql") for item in questions.items):
         metrics = evaluate(questions.items, lines, tables=questions.tables)
         metrics["inference"] = {key: value for key, value in summary.items() if key != "metrics"}
+        metrics["inference"] |= {"questions": _recorded_source(data), "split": split}
         metrics_file = write_json(metrics_out or out.with_name(METRICS_NAME), metrics)
         record_evaluation(predictor.model_dir, metrics, data, split)
         summary["metrics"] = metrics
@@ -176,6 +179,36 @@ def predict(
         "%d predictions in %.1fs (%s questions/s) -> %s", len(lines), seconds, summary["questions_per_second"], out
     )
     return summary
+
+
+def _recorded_source(data: str | Path) -> str:
+    """The questions' source as ``metrics.json`` records it for :func:`answered_questions`: a path made absolute
+    (``textsql evaluate`` may run from elsewhere), a source's name as it is."""
+    path = Path(data).expanduser()
+    named = str(data) in NAMED_SOURCES and not (path / PREPARE_JSON_NAME).is_file()
+    return str(path.resolve()) if path.exists() and not named else str(data)
+
+
+def answered_questions(predictions: str | Path) -> Questions | None:
+    """The questions, gold queries and tables :func:`predict` scored ``predictions`` with, read again from where the
+    ``metrics.json`` beside it says they came from (``real_metrics.json`` beside ``real_predictions.jsonl``).
+
+    :param predictions: a predictions file :func:`predict` wrote.
+    :returns: None when no metrics file beside it records them (predictions not written by :func:`predict`, or
+        moved away from their metrics).
+    :rtype: Questions | None
+    """
+    path = Path(predictions)
+    beside = {path.with_name(path.stem.replace("predictions", "metrics") + ".json"), path.with_name(METRICS_NAME)}
+    for metrics_file in sorted(beside):
+        try:
+            record = json.loads(metrics_file.read_text())["inference"]
+            source, split, count = record["questions"], record["split"], record["n"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if Path(str(record.get("predictions"))).name == path.name:
+            return load_questions(source, split, count)
+    return None
 
 
 def _prediction_line(item: dict, text: str) -> dict:
@@ -221,7 +254,7 @@ def format_summary(summary: dict) -> str:
     :rtype: str
     """
     text = (
-        f"wrote {summary['n']} predictions to {summary['predictions']} ({summary['parse_errors']} unparsable) "
+        f"wrote {counted(summary['n'], 'prediction')} to {summary['predictions']} ({summary['parse_errors']} unparsable) "
         f"in {summary['seconds']}s on {summary['device']} ({summary['questions_per_second']} questions/s)"
     )
     if summary["official"]:

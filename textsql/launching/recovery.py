@@ -21,7 +21,7 @@ every host) the failure is classified (:func:`classify`):
 Every relaunch resumes from the newest complete checkpoint (incomplete newer ones are set aside), at most
 ``max_restarts`` times; then the run gives up with the last launch's exit code.
 
-**Shrinking.** ``min_workers`` below the number of workers lets a run continue on fewer: the lost
+**Shrinking.** ``min_workers`` below the number of workers lets a run go on with fewer: the lost
 worker is dropped (:meth:`worker.cluster.Cluster.without_worker`), the newest complete checkpoint is
 converted for the new data-parallel size where its ZeRO stage needs it (:mod:`textsql.rundir.universal`),
 and the relaunch keeps the global batch (per-rank batch x gradient accumulation x ranks, or the tokens
@@ -53,7 +53,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from textsql.console import SanitizedLines, TextSink
+from textsql.console import SanitizedLines, TextSink, counted
 from textsql.constants import DEFAULT_MAX_RESTARTS, DEFAULT_REPLACE_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S
 from textsql.errors import LaunchError
 from textsql.launching.command import LaunchArguments
@@ -285,7 +285,7 @@ class Recovery:
             "shrunk",
             attempt,
             f"worker {host} lost, no replacement after {waited:.1f} s; "
-            f"continuing on {len(self.hosts.hosts)} workers {origin}{moved}",
+            f"going on with {counted(len(self.hosts.hosts), 'worker')} {origin}{moved}",
             host=host,
             hostfile=str(self.hosts.hostfile),
             reason=why,

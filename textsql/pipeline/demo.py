@@ -33,7 +33,7 @@ from textsql.json_files import read_json
 from textsql.pipeline.manifest import Manifest, Step
 from textsql.pipeline.parameters import NOTEBOOKS, NotebookError, declared_defaults, notebook_path
 from textsql.pipeline.runs import continuation_plan, end_earlier_attempt, run_recorded
-from textsql.planning.profiles import AUTO_PROFILE, get_profile
+from textsql.planning.profiles import run_profile
 from textsql.rundir.master_state import master_dir
 from textsql.sanitize import sanitized
 from worker.constants import HOSTFILE_NAME
@@ -46,6 +46,8 @@ DEMO_MARKER = ".textsql-demo"
 DEMO_LOG_NAME = "demo.log"
 # The prepared dataset's directory is the run directory's name with this added, beside it.
 DATA_DIR_SUFFIX = "-data"
+# How `textsql demo` takes notebook 02's profile, as its refusal names it.
+DEMO_PROFILE_FLAG = "-p profile="
 
 
 @dataclass
@@ -93,8 +95,7 @@ def check_training_parameters(chosen: Mapping[str, Mapping[str, Any]]) -> None:
     """
     training = {**declared_defaults("02_train_distributed"), **chosen["02_train_distributed"]}
     # The profile first: it is the cheap check and the common typo, refused before torch is imported.
-    if training["profile"] != AUTO_PROFILE:
-        get_profile(training["profile"])
+    run_profile(training["profile"], DEMO_PROFILE_FLAG)
     from textsql.data.tables import check_prepared
     from textsql.model import load_config
 

@@ -73,7 +73,7 @@ CONTROL_PARAMETERS = {
     },
     INFER: {"log_level"},
 }
-# Parameters a checkpoint was trained under: changed, the checkpoint cannot be continued (the trainer would
+# Parameters a checkpoint was trained under: changed, training cannot resume from the checkpoint (the trainer would
 # fail to load it, or keep the checkpoint's own value without a word).
 PINNED_PARAMETERS: dict[str, tuple[str, ...]] = {
     PREPARE: ("source", "input_format", "model", "data_dir", "limit"),
@@ -385,4 +385,4 @@ def _training_step(
             f"cannot resume {TRAIN} from {Path(checkpoint).name}, which was trained before {', '.join(changes)} changed; "
             f"set {'them' if len(changes) > 1 else 'it'} back to resume, or overwrite_output_dir=true to train from step 0"
         )
-    return Step("relaunch", f"{reason}: continuing from {Path(checkpoint).name}", relaunch)
+    return Step("relaunch", f"{reason}: resuming from {Path(checkpoint).name}", relaunch)

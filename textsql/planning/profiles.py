@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,6 +219,21 @@ def get_profile(name_or_path: str | Path) -> Profile:
     return Profile.read(profile_path(name_or_path))
 
 
+def run_profile(name_or_path: str | Path, flag: str = "--profile") -> Profile | None:
+    """The profile a run names: None for :data:`AUTO_PROFILE` (the estimate picks one later), else the profile.
+
+    :param name_or_path: ``auto``, a profile's name or a DeepSpeed JSON file.
+    :param flag: how the command that took it spells it (``--profile``; ``-p profile=`` for ``textsql demo``), for
+        the refusal.
+    :raises ProfileError: neither ``auto``, a profile name nor a readable DeepSpeed file, in the command's words.
+    :rtype: Profile | None
+    """
+    if str(name_or_path) == AUTO_PROFILE:
+        return None
+    path = _resolve(name_or_path, dsconfig_dir(), available_profiles(), "profile", flag, also=(AUTO_PROFILE,))
+    return Profile.read(path)
+
+
 def profile_path(name_or_path: str | Path) -> Path:
     """Resolve a profile name (``zero3``) or a path to a DeepSpeed JSON file.
 
@@ -267,7 +282,11 @@ def load_profile(name_or_path: str | Path, overlays: Iterable[str | Path] = ()) 
     return config
 
 
-def _resolve(name_or_path: str | Path, directory: Path, names: list[str], kind: str, flag: str) -> Path:
+def _resolve(
+    name_or_path: str | Path, directory: Path, names: list[str], kind: str, flag: str, also: Sequence[str] = ()
+) -> Path:
+    """The file of a name in ``names`` or a DeepSpeed file's path; refused naming ``flag``, ``also`` (values the
+    command takes besides the names) and the names."""
     text = str(name_or_path)
     if text in names:
         return directory / f"{text}.json"
@@ -275,7 +294,7 @@ def _resolve(name_or_path: str | Path, directory: Path, names: list[str], kind: 
     if path.suffix == ".json" and path.is_file():
         return path.resolve()
     raise ProfileError(
-        f"unknown {kind} {text!r}; pass {flag} one of {', '.join(names)} or a path to a DeepSpeed .json file"
+        f"unknown {kind} {text!r}; pass {flag} one of {', '.join([*also, *names])} or a path to a DeepSpeed .json file"
     )
 
 

@@ -34,7 +34,7 @@ from textsql.errors import LaunchError, RenamedOptionError
 from textsql.model import builds_from_config, load_config
 from textsql.planning.device_defaults import device_facts, fast_defaults
 from textsql.planning.estimate import AUTO_PROFILE, resolve_profile_here
-from textsql.planning.profiles import autocast_bf16, get_profile, load_profile
+from textsql.planning.profiles import autocast_bf16, get_profile, load_profile, run_profile
 from textsql.planning.recipe import Recipe, training_recipe
 from textsql.tracking.mlflow_runs import check_tracking
 
@@ -117,6 +117,7 @@ def parse_command_line(
     run_args.recipe = recipe_record(recipe, values)
     model_args.precision = resolve_precision(model_args.precision)
     # auto: the estimate's recommendation for this rank's world and device (textsql.planning.estimate).
+    run_profile(run_args.profile)
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
     run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
     get_profile(run_args.profile).check_precision(model_args.precision)
@@ -176,7 +177,7 @@ def check_train_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Ru
 
         >>> check_train_args(train_argv(data_dir="runs/data", run_dir="runs/r1", profile="zero9"))
         Traceback (most recent call last):
-        textsql.errors.ProfileError: unknown profile 'zero9'; pass --profile one of zero0, ...
+        textsql.errors.ProfileError: unknown profile 'zero9'; pass --profile one of auto, zero0, ...
 
     :param argv: the arguments of ``textsql train`` (see :func:`textsql.arguments.train_argv`).
     :returns: what :func:`parse_command_line` returns.

@@ -8,7 +8,8 @@ a command line, in ``launch.log`` or ``run.json``. The ranks' environment is kep
 
 :func:`check_store` reports what would fail later as one line before any worker starts: a scheme fsspec does not
 know, or whose package is missing (s3fs is the ``store`` extra), a bucket that does not exist, keys the store does
-not accept (S3's ``SignatureDoesNotMatch``, said in words), keys that may not write.
+not accept (S3's ``SignatureDoesNotMatch``, said in words), keys that may not write, no keys or half of them, an
+endpoint nothing answers at or that is not a URL.
 
 Usage::
 
@@ -50,7 +51,15 @@ REFUSALS = {
     "InvalidAccessKeyId": "the store knows no such access key (InvalidAccessKeyId): check AWS_ACCESS_KEY_ID",
     "AccessDenied": "these keys may not write there (AccessDenied): use keys with write permission on the bucket",
     "NoSuchBucket": "the bucket does not exist (NoSuchBucket): create it, or fix the bucket in the URI",
+    # botocore's own, which s3fs passes on untranslated: matched by the exception's name.
+    "NoCredentialsError": "no credentials found (NoCredentialsError): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+    "(or AWS_PROFILE) in the launching environment",
+    "EndpointConnectionError": "nothing answers at the endpoint (EndpointConnectionError): check AWS_ENDPOINT_URL "
+    "and that the server is up",
 }
+# botocore's names of the credential variables missing from a partial set, and how it says a URL is not one.
+PARTIAL_CREDENTIALS = "PartialCredentialsError"
+NOT_A_URL = "Invalid endpoint: "
 LOCAL_PROTOCOL = "file"
 # The object a write check puts and removes.
 PROBE_PREFIX = ".textsql-write-check-"
@@ -121,9 +130,22 @@ def check_store(store: Store) -> None:
         store.fs.ls(bucket)
         store.fs.pipe(probe, b"")
         store.fs.rm(probe)
-    except (OSError, ValueError) as error:
+    except _filesystem_errors() as error:
         raise StoreError(f"checkpoint store {store.where()}: {refusal(error)}") from None
-    logger.info("checkpoint store %s: bucket reachable, writable", store.where())
+    if LOCAL_PROTOCOL in store.fs.protocol:
+        logger.info("checkpoint store %s: directory writable", store.where())
+    else:
+        logger.info("checkpoint store %s: bucket reachable, writable", store.where())
+
+
+def _filesystem_errors() -> tuple[type[Exception], ...]:
+    """What a store's filesystem raises: fsspec's OSError and ValueError, and botocore's own errors, which s3fs passes
+    on untranslated (no credentials, an endpoint nothing answers at)."""
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        return OSError, ValueError
+    return OSError, ValueError, BotoCoreError
 
 
 def refusal(error: BaseException) -> str:
@@ -131,10 +153,15 @@ def refusal(error: BaseException) -> str:
 
     :rtype: str
     """
-    text = f"{error} {error.__cause__ or ''}"
+    text = f"{type(error).__name__} {error} {error.__cause__ or ''}"
     for code, meaning in REFUSALS.items():
         if code in text:
             return meaning
+    if type(error).__name__ == PARTIAL_CREDENTIALS:
+        missing = str(getattr(error, "kwargs", {}).get("cred_var", "AWS_SECRET_ACCESS_KEY"))
+        return f"only part of the credentials are set ({PARTIAL_CREDENTIALS}): set {missing} too"
+    if str(error).startswith(NOT_A_URL):
+        return f"AWS_ENDPOINT_URL {str(error)[len(NOT_A_URL) :]!r} is not a URL: write it as http://HOST:PORT"
     if isinstance(error, FileNotFoundError):
         return REFUSALS["NoSuchBucket"]
     return f"{type(error).__name__}: {error}"

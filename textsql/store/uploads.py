@@ -227,7 +227,7 @@ def store_uploads(
     :param overwrite: the training's ``--overwrite-output-dir``: a previous run's checkpoints in the store are
         deleted, as in the output directory; without it (and ``--resume-from-checkpoint auto``) a store holding some is refused.
     :rtype: typing.Iterator[StoreUploads | None]
-    :raises StoreError: when the store cannot be used, or holds a previous run it may not continue or replace.
+    :raises StoreError: when the store cannot be used, or holds a previous run it may not resume or replace.
     """
     if uri is None or output is None:
         yield None
@@ -237,7 +237,7 @@ def store_uploads(
     previous = complete_steps(store) if resume_from_checkpoint != "auto" else []
     if previous and not overwrite:
         raise StoreError(
-            f"checkpoint store {uri} holds checkpoint-{previous[-1]} of a previous run; pass --resume-from-checkpoint auto to continue "
+            f"checkpoint store {uri} holds checkpoint-{previous[-1]} of a previous run; pass --resume-from-checkpoint auto to resume "
             "it, --overwrite-output-dir to replace it, or another store prefix"
         )
     if previous:
@@ -247,7 +247,7 @@ def store_uploads(
         started = time.monotonic()
         restored = download_newest(store, output)
         if restored is not None:
-            logger.warning(
+            logger.info(
                 "checkpoint store: %s downloaded from %s in %.1f s", restored.name, uri, time.monotonic() - started
             )
     with StoreUploads(store, output, keep=keep) as uploads:

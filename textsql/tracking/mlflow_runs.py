@@ -163,7 +163,7 @@ def start_tracking(trainer: Seq2SeqTrainer, params: Mapping[str, Any], resumed: 
 
     :param trainer: the trainer, its ``MLflowCallback`` not yet set up.
     :param params: logged on a new run (:func:`run_params`).
-    :param resumed: whether training continues from a checkpoint: the recorded run is continued.
+    :param resumed: whether training resumes from a checkpoint: the recorded run is continued.
     :returns: the MLflow run id on the logging rank, None elsewhere or without ``--report_to mlflow``.
     :rtype: str | None
     """

@@ -1,7 +1,7 @@
 """The run's output directory: a previous run refused or cleared, the checkpoint to resume, ``model/`` written whole.
 
 A previous run's checkpoints or model are never deleted unless ``--overwrite-output-dir`` asks;
-``--resume-from-checkpoint`` names the checkpoint the run continues from (``auto``: the newest complete one, :mod:`textsql.rundir.checkpoints`).
+``--resume-from-checkpoint`` names the checkpoint the training resumes from (``auto``: the newest complete one, :mod:`textsql.rundir.checkpoints`).
 The model directory is written to a staging directory and renamed, so a crash never leaves a half-written ``model/``.
 """
 
@@ -43,7 +43,7 @@ def prepare_output_dir(args: Seq2SeqTrainingArguments, run_args: RunArguments) -
         if checkpoint is None:
             logger.warning("--resume-from-checkpoint auto: no complete checkpoint in %s, starting fresh", output)
         else:
-            logger.warning("--resume-from-checkpoint auto: continuing from %s", checkpoint)
+            logger.warning("--resume-from-checkpoint auto: resuming from %s", checkpoint)
     return checkpoint
 
 
@@ -72,7 +72,7 @@ def _prepare_on_saving_rank(output: Path, resume: str | None, run_args: RunArgum
         if not run_args.overwrite_output_dir:
             raise LaunchError(
                 f"run directory {str(output)!r} holds a previous run ({previous[0].name}); "
-                "pass --resume-from-checkpoint auto to continue it, --overwrite-output-dir to replace it, or another "
+                "pass --resume-from-checkpoint auto to resume it, --overwrite-output-dir to replace it, or another "
                 "--run-dir (in notebook 02: resume_from_checkpoint='auto', overwrite_output_dir=True, or another run_dir)"
             )
         for path in previous:

@@ -57,6 +57,8 @@ _INSTALL_HINT = "run on a Slurm login node (or a session inside an allocation) w
 _CLUSTER_CONF = "SLURM_CONF"
 # What sbatch's --export can name: a list of names it splits at commas, values taken from its own environment.
 _EXPORTABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What Slurm's commands say on a machine that is not set up as one of its clients (no slurm.conf, no configless DNS).
+_NOT_CONFIGURED = ("Could not establish a configuration source", "Unable to process configuration file")
 
 
 def slurm(*command: str, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
@@ -67,6 +69,12 @@ def slurm(*command: str, env: dict[str, str] | None = None, stdin: str | None = 
     :param stdin: text for its standard input (a batch script).
     :rtype: str
     """
+    conf = (env if env is not None else os.environ).get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        # Slurm's commands would retry reading it for 60 s before saying so.
+        raise WorkerError(
+            f"SLURM_CONF names {conf}, which does not exist; set it to the cluster's slurm.conf, or unset it"
+        )
     tool = shutil.which(command[0])
     if tool is None:
         raise WorkerError(f"{command[0]} is not on PATH; {_INSTALL_HINT}")
@@ -78,6 +86,11 @@ def slurm(*command: str, env: dict[str, str] | None = None, stdin: str | None = 
         raise WorkerError(f"{command[0]} did not answer within 60 s; is slurmctld up? (scontrol ping)") from None
     if result.returncode != 0:
         reason = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+        if any(words in reason for words in _NOT_CONFIGURED):
+            raise WorkerError(
+                f"no Slurm is configured on this machine ({reason}); set SLURM_CONF to the cluster's slurm.conf, "
+                f"or {_INSTALL_HINT}"
+            )
         raise WorkerError(f"{' '.join(command[:2])} failed: {reason}")
     return result.stdout
 
