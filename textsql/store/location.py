@@ -130,7 +130,9 @@ def check_store(store: Store) -> None:
         store.fs.ls(bucket)
         store.fs.pipe(probe, b"")
         store.fs.rm(probe)
-    except _filesystem_errors() as error:
+    except Exception as error:
+        if not _from_the_filesystem(error):
+            raise
         raise StoreError(f"checkpoint store {store.where()}: {refusal(error)}") from None
     if LOCAL_PROTOCOL in store.fs.protocol:
         logger.info("checkpoint store %s: directory writable", store.where())
@@ -138,14 +140,13 @@ def check_store(store: Store) -> None:
         logger.info("checkpoint store %s: bucket reachable, writable", store.where())
 
 
-def _filesystem_errors() -> tuple[type[Exception], ...]:
-    """What a store's filesystem raises: fsspec's OSError and ValueError, and botocore's own errors, which s3fs passes
-    on untranslated (no credentials, an endpoint nothing answers at)."""
-    try:
-        from botocore.exceptions import BotoCoreError
-    except ImportError:
-        return OSError, ValueError
-    return OSError, ValueError, BotoCoreError
+def _from_the_filesystem(error: BaseException) -> bool:
+    """Whether a store's filesystem raised ``error``: fsspec's OSError and ValueError, and botocore's own errors, which
+    s3fs passes on untranslated (no credentials, an endpoint nothing answers at). botocore's are known by their module,
+    so the check imports nothing the store extra may not have installed."""
+    return isinstance(error, OSError | ValueError) or any(
+        cls.__module__.startswith("botocore.") for cls in type(error).__mro__
+    )
 
 
 def refusal(error: BaseException) -> str:
