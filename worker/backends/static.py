@@ -24,7 +24,7 @@ from worker.errors import WorkerError
 from worker.hostfile import parse_hostfile, read_hostfile
 from worker.registration import Registration, check_host_key, check_pod
 from worker.runfiles import known_hosts_pattern
-from worker.ssh import ssh_options
+from worker.ssh import ssh_argv, ssh_options
 from worker.sshd import require_tool
 
 logger = logging.getLogger(__name__)
@@ -110,9 +110,10 @@ class StaticBackend(Backend):
             known_hosts=self.known_hosts,
             connect_timeout=self.connect_timeout,
         )
-        command = [require_tool("ssh"), *options]
+        # ssh_argv ends ssh's options with --: a host named like an option (-oProxyCommand=...) is only a host.
+        command = [require_tool("ssh"), *ssh_argv(options, host, _PROBE)[1:]]
         result = subprocess.run(
-            command + [host, _PROBE],
+            command,
             check=False,
             capture_output=True,
             text=True,
