@@ -5,8 +5,10 @@ launch, and named when it ends a pod."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import inspect
+import json
 import logging
 import re
 
@@ -80,6 +82,50 @@ def test_an_option_without_a_description_stops_the_build(monkeypatch):
     monkeypatch.setattr(generated, "parameter_docs", lambda docstring: {})
     with pytest.raises(PluginError, match="the 'static' backend's option 'hosts' has no description"):
         generated.options_table("static")
+
+
+@pytest.mark.parametrize("backend", sorted(PAGES))
+def test_a_generated_table_shows_values_never_the_codes_internal_names(backend):
+    from worker.backends import BACKENDS
+
+    table = hook().options_table(backend)
+    modules = [BACKENDS[backend], hook().OPTIONS_CLASSES.get(backend, BACKENDS[backend])]
+    internal = {name for module in modules for name in vars(importlib.import_module(module.split(":")[0]))}
+    shown = set(re.findall(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b", table))  # ALLOWED_SBATCH_FLAGS and the like
+    assert not shown & internal, f"the {backend} table shows the code's names {sorted(shown & internal)}"
+    assert ":data:" not in table
+
+
+def test_the_slurm_options_table_lists_the_allowed_sbatch_flags_themselves():
+    from worker.backends.slurm_options import ALLOWED_SBATCH_FLAGS
+
+    (row,) = [line for line in hook().options_table("slurm").splitlines() if line.startswith("| `sbatch_flags` |")]
+    assert set(re.findall(r"`(--[a-z-]+)`", row)) == ALLOWED_SBATCH_FLAGS
+
+
+def test_a_data_role_naming_no_constant_stops_the_build():
+    from mkdocs.exceptions import PluginError
+
+    with pytest.raises(PluginError, match="names :data:`NOT_THERE`, which its module lacks"):
+        hook().constants_shown("the flags of :data:`NOT_THERE`", {})
+
+
+def test_the_slurm_page_names_the_workers_timeout_with_the_default_the_code_has():
+    from worker.cluster import start_workers
+
+    default = inspect.signature(start_workers).parameters["timeout"].default
+    assert f"`start_workers`' `timeout`, **{default:.0f} s** by default" in PAGES["slurm"].read_text()
+    # The page's way to change it: notebook 02 hands its backend_options to start_workers as keywords, so a
+    # "timeout" key there is start_workers' own timeout, not a backend option.
+    cells = json.loads((PROJECT_DIR / "notebooks" / "02_train_distributed.ipynb").read_text())["cells"]
+    code = "\n".join("".join(cell["source"]) for cell in cells)
+    assert re.search(
+        r"with start_workers\((?:(?!\) as cluster).)*\*\*backend_options,\s*\) as cluster", code, re.DOTALL
+    )
+    assert "timeout" not in options("slurm")
+    backend_options = {"partition": "gpu", "timeout": 3600}  # the page's example
+    bound = inspect.signature(start_workers).bind("slurm", 2, "runs/r1", **backend_options)
+    assert bound.arguments["timeout"] == 3600 and bound.arguments["backend_options"] == {"partition": "gpu"}
 
 
 def test_the_pod_deadline_is_a_week_logged_at_the_launch_and_none_means_none(tmp_path, caplog):

@@ -4,7 +4,9 @@ A paragraph, list or table that states measured figures carries, just above it, 
 ``<!-- figures: bench/setup_cost.json -->``. Every figure in it (a number with a unit: ms, s, minutes, %, GiB,
 x, tests...) must be a value of those files, as written or converted (seconds to minutes or milliseconds, a share
 to a percentage, a ratio to a percentage change), rounded as the page rounds it. A paragraph that says a figure
-was measured, or how long something takes, and cites nothing, fails.
+was measured, or how long something takes, and cites nothing, fails. A cited file must come from committed code: one
+that records ``"uncommitted_changes": true`` (bench/machine.py writes it when the checkout had uncommitted changes) is
+refused, and its figures measured again from a clean checkout or taken off the page.
 """
 
 from __future__ import annotations
@@ -89,6 +91,26 @@ def uncited_measurements(page: Path) -> list[str]:
     ]
 
 
+def uncommitted(value: object) -> bool:
+    """Whether a parsed JSON document records, anywhere, that it was measured with uncommitted changes."""
+    if isinstance(value, dict):
+        return value.get("uncommitted_changes") is True or any(uncommitted(item) for item in value.values())
+    if isinstance(value, list):
+        return any(uncommitted(item) for item in value)
+    return False
+
+
+def cited_from_uncommitted_code(page: Path) -> list[str]:
+    """The files ``page`` cites for its figures that were measured with uncommitted changes in the checkout."""
+    found = []
+    for cited in CITE.finditer(FENCE.sub("", page.read_text())):
+        for source in cited["sources"].split():
+            path = ROOT / source
+            if path.suffix == ".json" and path.is_file() and uncommitted(json.loads(path.read_text())):
+                found.append(f"{shown(page)}: cites {source}, measured with uncommitted changes")
+    return found
+
+
 def test_every_figure_a_page_cites_is_in_the_committed_output_it_cites() -> None:
     found = [figure for page in PAGES for figure in unsourced_figures(page)]
     assert not found, "\n".join(found)
@@ -98,6 +120,21 @@ def test_every_figure_a_page_cites_is_in_the_committed_output_it_cites() -> None
 def test_a_page_that_states_a_measured_figure_cites_its_source() -> None:
     found = [paragraph for page in PAGES for paragraph in uncited_measurements(page)]
     assert not found, "\n".join(found)
+
+
+def test_a_page_cites_no_output_of_uncommitted_code() -> None:
+    found = [source for page in PAGES for source in cited_from_uncommitted_code(page)]
+    assert not found, "measure again from a clean checkout, or take the figure off the page:\n" + "\n".join(found)
+
+
+def test_the_check_refuses_a_file_measured_with_uncommitted_changes(tmp_path: Path) -> None:
+    source = tmp_path / "result.json"
+    page = tmp_path / "page.md"
+    page.write_text(f"# P\n\n<!-- figures: {source} -->\nSetup took about **6.5 minutes**.\n")
+    source.write_text(json.dumps({"machine": {"commit": "6ee50db", "uncommitted_changes": False}, "s": 391.0}))
+    assert not cited_from_uncommitted_code(page)
+    source.write_text(json.dumps({"machine": {"commit": "6ee50db", "uncommitted_changes": True}, "s": 391.0}))
+    assert cited_from_uncommitted_code(page) == [f"{page}: cites {source}, measured with uncommitted changes"]
 
 
 def test_the_check_refuses_a_typed_figure_and_accepts_one_from_the_file(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ A page that holds ``<!-- backend-options: NAME -->`` gets a table of backend ``N
 default and meaning: the ``kubernetes`` and ``slurm`` backends' are the fields of their options class
 (:class:`~worker.backends.kubernetes_options.KubernetesOptions`, :class:`~worker.backends.slurm_options.SlurmOptions`)
 with their attribute docstrings, the others' their constructor's keyword arguments with its ``:param:`` lines (what :meth:`~worker.backends.base.Backend.from_options`
-accepts). So the site cannot list another option or default than the backend takes.
+accepts). So the site cannot list another option or default than the backend takes. A description's
+``:data:`NAME``` role is written as that constant's value, so a table never shows the code's internal names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import importlib
 import inspect
 import re
+import sys
 import textwrap
 from collections.abc import Iterator
 from typing import Any
@@ -62,12 +64,35 @@ def backend_options(backend: str) -> Iterator[tuple[str, Any, str]]:
         described = attribute_docstrings(options)
         for field in dataclasses.fields(options):
             default = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
-            yield field.name, default, described.get(field.name, "")
+            yield field.name, default, constants_shown(described.get(field.name, ""), vars(sys.modules[module]))
         return
     described = parameter_docs(inspect.getdoc(cls.__init__) or "")
     for parameter in inspect.signature(cls.__init__).parameters.values():
         if parameter.name != "self" and parameter.name not in CLIENTS:
-            yield parameter.name, parameter.default, described.get(parameter.name, "")
+            yield (
+                parameter.name,
+                parameter.default,
+                constants_shown(described.get(parameter.name, ""), vars(sys.modules[module])),
+            )
+
+
+def constants_shown(text: str, namespace: dict[str, Any]) -> str:
+    """``text`` with each ``:data:`NAME``` role written as the constant's value: a reader sees the values, never the
+    code's internal name (a collection as its sorted items, each in backticks).
+
+    :raises PluginError: for a role naming no constant of ``namespace`` (the backend's module).
+    """
+
+    def value(found: re.Match[str]) -> str:
+        name = found.group(1).rpartition(".")[2]
+        if name not in namespace:
+            raise PluginError(f"an option's description names :data:`{found.group(1)}`, which its module lacks")
+        constant = namespace[name]
+        if isinstance(constant, set | frozenset | list | tuple):
+            return ", ".join(f"`{item}`" for item in sorted(constant))
+        return f"`{constant!r}`"
+
+    return re.sub(r":data:`~?([^`]+)`", value, text)
 
 
 def attribute_docstrings(cls: type) -> dict[str, str]:
