@@ -135,6 +135,14 @@ def test_environment_variables_have_string_defaults_and_descriptions():
         assert isinstance(spec["description"], str) and spec["description"].strip()
 
 
+def test_the_checkpoint_store_variable_the_guide_names_for_the_amp_is_declared_and_off_by_default():
+    guide = (PROJECT_DIR / "docs" / "guides" / "checkpoint-store.md").read_text()
+    (row,) = [line for line in guide.splitlines() if line.startswith("| the AMP's training job |")]
+    (variable,) = re.findall(r"`(TEXTSQL_[A-Z_]+)`", row)
+    assert METADATA["environment_variables"][variable]["default"] == "", "empty: no store unless the user names one"
+    assert parameters_from_environ("02_train_distributed", {variable: ""}) == {"checkpoint_store": None}
+
+
 def test_every_environment_variable_sets_a_notebook_parameter():
     declared = set()
     for name in NOTEBOOKS:
