@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 from helpers import doc_runs
-from helpers.doc_runs import BLOCK_TIMEOUT_S, assigned_names, reader_checkout, run_block
+from helpers.doc_runs import (
+    BLOCK_TIMEOUT_S,
+    assigned_names,
+    left_in_checkout,
+    project_files,
+    reader_checkout,
+    run_block,
+)
 from helpers.docs import NEEDS, RUN, SHOWN, Block, block_regions, blocks
 from helpers.paths import PROJECT_DIR
 from sybil import Document, Example, Region, Sybil
@@ -38,10 +45,14 @@ PAGES = [ROOT / "README.md", *nav_pages(), ROOT / "CONTRIBUTING.md"]
 
 def evaluate_shell(example: Example) -> None:
     block: Block = example.parsed
-    ran = run_block(block, example.namespace["_project"])
+    project = example.namespace["_project"]
+    before = project_files(project)
+    ran = run_block(block, project)
     assert ran.returncode == 0, (
         f"{block} failed ({ran.returncode}):\n{block.text}\n{ran.stdout[-3000:]}\n{ran.stderr[-3000:]}"
     )
+    left = left_in_checkout(project, before)
+    assert not left, f"{block} left {left[:10]} in the checkout: write under runs/ or a temporary directory"
 
 
 def evaluate_parameters(example: Example) -> None:
@@ -149,6 +160,20 @@ def test_the_convention_check_sees_a_fence_without_a_language_and_a_command_show
         "no language",
         "a text block that starts as a command",
     ]
+
+
+def test_a_block_that_writes_beside_the_projects_files_is_caught(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".venv").mkdir(parents=True)
+    (project / "README.md").write_text("# P\n")
+    before = project_files(project)
+    ran = run_block(
+        Block(tmp_path / "page.md", 1, "bash", "mkdir -p my-data runs/data\ntouch my-data/a runs/data/b\n"), project
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert left_in_checkout(project, before) == ["my-data/a"]  # runs/ (ignored by git) is where blocks write
+    (project / "my-data" / "a").unlink()
+    assert left_in_checkout(project, before) == []
 
 
 def test_a_block_stops_at_its_first_failing_command(tmp_path: Path) -> None:

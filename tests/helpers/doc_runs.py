@@ -120,6 +120,43 @@ def run_block(block: Block, project: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def project_files(project: Path) -> set[str]:
+    """Every file and link under ``project`` (its ``.venv`` left out), relative to it.
+
+    :rtype: set
+    """
+    found = set()
+    for directory, subdirectories, files in os.walk(project):
+        if Path(directory) == project:
+            subdirectories[:] = [name for name in subdirectories if name != ".venv"]
+        found |= {str((Path(directory) / name).relative_to(project)) for name in [*files, *subdirectories]}
+    return found
+
+
+def left_in_checkout(project: Path, before: set[str]) -> list[str]:
+    """The files a block created in ``project`` since ``before`` (:func:`project_files`) that git would show as new:
+    not under ``runs/`` nor anything else the project's ``.gitignore`` ignores. A block writes under ``runs/`` or a
+    temporary directory, never beside the project's own files.
+
+    :rtype: list
+    """
+    new = sorted(project_files(project) - before)
+    if not new:
+        return []
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin", "-z"],
+        cwd=PROJECT_DIR,
+        input="\0".join(new),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ignored.returncode in (0, 1), ignored.stderr
+    shown = set(new) - set(filter(None, ignored.stdout.split("\0")))
+    # Git shows files, not directories: a new directory of ignored files is not left behind.
+    return [path for path in new if path in shown and ((project / path).is_symlink() or (project / path).is_file())]
+
+
 def assigned_names(source: str) -> set[str]:
     """The names a Python block assigns at its top level.
 
