@@ -53,17 +53,26 @@ def open_directory(path: Path, dir_fd: int | None = None) -> int:
 
 
 @contextlib.contextmanager
-def parent_directory(path: Path) -> Iterator[int]:
-    """:func:`open_directory` of ``path``'s parent, closed after: where a file of the run directory is created.
+def opened_directory(path: Path, dir_fd: int | None = None) -> Iterator[int]:
+    """:func:`open_directory`, closed after the ``with`` block.
 
     :rtype: typing.Iterator[int]
-    :raises UnsafePath: if the parent is a symbolic link (a worker's, planted to redirect the write).
+    :raises UnsafePath: if ``path`` is a symbolic link or not a directory.
     """
-    fd = open_directory(Path(path).parent)
+    fd = open_directory(path, dir_fd=dir_fd)
     try:
         yield fd
     finally:
         os.close(fd)
+
+
+def parent_directory(path: Path) -> contextlib.AbstractContextManager[int]:
+    """:func:`opened_directory` of ``path``'s parent: where a file of the run directory is created.
+
+    :rtype: contextlib.AbstractContextManager[int]
+    :raises UnsafePath: if the parent is a symbolic link (a worker's, planted to redirect the write).
+    """
+    return opened_directory(Path(path).parent)
 
 
 def _is_link(name: str | Path, dir_fd: int | None) -> bool:

@@ -9,7 +9,7 @@ way fails the download instead of being written through.
 
 Usage::
 
-    >>> with directory_of(Path("runs/r1/checkpoint-200")) as checkpoint:
+    >>> with opened_directory(Path("runs/r1/checkpoint-200")) as checkpoint:
     ...     upload_tree(store, checkpoint, ("checkpoint-200",))
     48213504
 """
@@ -21,13 +21,12 @@ import errno
 import logging
 import os
 import shutil
-import stat
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
 from textsql.errors import StoreError
 from textsql.store.location import Store
-from worker.files import UnsafePath, open_directory
+from worker.files import UnsafePath, UnsafeRead, open_regular, opened_directory
 
 logger = logging.getLogger(__name__)
 
@@ -37,24 +36,10 @@ COPY_CHUNK_BYTES = 8 * 2**20
 DOWNLOADED_FILE_MODE = 0o666
 
 
-@contextlib.contextmanager
-def directory_of(path: Path, dir_fd: int | None = None) -> Iterator[int]:
-    """A descriptor of the directory ``path`` (:func:`worker.files.open_directory`: not a link), closed after.
-
-    :rtype: typing.Iterator[int]
-    :raises worker.files.UnsafePath: if ``path`` is a symbolic link or not a directory.
-    """
-    fd = open_directory(path, dir_fd=dir_fd)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
 def upload_tree(store: Store, directory: int, prefix: tuple[str, ...], leave_out: Collection[str] = ()) -> int:
     """Copy the regular files under the directory ``directory`` to ``prefix`` in the store, at the same paths.
 
-    :param directory: a descriptor of the directory (:func:`directory_of`).
+    :param directory: a descriptor of the directory (:func:`worker.files.opened_directory`).
     :param prefix: where it goes, below the store's root.
     :param leave_out: names of files directly in ``directory`` that are not copied.
     :returns: the bytes copied.
@@ -80,19 +65,17 @@ def upload_file(store: Store, directory: int, parts: tuple[str, ...]) -> int:
     """
     shown = "/".join(parts)
     try:
-        # O_NONBLOCK: a FIFO is not waited on (and is then left out, as not a regular file).
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        source = open_regular(parts[-1], dir_fd=directory)
+    except UnsafeRead:
+        logger.warning("checkpoint store: %s is not a regular file; not uploaded", shown)
+        return 0
     except OSError as error:
         if error.errno != errno.ELOOP:
             raise
         logger.warning("checkpoint store: %s is a symbolic link; not uploaded", shown)
         return 0
-    with os.fdopen(fd, "rb") as source:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            logger.warning("checkpoint store: %s is not a regular file; not uploaded", shown)
-            return 0
-        with store.fs.open(store.path(*parts), "wb") as target:
-            shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
+    with source, store.fs.open(store.path(*parts), "wb") as target:
+        shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
         return source.tell()
 
 
@@ -104,7 +87,7 @@ def upload_subdirectory(store: Store, directory: int, name: str) -> int:
     :rtype: int
     """
     try:
-        with directory_of(Path(name), dir_fd=directory) as subdirectory:
+        with opened_directory(Path(name), dir_fd=directory) as subdirectory:
             return upload_tree(store, subdirectory, (name,))
     except FileNotFoundError:
         return 0
@@ -117,7 +100,7 @@ def download_tree(store: Store, source: str, directory: int) -> int:
     """Copy every object under ``source`` in the store into the directory ``directory``, at the same paths, each
     directory and file made relative to its parent's descriptor and each file new.
 
-    :param directory: a descriptor of a directory this process made (:func:`directory_of`).
+    :param directory: a descriptor of a directory this process made (:func:`worker.files.opened_directory`).
     :returns: the bytes copied.
     :rtype: int
     :raises FileExistsError: when something is already where a file goes (a worker's link included).
@@ -146,7 +129,7 @@ def _made_folder(folders: dict[tuple[str, ...], int], parts: tuple[str, ...], op
         parent = _made_folder(folders, parts[:-1], opened)
         with contextlib.suppress(FileExistsError):
             os.mkdir(parts[-1], dir_fd=parent)
-        folders[parts] = opened.enter_context(directory_of(Path(parts[-1]), dir_fd=parent))
+        folders[parts] = opened.enter_context(opened_directory(Path(parts[-1]), dir_fd=parent))
     return folders[parts]
 
 

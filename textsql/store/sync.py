@@ -40,9 +40,9 @@ from textsql.rundir.checkpoints import (
     checkpoint_dirs,
     is_complete_checkpoint,
 )
-from textsql.store.copying import directory_of, download_tree, upload_file, upload_subdirectory, upload_tree
+from textsql.store.copying import download_tree, upload_file, upload_subdirectory, upload_tree
 from textsql.store.location import Store, refusal
-from worker.files import UnsafePath, UnsafeRead, read_bounded
+from worker.files import UnsafePath, UnsafeRead, opened_directory, read_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def upload_checkpoint(store: Store, checkpoint: Path) -> int:
     # An earlier copy of the same step (a run resumed before it) stops counting before any file of it changes.
     if store.fs.exists(marker):
         store.fs.rm(marker)
-    with directory_of(checkpoint) as directory:
+    with opened_directory(checkpoint) as directory:
         copied = upload_tree(store, directory, (checkpoint.name,), leave_out={COMPLETE_MARKER})
         store.fs.pipe(marker, _marker_bytes(directory, checkpoint.name))
     return copied
@@ -121,7 +121,7 @@ def download_newest(store: Store, output: Path) -> Path | None:
     output.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{DOWNLOAD_PREFIX}{target.name}-", dir=output))
     try:
-        with directory_of(staging) as directory:
+        with opened_directory(staging) as directory:
             download_tree(store, store.path(target.name), directory)
             os.fchmod(directory, DOWNLOADED_DIR_MODE)
         if not is_complete_checkpoint(staging):
@@ -197,7 +197,7 @@ def upload_outputs(store: Store, output: Path) -> int:
     :returns: the bytes copied.
     :rtype: int
     """
-    with directory_of(output) as directory:
+    with opened_directory(output) as directory:
         copied = sum(upload_subdirectory(store, directory, name) for name in (MODEL_SUBDIR, TENSORBOARD_SUBDIR))
         for name in sorted(os.listdir(directory)):
             if fnmatch.fnmatch(name, RESULTS_GLOB) or name in (METRICS_NAME, RUN_SUMMARY_NAME):
