@@ -83,7 +83,7 @@ def describe_hardware(world_size: int) -> str:
     :rtype: str
     """
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (gloo)"
-    return f"{world_size} rank{'s' if world_size != 1 else ''} on {device}"
+    return f"{counted(world_size, 'rank')} on {device}"
 
 
 def write_training_card(model_dir: str | Path, run: dict, hardware: str | None = None) -> Path:
