@@ -100,6 +100,40 @@ def prepared_sample(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def reader_project(tmp_path_factory) -> Path:
+    """A copy of the checkout set up as a reader's (tests/helpers/doc_runs.py), where every page's blocks run at most
+    once a session (tests/helpers/doc_blocks.py): the docs blocks' tests and the tests reading a block's run share it."""
+    from helpers.doc_runs import reader_checkout
+
+    return reader_checkout(tmp_path_factory.mktemp("reader"))
+
+
+@pytest.fixture(scope="session")
+def docs_demo(reader_project):
+    """The README's and getting-started's `make demo`, run once as getting-started's block in ``reader_project``, for
+    the tests that check a whole demo: checked finished (its three notebooks completed, training at its
+    ``max_steps``, the scores written) before a test reads it."""
+    import json
+
+    from helpers.doc_blocks import first_block, ran
+    from helpers.notebooks import FinishedDemo
+
+    from textsql.pipeline.manifest import TRAIN, Manifest
+    from textsql.pipeline.parameters import NOTEBOOKS
+
+    terminal = ran(first_block("make demo"), reader_project)
+    run_dir = reader_project / "runs" / "demo"
+    records = Manifest.load(run_dir).records
+    statuses = {name: records.get(name, {}).get("status") for name in NOTEBOOKS}
+    assert set(statuses.values()) == {"completed"}, f"docs_demo: make demo left its notebooks {statuses}"
+    max_steps = records[TRAIN]["parameters"]["max_steps"]
+    trained = json.loads((run_dir / "run.json").read_text())["global_step"]
+    assert trained == max_steps, f"docs_demo: make demo trained {trained} of its {max_steps} steps"
+    assert (run_dir / "metrics.json").is_file(), "docs_demo: make demo wrote no metrics.json"
+    return FinishedDemo(run_dir, terminal, records)
+
+
 def pytest_sessionstart(session):
     """Deliver SIGINT to what the tests start: a shell starts a background job with SIGINT ignored, and a
     child keeps an ignored signal across exec, so a suite run in the background would start launches and

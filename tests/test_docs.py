@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import papermill
 import pytest
+from helpers.doc_blocks import page_blocks, ran
 from helpers.docs import NEEDS, SHELL_WORDS, SYSTEM_PROGRAMS, commands, parse, program, shell_blocks
 
 from textsql.cli import cli
@@ -293,20 +294,14 @@ def test_every_program_a_page_runs_is_installed_with_the_project() -> None:
 
 
 @pytest.mark.slow
-def test_the_serving_guides_local_check_answers_from_the_model_it_names(tmp_path: Path) -> None:
-    """The serving page's block, run by bash from the project root with the demo's model replaced by a saved one
-    (the embedded small T5): a query comes back, not "no model to serve"."""
-    from textsql.model import load_model, load_tokenizer
-
-    block = next(block for block in shell_blocks([ROOT / "docs" / "guides" / "serving.md"]) if "model.py" in block.text)
-    model = tmp_path / "model"
-    load_model().save_pretrained(model)
-    load_tokenizer().save_pretrained(model)
-    script = block.text.replace("runs/demo/model", str(model)).replace(".venv/bin/python", sys.executable)
-    assert str(model) in script, f"{block} names no model to serve:\n{block.text}"
-    environment = {name: value for name, value in os.environ.items() if not name.startswith("TEXTSQL_")}
-    ran = subprocess.run(
-        ["bash", "-c", script], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300, check=False
+def test_the_serving_guides_local_check_answers_from_the_model_it_names(reader_project: Path) -> None:
+    """The serving page's block, as tests/test_docs_blocks.py runs it after `make demo` (once a session, in the
+    reader's copy): a query comes back from the demo's model, not "no model to serve"."""
+    (block,) = [
+        block for block in page_blocks(ROOT / "docs" / "guides" / "serving.md") if "model.py" in block.parsed.text
+    ]
+    assert "TEXTSQL_MODEL_DIR=runs/demo/model" in block.parsed.text, f"{block.parsed} names no model to serve"
+    answered = ran(block, reader_project)
+    assert "'sql': 'SELECT " in answered.stdout and "error" not in answered.stdout, (
+        answered.stdout + answered.stderr[-2000:]
     )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert "'sql': 'SELECT " in ran.stdout and "error" not in ran.stdout, ran.stdout + ran.stderr[-2000:]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.docs import shell_blocks
+from helpers.doc_blocks import page_blocks, ran
 from helpers.launch import SecretWatch, on_cluster, textsql_launch
 from helpers.paths import PROJECT_DIR
 
@@ -153,28 +153,17 @@ def test_wrong_keys_end_the_launch_in_one_line_before_any_rank_starts(
     assert "wrong-secret-value" not in result.stdout + result.stderr
 
 
-def test_the_guides_commands_train_into_a_store_and_resume_from_it_in_a_new_run_directory(tmp_path: Path) -> None:
-    blocks = [block for block in shell_blocks([GUIDE]) if block.needs is None]
+def test_the_guides_commands_train_into_a_store_and_resume_from_it_in_a_new_run_directory(reader_project: Path) -> None:
+    """The guide's two blocks as tests/test_docs_blocks.py runs them (once a session, in the reader's copy): what they
+    print and leave."""
+    blocks = page_blocks(GUIDE)
     assert len(blocks) == 2, "the guide's runnable blocks: train into the store, resume from it"
-    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    said = []
-    for block in blocks:
-        ran = subprocess.run(
-            ["bash", "-e", "-c", block.text],
-            check=False,
-            cwd=tmp_path,
-            env=os.environ | {"OMP_NUM_THREADS": "1"},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert ran.returncode == 0, f"{block}: {(ran.stdout + ran.stderr)[-4000:]}"
-        said.append(ran.stdout + ran.stderr)
-    assert "checkpoint store: checkpoint-2 uploaded to file://" in said[0]
-    assert "checkpoint store: checkpoint-4 downloaded from" in said[1]
-    store = tmp_path / "runs" / "checkpoint-store"
+    said = [ran(block, reader_project) for block in blocks]
+    assert "checkpoint store: checkpoint-2 uploaded to file://" in said[0].stdout + said[0].stderr
+    assert "checkpoint store: checkpoint-4 downloaded from" in said[1].stdout + said[1].stderr
+    store = reader_project / "runs" / "checkpoint-store"
     assert (store / "checkpoint-6" / COMPLETE_MARKER).is_file() and (store / "model" / "README.md").is_file()
-    assert json.loads((tmp_path / "runs" / "store-r2" / RUN_SUMMARY_NAME).read_text())["global_step"] == 6
+    assert json.loads((reader_project / "runs" / "store-r2" / RUN_SUMMARY_NAME).read_text())["global_step"] == 6
 
 
 def test_a_demo_continued_on_a_new_machine_resumes_its_training_from_the_store(tmp_path: Path) -> None:

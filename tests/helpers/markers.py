@@ -6,8 +6,9 @@ from collections.abc import Iterable
 
 import pytest
 
-# Fixtures that start real processes: worker agents with their own sshd, an sshd alone, or a Slurm cluster.
-PROCESS_FIXTURES = frozenset({"two_local_workers", "loopback_sshd", "slurm_cluster"})
+# Fixtures that start real processes: worker agents with their own sshd, an sshd alone, a Slurm cluster, or the
+# session's `make demo`.
+PROCESS_FIXTURES = frozenset({"two_local_workers", "loopback_sshd", "slurm_cluster", "docs_demo"})
 
 
 def unmarked_process_tests(items: Iterable[pytest.Item]) -> list[str]:
