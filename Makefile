@@ -25,7 +25,6 @@ $(STAMP): requirements.txt pyproject.toml
 
 $(DEV_STAMP): requirements-dev.txt requirements-store.txt $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-store.txt
 	@touch $@
 
 demo: setup
