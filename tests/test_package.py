@@ -254,9 +254,10 @@ def test_a_fresh_venv_runs_the_cli_and_every_notebook_import(fresh_venv):
     assert imported.stdout.strip().startswith(str(fresh_venv)), imported.stdout
 
 
-# Seconds allowed to pip's resolve of every extra from the index: a couple of minutes where it finds a set (about two
-# here: pip 23 downloads each candidate wheel to read its requirements); botocore's python-dateutil<3 against the
-# kubernetes client's >=3 had it backtrack through every aiobotocore and botocore release for over 11 minutes.
+# Seconds allowed to pip's resolve of every extra from the index: a couple of minutes where it finds a set (under one
+# here with requirements-dev.txt's pip, which reads the index's metadata files; two with Python 3.11's pip 23, which
+# downloads each candidate wheel); botocore's python-dateutil<3 against the kubernetes client's >=3 had it backtrack
+# through every aiobotocore and botocore release for over 11 minutes.
 RESOLVE_S = 300
 
 
