@@ -40,7 +40,7 @@ from textsql.pipeline.leftovers import end_leftovers, launch_ids
 from textsql.pipeline.manifest import ATTEMPT_VAR, INFER, PREPARE, TRAIN, manifest_path
 from textsql.pipeline.parameters import NOTEBOOKS
 from textsql.rank_lines import RUN_MARK_VAR
-from textsql.rundir.checkpoints import checkpoint_dirs, is_complete_checkpoint
+from textsql.rundir.checkpoints import COMPLETE_MARKER, checkpoint_dirs, is_complete_checkpoint
 from textsql.rundir.master_state import master_dir
 
 pytestmark = pytest.mark.slow
@@ -103,13 +103,14 @@ class InferenceOnly:
 class NewMachine:
     ran: subprocess.CompletedProcess[str]
     run: dict[str, Any]
-    stored: list[str]  # the store's checkpoints afterwards
+    stored_before: dict[str, int]  # the store's checkpoints before the step, with the mtimes of their markers
+    stored: dict[str, int]  # and after it
 
 
 @dataclass
 class Scenario:
     root: Path
-    records: dict[str, Any] = field(default_factory=dict)
+    records: dict[str, Any] = field(default_factory=dict, repr=False)
     failure: tuple[str, str] | None = None  # the step that did not end as it must, and how it ended
 
     @property
@@ -222,14 +223,22 @@ def continue_inference_alone(scenario: Scenario) -> None:
 
 def continue_on_a_new_machine(scenario: Scenario) -> None:
     out = scenario.run_dir
+    stored_before = stored_checkpoints(scenario.store)
     for gone in (out, demo_data_dir(out), master_dir(out)):
         shutil.rmtree(gone)
     ran = scenario.demo(NEW_MACHINE, "--resume", max_steps=MORE_STEPS)
     scenario.records[NEW_MACHINE] = NewMachine(
         ran=ran,
         run=read(out / RUN_SUMMARY_NAME),
-        stored=sorted(path.name for path in scenario.store.glob("checkpoint-*")),
+        stored_before=stored_before,
+        stored=stored_checkpoints(scenario.store),
     )
+
+
+def stored_checkpoints(store: Path) -> dict[str, int]:
+    """The store's checkpoints, each with the mtime of its complete marker (0 without one)."""
+    marked = {path.parent.name: path.stat().st_mtime_ns for path in store.glob(f"checkpoint-*/{COMPLETE_MARKER}")}
+    return {path.name: marked.get(path.name, 0) for path in sorted(store.glob("checkpoint-*"))}
 
 
 STEPS: dict[str, Callable[[Scenario], None]] = {
@@ -332,4 +341,10 @@ def test_a_demo_continued_on_a_new_machine_resumes_its_training_from_the_stores_
 
 def test_the_store_keeps_the_checkpoint_resumed_from_and_the_new_machines(scenario: Scenario) -> None:
     moved: NewMachine = scenario.after(NEW_MACHINE)
-    assert moved.stored == [f"checkpoint-{MAX_STEPS}", f"checkpoint-{MORE_STEPS}"]
+    resumed_from = f"checkpoint-{MAX_STEPS}"
+    assert sorted(moved.stored) == [resumed_from, f"checkpoint-{MORE_STEPS}"]
+    # A training afresh to MORE_STEPS would leave the same two names (a checkpoint every eval_steps, the newest two
+    # kept), but its own checkpoint of that step in place of the continued demo's.
+    assert moved.stored[resumed_from] == moved.stored_before[resumed_from], (
+        f"the store's {resumed_from} is the continued demo's, not trained again"
+    )
