@@ -1,6 +1,7 @@
 """Continuing a pipeline of notebooks (`demo --resume`, the AMP's jobs): what pipeline.json records, what a
-continuation skips or relaunches; the slow test kills a real demo and continues it. What a continued training is
-pinned to: test_pipeline_pins.py. What a hard kill leaves behind and how it is ended: test_pipeline_leftovers.py."""
+continuation skips or relaunches. A real demo killed and continued: test_demo_continuation.py. What a continued
+training is pinned to: test_pipeline_pins.py. What a hard kill leaves behind and how it is ended:
+test_pipeline_leftovers.py."""
 
 from __future__ import annotations
 
@@ -19,12 +20,8 @@ from helpers.checkpoints import complete_checkpoint
 from helpers.pipeline_records import actions, finished_demo, record
 
 from textsql.cli import cli
-from textsql.constants import LAUNCH_LOG_NAME
-from textsql.launching.ranks import marked_processes
-from textsql.pipeline.demo import DEMO_MARKER, demo_data_dir, demo_parameters
-from textsql.pipeline.leftovers import launch_ids
+from textsql.pipeline.demo import DEMO_MARKER, demo_parameters
 from textsql.pipeline.manifest import (
-    ATTEMPT_VAR,
     INFER,
     MANIFEST_NAME,
     PREPARE,
@@ -34,14 +31,8 @@ from textsql.pipeline.manifest import (
     effective_parameters,
     manifest_path,
 )
-from textsql.pipeline.parameters import NOTEBOOKS, job_parameters
-from textsql.rundir.checkpoints import (
-    checkpoint_dirs,
-    is_complete_checkpoint,
-)
+from textsql.pipeline.parameters import job_parameters
 from textsql.rundir.master_state import master_dir
-
-TEXTSQL = str(Path(sys.executable).parent / "textsql")
 
 
 def test_a_completed_chain_is_skipped_whole_and_a_control_parameter_changes_nothing(tmp_path):
@@ -186,79 +177,6 @@ def test_continuing_a_demo_refuses_a_change_under_a_checkpoint_in_one_line_befor
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert result.output.startswith("Error: cannot resume 02_train_distributed from checkpoint-2")
     assert manifest_path(out).read_text() == before, "nothing ran"
-
-
-SMALL_DEMO = [
-    "-p",
-    "01_prepare_dataset.limit=48",
-    "-p",
-    "max_steps=20",
-    "-p",
-    "eval_steps=4",
-    "-p",
-    "per_device_train_batch_size=4",
-    "-p",
-    "03_inference.limit=6",
-]
-
-
-def demo(out: Path, *arguments: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [TEXTSQL, "demo", "--run-dir", str(out), *SMALL_DEMO, *arguments],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-@pytest.mark.slow
-def test_a_demo_killed_hard_after_a_checkpoint_continues_where_it_stopped(tmp_path):
-    out = tmp_path / "demo"
-    with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(
-            [TEXTSQL, "demo", "--run-dir", str(out), *SMALL_DEMO],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 1200
-    # The first complete checkpoint (the trainer keeps only the last two, so checkpoint-2 may be rotated away).
-    while not any(is_complete_checkpoint(path) for path in checkpoint_dirs(out)):
-        assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
-        time.sleep(0.1)
-    os.killpg(first.pid, signal.SIGKILL)  # papermill and all in its group; the kernel, workers and ranks have their own
-    first.wait()
-    killed = json.loads(manifest_path(out).read_text())
-    assert killed["notebooks"][TRAIN]["status"] == "running" and killed["notebooks"][PREPARE]["status"] == "completed"
-    assert marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the hard kill left processes of the run behind"
-    killed_launches = launch_ids(out)
-    assert killed_launches, "the killed launch is on record in the run's master-private directory"
-    prepared = (demo_data_dir(out) / "prepare.json").stat().st_mtime_ns
-
-    continued = demo(out, "--resume")
-    assert continued.returncode == 0, continued.stdout[-3000:] + continued.stderr[-3000:]
-    assert f"{PREPARE} skipped: completed with the same parameters" in continued.stderr
-    assert f"{TRAIN} runs: it did not complete (running): resuming from checkpoint-" in continued.stderr
-    manifest = json.loads(manifest_path(out).read_text())
-    assert manifest["notebooks"][PREPARE] == killed["notebooks"][PREPARE], "notebook 01 did not run again"
-    assert (demo_data_dir(out) / "prepare.json").stat().st_mtime_ns == prepared
-    assert [manifest["notebooks"][name]["status"] for name in NOTEBOOKS] == ["completed"] * 3
-    run = json.loads((out / "run.json").read_text())
-    resumed_from = int(Path(run["resumed_from"]).name.removeprefix("checkpoint-"))
-    assert resumed_from >= 4 and run["global_step"] == 20, "continued from the checkpoint to max_steps"
-    assert f"--resume-from-checkpoint auto: resuming from {run['resumed_from']}" in (out / LAUNCH_LOG_NAME).read_text()
-    assert json.loads((out / "metrics.json").read_text())["n"] == 6
-    assert not marked_processes(killed["attempt"]["id"], ATTEMPT_VAR), "the killed run's processes were ended"
-    assert not [pid for launch in killed_launches for pid in marked_processes(launch)], "and its ranks"
-
-    trained = (out / "run.json").stat().st_mtime_ns
-    again = demo(out, "--resume", "-p", "03_inference.limit=4")
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"{PREPARE} skipped" in again.stderr and f"{TRAIN} skipped" in again.stderr
-    assert f"{INFER} runs: changed limit 6 -> 4" in again.stderr
-    assert (out / "run.json").stat().st_mtime_ns == trained, "training did not run again"
-    assert json.loads((out / "metrics.json").read_text())["n"] == 4
 
 
 JOB = Path(__file__).resolve().parent.parent / "cml" / "run_notebook.py"

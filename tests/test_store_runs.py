@@ -1,15 +1,14 @@
 """Two-worker runs with a checkpoint store on a real S3 server (SeaweedFS): every checkpoint and the model go to the
 store and no credential leaks; a fresh launch with an empty run directory resumes from the store alone and ends
 at the loss of an uninterrupted run; bad keys end `textsql launch` in one line before any rank starts; the guide's
-commands (docs/guides/checkpoint-store.md) run as written; a demo continued on a new machine resumes from its store."""
+commands (docs/guides/checkpoint-store.md) run as written. A demo continued on a new machine from its store:
+test_demo_continuation.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,7 @@ from helpers.paths import PROJECT_DIR
 from bench.seaweed import BUCKET, S3Server, s3_server
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
-from textsql.pipeline.demo import demo_data_dir
 from textsql.rundir.checkpoints import COMPLETE_MARKER
-from textsql.rundir.master_state import master_dir
 from textsql.store.location import open_store
 from textsql.store.sync import complete_steps
 
@@ -164,39 +161,3 @@ def test_the_guides_commands_train_into_a_store_and_resume_from_it_in_a_new_run_
     store = reader_project / "runs" / "checkpoint-store"
     assert (store / "checkpoint-6" / COMPLETE_MARKER).is_file() and (store / "model" / "README.md").is_file()
     assert json.loads((reader_project / "runs" / "store-r2" / RUN_SUMMARY_NAME).read_text())["global_step"] == 6
-
-
-def test_a_demo_continued_on_a_new_machine_resumes_its_training_from_the_store(tmp_path: Path) -> None:
-    """`demo --resume` where the run directory and the master's records are gone: the training goes on from the store's
-    newest checkpoint (before, the continuation trained afresh and deleted the store's checkpoints)."""
-    run_dir, store = tmp_path / "demo", tmp_path / "store"
-    textsql = str(Path(sys.executable).with_name("textsql"))
-
-    def demo(max_steps: int, *flags: str) -> str:
-        command = [textsql, "demo", *flags, "--run-dir", str(run_dir), "-p", f"checkpoint_store=file://{store}"]
-        command += ["-p", f"max_steps={max_steps}", "-p", "01_prepare_dataset.limit=64", "-p", "03_inference.limit=4"]
-        ran = subprocess.run(
-            command,
-            check=False,
-            cwd=tmp_path,
-            env=os.environ | {"OMP_NUM_THREADS": "1"},
-            capture_output=True,
-            text=True,
-        )
-        assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
-        return ran.stdout + ran.stderr
-
-    said = demo(6)
-    assert f"checkpoint store: checkpoint-6 uploaded to file://{store}" in said, (
-        "the upload is a line of the demo's terminal"
-    )
-    for gone in (run_dir, demo_data_dir(run_dir), master_dir(run_dir)):
-        shutil.rmtree(gone)
-    said = demo(8, "--resume")
-    assert (
-        "02_train_distributed runs: no record of an earlier run: resuming from the newest complete checkpoint" in said
-    )
-    summary = json.loads((run_dir / RUN_SUMMARY_NAME).read_text())
-    assert Path(summary["resumed_from"]).name == "checkpoint-6", "the training went on from the store's checkpoint"
-    assert summary["global_step"] == 8
-    assert sorted(path.name for path in store.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
