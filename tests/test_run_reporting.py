@@ -71,13 +71,16 @@ def sync_count(action) -> int:
 def test_grad_norm_is_read_from_the_clipping_hook_at_logging_steps_only(tmp_path):
     """Under DeepSpeed with the optimizer clipping (bf16 autocast), the trainer is handed no norm (None): the hook's
     tensor stands in, and is read on the host only when a step logs."""
-    from transformers import Seq2SeqTrainingArguments
+    from transformers import Seq2SeqTrainingArguments, T5Config, T5ForConditionalGeneration
 
     # The fused AdamW of a GPU run (torch's unfused one reads each parameter's step count on the host).
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path), max_grad_norm=0.0, report_to=[], optim="adamw_torch_fused", use_cpu=True
     )
-    model = load_model()
+    # A T5 of one tiny layer: what is counted is reads per step, which the model's size does not change.
+    model = T5ForConditionalGeneration(
+        T5Config(vocab_size=16, d_model=8, d_ff=16, d_kv=4, num_heads=2, num_layers=1, decoder_start_token_id=0)
+    )
     trainer = TokenBudgetTrainer(model=model, args=args, optimizer_max_grad_norm=1.0)
     optimizer = trainer.create_optimizer()
     batch = {"input_ids": torch.tensor([[5, 6, 1]]), "labels": torch.tensor([[7, 1]])}
