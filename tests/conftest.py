@@ -137,6 +137,32 @@ def bench_sample(bench_checkout: Path, tmp_path_factory) -> Path:
     return target
 
 
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """One real S3 server for the session (SeaweedFS, bench/seaweed.py), its bucket created, checked to store and
+    return an object: starting one takes seconds, and its tests keep to prefixes of their own in the bucket."""
+    import s3fs
+
+    from bench.seaweed import BUCKET, s3_server
+
+    with s3_server(tmp_path_factory.mktemp("seaweed")) as server:
+        fs = s3fs.S3FileSystem(
+            key=server.access_key, secret=server.secret_key, endpoint_url=server.endpoint, skip_instance_cache=True
+        )
+        probe = f"{BUCKET}/s3-fixture-probe"
+        try:
+            fs.pipe(probe, b"stored")
+            returned = fs.cat(probe)
+            fs.rm(probe)
+        except OSError as error:
+            pytest.fail(
+                f"s3: the session's SeaweedFS at {server.endpoint} did not store and return an object: {error!r}"
+            )
+        if returned != b"stored":
+            pytest.fail(f"s3: the session's SeaweedFS at {server.endpoint} returned {returned!r} for b'stored'")
+        yield server
+
+
 def pytest_sessionstart(session):
     """Deliver SIGINT to what the tests start: a shell starts a background job with SIGINT ignored, and a
     child keeps an ignored signal across exec, so a suite run in the background would start launches and

@@ -6,8 +6,9 @@ from collections.abc import Iterable
 
 import pytest
 
-# Fixtures that start real processes: worker agents with their own sshd, an sshd alone, or a Slurm cluster.
-PROCESS_FIXTURES = frozenset({"two_local_workers", "loopback_sshd", "slurm_cluster"})
+# Fixtures that start real processes: worker agents with their own sshd, an sshd alone, a Slurm cluster, the session's
+# S3 server (tests/conftest.py) or an MLflow tracking server (tests/test_tracking_server.py).
+PROCESS_FIXTURES = frozenset({"two_local_workers", "loopback_sshd", "slurm_cluster", "s3", "mlflow_server"})
 
 
 def unmarked_process_tests(items: Iterable[pytest.Item]) -> list[str]:
