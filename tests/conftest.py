@@ -134,6 +134,69 @@ def docs_demo(reader_project):
     return FinishedDemo(run_dir, terminal, records)
 
 
+@pytest.fixture(scope="session")
+def bench_checkout(tmp_path_factory) -> Path:
+    """The tree as a clone has it (tests/helpers/bench.py's ``checkout_copy``) in a directory with no ``shared`` beside
+    it: where the GPU bench's CPU rehearsals run. The runs write into their own ``--out`` and ``--work``."""
+    from helpers.bench import checkout_copy, missing_from
+
+    root = checkout_copy(tmp_path_factory.mktemp("clone"))
+    missing = missing_from(root)
+    if missing:
+        pytest.fail(f"bench_checkout: {len(missing)} files of the tree are not in the copy {root}: {missing[:5]}")
+    if (root.parent / "shared").exists():
+        pytest.fail(f"bench_checkout: {root.parent / 'shared'} is beside the copy")
+    return root
+
+
+@pytest.fixture(scope="session")
+def bench_sample(bench_checkout: Path, tmp_path_factory) -> Path:
+    """The shipped sample prepared once by the copy's own bench, in the question and the schema form
+    (bench.fullscale.prepare_data): the GPU rehearsals copy it into their scratch directories (helpers.bench.seeded)
+    instead of each preparing it again. Checked to hold both forms with their splits."""
+    import datasets
+    from helpers.bench import prepare_sample
+
+    target = tmp_path_factory.mktemp("bench-sample")
+    try:
+        question, schema = prepare_sample(bench_checkout, target)
+        forms = [datasets.load_from_disk(str(directory)) for directory in (question, schema)]
+    except (RuntimeError, OSError, ValueError) as error:
+        pytest.fail(f"bench_sample: the sample is not prepared in {target}: {error}")
+    for directory, form in zip((question, schema), forms):
+        if not {"train", "validation"} <= set(form) or not all(len(split) for split in form.values()):
+            pytest.fail(f"bench_sample: {directory} holds {form}, not a train and a validation split")
+    if len(forms[1]["train"][0]["input_ids"]) <= len(forms[0]["train"][0]["input_ids"]):
+        pytest.fail(f"bench_sample: {schema}'s first input is no longer than {question}'s: no schema in it")
+    return target
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """One real S3 server for the session (SeaweedFS, bench/seaweed.py), its bucket created, checked to store and
+    return an object: starting one takes seconds, and its tests keep to prefixes of their own in the bucket."""
+    import s3fs
+
+    from bench.seaweed import BUCKET, s3_server
+
+    with s3_server(tmp_path_factory.mktemp("seaweed")) as server:
+        fs = s3fs.S3FileSystem(
+            key=server.access_key, secret=server.secret_key, endpoint_url=server.endpoint, skip_instance_cache=True
+        )
+        probe = f"{BUCKET}/s3-fixture-probe"
+        try:
+            fs.pipe(probe, b"stored")
+            returned = fs.cat(probe)
+            fs.rm(probe)
+        except OSError as error:
+            pytest.fail(
+                f"s3: the session's SeaweedFS at {server.endpoint} did not store and return an object: {error!r}"
+            )
+        if returned != b"stored":
+            pytest.fail(f"s3: the session's SeaweedFS at {server.endpoint} returned {returned!r} for b'stored'")
+        yield server
+
+
 def pytest_sessionstart(session):
     """Deliver SIGINT to what the tests start: a shell starts a background job with SIGINT ignored, and a
     child keeps an ignored signal across exec, so a suite run in the background would start launches and

@@ -1,17 +1,17 @@
-"""The GPU bench from a clone alone: a checkout with no ``shared`` beside it builds the full-size model directory and
-rehearses ``gpu-quick`` on the CPU, as a GPU machine given only the tree would."""
+"""The GPU bench from a clone alone: a checkout with no ``shared`` beside it (the session's ``bench_checkout``, the
+sample prepared by its own bench in ``bench_sample``) builds the full-size model directory and rehearses
+``gpu-quick`` on the CPU, as a GPU machine given only the tree would."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.bench import seeded
 
 from bench.gpu_quick import ARMS, RESULT_NAME
-from textsql.constants import PROJECT_DIR
 
 # What every arm of gpu-quick records.
 ARM_KEYS = (
@@ -31,28 +31,6 @@ ARM_KEYS = (
 )
 
 
-@pytest.fixture(scope="module")
-def checkout(tmp_path_factory) -> Path:
-    """The tree as a clone would have it (tracked files and new ones git does not ignore), in a directory with no
-    ``shared`` beside it."""
-    root = tmp_path_factory.mktemp("clone") / "textsql"
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=PROJECT_DIR,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    for name in filter(None, listed.split("\0")):
-        source = PROJECT_DIR / name
-        # A link (textsql/assets/dsconfig) stays a link; a tracked file deleted in the working tree is not copied.
-        if source.is_symlink() or source.is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, root / name, follow_symlinks=False)
-    assert not (root.parent / "shared").exists()
-    return root
-
-
 def run_in(checkout: Path, *command: str, timeout: float) -> subprocess.CompletedProcess:
     """Run ``python COMMAND`` in the copy, importing its own bench and textsql first."""
     ran = subprocess.run(
@@ -68,7 +46,7 @@ def run_in(checkout: Path, *command: str, timeout: float) -> subprocess.Complete
     return ran
 
 
-def test_the_full_size_model_directory_is_built_from_a_checkout_alone(checkout, tmp_path):
+def test_the_full_size_model_directory_is_built_from_a_checkout_alone(bench_checkout, tmp_path):
     """The full-size GPU bench trains t5-small's shape: its directory comes from the package, not ../shared."""
     script = (
         "import json, sys; from pathlib import Path; import bench; from bench.profiles import model_dir; "
@@ -78,20 +56,20 @@ def test_the_full_size_model_directory_is_built_from_a_checkout_alone(checkout, 
         "'shape': [config.d_model, config.d_ff, config.num_layers, config.num_heads, config.vocab_size], "
         "'tokens': len(load_tokenizer(built))}))"
     )
-    built = json.loads(run_in(checkout, "-c", script, str(tmp_path), timeout=300).stdout.splitlines()[-1])
-    assert Path(built["bench"]).is_relative_to(checkout)
+    built = json.loads(run_in(bench_checkout, "-c", script, str(tmp_path), timeout=300).stdout.splitlines()[-1])
+    assert Path(built["bench"]).is_relative_to(bench_checkout)
     assert built["shape"] == [512, 2048, 6, 8, 32128] and built["tokens"] == 32100 and built["from_config"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(960)  # past the suite's 900 s, so the run's own bound fires first
-def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(checkout, tmp_path):
+def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(bench_checkout, bench_sample, tmp_path):
     """``python -m bench gpu-quick --device cpu --smoke``: both arms on the full-vocabulary loss, every figure."""
     # 4.5 minutes on this project's 2 shared cores at a load average of 12 (37 s of CPU time): the rank's launch.
     ran = run_in(
-        checkout,
+        bench_checkout,
         *("-m", "bench", "gpu-quick", "--device", "cpu", "--smoke"),
-        *("--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")),
+        *("--out", str(tmp_path / "out"), "--work", str(seeded(tmp_path / "work", bench_sample))),
         timeout=900,
     )
     result = json.loads((tmp_path / "out" / RESULT_NAME).read_text())
@@ -107,6 +85,6 @@ def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(checkout, tmp_path
     assert (tmp_path / "out" / "logs" / "gpu-quick-defaults" / "bench.log").is_file()
     # The rank trained the copy's model, not the worktree's.
     assert (
-        str(checkout / "textsql" / "assets" / "t5-tiny")
+        str(bench_checkout / "textsql" / "assets" / "t5-tiny")
         in (tmp_path / "work" / "gpu-quick-defaults" / "bench.log").read_text()
     )

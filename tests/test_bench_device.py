@@ -138,22 +138,48 @@ def device_sh(*args: str, wheels: Path, budget_s: int = 460) -> subprocess.Compl
     )
 
 
-def test_device_script_prints_its_time_against_its_budget_however_it_ends(tmp_path):
-    (tmp_path / "wheels").mkdir()
-    refused = device_sh(str(tmp_path / "refused"), wheels=tmp_path / "wheels", budget_s=300)
+def wrote_its_log(name: str, ran: subprocess.CompletedProcess, out: Path) -> None:
+    """Fail naming the fixture ``name`` unless device.sh got as far as its own log in ``out``."""
+    if not (out / "device.log").is_file():
+        pytest.fail(f"{name}: device.sh wrote no {out / 'device.log'}: {(ran.stdout + ran.stderr)[-2000:]}")
+
+
+# Each device.sh run starts a Python that imports torch (5-15 s here); the tests below read these two.
+@pytest.fixture(scope="module")
+def refused_without_wheels(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``bash bench/device.sh OUT`` run once with an empty wheels folder and a 300 s budget: the run and its OUT."""
+    root = tmp_path_factory.mktemp("refused")
+    (root / "wheels").mkdir()
+    ran = device_sh(str(root / "out"), wheels=root / "wheels", budget_s=300)
+    wrote_its_log("refused_without_wheels", ran, root / "out")
+    return ran, root / "out"
+
+
+@pytest.fixture(scope="module")
+def dry_run_with_every_pin(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``bash bench/device.sh --dry-run OUT`` run once at the default 460 s budget, offered only an empty file for the
+    pinned DeepSpeed sdist: deepspeed is installed here at the pin, so pip never opens it. The run and its OUT."""
+    root = tmp_path_factory.mktemp("dry-run")
+    wheels = root / "wheels"
+    wheels.mkdir()
+    pin = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")["deepspeed"]
+    (wheels / f"deepspeed-{pin}.tar.gz").write_bytes(b"")
+    ran = device_sh("--dry-run", str(root / "out"), wheels=wheels)
+    wrote_its_log("dry_run_with_every_pin", ran, root / "out")
+    return ran, root / "out"
+
+
+def test_device_script_prints_its_time_against_its_budget_however_it_ends(
+    refused_without_wheels, dry_run_with_every_pin
+):
+    refused, _ = refused_without_wheels
     assert refused.returncode == 2 and re.search(
         r"^device.sh: \d+ s of the 300 s budget$", refused.stdout, re.MULTILINE
     )
-    pin = next(
-        line
-        for line in (PROJECT_DIR / "bench" / "gpu-requirements.txt").read_text().splitlines()
-        if line.startswith("deepspeed==")
-    )
-    (tmp_path / "wheels" / f"deepspeed-{pin.split('==')[1]}.tar.gz").write_bytes(b"")
-    checked = device_sh("--dry-run", str(tmp_path / "checked"), wheels=tmp_path / "wheels")
+    checked, out = dry_run_with_every_pin
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert re.search(r"^device.sh: \d+ s of the 460 s budget$", checked.stdout, re.MULTILINE)
-    assert "of the 460 s budget" in (tmp_path / "checked" / "device.log").read_text()
+    assert "of the 460 s budget" in (out / "device.log").read_text()
 
 
 def test_gpu_quick_keeps_the_ranks_logs_and_says_the_budget_spent_when_an_arm_fails(tmp_path, monkeypatch, capsys):
@@ -199,26 +225,20 @@ def test_the_wheels_for_a_gpu_machine_are_what_the_pins_need_less_torch_and_the_
     assert {**roots, **listed} == wanted
 
 
-def test_device_script_parses_and_refuses_without_wheels(tmp_path):
+def test_device_script_parses_and_refuses_without_wheels(refused_without_wheels):
     assert subprocess.run(["bash", "-n", str(DEVICE_SCRIPT)], check=False).returncode == 0
-    (tmp_path / "wheels").mkdir()
-    refused = device_sh(str(tmp_path / "out"), wheels=tmp_path / "wheels")
+    refused, out = refused_without_wheels
     assert refused.returncode == 2 and "make gpu-wheels" in refused.stdout + refused.stderr
     assert "torch" in refused.stdout  # it says what the machine has before anything else
-    assert not (tmp_path / "out" / RESULT_NAME).exists()
+    assert not (out / RESULT_NAME).exists()
 
 
-def test_device_script_dry_run_installs_nothing_where_everything_is_present(tmp_path):
+def test_device_script_dry_run_installs_nothing_where_everything_is_present(dry_run_with_every_pin):
     """This environment holds every pin: pip, offered only the carried folder, has nothing to install."""
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    pin = pins(PROJECT_DIR / "bench" / "gpu-requirements.txt")["deepspeed"]
-    # Stands for the carried sdist: deepspeed is installed here at the pin, so pip never opens it.
-    (wheels / f"deepspeed-{pin}.tar.gz").write_bytes(b"")
-    ran = device_sh("--dry-run", str(tmp_path / "out"), wheels=wheels)
+    ran, out = dry_run_with_every_pin
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "nothing to install" in ran.stdout and not re.search(r"^Would install", ran.stdout, re.MULTILINE)
-    assert (tmp_path / "out" / "device.log").is_file() and not (tmp_path / "out" / RESULT_NAME).exists()
+    assert (out / "device.log").is_file() and not (out / RESULT_NAME).exists()
 
 
 def test_a_budget_says_what_is_spent_of_it():

@@ -17,18 +17,12 @@ from helpers.checkpoints import complete_checkpoint
 from helpers.launch import textsql_train
 from helpers.paths import PROJECT_DIR
 
-from bench.seaweed import BUCKET, S3Server, s3_server
+from bench.seaweed import BUCKET, S3Server
 from textsql.errors import StoreError
 from textsql.launching.launch import _prepare_local
 from textsql.rundir.checkpoints import COMPLETE_MARKER, is_complete_checkpoint
 from textsql.store.location import check_store, open_store
 from textsql.store.sync import apply_retention, complete_steps, download_newest, upload_checkpoint
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory) -> S3Server:
-    with s3_server(tmp_path_factory.mktemp("seaweed")) as server:
-        yield server
 
 
 def fake_checkpoint(output: Path, step: int, shards: int = 1, shard_bytes: int = 1000) -> Path:
@@ -102,10 +96,10 @@ def test_keys_that_cannot_write_are_refused_in_one_line(s3: S3Server, monkeypatc
     for key, value in chosen.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(StoreError) as refused:
-        check_store(open_store(f"s3://{BUCKET}/runs/refused"))
+        check_store(open_store(f"s3://{BUCKET}/store-test/refused"))
     assert (
         str(refused.value)
-        == f"checkpoint store s3://{BUCKET}/runs/refused: {reason}"
+        == f"checkpoint store s3://{BUCKET}/store-test/refused: {reason}"
         + {
             "wrong-secret": ": check AWS_SECRET_ACCESS_KEY",
             "reader": ": use keys with write permission on the bucket",
@@ -139,7 +133,7 @@ def test_an_upload_killed_half_way_leaves_no_checkpoint_marked_complete(
 ) -> None:
     for key, value in s3.environ().items():
         monkeypatch.setenv(key, value)
-    uri = f"s3://{BUCKET}/runs/killed"
+    uri = f"s3://{BUCKET}/store-test/killed"
     store = open_store(uri)
     upload_checkpoint(store, fake_checkpoint(tmp_path / "run", 2))
     big = fake_checkpoint(tmp_path / "run", 4, shards=200, shard_bytes=500_000)

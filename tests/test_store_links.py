@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.checkpoints import complete_checkpoint
 
-from bench.seaweed import BUCKET, S3Server, s3_server
+from bench.seaweed import BUCKET, S3Server
 from textsql.constants import MODEL_SUBDIR
 from textsql.errors import StoreError
 from textsql.rundir.checkpoints import COMPLETE_MARKER, is_complete_checkpoint
@@ -22,12 +22,6 @@ from textsql.store.sync import complete_steps, download_newest, upload_checkpoin
 from worker.files import UnsafePath
 
 SECRET = b"aws_secret_access_key = the-masters-own\n"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory) -> S3Server:
-    with s3_server(tmp_path_factory.mktemp("seaweed")) as server:
-        yield server
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.slow)])

@@ -16,7 +16,7 @@ from helpers.doc_blocks import page_blocks, ran
 from helpers.launch import SecretWatch, on_cluster, textsql_launch
 from helpers.paths import PROJECT_DIR
 
-from bench.seaweed import BUCKET, S3Server, s3_server
+from bench.seaweed import BUCKET, S3Server
 from bench.tiny_run import tiny_run_argv
 from textsql.constants import LAUNCH_LOG_NAME, RUN_SUMMARY_NAME
 from textsql.rundir.checkpoints import COMPLETE_MARKER
@@ -30,12 +30,6 @@ GUIDE = PROJECT_DIR / "docs" / "guides" / "checkpoint-store.md"
 # Same ranks, same data order, same seed, DeepSpeed's engine state restored: a resumed run's loss matches the
 # uninterrupted run's to float32 rounding (gloo's reductions run in the same order).
 LOSS_TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory) -> S3Server:
-    with s3_server(tmp_path_factory.mktemp("seaweed")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -87,17 +87,28 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path):
-    """`mlflow server` on 127.0.0.1 with a SQLite store and served artifacts; yields its port."""
+def answers(port: int) -> bool:
+    """Whether the MLflow server on ``port`` answers ``/health``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`mlflow server` on 127.0.0.1 with a SQLite store and served artifacts, started once for the module (about
+    6 s here); yields its port. Each test logs to an experiment of its own (:func:`experiment`)."""
+    root = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    with open(tmp_path / "mlflow-server.log", "w") as log:
+    with open(root / "mlflow-server.log", "w") as log:
         server = subprocess.Popen(
             [
                 *(sys.executable, "-m", "mlflow", "server", "--workers", "1"),
                 *("--host", "127.0.0.1", "--port", str(port)),
-                *("--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"),
-                *("--artifacts-destination", str(tmp_path / "mlflow-artifacts")),
+                *("--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}"),
+                *("--artifacts-destination", str(root / "mlflow-artifacts")),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -108,14 +119,13 @@ def mlflow_server(tmp_path: Path):
         )
         try:
             deadline = time.monotonic() + SERVER_START_S
-            while True:
-                assert server.poll() is None, (tmp_path / "mlflow-server.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "mlflow server did not answer /health"
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                        break
-                except OSError:
-                    time.sleep(1)
+            while not answers(port):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        "mlflow_server: `mlflow server` did not answer /health: "
+                        + (root / "mlflow-server.log").read_text()[-3000:]
+                    )
+                time.sleep(1)
             yield port
         finally:
             os.killpg(server.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
@@ -126,9 +136,22 @@ def mlflow_server(tmp_path: Path):
                 server.wait()
 
 
+@pytest.fixture
+def experiment(mlflow_server: int, request: pytest.FixtureRequest) -> str:
+    """A name no run on the module's server has logged to yet, this test's own: the tests count their runs."""
+    from mlflow.tracking import MlflowClient
+
+    if not answers(mlflow_server):
+        pytest.fail(f"experiment: the module's mlflow server on port {mlflow_server} no longer answers /health")
+    name = f"{EXPERIMENT}-{request.node.name}"
+    if MlflowClient(f"http://127.0.0.1:{mlflow_server}").get_experiment_by_name(name) is not None:
+        pytest.fail(f"experiment: {name!r} already exists on the module's mlflow server")
+    return name
+
+
 @pytest.mark.slow
 def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_log_or_file(
-    two_local_workers, prepared_sample: Path, mlflow_server: int, tmp_path: Path
+    two_local_workers, prepared_sample: Path, mlflow_server: int, experiment: str, tmp_path: Path
 ) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -147,7 +170,7 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
     )
     environ = os.environ | {
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{proxy.server_address[1]}",
-        "MLFLOW_EXPERIMENT_NAME": EXPERIMENT,
+        "MLFLOW_EXPERIMENT_NAME": experiment,
         "MLFLOW_TRACKING_TOKEN": token,
         "OMP_NUM_THREADS": "1",
     }
@@ -168,9 +191,9 @@ def test_a_two_host_run_logs_one_mlflow_run_and_its_token_is_on_no_command_line_
     assert result.returncode == 0, output[-6000:]
 
     client = MlflowClient(f"http://127.0.0.1:{mlflow_server}")
-    experiment = client.get_experiment_by_name(EXPERIMENT)
-    assert experiment is not None, f"nothing was logged to the server: {output[-6000:]}"
-    runs = client.search_runs([experiment.experiment_id])
+    logged = client.get_experiment_by_name(experiment)
+    assert logged is not None, f"nothing was logged to the server: {output[-6000:]}"
+    runs = client.search_runs([logged.experiment_id])
     assert len(runs) == 1, "one MLflow run per training, not one per rank"
     run = runs[0]
     assert run.info.status == "FINISHED"
@@ -252,7 +275,7 @@ def rank_pids(tag: str) -> list[int]:
 
 @pytest.mark.slow
 def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
-    prepared_sample: Path, mlflow_server: int, tmp_path: Path
+    prepared_sample: Path, mlflow_server: int, experiment: str, tmp_path: Path
 ) -> None:
     """The supervisor relaunches a rank killed before any checkpoint: the training starts over from step 0, and logs
     on into the MLflow run the master opened for it and keeps in its own directory, not into a second one."""
@@ -264,7 +287,7 @@ def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
     )
     options = ("--launcher", "local", "--ranks", "1", "--max-restarts", "1")
     uri = f"http://127.0.0.1:{mlflow_server}"
-    environ = os.environ | {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": EXPERIMENT, "OMP_NUM_THREADS": "1"}
+    environ = os.environ | {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": experiment, "OMP_NUM_THREADS": "1"}
     with open(log, "w") as output:
         launch = subprocess.Popen(
             [*textsql_launch(out, *options, env={"LAUNCH_TEST_TAG": tag}), "--", *train_args],
@@ -287,7 +310,7 @@ def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
     assert "relaunching" in log.read_text(), "the supervisor did not relaunch"
 
     client = MlflowClient(uri)
-    (run,) = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["max_steps"] == "12"
     steps = [point.step for point in client.get_metric_history(run.info.run_id, "loss")]
     assert steps.count(1) == 2 and steps[-12:] == list(range(1, 13)), f"both launches' losses in one run: {steps}"
@@ -296,14 +319,14 @@ def test_a_relaunch_before_the_first_checkpoint_continues_the_same_mlflow_run(
 
 @pytest.mark.slow
 def test_a_run_killed_hard_is_marked_killed_when_its_pipeline_continues_and_the_continuation_reopens_it(
-    mlflow_server: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mlflow_server: int, experiment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The master opened the run for a launch, then the demo was SIGKILLed: the run stays RUNNING until the
     continuation ends the killed run's leftovers; the resumed launch is handed the same run."""
     from mlflow.tracking import MlflowClient
 
     uri = f"http://127.0.0.1:{mlflow_server}"
-    settings = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": EXPERIMENT}
+    settings = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": experiment}
     for key, value in settings.items():
         monkeypatch.setenv(key, value)
     run_dir = tmp_path / "run"
@@ -322,4 +345,4 @@ def test_a_run_killed_hard_is_marked_killed_when_its_pipeline_continues_and_the_
     fresh = LaunchArguments(run_dir=run_dir, train_args=[*train_args, *train_argv(overwrite_output_dir=True)])
     with tracking_env(fresh, TrainingPlan.read(fresh)) as tracked:
         assert json.loads(Path(tracked.env[TRACKING_ENV_VAR]).read_text())["MLFLOW_RUN_ID"] != handed, "a new training"
-    assert len(client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])) == 2
+    assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 2

@@ -6,9 +6,11 @@ from collections.abc import Iterable
 
 import pytest
 
-# Fixtures that start real processes: worker agents with their own sshd, an sshd alone, a Slurm cluster, or the
-# session's `make demo`.
-PROCESS_FIXTURES = frozenset({"two_local_workers", "loopback_sshd", "slurm_cluster", "docs_demo"})
+# Fixtures that start real processes: worker agents with their own sshd, an sshd alone, a Slurm cluster, the session's
+# S3 server (tests/conftest.py), an MLflow tracking server (tests/test_tracking_server.py) or the session's `make demo`.
+PROCESS_FIXTURES = frozenset(
+    {"two_local_workers", "loopback_sshd", "slurm_cluster", "s3", "mlflow_server", "docs_demo"}
+)
 
 
 def unmarked_process_tests(items: Iterable[pytest.Item]) -> list[str]:
