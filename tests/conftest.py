@@ -150,36 +150,20 @@ def bench_checkout(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def bench_sample(bench_checkout: Path, tmp_path_factory) -> Path:
-    """The shipped sample prepared once by the copy's own bench, in the question and the schema form
-    (bench.fullscale.prepare_data): the GPU rehearsals copy it into their scratch directories (helpers.bench.seeded)
-    instead of each preparing it again. Checked to hold both forms with their splits."""
-    import datasets
-    from helpers.bench import prepare_sample
-
-    target = tmp_path_factory.mktemp("bench-sample")
-    try:
-        question, schema = prepare_sample(bench_checkout, target)
-        forms = [datasets.load_from_disk(str(directory)) for directory in (question, schema)]
-    except (RuntimeError, OSError, ValueError) as error:
-        pytest.fail(f"bench_sample: the sample is not prepared in {target}: {error}")
-    for directory, form in zip((question, schema), forms):
-        if not {"train", "validation"} <= set(form) or not all(len(split) for split in form.values()):
-            pytest.fail(f"bench_sample: {directory} holds {form}, not a train and a validation split")
-    if len(forms[1]["train"][0]["input_ids"]) <= len(forms[0]["train"][0]["input_ids"]):
-        pytest.fail(f"bench_sample: {schema}'s first input is no longer than {question}'s: no schema in it")
-    return target
-
-
-@pytest.fixture(scope="session")
 def s3(tmp_path_factory):
     """One real S3 server for the session (SeaweedFS, bench/seaweed.py), its bucket created, checked to store and
     return an object: starting one takes seconds, and its tests keep to prefixes of their own in the bucket."""
+    import contextlib
+
     import s3fs
 
     from bench.seaweed import BUCKET, s3_server
 
-    with s3_server(tmp_path_factory.mktemp("seaweed")) as server:
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(s3_server(tmp_path_factory.mktemp("seaweed")))
+        except AssertionError as error:  # s3_server's: the server exited, or made no bucket in time
+            pytest.fail(f"s3: SeaweedFS did not start with its bucket: {error}")
         fs = s3fs.S3FileSystem(
             key=server.access_key, secret=server.secret_key, endpoint_url=server.endpoint, skip_instance_cache=True
         )

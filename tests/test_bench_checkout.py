@@ -1,6 +1,5 @@
-"""The GPU bench from a clone alone: a checkout with no ``shared`` beside it (the session's ``bench_checkout``, the
-sample prepared by its own bench in ``bench_sample``) builds the full-size model directory and rehearses
-``gpu-quick`` on the CPU, as a GPU machine given only the tree would."""
+"""The GPU bench from a clone alone: a checkout with no ``shared`` beside it (the session's ``bench_checkout``) builds
+the full-size model directory and rehearses ``gpu-quick`` on the CPU, as a GPU machine given only the tree would."""
 
 import json
 import os
@@ -9,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.bench import seeded
 
 from bench.gpu_quick import ARMS, RESULT_NAME
 
@@ -63,13 +61,13 @@ def test_the_full_size_model_directory_is_built_from_a_checkout_alone(bench_chec
 
 @pytest.mark.slow
 @pytest.mark.timeout(960)  # past the suite's 900 s, so the run's own bound fires first
-def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(bench_checkout, bench_sample, tmp_path):
+def test_gpu_quick_rehearses_on_the_cpu_from_a_checkout_alone(bench_checkout, tmp_path):
     """``python -m bench gpu-quick --device cpu --smoke``: both arms on the full-vocabulary loss, every figure."""
     # 4.5 minutes on this project's 2 shared cores at a load average of 12 (37 s of CPU time): the rank's launch.
     ran = run_in(
         bench_checkout,
         *("-m", "bench", "gpu-quick", "--device", "cpu", "--smoke"),
-        *("--out", str(tmp_path / "out"), "--work", str(seeded(tmp_path / "work", bench_sample))),
+        *("--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")),
         timeout=900,
     )
     result = json.loads((tmp_path / "out" / RESULT_NAME).read_text())

@@ -5,7 +5,7 @@ copy of the tree with no ``../shared`` beside it (``bench_checkout``, tests/test
 import json
 
 import pytest
-from helpers.bench import run_bench, seeded
+from helpers.bench import run_bench
 
 from bench import __main__ as bench_main
 from bench.flops import T5Shape, training_flops
@@ -136,10 +136,9 @@ def test_step_samples_rebuild_every_epoch_of_the_seeded_sampler():
 
 @pytest.mark.slow  # the bench in a fresh Python
 @pytest.mark.skipif(available(), reason="this machine has CUDA: the section is measured instead")
-def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(bench_sample, tmp_path):
+def test_without_cuda_the_gpu_section_is_skipped_and_nothing_else_changes(tmp_path):
     before = json.loads((PROJECT_DIR / "bench" / "results.json").read_text())
     (tmp_path / "results.json").write_text(json.dumps(before))
-    seeded(tmp_path / "work", bench_sample)  # the bench prepares the sample before it knows the section is skipped
     results = run_bench(tmp_path, "--only", "gpu", timeout=300)
     assert "gpu" not in results
     figures = [key for key in before if key not in ("machine", "releases", "started", "finished")]
@@ -153,9 +152,8 @@ CPU_SECTION_S = 1800
 
 @pytest.mark.slow
 @pytest.mark.timeout(CPU_SECTION_S + 60)  # past the suite's 900 s, so the bench's own bound fires first
-def test_the_gpu_section_runs_on_the_cpu_at_smoke_size_and_writes_every_key(bench_checkout, bench_sample, tmp_path):
+def test_the_gpu_section_runs_on_the_cpu_at_smoke_size_and_writes_every_key(bench_checkout, tmp_path):
     """The same code as on a GPU, with the tiny T5, a few steps and the CPU's nominal peak, from the checkout."""
-    seeded(tmp_path / "work", bench_sample)
     figure = run_bench(
         tmp_path, "gpu", "--device", "cpu", timeout=CPU_SECTION_S, capture_output=False, project=bench_checkout
     )["gpu"]

@@ -1,6 +1,5 @@
 """How the bench tests run the bench: ``python -m bench --smoke`` in a subprocess, writing into a test's directory, from
-this project or from a copy of it as a clone has it (:func:`checkout_copy`), on the shipped sample prepared once
-(:func:`prepare_sample`) and copied into each run's scratch directory (:func:`seeded`)."""
+this project or from a copy of it as a clone has it (:func:`checkout_copy`)."""
 
 from __future__ import annotations
 
@@ -12,17 +11,6 @@ import sys
 from pathlib import Path
 
 from textsql.constants import PROJECT_DIR
-
-# Prepares the shipped sample as the bench's figures do (bench.fullscale.prepare_data), in both forms they read.
-PREPARE_SAMPLE = """
-import sys
-from pathlib import Path
-
-from bench.fullscale import prepare_data
-
-for form in ("question", "schema"):
-    print(prepare_data(Path(sys.argv[1]), form))
-"""
 
 
 def run_bench(
@@ -98,37 +86,3 @@ def missing_from(copy: Path) -> list[str]:
         if ((PROJECT_DIR / name).is_symlink() or (PROJECT_DIR / name).is_file())
         and not ((copy / name).is_symlink() or (copy / name).exists())
     ]
-
-
-def prepare_sample(project: Path, target: Path) -> list[Path]:
-    """The shipped sample prepared by ``project``'s own bench in a fresh Python, in the question and the schema form,
-    into ``target``: what ``python -m bench`` would prepare in its scratch directory.
-
-    :returns: the two prepared directories.
-    :rtype: list[pathlib.Path]
-    """
-    ran = subprocess.run(
-        [sys.executable, "-c", PREPARE_SAMPLE, str(target)],
-        cwd=project,
-        env={**os.environ, "PYTHONPATH": str(project)},
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if ran.returncode != 0:
-        raise RuntimeError(f"preparing the sample in {project} failed: {ran.stderr[-4000:]}")
-    return [Path(line) for line in ran.stdout.splitlines()[-2:]]
-
-
-def seeded(work: Path, prepared: Path) -> Path:
-    """``work`` holding a copy of each directory in ``prepared`` (:func:`prepare_sample`): the bench's
-    ``prepare_data`` finds the sample prepared there and prepares nothing. A copy, since the bench's datasets
-    write their cache files beside the data.
-
-    :rtype: pathlib.Path
-    """
-    work.mkdir(parents=True, exist_ok=True)
-    for directory in prepared.iterdir():
-        shutil.copytree(directory, work / directory.name)
-    return work
