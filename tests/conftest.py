@@ -136,11 +136,11 @@ def docs_demo(reader_project):
 
 @pytest.fixture(scope="session")
 def bench_checkout(tmp_path_factory) -> Path:
-    """The tree as a clone has it (tests/helpers/bench.py's ``checkout_copy``) in a directory with no ``shared`` beside
+    """The tree as a clone has it (tests/helpers/checkout.py's ``checkout_copy``) in a directory with no ``shared`` beside
     it: where the GPU bench's CPU rehearsals run. The runs write into their own ``--out`` and ``--work``."""
-    from helpers.bench import checkout_copy, missing_from
+    from helpers.checkout import checkout_copy, missing_from
 
-    root = checkout_copy(tmp_path_factory.mktemp("clone"))
+    root = checkout_copy(tmp_path_factory.mktemp("clone") / "textsql")
     missing = missing_from(root)
     if missing:
         pytest.fail(f"bench_checkout: {len(missing)} files of the tree are not in the copy {root}: {missing[:5]}")

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.checkout import checkout_copy
 from helpers.docs import Block
 from helpers.paths import PROJECT_DIR
 from textsql.rundir.master_state import STATE_DIR_VAR
@@ -48,20 +49,7 @@ def reader_checkout(where: Path) -> Path:
 
     :rtype: pathlib.Path
     """
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=PROJECT_DIR,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    project = where / PROJECT_DIR.name
-    for name in filter(None, listed.split("\0")):
-        source, copy = PROJECT_DIR / name, project / name
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():  # textsql/assets/dsconfig: the profiles, linked as the checkout links them
-            copy.symlink_to(source.readlink())
-        elif source.is_file():
-            shutil.copy2(source, copy)
+    project = checkout_copy(where / PROJECT_DIR.name)
     venv = project / ".venv"
     venv.mkdir()
     for entry in Path(sys.prefix).iterdir():
