@@ -34,8 +34,12 @@ demo: setup
 # behind) or another checkout's paths (a rebuild each time the two alternate) never reach a test run.
 test test-fast: export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
 
+# Two pytest-xdist workers: a real test spends much of its time waiting (sshd, a kernel, a timeout), which the other
+# worker fills. tests/helpers/scheduling.py keeps a module, and the tests reading the docs' runs, on one worker.
+TEST_WORKERS ?= 2
+
 test: setup-dev
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: setup-dev
 	$(BIN)/python -m pytest -m "not slow"

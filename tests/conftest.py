@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from helpers.markers import PROCESS_FIXTURES, unmarked_process_tests
 from helpers.paths import FAKES, SHARED_DATA_DIR
+from helpers.scheduling import schedule
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -192,12 +193,15 @@ def pytest_sessionstart(session):
 def pytest_collection_modifyitems(config, items):
     """Refuse a test that starts real processes without the ``slow`` marker (`make test-fast` would start them).
     Skip the tests marked ``gpu`` on a machine without CUDA; torch is imported only when one is collected: it
-    takes seconds, which a run of the fast tests or of one worker module should not pay."""
+    takes seconds, which a run of the fast tests or of one worker module should not pay. On a pytest-xdist worker
+    (`make test`), group and order the tests as tests/helpers/scheduling.py says."""
     unmarked = unmarked_process_tests(items)
     if unmarked:
         raise pytest.UsageError(
             f"mark these @pytest.mark.slow, they use {', '.join(sorted(PROCESS_FIXTURES))}: {', '.join(unmarked)}"
         )
+    if hasattr(config, "workerinput"):
+        schedule(items)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
