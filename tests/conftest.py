@@ -190,6 +190,8 @@ def pytest_sessionstart(session):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# First: pytest-xdist's worker reads the groups (tests/helpers/scheduling.py) in its own hook of this name.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Refuse a test that starts real processes without the ``slow`` marker (`make test-fast` would start them).
     Skip the tests marked ``gpu`` on a machine without CUDA; torch is imported only when one is collected: it
