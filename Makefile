@@ -39,7 +39,7 @@ test test-fast: export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensio
 TEST_WORKERS ?= 2
 
 test: setup-dev
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-fast: setup-dev
 	$(BIN)/python -m pytest -m "not slow"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers.markers import PROCESS_FIXTURES, unmarked_process_tests
 from helpers.paths import FAKES, SHARED_DATA_DIR
-from helpers.scheduling import schedule
+from helpers.scheduling import GroupScheduling, misplaced_docs_readers, order_groups
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -182,6 +182,13 @@ def s3(tmp_path_factory):
         yield server
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s ``--dist loadscope``: by module, the docs runs' readers together (tests/helpers/scheduling.py)."""
+    if config.getvalue("dist") == "loadscope":
+        return GroupScheduling(config, log)
+    return None
+
+
 def pytest_sessionstart(session):
     """Deliver SIGINT to what the tests start: a shell starts a background job with SIGINT ignored, and a
     child keeps an ignored signal across exec, so a suite run in the background would start launches and
@@ -190,20 +197,25 @@ def pytest_sessionstart(session):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# First: pytest-xdist's worker reads the groups (tests/helpers/scheduling.py) in its own hook of this name.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Refuse a test that starts real processes without the ``slow`` marker (`make test-fast` would start them).
     Skip the tests marked ``gpu`` on a machine without CUDA; torch is imported only when one is collected: it
-    takes seconds, which a run of the fast tests or of one worker module should not pay. On a pytest-xdist worker
-    (`make test`), group and order the tests as tests/helpers/scheduling.py says."""
+    takes seconds, which a run of the fast tests or of one worker module should not pay. Refuse a test reading the
+    docs runs outside the docs group, and on a pytest-xdist worker (`make test`) order the groups as
+    tests/helpers/scheduling.py says."""
     unmarked = unmarked_process_tests(items)
     if unmarked:
         raise pytest.UsageError(
             f"mark these @pytest.mark.slow, they use {', '.join(sorted(PROCESS_FIXTURES))}: {', '.join(unmarked)}"
         )
+    misplaced = misplaced_docs_readers(items)
+    if misplaced:
+        raise pytest.UsageError(
+            f"these read the session's docs runs outside tests/helpers/scheduling.py's DOCS_MODULES, where `make test` "
+            f"would run the demo twice: move them there or add their module: {', '.join(misplaced)}"
+        )
     if hasattr(config, "workerinput"):
-        schedule(items)
+        order_groups(items)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

@@ -1,56 +1,73 @@
-"""How `make test` spreads the tests over its pytest-xdist workers (``--dist loadgroup``).
+"""How `make test` spreads the tests over its two pytest-xdist workers (``--dist loadscope``, with these groups).
 
 A worker takes one group at a time, in the order the groups come in the collection. Each test module is a group, so
-a module fixture (the demo scenario, an mlflow server) is set up once, on one worker. The tests that read the
-session's docs runs (:data:`DOCS_FIXTURES`) are one group: the reader's copy and its `make demo` are built once. So
-are the docs blocks' own tests, which serve on the pages' fixed ports. The docs group goes first, then every group
-that starts real processes, then the rest: the longest work starts first and the short tests fill the end.
+a module fixture (the demo scenario, an mlflow server) is set up once, on one worker. The modules whose tests read the
+session's docs runs (:data:`DOCS_FIXTURES`) are one group, :data:`DOCS_MODULES`: the reader's copy and its `make demo`
+are built once, and the pages' servers (on their fixed ports: 8000, 5000, 6006, 8888) never run beside the docs
+blocks' own tests. The docs group goes first, then every group that starts real processes, then the rest: the
+longest work starts first and the short tests fill the end.
+
+The groups are named from node ids alone, where xdist's scheduler places them; a test that reads the docs runs from
+another module is refused at collection (:func:`misplaced_docs_readers`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from helpers.markers import PROCESS_FIXTURES
 
-# Session fixtures built once a session, by the worker that runs every test using them.
+# Session fixtures built once a session, by the worker that runs the group of every test using them.
 DOCS_FIXTURES = frozenset({"reader_project", "docs_demo"})
+DOCS_MODULES = frozenset(
+    {"tests/test_docs.py", "tests/test_docs_blocks.py", "tests/test_notebooks.py", "tests/test_store_runs.py"}
+)
 DOCS_GROUP = "docs"
-# Modules whose tests bind the ports the pages' servers use (8000, 5000, 6006, 8888): they run beside no docs block.
-DOCS_PORT_MODULES = frozenset({"test_docs_blocks.py"})
 
 
-def group_of(item: pytest.Item) -> str:
-    """The xdist group of a test: :data:`DOCS_GROUP` for the docs runs' readers, else its module's path.
+def group_of(nodeid: str) -> str:
+    """The group of a test: :data:`DOCS_GROUP` for a test of :data:`DOCS_MODULES`, else its module's path.
 
     :rtype: str
     """
-    if DOCS_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in DOCS_PORT_MODULES:
-        return DOCS_GROUP
-    return item.nodeid.split("::", 1)[0]
+    module = nodeid.split("::", 1)[0]
+    return DOCS_GROUP if module in DOCS_MODULES else module
 
 
-def schedule(items: list[pytest.Item]) -> None:
-    """Mark each test with its group and order the collection as the workers should take the groups: the docs group,
-    the groups that start processes (:data:`helpers.markers.PROCESS_FIXTURES` or the ``slow`` marker), the rest.
-    The order within a group is kept."""
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's ``loadscope`` with :func:`group_of` for the scopes."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return group_of(nodeid)
+
+
+def misplaced_docs_readers(items: Iterable[pytest.Item]) -> list[str]:
+    """Node ids of the tests that use a fixture of :data:`DOCS_FIXTURES` outside :data:`DOCS_MODULES`: on another
+    worker they would build the reader's copy and run the demo a second time."""
+    return [
+        item.nodeid
+        for item in items
+        if DOCS_FIXTURES & set(getattr(item, "fixturenames", ())) and group_of(item.nodeid) != DOCS_GROUP
+    ]
+
+
+def order_groups(items: list[pytest.Item]) -> None:
+    """Order the collection as the workers should take the groups: the docs group, the groups that start processes
+    (:data:`helpers.markers.PROCESS_FIXTURES` or the ``slow`` marker), the rest; the order within a group is kept."""
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
-        groups.setdefault(group_of(item), []).append(item)
+        groups.setdefault(group_of(item.nodeid), []).append(item)
     ordered = sorted(groups.items(), key=lambda entry: _rank(entry[0], entry[1]))
     items[:] = [item for _, members in ordered for item in members]
-    for name, members in ordered:
-        for item in members:
-            item.add_marker(pytest.mark.xdist_group(name))
 
 
 def _rank(name: str, members: Sequence[pytest.Item]) -> int:
     if name == DOCS_GROUP:
         return 0
     starts_processes = any(
-        item.get_closest_marker("slow") or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
-        for item in members
+        item.get_closest_marker("slow") or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) for item in members
     )
     return 1 if starts_processes else 2
