@@ -42,7 +42,7 @@ test: setup-dev
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-fast: setup-dev
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow"
 
 bench: setup
 	$(BIN)/python -m bench

@@ -2,6 +2,7 @@
 no fixtures live in tests/helpers/."""
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -10,6 +11,11 @@ import pytest
 from helpers.markers import PROCESS_FIXTURES, unmarked_process_tests
 from helpers.paths import FAKES, SHARED_DATA_DIR
 from helpers.scheduling import GroupScheduling, misplaced_docs_readers, order_groups
+
+# One torch thread in every process the tests start (set before any test imports torch; the ranks inherit it through
+# the launch's allow-list): the suite's ranks, kernels and pytest-xdist workers share two cores, where torch's default
+# of a thread per core gives each process spinning OpenMP threads that wait on the others' (a step 4x slower).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -51,15 +51,6 @@ def prepared(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two torch threads on a shared two-core machine contend: one is several times faster here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def trained(prepared: Path, tmp_path_factory) -> Path:
     """The embedded small T5 trained until greedy decoding repeats every one of its eight targets.
