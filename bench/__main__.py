@@ -228,6 +228,7 @@ def _where() -> dict:
 
 # Benches with their own command line (``python -m bench NAME --help``): NAME -> the module whose main() runs it.
 COMMANDS = {
+    "demo-seeds": "bench.demo_seeds",
     "pretrained-proxy": "bench.pretrained_proxy",
     "setup-cost": "bench.setup_cost",
 }

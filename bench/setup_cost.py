@@ -77,13 +77,14 @@ def tree_memory(process: psutil.Process) -> int:
     return total
 
 
-def measure_demo(work: Path, steps: int | None, code: Path = PROJECT_DIR) -> dict:
-    """Run ``textsql demo --run-dir runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own) with the
-    package of the checkout ``code``: its wall time, the summary it printed, and its peak memory (:func:`tree_memory`
-    of the command: the master, the notebooks' kernels, the local worker pods and their ranks), sampled every
-    :data:`SAMPLE_S` seconds."""
+def measure_demo(work: Path, steps: int | None, code: Path = PROJECT_DIR, seed: int | None = None) -> dict:
+    """Run ``textsql demo --run-dir runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own; training
+    ``seed``, or notebook 02's) with the package of the checkout ``code``: its wall time, the summary it printed, and
+    its peak memory (:func:`tree_memory` of the command: the master, the notebooks' kernels, the local worker pods and
+    their ranks), sampled every :data:`SAMPLE_S` seconds."""
+    chosen = ([f"max_steps={steps}"] if steps else []) + ([f"seed={seed}"] if seed is not None else [])
     command = [str(Path(sys.executable).parent / "textsql"), "demo", "--run-dir", "runs/demo"]
-    command += ["-p", f"max_steps={steps}"] if steps else []
+    command += [option for value in chosen for option in ("-p", value)]
     # Ahead of the installed package: the launch hands the package's own checkout to the ranks (their PYTHONPATH).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
     work.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,7 @@ def measure_demo(work: Path, steps: int | None, code: Path = PROJECT_DIR) -> dic
     summary = printed[printed.index("Everything is under") :].replace(str(Path(sys.executable).parent), ".venv/bin")
     summary = summary.replace(f"{work}/", "")  # the demo's paths as a reader's `make demo` in the project shows them
     return {
-        "command": "textsql demo" + (f" -p max_steps={steps}" if steps else ""),
+        "command": " ".join(["textsql demo", *(f"-p {value}" for value in chosen)]),
         "wall_s": round(time.monotonic() - started, 1),
         "scores": demo_scores(work / "runs" / "demo"),
         "notebook_s": {name: float(seconds) for name, seconds in NOTEBOOK_TIME.findall(summary)},
@@ -121,6 +122,7 @@ def demo_scores(run_dir: Path) -> dict:
             if name == METRICS_NAME
             else None,
             "select": metrics["components"]["sel"],
+            "where": metrics["components"]["where"],
             "select_baseline": metrics["baseline"]["components"]["sel"],
         }
 

@@ -118,11 +118,13 @@ def test_the_cli_trains_with_the_same_defaults(tmp_path):
     assert defaults["learning_rate"] is None and training["learning_rate"] == FROM_CONFIG_RECIPE.learning_rate
     assert (
         training["per_device_train_batch_size"],
+        training["seed"],
         run_args.eval_share,
         run_args.save_every_minutes,
         run_args.overwrite_output_dir,
     ) == (
         defaults["per_device_train_batch_size"],
+        defaults["seed"],
         defaults["eval_share"],
         defaults["save_every_minutes"],
         defaults["overwrite_output_dir"],

@@ -77,7 +77,7 @@ CONTROL_PARAMETERS = {
 # fail to load it, or keep the checkpoint's own value without a word).
 PINNED_PARAMETERS: dict[str, tuple[str, ...]] = {
     PREPARE: ("source", "input_format", "model", "data_dir", "limit"),
-    TRAIN: ("model", "data_dir", "profile", "per_device_train_batch_size", "learning_rate"),
+    TRAIN: ("model", "data_dir", "profile", "per_device_train_batch_size", "learning_rate", "seed"),
 }
 # What a notebook needs to replace what an earlier run of it left: 01 refuses an existing data_dir, 02 a run_dir
 # with checkpoints, unless told.

@@ -122,12 +122,15 @@ def notebook_defaults() -> dict[str, Any]:
 
     :rtype: dict[str, typing.Any]
     """
+    from transformers import Seq2SeqTrainingArguments
+
     return {
         "profile": argument_field(RunArguments, "profile").default,
         "model": argument_field(ModelArguments, "model").default,
         "per_device_train_batch_size": TRAINING_DEFAULTS["per_device_train_batch_size"],
         # None: the model's recipe decides (textsql.planning.recipe: from its config or with weights).
         "learning_rate": None,
+        "seed": argument_field(Seq2SeqTrainingArguments, "seed").default,
         "eval_share": argument_field(RunArguments, "eval_share").default,
         "save_every_minutes": argument_field(RunArguments, "save_every_minutes").default,
         "overwrite_output_dir": argument_field(RunArguments, "overwrite_output_dir").default,
