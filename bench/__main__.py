@@ -161,7 +161,8 @@ def measure_gpu_quick(
 
     def save(result: dict) -> None:
         write_json(path, {**result, **where})
-        print(f"gpu-quick: arm {list(result['arms'])[-1]} done; {budget.spent()}", flush=True)
+        part = result["done"][-1] if result.get("done") else list(result["arms"])[-1]
+        print(f"gpu-quick: arm {part} done; {budget.spent()}", flush=True)
 
     # `timeout` ends the run with SIGTERM: unwind, so the logs are kept.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))

@@ -14,6 +14,8 @@ order they run, the most telling first, so a run cut short keeps them:
 - ``old_recipe``: the seed notebook's (:mod:`bench.old_recipe`): fp32, batch 32 padded to 96 (``defaults_over``
   keeps that ratio too);
 - ``defaults_t5_base``: the defaults on t5-base's shape (``textsql/assets/t5-base``);
+- ``time_to_accuracy`` (:mod:`bench.accuracy`), where the budget holds it: the demo's task from scratch until
+  held-out logical-form accuracy reaches 70 % or a time cap, the defaults against the peer;
 - on a GPU, and only where the budget has :data:`COMPILE_ARM_S` left, the defaults with torch.compile turned the
   other way (``defaults_compiled``, or ``defaults_eager`` where the defaults compile), last: it compiles for
   minutes. Both see the same batches step for step, so :func:`bench.quick_report.compile_price` gives what
@@ -41,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.accuracy import time_to_accuracy
 from bench.flops import FLOP_CONVENTION
 from bench.profiles import T5_BASE_CONFIG
 from bench.quick_arms import QuickSizes, defaults_arm, old_recipe_arm, peer_arm
@@ -132,10 +135,12 @@ def run(
         "flop_convention": FLOP_CONVENTION,
         "arms": {},
         "skipped": {},
+        "done": [],  # the arms and parts done, in order
     }
 
     def done(name: str, arm: dict) -> dict:
         result["arms"][name] = arm
+        result["done"].append(name)
         result.update(ratios(result["arms"]))
         save(result)
         return arm
@@ -146,6 +151,7 @@ def run(
     done(
         "defaults_t5_base", defaults_arm(load.shaped_as(T5_BASE_CONFIG, work), sizes, work, chosen, "defaults_t5_base")
     )
+    accuracy_arms(load, sizes, work, budget, result, save)
     if device == "cuda":
         flipped = not chosen.get("torch_compile", False)
         name = "defaults_compiled" if flipped else "defaults_eager"
@@ -169,3 +175,21 @@ def run(
     }
     save(result)
     return result
+
+
+def accuracy_arms(
+    load: Workload, sizes: QuickSizes, work: Path, budget: Budget, result: dict, save: Callable[[dict], None]
+) -> None:
+    """The time-to-accuracy figure into ``result["time_to_accuracy"]``, saved after each of its arms; skipped where
+    the budget has less left than it needs."""
+    needs = sizes.accuracy.needs_s
+    if budget.left() < needs:
+        result["skipped"]["time_to_accuracy"] = f"{budget.left():.0f} s of the budget left, {needs:.0f} s needed"
+        return
+
+    def keep(figure: dict) -> None:
+        result["time_to_accuracy"] = figure
+        result["done"].append(f"time_to_accuracy {list(figure['arms'])[-1]}")
+        save(result)
+
+    time_to_accuracy(load, sizes.accuracy, work, sizes.token_budget, save=keep)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import resource
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -92,6 +93,7 @@ def peer_recipe(
     batch: int,
     shape: T5Shape,
     callbacks: tuple[TrainerCallback, ...] = (),
+    compute_metrics: Callable | None = None,
     **values,
 ) -> dict:
     """Train the docs' way in this process.
@@ -99,7 +101,8 @@ def peer_recipe(
     :param batch: the per-device batch (:func:`peer_batch`).
     :param shape: the model's shape, for each batch's FLOPs.
     :param callbacks: more trainer callbacks (a :class:`bench.timeline.Timeline`).
-    :param values: more ``Seq2SeqTrainingArguments`` (evaluation settings).
+    :param compute_metrics: the trainer's, for evaluations that generate.
+    :param values: more or other ``Seq2SeqTrainingArguments`` (evaluation settings).
     :returns: the clock's record, the work of every step from the first (``step_work``), and the peak memory
         (``peak_memory_bytes``, read as ``memory_measure`` says).
     :rtype: dict
@@ -116,26 +119,26 @@ def peer_recipe(
         ),
         shape,
     )
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(output),
-        per_device_train_batch_size=batch,
-        per_device_eval_batch_size=EVAL_BATCH,
-        max_steps=max_steps,
-        optim="adamw_torch_fused",
-        learning_rate=LEARNING_RATE,
-        warmup_steps=WARMUP_SHARE,
-        bf16=cuda,
-        tf32=True if cuda else None,
-        train_sampling_strategy="group_by_length",
-        dataloader_drop_last=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=SEED,
-        logging_strategy="no",
-        use_cpu=not cuda,
-        **values,
-    )
+    settings = {
+        "output_dir": str(output),
+        "per_device_train_batch_size": batch,
+        "per_device_eval_batch_size": EVAL_BATCH,
+        "max_steps": max_steps,
+        "optim": "adamw_torch_fused",
+        "learning_rate": LEARNING_RATE,
+        "warmup_steps": WARMUP_SHARE,
+        "bf16": cuda,
+        "tf32": True if cuda else None,
+        "train_sampling_strategy": "group_by_length",
+        "dataloader_drop_last": True,
+        "report_to": [],
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "seed": SEED,
+        "logging_strategy": "no",
+        "use_cpu": not cuda,
+    }
+    args = Seq2SeqTrainingArguments(**(settings | values))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with phase_markers():
@@ -145,6 +148,7 @@ def peer_recipe(
             train_dataset=prepared["train"],
             eval_dataset=prepared.get("validation"),
             data_collator=collator,
+            compute_metrics=compute_metrics,
             callbacks=[clock, *callbacks],
         ).train()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -21,9 +21,10 @@ import re
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.accuracy import ACCURACY_SMOKE, AccuracySizes
 from bench.flops import mfu
 from bench.fullscale import WIKISQL_TRAIN_QUESTIONS
 from bench.old_recipe import (
@@ -75,6 +76,7 @@ class QuickSizes:
     tiny_model: bool = False  # the embedded small T5 instead of t5-small's (and t5-base's) shape
     old_batch: int = OLD_BATCH  # the old recipe's batch (smaller only in the smoke run)
     token_budget: int | None = None  # None: the defaults' own for the GPU (textsql.planning.device_defaults)
+    accuracy: AccuracySizes = field(default_factory=AccuracySizes)  # the time-to-accuracy figure's (bench.accuracy)
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 1 or self.timed_steps < 1 or self.timeline_steps < 1:
@@ -133,7 +135,14 @@ class QuickSizes:
 
 # A few steps of the tiny T5 on 4,000 questions: every code path, in minutes on two shared CPU cores.
 SMOKE = QuickSizes(
-    warmup_steps=1, timed_steps=2, timeline_steps=1, questions=4000, tiny_model=True, old_batch=4, token_budget=2048
+    warmup_steps=1,
+    timed_steps=2,
+    timeline_steps=1,
+    questions=4000,
+    tiny_model=True,
+    old_batch=4,
+    token_budget=2048,
+    accuracy=ACCURACY_SMOKE,
 )
 
 

@@ -102,6 +102,8 @@ def table(result: dict) -> str:
             f"defaults / {peer.replace('_', ' ')}: {ratio}x" for peer, ratio in result["defaults_over"].items()
         )
         lines += ["", f"samples/s {over}" + (f"; {result['wall_s']} s in all" if "wall_s" in result else "")]
+    if "time_to_accuracy" in result:
+        lines += accuracy_lines(result["time_to_accuracy"])
     lines += timelines(result["arms"], shown)
     for name in shown:
         if "recompilations" in result["arms"][name]:
@@ -141,3 +143,24 @@ def timelines(arms: dict, shown: list[str]) -> list[str]:
             f"{timeline['kernels_per_step']} a step; top: {top}"
         )
     return ([""] if lines else []) + lines
+
+
+def accuracy_lines(figure: dict) -> list[str]:
+    """The time-to-accuracy figure: each arm's time to the target or how far it got, then the ratio.
+
+    :rtype: list[str]
+    """
+    lines = ["", f"time to {figure['target']} on {figure['held_out_questions']} held-out questions:"]
+    for name, arm in figure["arms"].items():
+        if arm["reached"]:
+            lines.append(
+                f"- {name}: {arm['training_s']} s of training ({arm['wall_s']} s with evaluations), step {arm['step']}"
+            )
+        else:
+            lines.append(
+                f"- {name}: not reached in {arm['training_s']} s of training ({arm['steps']} steps, "
+                f"best {arm['best_lf_accuracy']})"
+            )
+    if figure.get("value") is not None:
+        lines.append(f"the peer took {figure['value']}x the defaults' training time")
+    return lines

@@ -3,9 +3,10 @@ kernels that kept it busy.
 
 :class:`Timeline` is a ``TrainerCallback`` that profiles ``steps`` consecutive optimizer steps from ``first_step``
 inside the process that trains (the bench's own for the in-process arms; each rank through :mod:`bench.rank_probe`
-for ``textsql launch``'s). On CUDA it records the device's activity (kernels, copies, memsets): the busy fraction
-is the union of their intervals over the window's wall time, so kernels on two streams at once count once, and the
-top kernels are ranked by their summed time. Without CUDA it reads the CPU's activity the same way (top-level ATen
+for ``textsql launch``'s). On CUDA it records the device's activity (kernels, copies, memsets; not the device-side
+copies of ``record_function`` ranges, as torch's own tables leave them out): the busy fraction is the union of
+their intervals over the window's wall time, so kernels on two streams at once count once, and the top kernels
+are ranked by their summed time. Without CUDA it reads the CPU's activity the same way (top-level ATen
 operators for kernels), so a CPU rehearsal runs every line that a GPU run does. Profiling slows the steps it
 watches: the arms profile steps after their timed window.
 """
@@ -74,7 +75,8 @@ def summarize(events, steps: int, device_activity: bool) -> dict:
     (window,) = [event for event in events if event.name == WINDOW and event.device_type == DeviceType.CPU]
     start, end = window.time_range.start, window.time_range.end
     if device_activity:
-        active = [event for event in events if event.device_type == DeviceType.CUDA]
+        # Not the GPU-side copies of record_function ranges (this window's among them), which span kernels.
+        active = [event for event in events if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
     else:
         active = top_level_ops(events)
     intervals = [(event.time_range.start, event.time_range.end) for event in active]

@@ -3,17 +3,20 @@ timeline of steady steps (bench/timeline.py) read from a real CPU profile, the a
 (bench/gpu_quick.py, bench/quick_report.py) with the arms stubbed. The whole run is rehearsed from a checkout in
 tests/test_bench_checkout.py."""
 
+import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.autograd import DeviceType
 from transformers import AutoConfig, DataCollatorForSeq2Seq
 
 from bench.flops import T5Shape, training_flops
 from bench.ours import StepWork
 from bench.peer import PAD_MULTIPLE, RecordingCollator, peer_batch, peer_recipe
 from bench.steps import StepClock
-from bench.timeline import Timeline, busy_microseconds
+from bench.timeline import WINDOW, Timeline, busy_microseconds, summarize
 from textsql.constants import DEFAULT_MODEL_DIR, LABEL_PAD_TOKEN_ID
 from textsql.model import load_model, load_tokenizer
 
@@ -26,6 +29,38 @@ def test_busy_time_counts_overlapping_activity_once_and_only_inside_the_window()
     assert busy_microseconds(intervals, start=0.0, end=20.0) == 6.0 + 2.0 + 1.0
     assert busy_microseconds(intervals, start=5.0, end=11.0) == 3.0 + 1.0
     assert busy_microseconds([], start=0.0, end=1.0) == 0.0
+
+
+def event(name: str, device: DeviceType, start: float, end: float, annotation: bool = False) -> SimpleNamespace:
+    """What summarize reads of a profiler event."""
+    return SimpleNamespace(
+        name=name,
+        device_type=device,
+        is_user_annotation=annotation,
+        time_range=SimpleNamespace(start=start, end=end),
+        cpu_parent=None,
+    )
+
+
+def test_a_cuda_timeline_counts_kernels_and_copies_not_the_device_side_copies_of_annotations():
+    """Kineto copies every record_function range to the GPU's timeline (the window's too): counted as kernels, they
+    would make any window look busy."""
+    events = [
+        event(WINDOW, DeviceType.CPU, 0.0, 1000.0, annotation=True),
+        event(WINDOW, DeviceType.CUDA, 0.0, 1000.0, annotation=True),
+        event("bench::optimizer_phase", DeviceType.CUDA, 500.0, 900.0, annotation=True),
+        event("aten::mm", DeviceType.CPU, 10.0, 20.0),  # the host's side: not the device's activity
+        event("ampere_sgemm", DeviceType.CUDA, 100.0, 300.0),
+        event("ampere_sgemm", DeviceType.CUDA, 250.0, 400.0),  # on another stream, overlapping
+        event("Memcpy HtoD", DeviceType.CUDA, 600.0, 700.0),
+    ]
+    summary = summarize(events, steps=2, device_activity=True)
+    assert summary["busy_fraction"] == 0.4 and summary["window_ms"] == 1.0 and summary["kernels_per_step"] == 1.5
+    assert [(top["name"], top["total_ms"], top["calls"]) for top in summary["top_kernels"]] == [
+        ("ampere_sgemm", 0.35, 2),
+        ("Memcpy HtoD", 0.1, 1),
+    ]
+    assert summary["top_kernels"][0]["share_of_kernel_time"] == round(350 / 450, 4)
 
 
 def drive(timeline: Timeline, steps: list) -> None:
@@ -143,6 +178,12 @@ def stubbed_arms(monkeypatch):
         launched.append(("old_recipe", False, load))
         return {"samples_per_s": 50.0}
 
+    def time_to_accuracy(load, sizes, work, token_budget, save):
+        launched.append(("time_to_accuracy", token_budget, load))
+        save({"arms": {"defaults": {"reached": False}}})
+        save({"arms": {"defaults": {"reached": False}, "peer": {"reached": False}}, "value": None})
+
+    monkeypatch.setattr(gpu_quick, "time_to_accuracy", time_to_accuracy)
     monkeypatch.setattr(gpu_quick, "defaults_arm", defaults_arm)
     monkeypatch.setattr(gpu_quick, "peer_arm", peer_arm)
     monkeypatch.setattr(gpu_quick, "old_recipe_arm", old_recipe_arm)
@@ -157,13 +198,14 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
 
     saved = []
     result = gpu_quick.run(
-        "data", tmp_path, QuickSizes(token_budget=2048), "cuda", save=lambda r: saved.append(dict(r))
+        "data", tmp_path, QuickSizes(token_budget=2048), "cuda", save=lambda r: saved.append(json.loads(json.dumps(r)))
     )
     assert [(name, detail) for name, detail, _ in stubbed_arms] == [
         ("defaults", False),
         ("peer", 64),  # the peer's batch is sized from the defaults' own token budget
         ("old_recipe", False),
         ("defaults_t5_base", False),
+        ("time_to_accuracy", 2048),  # the token budget asked (None on a GPU: the defaults' own)
         ("defaults_compiled", True),
     ]
     assert stubbed_arms[3][2] == "t5-base-load" and isinstance(stubbed_arms[1][2], StubLoad)
@@ -171,6 +213,12 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
     assert "peer" in result["unit"] and "compile" in result
     # Written after each arm: a run cut short after the peer keeps the headline.
     assert "value" not in saved[0] and saved[1]["value"] == 3.0 and "old_recipe" not in saved[1]["defaults_over"]
+    assert [snapshot["done"][-1] for snapshot in saved[3:6]] == [
+        "defaults_t5_base",
+        "time_to_accuracy defaults",
+        "time_to_accuracy peer",
+    ]
+    assert set(result["time_to_accuracy"]["arms"]) == {"defaults", "peer"}
 
 
 def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budget_for_it(
@@ -185,12 +233,23 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
     assert stubbed_arms[-1][:2] == ("defaults_eager", False)
     stubbed_arms.clear()
     gpu_quick.run("data", tmp_path, sizes, "cpu")
-    assert [name for name, _, _ in stubbed_arms] == ["defaults", "peer", "old_recipe", "defaults_t5_base"]
+    assert [name for name, _, _ in stubbed_arms] == [
+        "defaults",
+        "peer",
+        "old_recipe",
+        "defaults_t5_base",
+        "time_to_accuracy",
+    ]
     stubbed_arms.clear()
     short = gpu_quick.Budget(seconds=540, began=time.time() - 540 + gpu_quick.COMPILE_ARM_S - 10)
     result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=short)
     assert "defaults_eager" not in result["arms"] and "needed" in result["skipped"]["defaults_eager"]
     assert "compile" not in result
+    stubbed_arms.clear()
+    # Too little left for the time-to-accuracy figure: skipped, and the compile arm after it too.
+    shorter = gpu_quick.Budget(seconds=540, began=time.time() - 540 + sizes.accuracy.needs_s - 10)
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=shorter)
+    assert "time_to_accuracy" not in result and set(result["skipped"]) == {"time_to_accuracy", "defaults_eager"}
 
 
 def test_a_budget_says_how_long_is_left():
