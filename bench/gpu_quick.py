@@ -153,6 +153,7 @@ def run(
     )
     accuracy_arms(load, sizes, work, budget, result, save)
     if device == "cuda":
+        # The same batches with torch.compile turned the other way price it. Last: it compiles for minutes.
         flipped = not chosen.get("torch_compile", False)
         name = "defaults_compiled" if flipped else "defaults_eager"
         if budget.left() < COMPILE_ARM_S:
@@ -162,16 +163,7 @@ def run(
     result |= {
         **compile_price(result["arms"], sizes.steps),
         "wall_s": round(time.monotonic() - started, 1),
-        "method": (
-            f"one {load.device_name}; model {load.model_label} (defaults_t5_base: t5-base's shape); {result['data']}; "
-            f"every arm {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
-            f"{sizes.steps} (StepClock in the training process), then {sizes.timeline_steps} steps profiled with "
-            "torch.profiler (timeline: busy_fraction is the union of the device's activity over the window's wall "
-            f"time); MFU against the peak {load.peak} FLOP/s; each arm's wall_s from its start to its end; "
-            "peer: its batch is the defaults' mean questions a step at their token budget; defaults_eager or "
-            "defaults_compiled (on a GPU): the defaults with torch.compile turned the other way, the same batches "
-            "step for step; recompilations: torch's TORCH_LOGS=recompiles lines in the compiled rank's log"
-        ),
+        "method": method(load, sizes),
     }
     save(result)
     return result
@@ -193,3 +185,21 @@ def accuracy_arms(
         save(result)
 
     time_to_accuracy(load, sizes.accuracy, work, sizes.token_budget, save=keep)
+
+
+def method(load: Workload, sizes: QuickSizes) -> str:
+    """How the figure was measured, for its JSON.
+
+    :rtype: str
+    """
+    return (
+        f"one {load.device_name}; model {load.model_label} (defaults_t5_base: t5-base's shape); {load.describe_data()}; "
+        f"every arm {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
+        f"{sizes.steps} (StepClock in the training process), then {sizes.timeline_steps} steps profiled with "
+        "torch.profiler (timeline: busy_fraction is the union of the device's activity over the window's wall "
+        f"time); MFU against the peak {load.peak} FLOP/s; each arm's wall_s from its start to its end; "
+        "peer: its batch is the defaults' mean questions a step at their token budget; time_to_accuracy: the demo's "
+        "task, both arms evaluated alike (bench/accuracy.py); defaults_eager or defaults_compiled (on a GPU): the "
+        "defaults with torch.compile turned the other way, the same batches step for step; recompilations: torch's "
+        "TORCH_LOGS=recompiles lines in the compiled rank's log"
+    )

@@ -17,6 +17,7 @@ import logging
 import resource
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import datasets
 import torch
@@ -83,6 +84,33 @@ class RecordingCollator:
         return self.collator(features)
 
 
+def docs_settings(output: Path, batch: int, max_steps: int, cuda: bool) -> dict[str, Any]:
+    """The ``Seq2SeqTrainingArguments`` the docs advise (on CUDA: bf16, TF32), with the bench's quiet logging and
+    no checkpoints.
+
+    :rtype: dict
+    """
+    return {
+        "output_dir": str(output),
+        "per_device_train_batch_size": batch,
+        "per_device_eval_batch_size": EVAL_BATCH,
+        "max_steps": max_steps,
+        "optim": "adamw_torch_fused",
+        "learning_rate": LEARNING_RATE,
+        "warmup_steps": WARMUP_SHARE,
+        "bf16": cuda,
+        "tf32": True if cuda else None,
+        "train_sampling_strategy": "group_by_length",
+        "dataloader_drop_last": True,
+        "report_to": [],
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "seed": SEED,
+        "logging_strategy": "no",
+        "use_cpu": not cuda,
+    }
+
+
 def peer_recipe(
     model: Path,
     data: Path,
@@ -119,26 +147,7 @@ def peer_recipe(
         ),
         shape,
     )
-    settings = {
-        "output_dir": str(output),
-        "per_device_train_batch_size": batch,
-        "per_device_eval_batch_size": EVAL_BATCH,
-        "max_steps": max_steps,
-        "optim": "adamw_torch_fused",
-        "learning_rate": LEARNING_RATE,
-        "warmup_steps": WARMUP_SHARE,
-        "bf16": cuda,
-        "tf32": True if cuda else None,
-        "train_sampling_strategy": "group_by_length",
-        "dataloader_drop_last": True,
-        "report_to": [],
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        "seed": SEED,
-        "logging_strategy": "no",
-        "use_cpu": not cuda,
-    }
-    args = Seq2SeqTrainingArguments(**(settings | values))
+    args = Seq2SeqTrainingArguments(**(docs_settings(output, batch, max_steps, cuda) | values))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with phase_markers():
