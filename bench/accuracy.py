@@ -171,7 +171,8 @@ def defaults_to_target(load: Workload, sizes: AccuracySizes, data: Path, work: P
     summary = run_summary(run_dir)
     return {
         "label": (
-            f"defaults: textsql launch --ranks 1, recipe {(summary.get('recipe') or {}).get('name')}, {summary['precision']}, "
+            f"defaults: textsql launch --ranks 1, recipe {(summary.get('recipe') or {}).get('name')}, "
+            f"{summary['precision']}, "
             f"{summary['loss_vocabulary']}-vocabulary loss, token budget "
             f"{summary['token_budget']['max_tokens_per_batch']}; --constrained false"
         ),

@@ -193,7 +193,8 @@ def method(load: Workload, sizes: QuickSizes) -> str:
     :rtype: str
     """
     return (
-        f"one {load.device_name}; model {load.model_label} (defaults_t5_base: t5-base's shape); {load.describe_data()}; "
+        f"one {load.device_name}; model {load.model_label} (defaults_t5_base: t5-base's shape); "
+        f"{load.describe_data()}; "
         f"every arm {sizes.steps} steps, samples/s between the ends of step {sizes.warmup_steps} and step "
         f"{sizes.steps} (StepClock in the training process), then {sizes.timeline_steps} steps profiled with "
         "torch.profiler (timeline: busy_fraction is the union of the device's activity over the window's wall "

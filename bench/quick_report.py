@@ -79,10 +79,11 @@ def table(result: dict) -> str:
     """
     versions = result["versions"]
     lines = [
-        f"gpu-quick on {result['device']} (torch {versions['torch']}, CUDA {versions['cuda']}), model {result['model']}",
+        f"gpu-quick on {result['device']} (torch {versions['torch']}, CUDA {versions['cuda']}), "
+        + f"model {result['model']}",
         "",
-        "| arm | samples/s | real tokens/s | MFU | busy | peak memory GiB | loss vocabulary | warm-up s | median step s |"
-        + " slowest step s |",
+        "| arm | samples/s | real tokens/s | MFU | busy | peak memory GiB | loss vocabulary | warm-up s "
+        + "| median step s | slowest step s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     shown = [name for name in ARMS if name in result["arms"]]
