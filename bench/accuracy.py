@@ -107,30 +107,39 @@ def reached(record: dict, target: float) -> dict:
 
     :rtype: dict
     """
-    spent_evaluating = 0.0
     began = record["step_began"][0]
-    scores = []
     for evaluation in record["evaluations"]:
         score = evaluation["metrics"].get(LF_METRIC)
-        scores.append(score)
         if score is not None and score >= target:
-            ended = record["step_ended"][evaluation["step"] - 1] - began
+            step = evaluation["step"]
+            ended = record["step_ended"][step - 1] - began
             return {
                 "reached": True,
-                "step": evaluation["step"],
+                "step": step,
                 "lf_accuracy": round(score, 4),
-                "training_s": round(ended - spent_evaluating, 2),
+                "training_s": round(ended - evaluating_before(record, step), 2),
                 "wall_s": round(ended + evaluation["seconds"], 2),
             }
-        spent_evaluating += evaluation["seconds"]
-    known = [score for score in scores if score is not None]
+    steps = len(record["step_ended"])
+    known = [
+        score for evaluation in record["evaluations"] if (score := evaluation["metrics"].get(LF_METRIC)) is not None
+    ]
     return {
         "reached": False,
-        "steps": len(record["step_ended"]),
+        "steps": steps,
         "best_lf_accuracy": round(max(known), 4) if known else None,
-        "training_s": round(record["step_ended"][-1] - began - spent_evaluating, 2) if record["step_ended"] else 0.0,
+        "training_s": round(record["step_ended"][-1] - began - evaluating_before(record, steps), 2) if steps else 0.0,
         "evaluations": len(record["evaluations"]),
     }
+
+
+def evaluating_before(record: dict, step: int) -> float:
+    """Seconds spent in the evaluations that ran before step ``step`` ended (each runs after its own step's end, so
+    those of earlier steps; a run's final evaluation comes after its last step).
+
+    :rtype: float
+    """
+    return sum(evaluation["seconds"] for evaluation in record["evaluations"] if evaluation["step"] < step)
 
 
 def evaluation_settings(sizes: AccuracySizes) -> dict:

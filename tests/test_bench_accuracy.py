@@ -37,6 +37,9 @@ def test_the_time_to_the_target_leaves_out_the_evaluations_before_it_and_the_wal
         "evaluations": 2,
     }
     assert reached(clock_record([1.0], [(1, None, 1.0)]), 0.7)["best_lf_accuracy"] is None
+    # A final evaluation after the last step (the defaults' run evaluates once more) is no training time spent.
+    finished = clock_record([1.0, 2.0, 13.0, 14.0, 25.0], [(2, 0.4, 10.0), (4, 0.5, 10.0), (5, 0.6, 10.0)])
+    assert reached(finished, 0.7)["training_s"] == 5.0 and reached(finished, 0.7)["best_lf_accuracy"] == 0.6
 
 
 def test_the_step_clock_stops_at_a_score_or_past_its_time_cap():
