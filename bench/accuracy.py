@@ -67,7 +67,7 @@ class AccuracySizes:
 
 
 # Two steps of the tiny T5 on 16 questions, evaluated after each: the code path, never the target.
-ACCURACY_SMOKE = AccuracySizes(cap_s=600.0, eval_steps=1, max_steps=2, eval_batch=8, limit=16)
+ACCURACY_SMOKE = AccuracySizes(cap_s=60.0, eval_steps=1, max_steps=2, eval_batch=8, limit=16)
 
 
 def held_out_task(work: Path, limit: int | None) -> Path:
