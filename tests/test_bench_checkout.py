@@ -1,5 +1,6 @@
 """The GPU bench from a clone alone: a checkout with no ``shared`` beside it (the session's ``bench_checkout``) builds
-the full-size model directory and rehearses ``gpu-quick`` on the CPU, as a GPU machine given only the tree would."""
+the full-size model directories and rehearses ``bench/device.sh`` (``gpu-quick``) on the CPU, as a GPU machine given
+only the tree would."""
 
 import json
 import os
