@@ -182,6 +182,8 @@ def old_recipe_arm(load: Workload, sizes: QuickSizes) -> dict:
             load.device,
             sizes.old_batch,
             callbacks=(timeline,),
+            # The seed's fp32 is torch's default, no TF32, which the peer's arguments turned on in this process.
+            tf32=False,
         )
     steps, seconds = timed_window(sizes.timed(old), sizes.warmup_steps)
     rate = steps * sizes.old_batch / seconds
