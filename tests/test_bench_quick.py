@@ -257,3 +257,55 @@ def test_a_budget_says_how_long_is_left():
 
     assert Budget(540, began=1000.0).left(now=1100.0) == 440.0
     assert Budget(None, began=1000.0).left(now=5000.0) == float("inf")
+
+
+def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_accuracy():
+    from bench.quick_report import table
+
+    def arm(rate: float, busy: float | None) -> dict:
+        timeline = {
+            "activity": "CUDA kernels, copies and memsets",
+            "steps": 3,
+            "busy_fraction": busy,
+            "kernels_per_step": 2000.0,
+            "top_kernels": [{"name": "sm90_xmma_gemm", "total_ms": 5.0, "calls": 90, "share_of_kernel_time": 0.25}],
+        }
+        return {
+            "label": "x",
+            "samples_per_s": rate,
+            "real_tokens_per_s": 1,
+            "mfu_real_tokens": 0.06,
+            "peak_memory_gib": 1.0,
+            "loss_vocabulary": "full",
+            "warmup_s": 1.0,
+            "median_step_s": 0.06,
+            "slowest_step_s": 0.2,
+            "timeline": None if busy is None else timeline,
+        }
+
+    shown = table(
+        {
+            "device": "H200",
+            "versions": {"torch": "2", "cuda": "13"},
+            "model": "m",
+            "arms": {"defaults": arm(600.0, 0.1834), "peer": arm(200.0, None)},
+            "defaults_over": {"peer": 3.0},
+            "skipped": {"defaults_compiled": "200 s of the budget left, 240 s needed"},
+            "time_to_accuracy": {
+                "target": "held-out logical-form accuracy >= 70%",
+                "held_out_questions": 1000,
+                "value": None,
+                "arms": {
+                    "defaults": {"reached": True, "training_s": 40.0, "wall_s": 55.0, "step": 700},
+                    "peer": {"reached": False, "training_s": 90.0, "steps": 900, "best_lf_accuracy": 0.61},
+                },
+            },
+        }
+    )
+    assert "| defaults | 600.0 | 1 | 6.00% | 18% |" in shown and "| peer | 200.0 | 1 | 6.00% | n/a |" in shown
+    assert "defaults timeline (CUDA kernels, copies and memsets, 3 steps): 18% busy" in shown
+    assert "sm90_xmma_gemm 25%" in shown and "peer timeline" not in shown
+    assert "- defaults_compiled: not run (200 s of the budget left, 240 s needed)" in shown
+    assert "samples/s defaults / peer: 3.0x" in shown
+    assert "- defaults: 40.0 s of training (55.0 s with evaluations), step 700" in shown
+    assert "- peer: not reached in 90.0 s of training (900 steps, best 0.61)" in shown
