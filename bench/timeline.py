@@ -7,8 +7,8 @@ for ``textsql launch``'s). On CUDA it records the device's activity (kernels, co
 copies of ``record_function`` ranges, as torch's own tables leave them out): the busy fraction is the union of
 their intervals over the window's wall time, so kernels on two streams at once count once, and the top kernels
 are ranked by their summed time. Without CUDA it reads the CPU's activity the same way (top-level ATen
-operators for kernels), so a CPU rehearsal runs every line that a GPU run does. Profiling slows the steps it
-watches: the arms profile steps after their timed window.
+operators for kernels), so a CPU rehearsal runs the same code but for which events it counts. Profiling slows
+the steps it watches: the arms profile steps after their timed window.
 """
 
 from __future__ import annotations
