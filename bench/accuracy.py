@@ -16,7 +16,6 @@ time to it (evaluations in) beside it.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import statistics
 import tempfile
@@ -82,7 +81,8 @@ def held_out_task(work: Path, limit: int | None) -> Path:
         return target
     prepared = work / "synthetic"
     if not prepared.exists():
-        prepare(data_dir=str(prepared), source="synthetic", input_format="uncased", limit=limit, num_proc=processes())
+        # One process: the bench process has CUDA and threads running by now, which forked tokenizers would inherit.
+        prepare(data_dir=str(prepared), source="synthetic", input_format="uncased", limit=limit)
     loaded = datasets.load_from_disk(str(prepared))
     datasets.DatasetDict({"train": loaded["train"], EVAL_SPLIT: loaded[HELD_OUT_SPLIT]}).save_to_disk(str(target))
     shutil.copyfile(prepared / PREPARE_JSON_NAME, target / PREPARE_JSON_NAME)
@@ -90,14 +90,6 @@ def held_out_task(work: Path, limit: int | None) -> Path:
     for split, source in (("train", "train"), (EVAL_SPLIT, HELD_OUT_SPLIT)):
         shutil.copyfile(prepared_tables_path(prepared, source), prepared_tables_path(target, split))
     return target
-
-
-def processes() -> int:
-    """Tokenizer processes: the machine's cores, at most 8.
-
-    :rtype: int
-    """
-    return max(1, min(8, os.cpu_count() or 1))
 
 
 def reached(record: dict, target: float) -> dict:
