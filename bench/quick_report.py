@@ -140,7 +140,8 @@ def timelines(arms: dict, shown: list[str]) -> list[str]:
             for kernel in timeline["top_kernels"][:TOP_KERNELS_SHOWN]
         )
         lines.append(
-            f"{name} timeline ({timeline['activity']}, {timeline['steps']} steps): {busy(arms[name])} busy, "
+            f"{name} timeline ({timeline['activity']}, {timeline['steps']} step{'s' * (timeline['steps'] != 1)}): "
+            f"{busy(arms[name])} busy, "
             f"{timeline['kernels_per_step']} a step; top: {top}"
         )
     return ([""] if lines else []) + lines
