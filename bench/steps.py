@@ -27,6 +27,7 @@ import functools
 import itertools
 import logging
 import math
+import numbers
 import statistics
 import time
 from collections import Counter
@@ -94,11 +95,16 @@ class StepClock(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         # The evaluation runs right after its step's end (the trainer's _maybe_log_save_evaluate).
         ended = clock()
-        scores = {name: value for name, value in (metrics or {}).items() if isinstance(value, float)}
+        # The scores, as JSON numbers (numpy's too); not the epoch, a count.
+        scores = {
+            name: float(value)
+            for name, value in (metrics or {}).items()
+            if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+        }
         self.evaluations.append(
             {
                 "step": state.global_step,
-                "eval_loss": scores.get("eval_loss"),
+                "eval_loss": (metrics or {}).get("eval_loss"),
                 "seconds": ended - self.step_ended[-1] if self.step_ended else 0.0,
                 "metrics": scores,
             }

@@ -5,6 +5,7 @@ in the checkout's rehearsal (tests/test_bench_checkout.py)."""
 from types import SimpleNamespace
 
 import datasets
+import numpy as np
 import pytest
 
 from bench.accuracy import LF_METRIC, held_out_task, reached
@@ -50,8 +51,8 @@ def test_the_step_clock_stops_at_a_score_or_past_its_time_cap():
     scored.on_step_end(None, state, control)
     scored.on_evaluate(None, state, control, metrics={LF_METRIC: 0.69, "eval_loss": 2.0, "epoch": 1})
     assert not control.should_training_stop and scored.evaluations[0]["metrics"] == {LF_METRIC: 0.69, "eval_loss": 2.0}
-    scored.on_evaluate(None, state, control, metrics={LF_METRIC: 0.7})
-    assert control.should_training_stop
+    scored.on_evaluate(None, state, control, metrics={LF_METRIC: np.float32(0.75)})  # numpy's scores count too
+    assert control.should_training_stop and scored.evaluations[1]["metrics"] == {LF_METRIC: 0.75}
 
     capped = StepClock(time_cap_s=0.0)
     control = SimpleNamespace(should_training_stop=False)
