@@ -47,7 +47,7 @@ test-fast: setup-dev
 bench: setup
 	$(BIN)/python -m bench
 
-# The short GPU comparison (bench/gpu_quick.py): about 3-4 minutes on one H100; bench/gpu_quick.json and a table.
+# The short GPU comparison (bench/gpu_quick.py), sized for bench/device.sh's 9 minutes: bench/gpu_quick.json, a table.
 bench-gpu: setup
 	$(BIN)/python -m bench gpu-quick
 

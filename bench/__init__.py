@@ -9,15 +9,20 @@ The modules, by what they are:
 
 - **Figures** (each measures one comparison and returns its dict): ``tokenization``, ``train_padding``,
   ``inference``, ``model_latency``, ``rendezvous``, ``startup``, ``profiles``, ``recovery``, ``store``,
-  ``setup_cost``, ``demo_seeds``, ``step_ops``, ``pretrained_proxy``; the GPU comparisons ``gpu`` and ``gpu_quick``.
+  ``setup_cost``, ``demo_seeds``, ``step_ops``, ``pretrained_proxy``; the GPU comparisons ``gpu`` and
+  ``gpu_quick``, and ``gpu_quick``'s time to accuracy, ``accuracy``.
 - **Measured arms** (what a figure runs against each other): ``old_recipe`` (the seed notebook's plain
-  ``Seq2SeqTrainer``), ``ours`` (``textsql train`` with its defaults), ``rank_probe`` (one rank that records its
-  own peak memory and step times); and what the GPU arms train on, ``workload`` and ``fullscale``.
+  ``Seq2SeqTrainer``), ``peer`` (a plain ``Seq2SeqTrainer`` tuned as transformers' docs advise), ``ours``
+  (``textsql train`` with its defaults), ``rank_probe`` (one rank that records its own peak memory and step times),
+  ``quick_arms`` (gpu-quick's arms, each measured alike); and what the GPU arms train on, ``workload`` and
+  ``fullscale``.
 - **Server stand-ins** (real servers started for a figure and for the tests): ``seaweed`` (an S3-compatible
   store).
 - **Shared helpers**: ``timing`` (alternated repetitions, medians), ``steps`` and ``events`` (step times from inside
-  the process and from TensorBoard's files), ``flops`` (FLOPs and MFU), ``machine`` (what was measured on),
-  ``report`` (results.json and the table), and ``tiny_run`` (the command line of a tiny training run).
+  the process and from TensorBoard's files), ``timeline`` (where a few steady steps spend the device's time, from
+  torch.profiler), ``flops`` (FLOPs and MFU), ``machine`` (what was measured on), ``report`` (results.json and the
+  table), ``quick_report`` (gpu-quick's ratios and table), and ``tiny_run`` (the command line of a tiny training
+  run).
 
 What the tests share with the bench (``tiny_run``, ``seaweed``, the recovery run's builders, the GPU comparison's
 parsers) is imported from these modules by name, since the bench never imports ``tests/``; everything else here

@@ -26,6 +26,8 @@ from bench import (
     inference,
     model_latency,
     profiles,
+    quick_arms,
+    quick_report,
     recovery,
     rendezvous,
     startup,
@@ -146,7 +148,7 @@ def measure(name: str, sizes, data_dir: str, work: Path, device: str | None, sav
 
 
 def measure_gpu_quick(
-    sizes: gpu_quick.QuickSizes, device: str, out: Path, work: Path | None, budget: gpu_quick.Budget
+    sizes: quick_arms.QuickSizes, device: str, out: Path, work: Path | None, budget: gpu_quick.Budget
 ) -> int:
     """Run :mod:`bench.gpu_quick`, write its JSON (with the machine and releases) into ``out`` after each arm with a
     line of the ``budget`` spent, print its table, and keep the scratch directory's logs in ``out`` whatever happens.
@@ -159,7 +161,8 @@ def measure_gpu_quick(
 
     def save(result: dict) -> None:
         write_json(path, {**result, **where})
-        print(f"gpu-quick: arm {list(result['arms'])[-1]} done; {budget.spent()}", flush=True)
+        part = result["done"][-1] if result.get("done") else list(result["arms"])[-1]
+        print(f"gpu-quick: arm {part} done; {budget.spent()}", flush=True)
 
     # `timeout` ends the run with SIGTERM: unwind, so the logs are kept.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
@@ -167,14 +170,14 @@ def measure_gpu_quick(
         work = work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         try:
-            result = gpu_quick.run(prepare_data(work, "schema"), work, sizes, device, save=save)
+            result = gpu_quick.run(prepare_data(work, "schema"), work, sizes, device, save=save, budget=budget)
         finally:
             kept = gpu_quick.keep_logs(work, out)
             print(f"gpu-quick: kept {len(kept)} logs in {out / gpu_quick.LOGS}", flush=True)
     # From a cold process, imports and data preparation included: what a run on a GPU machine costs in all.
     where["process_wall_s"] = round(time.time() - psutil.Process().create_time(), 1)
     write_json(path, {**result, **where})
-    print(gpu_quick.table(result))
+    print(quick_report.table(result))
     print(f"{where['process_wall_s']} s since the process started; wrote {path}")
     return 0
 
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu_quick.COMMAND in names:
         if len(names) > 1:
             parser.error(f"{gpu_quick.COMMAND} runs alone; measure the other figures in another call")
-        sizes = gpu_quick.SMOKE if args.smoke else gpu_quick.QuickSizes()
+        sizes = quick_arms.SMOKE if args.smoke else quick_arms.QuickSizes()
         try:
             device = sizes.device(args.device)
         except ValueError as error:

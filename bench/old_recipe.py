@@ -14,7 +14,7 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback, default_data_collator
 
 from bench.flops import T5Shape, training_flops
 from bench.steps import StepClock, phase_markers
@@ -98,11 +98,13 @@ def old_recipe(
     device: str,
     batch: int = OLD_BATCH,
     eval_questions: int | None = None,
+    callbacks: tuple[TrainerCallback, ...] = (),
     **values,
 ) -> dict:
     """Train the old notebook's way (pad 96, fp32, batch 32, plain AdamW, plain trainer) in this process.
 
     :param eval_questions: evaluate on the first N validation questions (all when ``None``).
+    :param callbacks: more trainer callbacks (a :class:`bench.timeline.Timeline`).
     :param values: more ``Seq2SeqTrainingArguments`` (evaluation settings).
     :returns: the clock's record, with the peak memory of the run (``peak_memory_bytes``: torch's high-water mark
         of allocated CUDA memory; on a CPU this process's peak RSS) and how it was read (``memory_measure``).
@@ -143,7 +145,7 @@ def old_recipe(
             train_dataset=padded["train"],
             eval_dataset=padded.get("validation"),
             data_collator=default_data_collator,
-            callbacks=[clock],
+            callbacks=[clock, *callbacks],
         ).train()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {

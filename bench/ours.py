@@ -45,12 +45,20 @@ def device_name(device: str) -> str:
 
 
 def launch_ours(
-    work: Path, name: str, model: Path, data: Path, profile_step: int = 0, probe_env: dict | None = None, **values
+    work: Path,
+    name: str,
+    model: Path,
+    data: Path,
+    profile_step: int = 0,
+    probe_env: dict | None = None,
+    loss_vocabulary: str | None = LOSS_VOCABULARY,
+    **values,
 ) -> Path:
     """``textsql train`` with the defaults (changed by ``values``, see :func:`textsql.arguments.train_argv`) and the
     full-vocabulary loss on 1 rank through DeepSpeed's launcher, under :mod:`bench.rank_probe`; the run's directory.
 
-    :raises RuntimeError: the run trained another loss than the full vocabulary's.
+    :param loss_vocabulary: the loss to train (``None``: the defaults' own choice).
+    :raises RuntimeError: the run trained another loss than the one asked.
     :rtype: pathlib.Path
     """
     run_dir = work / name
@@ -61,14 +69,14 @@ def launch_ours(
         overwrite_output_dir=True,
         save_strategy="no",
         disable_tqdm=True,
-        loss_vocabulary=LOSS_VOCABULARY,
+        loss_vocabulary=loss_vocabulary,
         **values,
     )
     launch_probed(run_dir, 1, train_args, name, env={PROFILE_STEP_VAR: str(profile_step), **(probe_env or {})})
     trained = run_summary(run_dir)["loss_vocabulary"]
-    if trained != LOSS_VOCABULARY:
+    if loss_vocabulary is not None and trained != loss_vocabulary:
         raise RuntimeError(
-            f"{name} trained the {trained!r}-vocabulary loss, not {LOSS_VOCABULARY!r}: its FLOPs and speed do not "
+            f"{name} trained the {trained!r}-vocabulary loss, not {loss_vocabulary!r}: its FLOPs and speed do not "
             f"compare with the old recipe's; see {run_dir / 'out' / RUN_SUMMARY_NAME}"
         )
     return run_dir

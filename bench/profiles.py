@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 # In the package, so the bench runs from a checkout alone (a GPU machine, the image): see its NOTICE.
 T5_SMALL_CONFIG = ASSETS_DIR / "t5-small" / "config.json"
+T5_BASE_CONFIG = ASSETS_DIR / "t5-base" / "config.json"
 TOKENIZER_FILES = ("spiece.model", "tokenizer.json", "tokenizer_config.json")
 RANKS = 2
 GIB = 1024**3
@@ -62,11 +63,12 @@ class Sizes:
 
 
 def model_dir(work: Path, config: Path = T5_SMALL_CONFIG) -> Path:
-    """A config-only model directory of t5-small's shape with the embedded T5 tokenizer (weights built from a seed).
+    """A config-only model directory of ``config``'s shape (t5-small's unless told) with the embedded T5 tokenizer
+    (weights built from a seed), named after the config's directory (``t5-small-shape``).
 
     :rtype: pathlib.Path
     """
-    target = work / "t5-small-shape"
+    target = work / f"{config.parent.name}-shape"
     target.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(config, target / "config.json")
     for name in TOKENIZER_FILES:

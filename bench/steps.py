@@ -26,6 +26,8 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
+import numbers
 import statistics
 import time
 from collections import Counter
@@ -58,11 +60,15 @@ def clock() -> float:
 
 @dataclass
 class StepClock(TrainerCallback):
-    """Wall times of every optimizer step and evaluation; op counts of step ``profile_step`` (1-based; 0: none);
-    training stops at the first evaluation whose loss is at or below ``stop_below``."""
+    """Wall times of every optimizer step and evaluation, with each evaluation's scores; op counts of step
+    ``profile_step`` (1-based; 0: none). Training stops at the first evaluation whose loss is at or below
+    ``stop_below``, or whose ``stop_at`` metric (name, value) is at or above the value, or at the first step's end
+    ``time_cap_s`` seconds after the first step began."""
 
     profile_step: int = 0
     stop_below: float | None = None
+    stop_at: tuple[str, float] | None = None
+    time_cap_s: float | None = None
     step_began: list[float] = field(default_factory=list)
     step_ended: list[float] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
@@ -83,19 +89,30 @@ class StepClock(TrainerCallback):
             self.ops = count_ops(self._profiler.events())
             self._profiler = None
         self.step_ended.append(clock())
+        if self.time_cap_s is not None and self.step_ended[-1] - self.step_began[0] >= self.time_cap_s:
+            control.should_training_stop = True
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         # The evaluation runs right after its step's end (the trainer's _maybe_log_save_evaluate).
         ended = clock()
+        # The scores, as JSON numbers (numpy's too); not the epoch, a count.
+        scores = {
+            name: float(value)
+            for name, value in (metrics or {}).items()
+            if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+        }
         self.evaluations.append(
             {
                 "step": state.global_step,
                 "eval_loss": (metrics or {}).get("eval_loss"),
                 "seconds": ended - self.step_ended[-1] if self.step_ended else 0.0,
+                "metrics": scores,
             }
         )
         loss = self.evaluations[-1]["eval_loss"]
         if self.stop_below is not None and loss is not None and loss <= self.stop_below:
+            control.should_training_stop = True
+        if self.stop_at is not None and scores.get(self.stop_at[0], -math.inf) >= self.stop_at[1]:
             control.should_training_stop = True
 
     def record(self) -> dict:

@@ -3,6 +3,7 @@ of its samples and the device's peak."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -62,6 +63,19 @@ class Workload:
             peak=peak_flops(name, os.cpu_count()),
             source_questions=len(datasets.load_from_disk(data_dir)["train"]),
         )
+
+    def shaped_as(self, config: Path, work: Path) -> Workload:
+        """The same data and device with a model of ``config``'s shape (random weights, seed 42), or, where this one
+        is the embedded small T5 (a smoke run), that model again.
+
+        :rtype: Workload
+        """
+        if self.model == DEFAULT_MODEL_DIR:
+            return self
+        model = model_dir(work, config)
+        shape = T5Shape.from_config(AutoConfig.from_pretrained(model))
+        label = f"of {config.parent.name} shape ({shape.d_model} wide, random weights, seed 42)"
+        return dataclasses.replace(self, model=model, model_label=label, shape=shape)
 
     @property
     def questions(self) -> int:

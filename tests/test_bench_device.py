@@ -126,12 +126,19 @@ def test_every_carried_wheels_requirements_resolve_offline_beside_the_machines_t
     )
 
 
-def device_sh(*args: str, wheels: Path, budget_s: int = 460) -> subprocess.CompletedProcess:
+def device_sh(*args: str, wheels: Path, budget_s: int | None = None) -> subprocess.CompletedProcess:
+    """``bash bench/device.sh ARGS`` with ``BUDGET_S`` when given, else the script's own default."""
+    env = {key: value for key, value in os.environ.items() if key != "BUDGET_S"}
     return subprocess.run(
         ["bash", str(DEVICE_SCRIPT), *args],
         check=False,
         cwd=PROJECT_DIR,
-        env={**os.environ, "PYTHON": sys.executable, "WHEELS": str(wheels), "BUDGET_S": str(budget_s)},
+        env={
+            **env,
+            "PYTHON": sys.executable,
+            "WHEELS": str(wheels),
+            **({"BUDGET_S": str(budget_s)} if budget_s else {}),
+        },
         capture_output=True,
         text=True,
         timeout=300,
@@ -157,8 +164,9 @@ def refused_without_wheels(tmp_path_factory) -> tuple[subprocess.CompletedProces
 
 @pytest.fixture(scope="module")
 def dry_run_with_every_pin(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """``bash bench/device.sh --dry-run OUT`` run once at the default 460 s budget, offered only an empty file for the
-    pinned DeepSpeed sdist: deepspeed is installed here at the pin, so pip never opens it. The run and its OUT."""
+    """``bash bench/device.sh --dry-run OUT`` run once at the script's default budget (540 s: one call of 9 minutes),
+    offered only an empty file for the pinned DeepSpeed sdist: deepspeed is installed here at the pin, so pip never
+    opens it. The run and its OUT."""
     root = tmp_path_factory.mktemp("dry-run")
     wheels = root / "wheels"
     wheels.mkdir()
@@ -178,15 +186,15 @@ def test_device_script_prints_its_time_against_its_budget_however_it_ends(
     )
     checked, out = dry_run_with_every_pin
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert re.search(r"^device.sh: \d+ s of the 460 s budget$", checked.stdout, re.MULTILINE)
-    assert "of the 460 s budget" in (out / "device.log").read_text()
+    assert re.search(r"^device.sh: \d+ s of the 540 s budget$", checked.stdout, re.MULTILINE)
+    assert "of the 540 s budget" in (out / "device.log").read_text()
 
 
 def test_gpu_quick_keeps_the_ranks_logs_and_says_the_budget_spent_when_an_arm_fails(tmp_path, monkeypatch, capsys):
     from bench import __main__ as bench_main
-    from bench import gpu_quick
+    from bench import gpu_quick, quick_arms
 
-    def failing_run(data_dir, work, sizes, device, save):
+    def failing_run(data_dir, work, sizes, device, save, budget):
         save({"arms": {"old_recipe": {}}})
         (work / "gpu-quick-defaults").mkdir()
         (work / "gpu-quick-defaults" / "bench.log").write_text(
@@ -199,7 +207,7 @@ def test_gpu_quick_keeps_the_ranks_logs_and_says_the_budget_spent_when_an_arm_fa
     monkeypatch.setattr(gpu_quick, "run", failing_run)
     budget = gpu_quick.Budget(seconds=460, began=time.time() - 100)
     with pytest.raises(RuntimeError, match="defaults failed"):
-        bench_main.measure_gpu_quick(gpu_quick.SMOKE, "cpu", tmp_path / "out", None, budget)
+        bench_main.measure_gpu_quick(quick_arms.SMOKE, "cpu", tmp_path / "out", None, budget)
     logs = tmp_path / "out" / gpu_quick.LOGS / "gpu-quick-defaults"
     assert (logs / "launch.log").read_text() == "rank 0 exited with 1\n"
     kept = (logs / "bench.log").read_text()

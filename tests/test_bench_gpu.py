@@ -189,7 +189,7 @@ def test_throughput_gives_tokens_per_second_beside_samples_per_second():
 
 
 def test_the_gpu_quick_table_shows_tokens_per_second_beside_samples_per_second():
-    from bench.gpu_quick import table
+    from bench.quick_report import table
 
     arm = {
         "label": "x",
@@ -223,7 +223,7 @@ step 10/230: loss 8.239 (160 s)
 
 
 def test_recompilations_are_counted_with_the_guard_that_failed(tmp_path):
-    from bench.gpu_quick import recompilations
+    from bench.quick_arms import recompilations
 
     log = tmp_path / "bench.log"
     log.write_text(RECOMPILE_LOG)
@@ -237,7 +237,7 @@ def test_recompilations_are_counted_with_the_guard_that_failed(tmp_path):
 
 @pytest.mark.parametrize("defaults_compile", [True, False])
 def test_the_price_of_torch_compile_is_the_same_whichever_arm_the_defaults_are(defaults_compile):
-    from bench.gpu_quick import compile_price
+    from bench.quick_report import compile_price
 
     eager = {"torch_compile": False, "wall_s": 44.0, "median_step_s": 0.06, "samples_per_s": 5000.0}
     compiled = {"torch_compile": True, "wall_s": 227.0, "median_step_s": 0.04, "samples_per_s": 2000.0}
@@ -258,45 +258,6 @@ def test_the_price_of_torch_compile_is_the_same_whichever_arm_the_defaults_are(d
     assert compile_price({"old_recipe": {}, "defaults": eager}, steps=230) == {}  # the CPU smoke run: one arm
     slower = {**compiled, "median_step_s": 0.07}
     assert compile_price({"defaults": eager, "defaults_compiled": slower}, 230)["compile"]["break_even_steps"] is None
-
-
-def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu(tmp_path, monkeypatch):
-    """The third arm runs the defaults' batches with torch.compile flipped, on CUDA only, and logs recompilations
-    only where it compiles."""
-    from bench import gpu_quick
-
-    launched = []
-
-    def defaults_arm(load, sizes, work, chosen, name="defaults"):
-        launched.append((name, chosen.get("torch_compile", False)))
-        return 100.0, {
-            "torch_compile": chosen.get("torch_compile", False),
-            "wall_s": 1.0,
-            "median_step_s": 0.1,
-            "samples_per_s": 100.0,
-        }
-
-    class Load:
-        device_name, model_label, peak = "H200", "m", 1.0
-
-        def describe_data(self):
-            return "d"
-
-    monkeypatch.setattr(gpu_quick, "defaults_arm", defaults_arm)
-    monkeypatch.setattr(gpu_quick, "old_recipe_arm", lambda load, sizes, started: (50.0, {"samples_per_s": 50.0}))
-    monkeypatch.setattr(gpu_quick.Workload, "build", classmethod(lambda cls, *args: Load()))
-    monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"optim": "adamw_torch_fused"})
-    sizes = gpu_quick.QuickSizes(token_budget=2048)
-    result = gpu_quick.run("data", tmp_path, sizes, "cuda")
-    assert launched == [("defaults", False), ("defaults_compiled", True)] and "compile" in result
-    assert list(result["arms"]) == ["old_recipe", "defaults", "defaults_compiled"]
-    launched.clear()
-    monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"torch_compile": True})
-    gpu_quick.run("data", tmp_path, sizes, "cuda")
-    assert launched == [("defaults", True), ("defaults_eager", False)]
-    launched.clear()
-    gpu_quick.run("data", tmp_path, sizes, "cpu")
-    assert launched == [("defaults", True)]
 
 
 def test_step_times_separate_the_warm_up_from_the_timed_steps():

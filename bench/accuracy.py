@@ -1,0 +1,249 @@
+"""Time to accuracy, offline: the demo's task trained from scratch until held-out logical-form accuracy reaches
+:data:`TARGET_LF`, by the defaults and by the docs-tuned peer (:mod:`bench.peer`), as a ratio.
+
+The task is the demo's: the synthetic questions (``textsql prepare --source synthetic``, uncased input), the model
+the workload's (t5-small's shape, random weights, on a GPU), held out the synthetic test split's 1,000 questions
+over tables no training question uses (:func:`held_out_task` puts them where training evaluates). Both arms
+evaluate alike every ``eval_steps`` steps on all of them: greedy generation without the grammar
+(``--constrained false`` for ours: the peer has no grammar), at most :data:`GENERATION_MAX_LENGTH` tokens, in
+batches of ``eval_batch``, scored by :func:`textsql.training.metrics.wikisql_metrics`. Each trains the loss it
+would: the defaults their own choice, the peer T5's full-vocabulary loss. Training stops at the first evaluation
+that reaches the target or at the first step ending ``cap_s`` after the first began (:class:`bench.steps.StepClock`
+in each training process), and the figure is the training time to the target, evaluations left out, with the wall
+time to it (evaluations in) beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from bench.ours import launch_ours, probe_record, run_summary, step_samples
+from bench.peer import peer_batch, peer_recipe
+from bench.rank_probe import STOP_AT_VAR, TIME_CAP_VAR
+from bench.steps import StepClock
+from bench.workload import Workload
+from textsql.constants import PREPARE_JSON_NAME
+from textsql.data.tables import TABLES_DIR_NAME, prepared_tables_path
+from textsql.model import load_tokenizer
+from textsql.training.metrics import EVAL_SPLIT, eval_questions, wikisql_metrics
+
+logger = logging.getLogger(__name__)
+
+TARGET_LF = 0.70
+LF_METRIC = "eval_lf_accuracy"
+GENERATION_MAX_LENGTH = 64  # textsql train's own generation_max_length, given to the peer too
+HELD_OUT_SPLIT = "test"  # the synthetic source's 1,000 held-out questions
+BATCHES_SAMPLED = 200  # the defaults' batches whose mean questions size the peer's batch
+
+
+@dataclass(frozen=True)
+class AccuracySizes:
+    """How long each arm may train, and how it is evaluated."""
+
+    cap_s: float = 100.0  # each arm stops at the first step ending this long after its first began
+    eval_steps: int = 100
+    # The schedule's length (both warm up over 6 % of it): long enough that the cap, not the schedule, ends a run.
+    max_steps: int = 5000
+    eval_batch: int = 250
+    limit: int | None = None  # questions a split (only the smoke run limits them)
+
+    @property
+    def needs_s(self) -> float:
+        """What the figure needs of a device run's budget: both arms' caps, preparing the data, two start-ups.
+
+        :rtype: float
+        """
+        return 2 * self.cap_s + 90
+
+
+# Two steps of the tiny T5 on 16 questions, evaluated after each: the code path, never the target.
+ACCURACY_SMOKE = AccuracySizes(cap_s=60.0, eval_steps=1, max_steps=2, eval_batch=8, limit=16)
+
+
+def held_out_task(work: Path, limit: int | None) -> Path:
+    """The demo's prepared questions with the held-out test split as the split training evaluates, with its tables.
+
+    :rtype: pathlib.Path
+    """
+    from textsql.data.prepare import prepare
+
+    target = work / "synthetic-held-out"
+    if target.exists():
+        return target
+    prepared = work / "synthetic"
+    if not prepared.exists():
+        # One process: the bench process has CUDA and threads running by now, which forked tokenizers would inherit.
+        prepare(data_dir=str(prepared), source="synthetic", input_format="uncased", limit=limit)
+    loaded = datasets.load_from_disk(str(prepared))
+    datasets.DatasetDict({"train": loaded["train"], EVAL_SPLIT: loaded[HELD_OUT_SPLIT]}).save_to_disk(str(target))
+    shutil.copyfile(prepared / PREPARE_JSON_NAME, target / PREPARE_JSON_NAME)
+    (target / TABLES_DIR_NAME).mkdir()
+    for split, source in (("train", "train"), (EVAL_SPLIT, HELD_OUT_SPLIT)):
+        shutil.copyfile(prepared_tables_path(prepared, source), prepared_tables_path(target, split))
+    return target
+
+
+def reached(record: dict, target: float) -> dict:
+    """When a clock record's evaluations first reached ``target``: the step, the training seconds to it (from the
+    first step's start, the evaluations before it left out) and the wall seconds (the evaluations in, its own
+    too); or, not reached, the best score and the training seconds spent.
+
+    :rtype: dict
+    """
+    began = record["step_began"][0]
+    for evaluation in record["evaluations"]:
+        score = evaluation["metrics"].get(LF_METRIC)
+        if score is not None and score >= target:
+            step = evaluation["step"]
+            ended = record["step_ended"][step - 1] - began
+            return {
+                "reached": True,
+                "step": step,
+                "lf_accuracy": round(score, 4),
+                "training_s": round(ended - evaluating_before(record, step), 2),
+                "wall_s": round(ended + evaluation["seconds"], 2),
+            }
+    steps = len(record["step_ended"])
+    known = [
+        score for evaluation in record["evaluations"] if (score := evaluation["metrics"].get(LF_METRIC)) is not None
+    ]
+    return {
+        "reached": False,
+        "steps": steps,
+        "best_lf_accuracy": round(max(known), 4) if known else None,
+        "training_s": round(record["step_ended"][-1] - began - evaluating_before(record, steps), 2) if steps else 0.0,
+        "evaluations": len(record["evaluations"]),
+    }
+
+
+def evaluating_before(record: dict, step: int) -> float:
+    """Seconds spent in the evaluations that ran before step ``step`` ended (each runs after its own step's end, so
+    those of earlier steps; a run's final evaluation comes after its last step).
+
+    :rtype: float
+    """
+    return sum(evaluation["seconds"] for evaluation in record["evaluations"] if evaluation["step"] < step)
+
+
+def evaluation_settings(sizes: AccuracySizes) -> dict:
+    """What both arms evaluate with (training arguments by their names).
+
+    :rtype: dict
+    """
+    return {
+        "eval_strategy": "steps",
+        "eval_steps": sizes.eval_steps,
+        "per_device_eval_batch_size": sizes.eval_batch,
+        "predict_with_generate": True,
+        "generation_max_length": GENERATION_MAX_LENGTH,
+    }
+
+
+def defaults_to_target(load: Workload, sizes: AccuracySizes, data: Path, work: Path, token_budget: int | None) -> dict:
+    """``textsql launch`` on one rank with its defaults, evaluating as both arms do.
+
+    :param token_budget: the budget to pass (``None``: the defaults' own for the GPU).
+    :rtype: dict
+    """
+    began = time.monotonic()
+    run_dir = launch_ours(
+        work,
+        "accuracy-defaults",
+        load.model,
+        data,
+        probe_env={STOP_AT_VAR: f"{LF_METRIC}>={TARGET_LF}", TIME_CAP_VAR: str(sizes.cap_s)},
+        loss_vocabulary=None,
+        max_steps=sizes.max_steps,
+        eval_share=0.0,  # every grid step: both arms evaluate at the same steps
+        constrained=False,
+        report_to="none",
+        max_tokens_per_batch=token_budget,
+        **evaluation_settings(sizes),
+    )
+    summary = run_summary(run_dir)
+    return {
+        "label": (
+            f"defaults: textsql launch --ranks 1, recipe {(summary.get('recipe') or {}).get('name')}, "
+            f"{summary['precision']}, "
+            f"{summary['loss_vocabulary']}-vocabulary loss, token budget "
+            f"{summary['token_budget']['max_tokens_per_batch']}; --constrained false"
+        ),
+        **reached(probe_record(run_dir), TARGET_LF),
+        "arm_wall_s": round(time.monotonic() - began, 1),
+        "token_budget": summary["token_budget"]["max_tokens_per_batch"],
+    }
+
+
+def peer_to_target(load: Workload, sizes: AccuracySizes, data: Path, token_budget: int) -> dict:
+    """The docs' plain ``Seq2SeqTrainer`` in this process, at the defaults' questions a step, evaluating alike.
+
+    :param token_budget: the budget the defaults trained at (their ``run.json``).
+    :rtype: dict
+    """
+    began = time.monotonic()
+    train = datasets.load_from_disk(str(data))["train"]
+    lengths = ([len(ids) for ids in train["input_ids"]], [len(ids) for ids in train["labels"]])
+    ours = step_samples(lengths, token_budget, load.shape, BATCHES_SAMPLED)
+    batch = min(peer_batch(statistics.fmean(step.samples for step in ours)), len(train))
+    questions, tables = eval_questions(data, None)
+    clock = StepClock(stop_at=(LF_METRIC, TARGET_LF), time_cap_s=sizes.cap_s)
+    with tempfile.TemporaryDirectory(prefix="bench-accuracy-peer-") as output:
+        record = peer_recipe(
+            load.model,
+            data,
+            Path(output),
+            clock,
+            sizes.max_steps,
+            load.device,
+            batch,
+            load.shape,
+            compute_metrics=wikisql_metrics(load_tokenizer(str(load.model)), questions, tables),
+            include_for_metrics=["inputs"],
+            **evaluation_settings(sizes),
+        )
+    return {
+        "label": f"peer: plain Seq2SeqTrainer as transformers' docs advise, batch {batch}, full-vocabulary loss",
+        **reached(record, TARGET_LF),
+        "arm_wall_s": round(time.monotonic() - began, 1),
+    }
+
+
+def time_to_accuracy(
+    load: Workload,
+    sizes: AccuracySizes,
+    work: Path,
+    token_budget: int | None,
+    save: Callable[[dict], None] = lambda figure: None,
+) -> dict:
+    """Both arms on the held-out task; ``save`` gets the figure after each.
+
+    :param token_budget: the defaults' budget to pass (``None`` on a GPU: their own).
+    :rtype: dict
+    """
+    data = held_out_task(work, sizes.limit)
+    figure: dict = {
+        "target": f"held-out logical-form accuracy >= {TARGET_LF:.0%}",
+        "held_out_questions": len(datasets.load_from_disk(str(data))[EVAL_SPLIT]),
+        "cap_s": sizes.cap_s,
+        "eval_steps": sizes.eval_steps,
+        "arms": {},
+    }
+    ours = figure["arms"]["defaults"] = defaults_to_target(load, sizes, data, work, token_budget)
+    save(figure)
+    peer = figure["arms"]["peer"] = peer_to_target(load, sizes, data, ours["token_budget"])
+    both = ours["reached"] and peer["reached"]
+    figure["value"] = round(peer["training_s"] / ours["training_s"], 2) if both else None
+    figure["unit"] = "x (the peer's training seconds to the target / the defaults')"
+    if not both:
+        figure["not_reached"] = [name for name, arm in figure["arms"].items() if not arm["reached"]]
+    save(figure)
+    return figure

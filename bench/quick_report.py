@@ -1,0 +1,168 @@
+"""What ``gpu-quick`` (:mod:`bench.gpu_quick`) derives from its arms and prints: the defaults' samples/s over each
+peer's, the price of torch.compile, and the markdown table."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+logger = logging.getLogger(__name__)
+
+# The table's rows, in the order a reader compares them: the defaults, the peers, the larger model, then the
+# defaults with torch.compile turned the other way (only one of the two runs).
+ARMS = ("defaults", "peer", "old_recipe", "defaults_t5_base", "defaults_eager", "defaults_compiled")
+# What the defaults are compared with: the headline value is over the first.
+PEERS = ("peer", "old_recipe")
+# The arms that differ only in torch.compile.
+COMPILE_ARMS = ("defaults", "defaults_eager", "defaults_compiled")
+TOP_KERNELS_SHOWN = 3
+
+
+def ratios(arms: dict) -> dict:
+    """The defaults' samples/s over each peer's that has run (``defaults_over``), the first peer's as ``value``.
+
+    :rtype: dict
+    """
+    if "defaults" not in arms:
+        return {}
+    ours = arms["defaults"]["samples_per_s"]
+    over = {peer: round(ours / arms[peer]["samples_per_s"], 2) for peer in PEERS if peer in arms}
+    if not over:
+        return {}
+    headline = next(iter(over))
+    return {
+        "value": over[headline],
+        "unit": f"x (samples/s of the defaults / the {headline.replace('_', ' ')}'s, same device, same run)",
+        "defaults_over": over,
+    }
+
+
+def compile_price(arms: dict, steps: int) -> dict:
+    """What torch.compile cost against the same run eager, where both ran: the extra wall seconds, the median step's
+    saving, and the steps after which a run compiled is done sooner than eager.
+
+    :rtype: dict
+    """
+    by_compile = {arm["torch_compile"]: arm for name, arm in arms.items() if name in COMPILE_ARMS}
+    if set(by_compile) != {False, True}:
+        return {}
+    eager, compiled = by_compile[False], by_compile[True]
+    extra_s = compiled["wall_s"] - eager["wall_s"]
+    saved_s = eager["median_step_s"] - compiled["median_step_s"]
+    return {
+        "compile": {
+            "extra_wall_s": round(extra_s, 1),
+            "median_step_s_saved": round(saved_s, 4),
+            "samples_per_s_over_eager": round(compiled["samples_per_s"] / eager["samples_per_s"], 2),
+            # wall(n) = start-up + compilation + n x step: equal for both at n = steps + extra_s / saved_s.
+            # Rounded first: float noise must not add a step (183 / 0.02 is 9150.000000000002).
+            "break_even_steps": math.ceil(round(steps + extra_s / saved_s, 6)) if saved_s > 0 else None,
+        }
+    }
+
+
+def busy(arm: dict) -> str:
+    """The arm's busy fraction as a percentage, or ``n/a`` without a timeline.
+
+    :rtype: str
+    """
+    timeline = arm.get("timeline")
+    if not timeline or timeline["busy_fraction"] is None:
+        return "n/a"
+    return f"{timeline['busy_fraction']:.0%}"
+
+
+def table(result: dict) -> str:
+    """The result as a markdown table, one row an arm, then the labels, the ratios and the timelines.
+
+    :rtype: str
+    """
+    versions = result["versions"]
+    lines = [
+        f"gpu-quick on {result['device']} (torch {versions['torch']}, CUDA {versions['cuda']}), "
+        + f"model {result['model']}",
+        "",
+        "| arm | samples/s | real tokens/s | MFU | busy | peak memory GiB | loss vocabulary | warm-up s "
+        + "| median step s | slowest step s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    shown = [name for name in ARMS if name in result["arms"]]
+    for name in shown:
+        arm = result["arms"][name]
+        share = "n/a" if arm["mfu_real_tokens"] is None else f"{arm['mfu_real_tokens']:.2%}"
+        lines.append(
+            f"| {name} | {arm['samples_per_s']} | {arm['real_tokens_per_s']} | {share} | {busy(arm)} | "
+            f"{arm['peak_memory_gib']} | {arm['loss_vocabulary']} | "
+            f"{arm['warmup_s']} | {arm['median_step_s']} | {arm['slowest_step_s']} |"
+        )
+    lines += ["", *(f"- {name}: {result['arms'][name]['label']}" for name in shown)]
+    for name, reason in result.get("skipped", {}).items():
+        lines.append(f"- {name}: not run ({reason})")
+    if "defaults_over" in result:
+        over = "; ".join(
+            f"defaults / {peer.replace('_', ' ')}: {ratio}x" for peer, ratio in result["defaults_over"].items()
+        )
+        lines += ["", f"samples/s {over}" + (f"; {result['wall_s']} s in all" if "wall_s" in result else "")]
+    if "time_to_accuracy" in result:
+        lines += accuracy_lines(result["time_to_accuracy"])
+    lines += timelines(result["arms"], shown)
+    for name in shown:
+        if "recompilations" in result["arms"][name]:
+            count = result["arms"][name]["recompilations"]["count"]
+            lines.append(f"{name}: torch.compile compiled the model again {count} time(s)")
+    price = result.get("compile")
+    if price:
+        pays = (
+            "never, at these step times"
+            if price["break_even_steps"] is None
+            else f"after {price['break_even_steps']} steps"
+        )
+        lines.append(
+            f"torch.compile: {price['extra_wall_s']} s more than eager over the run, {price['median_step_s_saved']} s "
+            f"saved a step (median), {price['samples_per_s_over_eager']}x eager's samples/s; a run is done sooner "
+            f"compiled {pays}"
+        )
+    return "\n".join(lines)
+
+
+def timelines(arms: dict, shown: list[str]) -> list[str]:
+    """One line per profiled arm: what was read, how busy, and its top kernels by time.
+
+    :rtype: list[str]
+    """
+    lines = []
+    for name in shown:
+        timeline = arms[name].get("timeline")
+        if not timeline:
+            continue
+        top = ", ".join(
+            f"{kernel['name'][:60]} {kernel['share_of_kernel_time'] or 0:.0%}"
+            for kernel in timeline["top_kernels"][:TOP_KERNELS_SHOWN]
+        )
+        lines.append(
+            f"{name} timeline ({timeline['activity']}, {timeline['steps']} step{'s' * (timeline['steps'] != 1)}): "
+            f"{busy(arms[name])} busy, "
+            f"{timeline['kernels_per_step']} a step; top: {top}"
+        )
+    return ([""] if lines else []) + lines
+
+
+def accuracy_lines(figure: dict) -> list[str]:
+    """The time-to-accuracy figure: each arm's time to the target or how far it got, then the ratio.
+
+    :rtype: list[str]
+    """
+    lines = ["", f"time to {figure['target']} on {figure['held_out_questions']} held-out questions:"]
+    for name, arm in figure["arms"].items():
+        if arm["reached"]:
+            lines.append(
+                f"- {name}: {arm['training_s']} s of training ({arm['wall_s']} s with evaluations), step {arm['step']}"
+            )
+        else:
+            lines.append(
+                f"- {name}: not reached in {arm['training_s']} s of training ({arm['steps']} steps, "
+                f"best {arm['best_lf_accuracy']})"
+            )
+    if figure.get("value") is not None:
+        lines.append(f"the peer took {figure['value']}x the defaults' training time")
+    return lines

@@ -1,0 +1,81 @@
+"""The time-to-accuracy figure's parts on the CPU (bench/accuracy.py): the held-out task as training evaluates it, when
+a record reached the target, and the step clock that stops a run at a score or a time cap. Both arms run end to end
+in the checkout's rehearsal (tests/test_bench_checkout.py)."""
+
+from types import SimpleNamespace
+
+import datasets
+import numpy as np
+import pytest
+
+from bench.accuracy import LF_METRIC, held_out_task, reached
+from bench.steps import StepClock
+from textsql.data.tables import prepared_tables_path
+from textsql.training.metrics import EVAL_SPLIT, eval_questions
+
+
+def clock_record(ends: list[float], evaluations: list[tuple[int, float | None, float]]) -> dict:
+    """Steps beginning at 0 and ending at ``ends``; evaluations as (step, LF, seconds)."""
+    return {
+        "step_began": [0.0] + ends[:-1],
+        "step_ended": ends,
+        "evaluations": [
+            {"step": step, "eval_loss": 1.0, "seconds": seconds, "metrics": {} if lf is None else {LF_METRIC: lf}}
+            for step, lf, seconds in evaluations
+        ],
+    }
+
+
+def test_the_time_to_the_target_leaves_out_the_evaluations_before_it_and_the_wall_time_keeps_them():
+    # Steps of 1 s; evaluations of 10 s after steps 2 and 4 (the clock reads them in the next steps' ends).
+    record = clock_record([1.0, 2.0, 13.0, 14.0, 25.0], [(2, 0.4, 10.0), (4, 0.72, 10.0)])
+    assert reached(record, 0.7) == {"reached": True, "step": 4, "lf_accuracy": 0.72, "training_s": 4.0, "wall_s": 24.0}
+    assert reached(record, 0.9) == {
+        "reached": False,
+        "steps": 5,
+        "best_lf_accuracy": 0.72,
+        "training_s": 5.0,
+        "evaluations": 2,
+    }
+    assert reached(clock_record([1.0], [(1, None, 1.0)]), 0.7)["best_lf_accuracy"] is None
+    # A final evaluation after the last step (the defaults' run evaluates once more) is no training time spent.
+    finished = clock_record([1.0, 2.0, 13.0, 14.0, 25.0], [(2, 0.4, 10.0), (4, 0.5, 10.0), (5, 0.6, 10.0)])
+    assert reached(finished, 0.7)["training_s"] == 5.0 and reached(finished, 0.7)["best_lf_accuracy"] == 0.6
+
+
+def test_the_step_clock_stops_at_a_score_or_past_its_time_cap():
+    state = SimpleNamespace(global_step=1)
+    scored = StepClock(stop_at=(LF_METRIC, 0.7))
+    control = SimpleNamespace(should_training_stop=False)
+    scored.on_step_begin(None, state, control)
+    scored.on_step_end(None, state, control)
+    scored.on_evaluate(None, state, control, metrics={LF_METRIC: 0.69, "eval_loss": 2.0, "epoch": 1})
+    assert not control.should_training_stop and scored.evaluations[0]["metrics"] == {LF_METRIC: 0.69, "eval_loss": 2.0}
+    scored.on_evaluate(None, state, control, metrics={LF_METRIC: np.float32(0.75)})  # numpy's scores count too
+    assert control.should_training_stop and scored.evaluations[1]["metrics"] == {LF_METRIC: 0.75}
+
+    capped = StepClock(time_cap_s=0.0)
+    control = SimpleNamespace(should_training_stop=False)
+    capped.on_step_begin(None, state, control)
+    capped.on_step_end(None, state, control)
+    assert control.should_training_stop
+    uncapped = StepClock(time_cap_s=3600.0)
+    control = SimpleNamespace(should_training_stop=False)
+    uncapped.on_step_begin(None, state, control)
+    uncapped.on_step_end(None, state, control)
+    assert not control.should_training_stop
+
+
+@pytest.mark.timeout(300)
+def test_the_held_out_task_is_the_synthetic_test_split_where_training_evaluates(tmp_path):
+    """The demo's questions, its 1,000 held-out ones (here the first 16) as the split training evaluates, with their
+    tables: questions over tables no training question uses."""
+    data = held_out_task(tmp_path, limit=16)
+    loaded = datasets.load_from_disk(str(data))
+    synthetic = datasets.load_from_disk(str(tmp_path / "synthetic"))
+    assert set(loaded) == {"train", EVAL_SPLIT} and loaded[EVAL_SPLIT]["id"] == synthetic["test"]["id"]
+    questions, tables = eval_questions(data, None)
+    assert len(questions) == 16 and tables and {question["table_id"] for question in questions} <= set(tables)
+    assert not {question["table_id"] for question in questions} & set(loaded["train"]["table_id"])
+    assert prepared_tables_path(data, "train").is_file()
+    assert held_out_task(tmp_path, limit=16) == data  # built once

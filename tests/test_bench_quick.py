@@ -1,0 +1,312 @@
+"""gpu-quick's parts on the CPU: the docs-tuned peer (bench/peer.py) trained for a few steps in this process, the
+timeline of steady steps (bench/timeline.py) read from a real CPU profile, the arms' order and ratios
+(bench/gpu_quick.py, bench/quick_report.py) with the arms stubbed. The whole run is rehearsed from a checkout in
+tests/test_bench_checkout.py."""
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from transformers import AutoConfig, DataCollatorForSeq2Seq
+
+from bench.flops import T5Shape, training_flops
+from bench.ours import StepWork
+from bench.peer import PAD_MULTIPLE, RecordingCollator, peer_batch, peer_recipe
+from bench.steps import StepClock
+from bench.timeline import WINDOW, Timeline, busy_microseconds, summarize
+from textsql.constants import DEFAULT_MODEL_DIR, LABEL_PAD_TOKEN_ID
+from textsql.model import load_model, load_tokenizer
+
+TINY_SHAPE = T5Shape.from_config(AutoConfig.from_pretrained(DEFAULT_MODEL_DIR))
+
+
+def test_busy_time_counts_overlapping_activity_once_and_only_inside_the_window():
+    # Two streams overlapping 2-6 and 4-8, one gap, one interval running past the window's end.
+    intervals = [(4.0, 8.0), (2.0, 6.0), (10.0, 12.0), (19.0, 30.0)]
+    assert busy_microseconds(intervals, start=0.0, end=20.0) == 6.0 + 2.0 + 1.0
+    assert busy_microseconds(intervals, start=5.0, end=11.0) == 3.0 + 1.0
+    assert busy_microseconds([], start=0.0, end=1.0) == 0.0
+
+
+def event(name: str, device: DeviceType, start: float, end: float, annotation: bool = False) -> SimpleNamespace:
+    """What summarize reads of a profiler event."""
+    return SimpleNamespace(
+        name=name,
+        device_type=device,
+        is_user_annotation=annotation,
+        time_range=SimpleNamespace(start=start, end=end),
+        cpu_parent=None,
+    )
+
+
+def test_a_cuda_timeline_counts_kernels_and_copies_not_the_device_side_copies_of_annotations():
+    """Kineto copies every record_function range to the GPU's timeline (the window's too): counted as kernels, they
+    would make any window look busy."""
+    events = [
+        event(WINDOW, DeviceType.CPU, 0.0, 1000.0, annotation=True),
+        event(WINDOW, DeviceType.CUDA, 0.0, 1000.0, annotation=True),
+        event("bench::optimizer_phase", DeviceType.CUDA, 500.0, 900.0, annotation=True),
+        event("aten::mm", DeviceType.CPU, 10.0, 20.0),  # the host's side: not the device's activity
+        event("ampere_sgemm", DeviceType.CUDA, 100.0, 300.0),
+        event("ampere_sgemm", DeviceType.CUDA, 250.0, 400.0),  # on another stream, overlapping
+        event("Memcpy HtoD", DeviceType.CUDA, 600.0, 700.0),
+    ]
+    summary = summarize(events, steps=2, device_activity=True)
+    assert summary["busy_fraction"] == 0.4 and summary["window_ms"] == 1.0 and summary["kernels_per_step"] == 1.5
+    assert [(top["name"], top["total_ms"], top["calls"]) for top in summary["top_kernels"]] == [
+        ("ampere_sgemm", 0.35, 2),
+        ("Memcpy HtoD", 0.1, 1),
+    ]
+    assert summary["top_kernels"][0]["share_of_kernel_time"] == round(350 / 450, 4)
+
+
+def drive(timeline: Timeline, steps: list) -> None:
+    """Run ``steps`` (callables) as a trainer would, calling the timeline around each."""
+    for step in steps:
+        timeline.on_step_begin(None, None, None)
+        step()
+        timeline.on_step_end(None, None, None)
+
+
+def test_a_cpu_timeline_of_busy_steps_and_of_idle_steps_tells_them_apart():
+    """Only the chosen steps are profiled; a window of matrix products is busy with aten::mm, a window spent asleep
+    is not."""
+    left, right = torch.randn(256, 256), torch.randn(256, 256)
+
+    def compute():
+        for _ in range(20):
+            left @ right
+
+    def idle():
+        time.sleep(0.2)
+        left @ right
+
+    working = Timeline(first_step=2, steps=2)
+    drive(working, [idle, compute, compute, idle])
+    resting = Timeline(first_step=1, steps=1)
+    drive(resting, [idle, compute])
+    assert working.summary["steps"] == 2 and working.summary["activity"].startswith("CPU")
+    assert working.summary["busy_fraction"] > 0.5 > resting.summary["busy_fraction"] > 0
+    assert working.summary["kernels_per_step"] == 20
+    assert working.summary["top_kernels"][0]["name"] == "aten::matmul"
+    assert working.summary["top_kernels"][0]["calls"] == 40
+    assert resting.summary["window_ms"] >= 200
+    with pytest.raises(ValueError, match="first_step"):
+        Timeline(first_step=0, steps=1)
+
+
+def test_the_peer_batch_is_the_defaults_questions_a_step_in_multiples_of_eight():
+    assert peer_batch(349.7) == 344 and peer_batch(8.0) == 8 and peer_batch(3.2) == PAD_MULTIPLE
+
+
+def test_the_recording_collator_pads_per_batch_and_records_real_tokens_only():
+    model = load_model(str(DEFAULT_MODEL_DIR))
+    collator = RecordingCollator(
+        DataCollatorForSeq2Seq(load_tokenizer(str(DEFAULT_MODEL_DIR)), model=model, pad_to_multiple_of=8), TINY_SHAPE
+    )
+    features = [
+        {"input_ids": [5, 6, 7, 1], "attention_mask": [1, 1, 1, 1], "labels": [8, 1]},
+        {"input_ids": [5, 1], "attention_mask": [1, 1], "labels": [9, 10, 11, 1]},
+    ]
+    batch = collator(features)
+    assert batch["input_ids"].shape == (2, 8) and batch["labels"].shape == (2, 8)  # padded to the multiple
+    assert batch["labels"][0].tolist() == [8, 1] + [LABEL_PAD_TOKEN_ID] * 6
+    assert "decoder_input_ids" in batch  # the model shifts the labels, as the docs' collator does
+    flops = training_flops(TINY_SHAPE, 4, 2) + training_flops(TINY_SHAPE, 2, 4)
+    assert collator.batches == [StepWork(2, flops, 12)]
+
+
+def test_the_peer_trains_its_steps_and_records_each_steps_work(prepared_sample, tmp_path):
+    """The docs' Seq2SeqTrainer (length-grouped, fused AdamW, dynamic padding) on the CPU: every step clocked, every
+    batch's work recorded in step order, a timeline of the step after the others."""
+    timeline = Timeline(first_step=3, steps=1)
+    record = peer_recipe(
+        DEFAULT_MODEL_DIR,
+        prepared_sample,
+        tmp_path / "out",
+        StepClock(),
+        max_steps=3,
+        device="cpu",
+        batch=8,
+        shape=TINY_SHAPE,
+        callbacks=(timeline,),
+    )
+    assert len(record["step_ended"]) == 3 and record["memory_measure"].startswith("peak_rss")
+    work = [StepWork(*step) for step in record["step_work"]]
+    assert len(work) >= 3 and all(step.samples == 8 for step in work)
+    assert all(step.tokens > 0 and step.flops > 0 for step in work)
+    assert timeline.summary["steps"] == 1 and 0 < timeline.summary["busy_fraction"] <= 1
+
+
+class StubLoad:
+    device_name, model_label, peak = "H200", "m", 1.0
+
+    def describe_data(self):
+        return "d"
+
+    def shaped_as(self, config, work):
+        return "t5-base-load"
+
+
+@pytest.fixture
+def stubbed_arms(monkeypatch):
+    """gpu_quick.run with every arm stubbed: the arms it ran, in order, as (name, torch_compile, model)."""
+    from bench import gpu_quick
+
+    launched = []
+
+    def defaults_arm(load, sizes, work, chosen, name="defaults", torch_compile=None):
+        compiled = chosen.get("torch_compile", False) if torch_compile is None else torch_compile
+        launched.append((name, compiled, load))
+        rate = {"defaults": 600.0, "defaults_t5_base": 200.0}.get(name, 500.0)
+        return {
+            "torch_compile": compiled,
+            "wall_s": 1.0,
+            "median_step_s": 0.1,
+            "samples_per_s": rate,
+            "token_budget": 64,
+        }
+
+    def peer_arm(load, sizes, token_budget):
+        launched.append(("peer", token_budget, load))
+        return {"samples_per_s": 200.0}
+
+    def old_recipe_arm(load, sizes):
+        launched.append(("old_recipe", False, load))
+        return {"samples_per_s": 50.0}
+
+    def time_to_accuracy(load, sizes, work, token_budget, save):
+        launched.append(("time_to_accuracy", token_budget, load))
+        save({"arms": {"defaults": {"reached": False}}})
+        save({"arms": {"defaults": {"reached": False}, "peer": {"reached": False}}, "value": None})
+
+    monkeypatch.setattr(gpu_quick, "time_to_accuracy", time_to_accuracy)
+    monkeypatch.setattr(gpu_quick, "defaults_arm", defaults_arm)
+    monkeypatch.setattr(gpu_quick, "peer_arm", peer_arm)
+    monkeypatch.setattr(gpu_quick, "old_recipe_arm", old_recipe_arm)
+    monkeypatch.setattr(gpu_quick.Workload, "build", classmethod(lambda cls, *args: StubLoad()))
+    monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"optim": "adamw_torch_fused"})
+    return launched
+
+
+def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(stubbed_arms, tmp_path):
+    from bench import gpu_quick
+    from bench.quick_arms import QuickSizes
+
+    saved = []
+    result = gpu_quick.run(
+        "data", tmp_path, QuickSizes(token_budget=2048), "cuda", save=lambda r: saved.append(json.loads(json.dumps(r)))
+    )
+    assert [(name, detail) for name, detail, _ in stubbed_arms] == [
+        ("defaults", False),
+        ("peer", 64),  # the peer's batch is sized from the defaults' own token budget
+        ("old_recipe", False),
+        ("defaults_t5_base", False),
+        ("time_to_accuracy", 2048),  # the token budget asked (None on a GPU: the defaults' own)
+        ("defaults_compiled", True),
+    ]
+    assert stubbed_arms[3][2] == "t5-base-load" and isinstance(stubbed_arms[1][2], StubLoad)
+    assert result["value"] == 3.0 and result["defaults_over"] == {"peer": 3.0, "old_recipe": 12.0}
+    assert "peer" in result["unit"] and "compile" in result
+    # Written after each arm: a run cut short after the peer keeps the headline.
+    assert "value" not in saved[0] and saved[1]["value"] == 3.0 and "old_recipe" not in saved[1]["defaults_over"]
+    assert [snapshot["done"][-1] for snapshot in saved[3:6]] == [
+        "defaults_t5_base",
+        "time_to_accuracy defaults",
+        "time_to_accuracy peer",
+    ]
+    assert set(result["time_to_accuracy"]["arms"]) == {"defaults", "peer"}
+
+
+def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budget_for_it(
+    stubbed_arms, tmp_path, monkeypatch
+):
+    from bench import gpu_quick
+    from bench.quick_arms import QuickSizes
+
+    sizes = QuickSizes(token_budget=2048)
+    monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"torch_compile": True, "optim": "x"})
+    gpu_quick.run("data", tmp_path, sizes, "cuda")
+    assert stubbed_arms[-1][:2] == ("defaults_eager", False)
+    stubbed_arms.clear()
+    gpu_quick.run("data", tmp_path, sizes, "cpu")
+    assert [name for name, _, _ in stubbed_arms] == [
+        "defaults",
+        "peer",
+        "old_recipe",
+        "defaults_t5_base",
+        "time_to_accuracy",
+    ]
+    stubbed_arms.clear()
+    short = gpu_quick.Budget(seconds=540, began=time.time() - 540 + gpu_quick.COMPILE_ARM_S - 10)
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=short)
+    assert "defaults_eager" not in result["arms"] and "needed" in result["skipped"]["defaults_eager"]
+    assert "compile" not in result
+    stubbed_arms.clear()
+    # Too little left for the time-to-accuracy figure, enough for the compile arm: the one skipped, the other run.
+    shorter = gpu_quick.Budget(seconds=540, began=time.time() - 540 + sizes.accuracy.needs_s - 10)
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=shorter)
+    assert "time_to_accuracy" not in result and set(result["skipped"]) == {"time_to_accuracy"}
+    assert "defaults_eager" in result["arms"]
+
+
+def test_a_budget_says_how_long_is_left():
+    from bench.gpu_quick import Budget
+
+    assert Budget(540, began=1000.0).left(now=1100.0) == 440.0
+    assert Budget(None, began=1000.0).left(now=5000.0) == float("inf")
+
+
+def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_accuracy():
+    from bench.quick_report import table
+
+    def arm(rate: float, busy: float | None) -> dict:
+        timeline = {
+            "activity": "CUDA kernels, copies and memsets",
+            "steps": 3,
+            "busy_fraction": busy,
+            "kernels_per_step": 2000.0,
+            "top_kernels": [{"name": "sm90_xmma_gemm", "total_ms": 5.0, "calls": 90, "share_of_kernel_time": 0.25}],
+        }
+        return {
+            "label": "x",
+            "samples_per_s": rate,
+            "real_tokens_per_s": 1,
+            "mfu_real_tokens": 0.06,
+            "peak_memory_gib": 1.0,
+            "loss_vocabulary": "full",
+            "warmup_s": 1.0,
+            "median_step_s": 0.06,
+            "slowest_step_s": 0.2,
+            "timeline": None if busy is None else timeline,
+        }
+
+    shown = table(
+        {
+            "device": "H200",
+            "versions": {"torch": "2", "cuda": "13"},
+            "model": "m",
+            "arms": {"defaults": arm(600.0, 0.1834), "peer": arm(200.0, None)},
+            "defaults_over": {"peer": 3.0},
+            "skipped": {"defaults_compiled": "200 s of the budget left, 240 s needed"},
+            "time_to_accuracy": {
+                "target": "held-out logical-form accuracy >= 70%",
+                "held_out_questions": 1000,
+                "value": None,
+                "arms": {
+                    "defaults": {"reached": True, "training_s": 40.0, "wall_s": 55.0, "step": 700},
+                    "peer": {"reached": False, "training_s": 90.0, "steps": 900, "best_lf_accuracy": 0.61},
+                },
+            },
+        }
+    )
+    assert "| defaults | 600.0 | 1 | 6.00% | 18% |" in shown and "| peer | 200.0 | 1 | 6.00% | n/a |" in shown
+    assert "defaults timeline (CUDA kernels, copies and memsets, 3 steps): 18% busy" in shown
+    assert "sm90_xmma_gemm 25%" in shown and "peer timeline" not in shown
+    assert "- defaults_compiled: not run (200 s of the budget left, 240 s needed)" in shown
+    assert "samples/s defaults / peer: 3.0x" in shown
+    assert "- defaults: 40.0 s of training (55.0 s with evaluations), step 700" in shown
+    assert "- peer: not reached in 90.0 s of training (900 steps, best 0.61)" in shown
