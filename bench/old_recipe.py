@@ -11,6 +11,7 @@ import logging
 import resource
 import statistics
 from pathlib import Path
+from typing import Any
 
 import datasets
 import torch
@@ -135,21 +136,33 @@ def old_recipe(
         **values,
     )
     trained.accepts_loss_kwargs = False
-    cuda = device == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    with phase_markers():
-        Seq2SeqTrainer(
+    return {
+        **clock.record(),
+        **train_measured(
+            device == "cuda",
             model=trained,
             args=args,
             train_dataset=padded["train"],
             eval_dataset=padded.get("validation"),
             data_collator=default_data_collator,
             callbacks=[clock, *callbacks],
-        ).train()
+        ),
+    }
+
+
+def train_measured(cuda: bool, **trainer: Any) -> dict:
+    """Train a ``Seq2SeqTrainer`` built from ``trainer`` in this process, its phases marked for the profiler, and
+    say the peak memory it took: torch's high-water mark on CUDA, else this process's peak RSS.
+
+    :returns: ``{"peak_memory_bytes", "memory_measure"}``.
+    :rtype: dict
+    """
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    with phase_markers():
+        Seq2SeqTrainer(**trainer).train()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
-        **clock.record(),
         "peak_memory_bytes": peak,
         "memory_measure": "cuda_max_memory_allocated" if cuda else "peak_rss (the bench process)",
     }

@@ -14,19 +14,17 @@ batch padded is the n-th step's.
 from __future__ import annotations
 
 import logging
-import resource
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import datasets
-import torch
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, TrainerCallback
 
 from bench.flops import T5Shape, training_flops
-from bench.old_recipe import EVAL_BATCH, LOSS_VOCABULARY, SEED
+from bench.old_recipe import EVAL_BATCH, LOSS_VOCABULARY, SEED, train_measured
 from bench.ours import StepWork
-from bench.steps import StepClock, phase_markers
+from bench.steps import StepClock
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.model import load_model, load_tokenizer
 
@@ -148,22 +146,14 @@ def peer_recipe(
         shape,
     )
     args = Seq2SeqTrainingArguments(**(docs_settings(output, batch, max_steps, cuda) | values))
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    with phase_markers():
-        Seq2SeqTrainer(
-            model=trained,
-            args=args,
-            train_dataset=prepared["train"],
-            eval_dataset=prepared.get("validation"),
-            data_collator=collator,
-            compute_metrics=compute_metrics,
-            callbacks=[clock, *callbacks],
-        ).train()
-    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {
-        **clock.record(),
-        "step_work": [list(work) for work in collator.batches],
-        "peak_memory_bytes": peak,
-        "memory_measure": "cuda_max_memory_allocated" if cuda else "peak_rss (the bench process)",
-    }
+    measured = train_measured(
+        cuda,
+        model=trained,
+        args=args,
+        train_dataset=prepared["train"],
+        eval_dataset=prepared.get("validation"),
+        data_collator=collator,
+        compute_metrics=compute_metrics,
+        callbacks=[clock, *callbacks],
+    )
+    return {**clock.record(), "step_work": [list(work) for work in collator.batches], **measured}
