@@ -10,6 +10,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from helpers.bench import add_site
 from helpers.distributions import pins
 
 from bench.gpu_quick import RESULT_NAME
@@ -83,13 +84,7 @@ def linked_python(root: Path) -> Path:
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (Path(purelib) / "this-environment.pth").write_text(f"{sysconfig.get_path('purelib')}\n")
+    add_site(python, sysconfig.get_path("purelib"), "this-environment")
     return python
 
 

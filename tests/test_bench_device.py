@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.bench import add_site
 from helpers.distributions import bounded_beyond_torch, needs, pins
 from packaging.utils import canonicalize_name
 
@@ -54,13 +55,7 @@ def machine_python(root: Path) -> Path:
     # ensurepip's own setuptools (too old to build a wheel alone) would shadow the one torch brings, which a GPU
     # image holds and DeepSpeed's sdist is built with (--no-build-isolation).
     subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=False, timeout=300)
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (Path(purelib) / "machine.pth").write_text(f"{machine_site(root)}\n")
+    add_site(python, machine_site(root), "machine")
     return python
 
 

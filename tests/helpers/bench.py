@@ -42,3 +42,15 @@ def run_bench(
         capture_output=capture_output,
     )
     return json.loads((tmp_path / "results.json").read_text())
+
+
+def add_site(python: Path, site: Path | str, name: str) -> None:
+    """Make the virtual environment of ``python`` see the packages in ``site``: a ``NAME.pth`` naming it in the
+    environment's own purelib, which only that environment reads."""
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(purelib) / f"{name}.pth").write_text(f"{site}\n")
