@@ -13,6 +13,7 @@ from torch.autograd import DeviceType
 from transformers import AutoConfig, DataCollatorForSeq2Seq
 
 from bench.flops import T5Shape, training_flops
+from bench.old_recipe import old_recipe
 from bench.ours import StepWork
 from bench.peer import PAD_MULTIPLE, RecordingCollator, peer_batch, peer_recipe
 from bench.steps import StepClock
@@ -139,6 +140,20 @@ def test_the_peer_trains_its_steps_and_records_each_steps_work(prepared_sample, 
     assert len(work) >= 3 and all(step.samples == 8 for step in work)
     assert all(step.tokens > 0 and step.flops > 0 for step in work)
     assert timeline.summary["steps"] == 1 and 0 < timeline.summary["busy_fraction"] <= 1
+
+
+def test_the_old_recipe_returns_the_op_counts_of_the_step_it_profiled(prepared_sample, tmp_path):
+    """The record is read after training, so the profiled last step's op counts are in it."""
+    record = old_recipe(
+        DEFAULT_MODEL_DIR,
+        prepared_sample,
+        tmp_path / "out",
+        StepClock(profile_step=2),
+        max_steps=2,
+        device="cpu",
+        batch=4,
+    )
+    assert len(record["step_ended"]) == 2 and record["ops"] is not None and record["ops"]["ops"] > 0
 
 
 class StubLoad:
