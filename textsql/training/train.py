@@ -41,7 +41,12 @@ from textsql.tracking.mlflow_runs import finish_tracking, run_params, start_trac
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.collective import exit_on_failure
 from textsql.training.events import close_run_events, events_dir, use_run_events
-from textsql.training.hardware import share_cpu_threads, teardown_distributed, token_budget_record
+from textsql.training.hardware import (
+    import_deepspeed_lean,
+    share_cpu_threads,
+    teardown_distributed,
+    token_budget_record,
+)
 from textsql.training.loss import BatchVocabularyT5, resolve_loss_vocabulary
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     :param argv: command-line arguments (``sys.argv[1:]`` when ``None``).
     :rtype: int
     """
+    import_deepspeed_lean()
     model_args, data_args, run_args, training_args = parse_arguments(argv)
     _configure_logging(training_args)
     _announce_rank(model_args, run_args, training_args)
