@@ -34,7 +34,7 @@ from textsql.errors import LaunchError, RenamedOptionError
 from textsql.model import builds_from_config, load_config
 from textsql.planning.device_defaults import device_facts, fast_defaults
 from textsql.planning.estimate import AUTO_PROFILE, resolve_profile_here
-from textsql.planning.profiles import autocast_bf16, get_profile, load_profile, run_profile
+from textsql.planning.profiles import autocast_bf16, available_profiles, get_profile, load_profile, run_profile
 from textsql.planning.recipe import Recipe, training_recipe
 from textsql.tracking.mlflow_runs import check_tracking
 
@@ -89,13 +89,16 @@ class _StrictParser(HfArgumentParser):
 
 
 def parse_command_line(
-    argv: list[str] | None = None,
+    argv: list[str] | None = None, on_rank: bool = True
 ) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
     """Parse strictly: typos and unknown flags fail (no abbreviations), booleans take ``true``/``false``.
 
     The profile becomes the ``deepspeed`` config and ``--precision`` sets ``bf16``/``fp16``, so those
     trainer flags are refused to keep one way of saying each thing. Nothing distributed starts here.
 
+    :param on_rank: a rank resolves ``--profile auto`` from its own world and device. The launching machine
+        (``False``) may share neither, so it leaves ``auto`` to the ranks (``deepspeed`` is then ``None``) and checks
+        every profile auto may pick instead; it builds no model and imports no DeepSpeed for the estimate.
     :returns: the three argument dataclasses and the keyword arguments of ``Seq2SeqTrainingArguments``.
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
     """
@@ -119,11 +122,16 @@ def parse_command_line(
     # auto: the estimate's recommendation for this rank's world and device (textsql.planning.estimate).
     run_profile(run_args.profile)
     run_args.auto_profile = run_args.profile == AUTO_PROFILE
-    run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
-    get_profile(run_args.profile).check_precision(model_args.precision)
-    config, autocast = load_profile(run_args.profile, run_args.overlay), False
-    if model_args.precision == "bf16":
-        config, autocast = autocast_bf16(config)
+    if on_rank:
+        run_args.profile = resolve_profile_here(run_args.profile, model_args.model)
+    config: dict[str, Any] | None = None
+    autocast = False
+    # Left to the ranks, auto may pick any profile: each is checked against the precision and the overlays.
+    for name in available_profiles() if run_args.profile == AUTO_PROFILE else [run_args.profile]:
+        get_profile(name).check_precision(model_args.precision)
+        loaded = load_profile(name, run_args.overlay)
+        if run_args.profile != AUTO_PROFILE:
+            config, autocast = autocast_bf16(loaded) if model_args.precision == "bf16" else (loaded, False)
     training_values = _field_values(Seq2SeqTrainingArguments, values)
     if autocast:
         # DeepSpeed's "auto" clipping becomes 0 and the optimizer clips (textsql.training.clipping: no loop per tensor).
@@ -184,7 +192,7 @@ def check_train_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Ru
     :rtype: tuple[ModelArguments, DataArguments, RunArguments, dict]
     :raises TextSQLError: a ProfileError, ModelError, DataError or LaunchError naming the fix.
     """
-    parsed = parse_command_line(argv)
+    parsed = parse_command_line(argv, on_rank=False)
     load_config(parsed[0].model)
     check_prepared(parsed[1].prepared_dir())
     return parsed
