@@ -3,11 +3,14 @@
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from textsql.cli import cli
+from textsql.constants import ASSETS_DIR
 from textsql.errors import ProfileError
 from textsql.model import load_config, load_model
 from textsql.planning.estimate import (
@@ -18,6 +21,7 @@ from textsql.planning.estimate import (
     format_estimate,
     resolve_profile,
     resolve_profile_here,
+    t5_parameters,
 )
 
 T5_SMALL_PARAMETERS = 60_506_624  # t5-small as published (tied embeddings counted once)
@@ -27,6 +31,21 @@ def test_parameters_come_from_the_config_and_match_the_built_model():
     total, largest = count_parameters(load_config(None))
     assert total == load_model().num_parameters()
     assert 0 < largest < total
+
+
+@pytest.mark.parametrize("name", ["t5-tiny", "t5-small", "t5-base"])
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}, {"num_decoder_layers": 1}],
+    ids=["as-shipped", "v1.1-gated-untied", "fewer-decoder-layers"],
+)
+def test_a_t5_counted_from_its_dimensions_matches_the_model_built_on_the_meta_device(name, variant):
+    config = AutoConfig.from_pretrained(ASSETS_DIR / name, **variant)
+    with torch.device("meta"):
+        model = AutoModelForSeq2SeqLM.from_config(config)
+    built = sum(parameter.numel() for parameter in model.parameters())
+    largest = max(sum(p.numel() for p in module.parameters(recurse=False)) for module in model.modules())
+    assert t5_parameters(config) == count_parameters(config) == (built, largest)
 
 
 def test_t5_small_from_its_config_file_alone(shared_data_dir):

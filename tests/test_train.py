@@ -294,12 +294,15 @@ def test_the_launching_machine_leaves_profile_auto_to_the_ranks_and_checks_every
 
 
 def test_checking_a_launch_imports_no_deepspeed_and_builds_no_model(tmp_path):
-    """In a fresh interpreter, as `textsql launch` starts: what the check costs before any rank starts."""
+    """In a fresh interpreter, as `textsql launch` starts: the training arguments and the checkpoint's size (the
+    cluster check's) are read before any rank starts, without DeepSpeed or T5's modelling code (2-4 s)."""
     probe = (
         "import sys\n"
         "from textsql.arguments import train_argv\n"
         "from textsql.planning.train_args import check_train_args\n"
+        "from textsql.launching.cluster_check import checkpoint_size\n"
         f"check_train_args(train_argv(data_dir={str(fake_prepared(tmp_path / 'data'))!r}, run_dir='out'))\n"
+        "assert checkpoint_size(None) > 0\n"
         "loaded = {'deepspeed', 'transformers.models.t5.modeling_t5'} & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
