@@ -299,6 +299,9 @@ Decoding is constrained to WikiSQL queries over the given header by default.
   them show the pipeline learns to read a header, not how it does on WikiSQL.
 - A T5 trained from random weights for minutes on a CPU stays near the trivial baseline on real questions;
   real accuracy needs a pretrained T5 (`t5-small` or larger) trained on the full WikiSQL (`--source hub`).
+- One training is one sample of its recipe: another seed, or another CPU whose floating-point kernels differ, gives
+  another trajectory, and the demo's recipe scored several points apart over three seeds (`python -m bench
+  demo-seeds` in the project measures the spread).
 - English questions only; answers follow WikiSQL's engine (text compared and returned in lower case).
 - WikiSQL is released under the BSD 3-Clause license; T5 under Apache 2.0.
 """
