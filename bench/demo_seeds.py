@@ -8,6 +8,8 @@ training never saw), its real-question scores and its wall time, then the mean, 
 (:func:`spread`) and whether the worst seed clears :data:`BAR`. A seed changes the weights the small T5 starts
 from, its dropout and the order of its examples; another CPU kind changes the trajectory the same way (its
 floating-point kernels differ), so one run on one machine is a sample of this spread, not the recipe's score.
+``--param NAME=VALUE`` (``-p``, repeatable) runs an arm of the recipe over the same seeds, e.g.
+``python -m bench demo-seeds --seeds 1 2 -p learning_rate=0.002 --out arm.json``.
 """
 
 from __future__ import annotations
@@ -83,15 +85,26 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", type=int, nargs="+", default=list(SEEDS), help="training seeds (default: %(default)s)"
     )
     parser.add_argument("--steps", type=int, default=None, help="the demo's optimizer steps (default: its own)")
+    parser.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a notebook parameter for every seed's demo, as `textsql demo -p` takes it (an arm of the recipe)",
+    )
     parser.add_argument("--out", type=Path, default=RESULT, help="the JSON written (default: bench/demo_seeds.json)")
     args = parser.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {' '.join(map(str, args.seeds))} repeats a seed; give each once")
+    for param in args.param:
+        if "=" not in param or param.startswith(("seed=", "max_steps=")):
+            parser.error(f"--param {param!r}: give NAME=VALUE, and the seed and steps with --seeds and --steps")
     work = Path(tempfile.mkdtemp(prefix="demo-seeds-"))
     runs = []
     try:
         for seed in args.seeds:
-            demo = measure_demo(work / f"seed-{seed}", args.steps, seed=seed)
+            demo = measure_demo(work / f"seed-{seed}", args.steps, seed=seed, params=args.param)
             runs.append({"seed": seed, "command": demo["command"], **run_scores(demo)})
             print(f"seed {seed}: {runs[-1]}", flush=True)
     finally:
@@ -108,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 "questions; fractions; wall_s is the whole demo, training_s notebook 02"
             ),
             "bar": BAR,
+            "params": args.param,
             "runs": runs,
             "spread": spread([{key: run[key] for key in run if key not in ("seed", "command")} for run in runs]),
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),

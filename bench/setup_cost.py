@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -77,12 +78,15 @@ def tree_memory(process: psutil.Process) -> int:
     return total
 
 
-def measure_demo(work: Path, steps: int | None, code: Path = PROJECT_DIR, seed: int | None = None) -> dict:
+def measure_demo(
+    work: Path, steps: int | None, code: Path = PROJECT_DIR, seed: int | None = None, params: Sequence[str] = ()
+) -> dict:
     """Run ``textsql demo --run-dir runs/demo`` from ``work`` (``steps`` optimizer steps, or the demo's own; training
-    ``seed``, or notebook 02's) with the package of the checkout ``code``: its wall time, the summary it printed, and
+    ``seed``, or notebook 02's; more ``-p NAME=VALUE`` from ``params``) with the package of the checkout ``code``: its
+    wall time, the summary it printed, and
     its peak memory (:func:`tree_memory` of the command: the master, the notebooks' kernels, the local worker pods and
     their ranks), sampled every :data:`SAMPLE_S` seconds."""
-    chosen = ([f"max_steps={steps}"] if steps else []) + ([f"seed={seed}"] if seed is not None else [])
+    chosen = ([f"max_steps={steps}"] if steps else []) + ([f"seed={seed}"] if seed is not None else []) + list(params)
     command = [str(Path(sys.executable).parent / "textsql"), "demo", "--run-dir", "runs/demo"]
     command += [option for value in chosen for option in ("-p", value)]
     # Ahead of the installed package: the launch hands the package's own checkout to the ranks (their PYTHONPATH).

@@ -34,3 +34,10 @@ def test_a_repeated_seed_is_refused_before_any_demo_runs(capsys):
     with pytest.raises(SystemExit):
         main(["--seeds", "42", "1", "42"])
     assert "--seeds 42 1 42 repeats a seed; give each once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("param", ["learning_rate", "seed=7", "max_steps=10"])
+def test_an_arm_parameter_without_a_value_or_naming_the_seed_or_steps_is_refused_before_any_demo_runs(capsys, param):
+    with pytest.raises(SystemExit):
+        main(["--seeds", "1", "--param", param])
+    assert f"--param {param!r}: give NAME=VALUE" in capsys.readouterr().err
