@@ -270,6 +270,11 @@ def test_failing_rank_ends_every_host_quickly(two_local_workers, standin_env: di
     output = "".join(lines)
     assert "127.0.0.3: stand-in rank 1 fails on purpose before the process group forms\n" in lines
     assert "ranks on 127.0.0.3 failed with exit code 1" in output
+    # The rank's own exit is the cause, not the 255 of the host whose ranks were then ended: retried once, not
+    # relaunched as a lost worker until the restarts run out.
+    cause = "on 127.0.0.3: stand-in rank 1 fails on purpose before the process group forms (exit code 1)"
+    assert f"application error before the first step {cause}" in output and "worker lost" not in output, output
+    assert output.count("[supervisor] relaunching") == 1, output
     assert tagged_processes(standin_env["LAUNCH_TEST_TAG"]) == []
     log_path = two_local_workers.run_dir / "launch.log"
     log = log_path.read_text()

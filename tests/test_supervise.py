@@ -149,6 +149,24 @@ def test_a_255_from_a_host_whose_ranks_we_ended_later_is_not_the_lost_worker() -
     assert (classify(1, watch, {}).kind, classify(1, watch, {}).host) == (FailureKind.WORKER_LOST, "127.0.0.3")
 
 
+def test_a_rank_exiting_by_itself_before_the_255_of_the_host_we_ended_is_the_application_error() -> None:
+    """A rank that exits non-zero with a message and no traceback (``sys.exit("...")``): its host's exit comes first,
+    and the 255 of the other host, whose ranks this side then ended, is no lost worker (nor is there a peer's error
+    to blame on it)."""
+    watch = watched(
+        "127.0.0.3: stand-in rank 1 fails on purpose before the process group forms",
+        "127.0.0.3: [2026-01-01 10:00:00,000] [ERROR] [launch.py:259:sigkill_handler] [...] exits with return code = 1",
+        "pdsh@m: 127.0.0.3: ssh exited with exit code 1",
+        "pdsh@m: 127.0.0.2: ssh exited with exit code 255",
+    )
+    failure = classify(1, watch, {})
+    assert (failure.kind, failure.host, failure.message) == (
+        FailureKind.APPLICATION_ERROR,
+        "127.0.0.3",
+        "stand-in rank 1 fails on purpose before the process group forms",
+    )
+
+
 def test_the_launcher_leaving_on_our_sigterm_is_not_an_application_error() -> None:
     """DeepSpeed's launch.py, ended by us after the loss, may print a SystemExit traceback from an atexit hook."""
     watch = watched(

@@ -145,8 +145,11 @@ def classify(code: int, watch: LaunchWatch, lost: dict[str, str]) -> Failure:
                 exit_code,
                 f"a rank on {host or 'this machine'} was killed by {_signal_name(signum)}",
             )
+    # A later 255 is the lost host when all the others said is a peer losing it: their exception lines, or without
+    # one (a rank's sys.exit("...") prints no traceback) the last line of each host that exited otherwise.
     unreachable = next((host for host, exit_code in watch.exits if exit_code == SSH_FAILED), None)
-    if unreachable is not None and all(PEER_FAILURE.search(error) for error in watch.errors.values()):
+    said = list(watch.errors.values()) or [watch.last.get(host, "") for host, code in watch.exits if code != SSH_FAILED]
+    if unreachable is not None and all(PEER_FAILURE.search(words) for words in said):
         return _ssh_failed(unreachable)
     host = watch.exits[0][0] if watch.exits else None
     message = (
