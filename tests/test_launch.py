@@ -31,6 +31,7 @@ from textsql.launching.command import (
     rank_environment,
     without_secrets,
 )
+from textsql.launching.deepspeed_entry import ENTRY_MODULE
 from textsql.launching.launch import DEEPSPEED_ENV_NAME, launch
 from textsql.rundir.master_state import master_dir
 from textsql.sanitize import mask_credentials
@@ -81,12 +82,13 @@ def test_command_parses_as_deepspeeds_runner_arguments(tmp_path: Path) -> None:
         run_dir=tmp_path, train_args=["--run_dir", "out dir", "--resume-from-checkpoint", "auto"], ssh_port=2022
     )
     command = deepspeed_command(arguments, tmp_path / "hostfile", list(HOSTS))
-    assert command[0] == str(BIN / "deepspeed")
-    parsed = parse_args(command[1:])
+    # DeepSpeed's runner, the `deepspeed` command, run by this interpreter without MLflow (deepspeed_entry).
+    assert command[:5] == [sys.executable, "-u", "-m", ENTRY_MODULE, "deepspeed.launcher.runner"]
+    parsed = parse_args(command[5:])
     assert (parsed.hostfile, parsed.launcher, parsed.ssh_port) == (str(tmp_path / "hostfile"), "pdsh", 2022)
     assert parsed.master_addr == "127.0.0.2"
     assert parsed.master_port != 29500  # loopback hosts share this machine: a free port, not the fixed default
-    remote = parse_args(deepspeed_command(arguments, tmp_path / "hostfile", ["10.0.0.5"])[1:])
+    remote = parse_args(deepspeed_command(arguments, tmp_path / "hostfile", ["10.0.0.5"])[5:])
     assert (remote.master_addr, remote.master_port) == ("10.0.0.5", 29500)
     assert remote.force_multi, "the runner would start a one-host hostfile's ranks on this machine, not over pdsh"
     assert parsed.module and parsed.no_local_rank and parsed.no_ssh_check
@@ -103,8 +105,8 @@ def test_local_command_is_what_deepspeeds_runner_would_run(tmp_path: Path) -> No
 
     arguments = LaunchArguments(run_dir=tmp_path, launcher="local", master_port=29600, train_args=["--run_dir", "o"])
     command = local_command(arguments, 2)
-    assert command[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.launch"]
-    sys_argv, sys.argv = sys.argv, ["launch.py", *command[4:]]
+    assert command[:5] == [sys.executable, "-u", "-m", ENTRY_MODULE, "deepspeed.launcher.launch"]
+    sys_argv, sys.argv = sys.argv, ["launch.py", *command[5:]]
     try:
         parsed = parse_args()
     finally:
@@ -117,6 +119,34 @@ def test_local_command_is_what_deepspeeds_runner_would_run(tmp_path: Path) -> No
         True,
     )
     assert (parsed.training_script, parsed.training_script_args) == ("textsql.training.train", ["--run_dir", "o"])
+
+
+@pytest.mark.parametrize("program", ["deepspeed.launcher.runner", "deepspeed.launcher.launch"])
+def test_deepspeeds_programs_run_here_without_importing_mlflow(program: str) -> None:
+    """Each parses its own arguments (``--help`` prints its usage and exits 0), and MLflow, which DeepSpeed's
+    autotuner imports when installed, is never imported: 1.45 CPU-s of every runner's start on 2 cores."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", ENTRY_MODULE, program, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--master_port" in result.stdout and "--module" in result.stdout
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    # The autotuner's `import mlflow` is tried (and fails at once, as when MLflow is not installed): none of it runs.
+    assert "deepspeed.autotuning.autotuner" in imported and "mlflow.version" not in imported
+    assert not [name for name in imported if name.startswith("mlflow.")]
+
+
+def test_the_deepspeed_entry_runs_only_deepspeeds_launcher_programs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", ENTRY_MODULE, "os", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1 and result.stderr.strip().startswith(f"usage: python -m {ENTRY_MODULE} {{")
 
 
 def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import json
 import logging
 import secrets
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -237,3 +238,19 @@ def test_a_tracking_file_the_rank_cannot_read_is_a_warning(
     caplog.set_level(logging.WARNING, logger="textsql.tracking.mlflow_runs")
     assert load_tracking_env({TRACKING_ENV_VAR: str(path)}) == []
     assert "MLflow uses this host's own settings" in caplog.text
+
+
+def test_a_rank_imports_deepspeed_without_mlflow_and_can_still_import_mlflow_after():
+    """In a fresh interpreter, as a rank starts: DeepSpeed's autotuner finds no MLflow, and MLflow still imports."""
+    probe = (
+        "import sys, time\n"
+        "from textsql.tracking.mlflow_free import import_deepspeed_lean\n"
+        "import_deepspeed_lean()\n"
+        "import deepspeed.autotuning.autotuner as autotuner\n"
+        "assert 'deepspeed' in sys.modules and 'mlflow' not in sys.modules, sorted(sys.modules)\n"
+        "assert autotuner.has_mlflow is False\n"
+        "import mlflow\n"
+        "assert mlflow.MlflowClient\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]

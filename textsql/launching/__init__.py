@@ -1,7 +1,7 @@
 """Stage 3, notebook 02 (`textsql launch`): DeepSpeed's pdsh launcher over the workers' hostfile.
 
 ``launch`` runs one launch (checks, ``.deepspeed_env``, the runner, the live log), ``command`` builds its
-command line and the ranks' environment, ``tracking_env`` hands MLflow's settings to the logging rank in a
+command line and the ranks' environment, ``deepspeed_entry`` runs DeepSpeed's runner without MLflow, ``tracking_env`` hands MLflow's settings to the logging rank in a
 0600 file, ``preflight`` says what the runtime lacks, ``ranks`` finds a launch's processes, and
 ``cluster_check`` refuses workers that cannot train together.
 

@@ -3,6 +3,8 @@
 ``deepspeed --hostfile H --launcher pdsh --master_addr A --master_port M --no_ssh_check
 --force_multi --no_local_rank --module textsql.training.train ARGS``; for the ranks of one machine, the per-node launcher that
 command would run here, ``python -u -m deepspeed.launcher.launch --world_info=... ARGS`` (see :func:`local_command`).
+Either is started through :mod:`textsql.launching.deepspeed_entry` (``python -u -m textsql.launching.deepspeed_entry
+deepspeed.launcher.runner ARGS``): DeepSpeed's own program, by this interpreter, without MLflow.
 The ranks' variables go to the run's ``.deepspeed_env`` (DeepSpeed's runner finds it through
 ``DS_ENV_FILE`` and exports each ``KEY=VAL`` line on pdsh's command line), so no credential may be
 among them: names that look like one are refused here, and kept from the runner's own environment.
@@ -16,12 +18,12 @@ Usage::
 from __future__ import annotations
 
 import base64
+import importlib.util
 import ipaddress
 import json
 import logging
 import os
 import re
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from textsql.constants import DSCONFIG_DIR_VAR, PROJECT_DIR, TRACKING_PREFIX
 from textsql.errors import LaunchError
+from textsql.launching.deepspeed_entry import ENTRY_MODULE, NODE_LAUNCHER, RUNNER
 from textsql.rank_lines import LAUNCH_ID_VAR, RUN_MARK_VAR, run_mark
 from textsql.sanitize import has_url_password
 from worker.constants import SOCKET_IFNAME_VARS
@@ -171,7 +174,7 @@ def deepspeed_command(arguments: LaunchArguments, hostfile: Path, hosts: list[st
     :rtype: list[str]
     """
     master_addr = arguments.master_addr or hosts[0]
-    command = [_deepspeed_executable(), "--hostfile", str(hostfile), "--launcher", "pdsh"]
+    command = [*_deepspeed_program(RUNNER), "--hostfile", str(hostfile), "--launcher", "pdsh"]
     if arguments.ssh_port is not None:
         command += ["--ssh_port", str(arguments.ssh_port)]
     command += [
@@ -201,10 +204,7 @@ def local_command(arguments: LaunchArguments, ranks: int) -> list[str]:
     world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode()).decode()
     master_port = arguments.master_port or _default_master_port("127.0.0.1")
     return [
-        sys.executable,
-        "-u",
-        "-m",
-        "deepspeed.launcher.launch",
+        *_deepspeed_program(NODE_LAUNCHER),
         f"--world_info={world_info}",
         "--master_addr=127.0.0.1",
         f"--master_port={master_port}",
@@ -360,10 +360,8 @@ def _default_master_port(master_addr: str) -> int:
     return free_port(master_addr)
 
 
-def _deepspeed_executable() -> str:
-    # The launcher of this interpreter's environment, so a notebook kernel's venv is the one used.
-    beside = Path(sys.executable).parent / "deepspeed"
-    found = str(beside) if beside.is_file() else shutil.which("deepspeed")
-    if found is None:
-        raise LaunchError("DeepSpeed's `deepspeed` launcher is not installed; run `make setup`")
-    return found
+def _deepspeed_program(program: str) -> list[str]:
+    # DeepSpeed of this interpreter's environment (a notebook kernel's venv), started without MLflow.
+    if importlib.util.find_spec("deepspeed") is None:
+        raise LaunchError(f"DeepSpeed is not installed for {sys.executable}; run `make setup`")
+    return [sys.executable, "-u", "-m", ENTRY_MODULE, program]

@@ -4,37 +4,18 @@ beside the memory it used, and a clean distributed teardown.
 :func:`share_cpu_threads` splits a CPU node's threads among its ranks: left at torch's default, every rank
 runs one thread per core, and N ranks' spinning OpenMP threads fight over the cores (the first step of 2 ranks on
 2 cores took 4.4 s instead of 1.1 s in about half the launches). The defaults chosen from the hardware before a
-run starts are :mod:`textsql.planning.device_defaults`'s. :func:`import_deepspeed_lean` is the rank's first import of
-DeepSpeed.
+run starts are :mod:`textsql.planning.device_defaults`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
-
-
-def import_deepspeed_lean() -> None:
-    """Import DeepSpeed without the MLflow its autotuner imports whenever MLflow is installed.
-
-    A rank never autotunes, and that import is 1.2 CPU seconds of every rank's start (DeepSpeed 0.19.8, measured on
-    2 cores). With ``sys.modules["mlflow"]`` set to ``None`` the autotuner's ``import mlflow`` raises the
-    ``ImportError`` it already falls back on; the entry is then removed, so a rank that tracks to MLflow imports it
-    later as usual. Nothing is done where either is already imported (a notebook kernel).
-    """
-    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
-        return
-    sys.modules["mlflow"] = None  # type: ignore[assignment]
-    try:
-        import deepspeed  # noqa: F401
-    finally:
-        del sys.modules["mlflow"]
 
 
 def share_cpu_threads(local_ranks: int) -> int | None:

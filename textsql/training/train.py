@@ -37,12 +37,12 @@ from textsql.model_card import write_training_card
 from textsql.planning.estimate import AUTO_PROFILE
 from textsql.planning.train_args import parse_command_line
 from textsql.rundir.universal import load_universal
+from textsql.tracking.mlflow_free import import_deepspeed_lean
 from textsql.tracking.mlflow_runs import finish_tracking, run_params, start_tracking
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.collective import exit_on_failure
 from textsql.training.events import close_run_events, events_dir, use_run_events
 from textsql.training.hardware import (
-    import_deepspeed_lean,
     share_cpu_threads,
     teardown_distributed,
     token_budget_record,
