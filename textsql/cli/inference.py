@@ -92,11 +92,6 @@ def infer(
     **options: Any,
 ) -> None:
     """Write SQL for a split's questions into the run (predictions.jsonl, metrics.json), or answer one --question."""
-    import json
-
-    from textsql.inference.predict import format_summary, parse_header, predict
-    from textsql.inference.predictor import Predictor
-
     if question is not None and header is None:
         raise click.UsageError("--question needs --header 'Column A,Column B,...'")
     data = _questions(options.pop("data_dir"), options.pop("source"), options.pop("questions_file"))
@@ -104,7 +99,14 @@ def infer(
         raise click.UsageError("no model; pass --run-dir RUN (a `textsql train` run) or --model DIR")
     if predictions_file is None and run_dir is None and question is None:
         raise click.UsageError("nowhere to write; pass --run-dir RUN or --predictions-file FILE")
-    predictor = Predictor.load(model or _run_model(str(run_dir)), input_format=input_format, device=device)
+    model_dir = model or _run_model(str(run_dir))
+    # The model's stack (seconds of torch and transformers to import) only once the command line is known good.
+    import json
+
+    from textsql.inference.predict import format_summary, parse_header, predict
+    from textsql.inference.predictor import Predictor
+
+    predictor = Predictor.load(model_dir, input_format=input_format, device=device)
     if question is not None and header is not None:
         generation = GenerationOptions(**options)
         click.echo(json.dumps(predictor.ask(question, parse_header(header), generation), ensure_ascii=False))

@@ -56,12 +56,13 @@ def train(args: tuple[str, ...], checkpoint_store: str | None) -> None:
     arguments plus Seq2SeqTrainingArguments, parsed strictly; --checkpoint-store is this command's own.
     """
     from textsql.planning.train_args import check_train_args
+
+    # Checked as a launch checks them (the model's config, the prepared dataset), before DeepSpeed starts or the run
+    # directory is made, and before the rank program's imports (seconds of torch, datasets and DeepSpeed).
+    _, _, run_args, training = check_train_args(list(args))
     from textsql.store.uploads import store_uploads
     from textsql.training.train import main
 
-    # Checked as a launch checks them (the model's config, the prepared dataset), before DeepSpeed starts or the run
-    # directory is made.
-    _, _, run_args, training = check_train_args(list(args))
     if checkpoint_store is None:
         raise SystemExit(main(list(args)))
     output, keep = Path(training["output_dir"]), training.get("save_total_limit")
