@@ -23,6 +23,7 @@ from typing import Any
 
 from textsql.constants import ASSETS_DIR, DSCONFIG_DIR_VAR
 from textsql.errors import ProfileError
+from textsql.tracking.mlflow_free import import_deepspeed_lean
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class Profile:
         :param largest: parameters of the largest module (ZeRO-3 gathers one at a time).
         :rtype: ModelStateMemory
         """
+        import_deepspeed_lean()
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 

@@ -1,6 +1,7 @@
 """DeepSpeed imported without MLflow, for the processes of a run that never track: DeepSpeed's runner and the
-per-node launcher this machine starts (:mod:`textsql.launching.deepspeed_entry`), and every rank before it knows
-whether it tracks (:func:`textsql.training.train.main`).
+per-node launcher this machine starts (:mod:`textsql.launching.deepspeed_entry`), every rank before it knows
+whether it tracks (:func:`textsql.training.train.main`), and the memory estimate (``textsql estimate``, notebook 02:
+:meth:`textsql.planning.profiles.Profile.memory`).
 
 DeepSpeed 0.19.8's autotuner imports MLflow whenever MLflow is installed, and every ``import deepspeed`` imports
 the autotuner: 1.2-1.5 CPU seconds of each such process's start (measured on 2 cores), for a tool none of them uses.
