@@ -13,8 +13,8 @@ V100 = DeviceFacts(cuda=True, compute_capability=(7, 0), memory_gib=15.8, gpus=8
 CPU = DeviceFacts(cuda=False, cpu_cores=2)
 
 
-def test_a_cpu_keeps_the_plain_defaults():
-    assert fast_defaults(CPU) == {"optim": "adamw_torch", "dataloader_pin_memory": False}
+def test_a_cpu_gets_fused_adamw_and_no_pinned_memory():
+    assert fast_defaults(CPU) == {"optim": "adamw_torch_fused", "dataloader_pin_memory": False}
 
 
 def test_a_cuda_gpu_gets_fused_adamw_pinned_workers_and_no_per_step_sync():

@@ -1,11 +1,12 @@
 """Training defaults chosen from the hardware in front of them: what the launching machine and every rank agree on.
 
 :func:`fast_defaults` turns :class:`DeviceFacts` into ``textsql train`` defaults (every one can still be
-overridden on the command line). On CUDA: the fused AdamW kernel (one launch for all parameters
-instead of several per tensor), TF32 matmuls on Ampere and newer, pinned memory (copied to the GPU without blocking)
-and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a
+overridden on the command line). On every device: the fused AdamW kernel (one pass over all parameters instead of
+several per tensor; on a CPU, one thread, 120 steps of the small T5: 16.2 s -> 12.3 s of training unsharded, 16.6 s
+-> 14.9 s under ZeRO-1, the same losses to three decimals). On CUDA also: TF32 matmuls on Ampere and newer, pinned
+memory (copied to the GPU without blocking) and loader workers so the next batch is ready, no per-step NaN check (a host sync every step), batches filled to a
 token budget sized from the GPU's memory, and evaluation and checkpoints spaced by time (their step grid alone
-would run them every few seconds of training). On a CPU the defaults stay as they were.
+would run them every few seconds of training).
 
 Not a default: ``torch.compile`` (``--torch-compile true`` turns it on, through the DeepSpeed engine). Measured on
 one H200 with t5-small's shape (``bench/gpu_quick.json``), compiling took minutes and compiled again on new batch
@@ -19,7 +20,7 @@ read with ``.item()`` only when it is logged.
 Usage::
 
     >>> fast_defaults(DeviceFacts(cuda=False, cpu_cores=2))
-    {'optim': 'adamw_torch', 'dataloader_pin_memory': False}
+    {'optim': 'adamw_torch_fused', 'dataloader_pin_memory': False}
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def fast_defaults(facts: DeviceFacts) -> dict[str, Any]:
     :rtype: dict[str, typing.Any]
     """
     if not facts.cuda:
-        # Pinning needs a GPU (torch warns without one); plain AdamW as before.
-        return {"optim": "adamw_torch", "dataloader_pin_memory": False}
+        # Pinning needs a GPU (torch warns without one).
+        return {"optim": "adamw_torch_fused", "dataloader_pin_memory": False}
     workers = min(MAX_LOADER_WORKERS, max(1, facts.cpu_cores // max(facts.gpus, 1) - 1))
     defaults: dict[str, Any] = {
         "optim": "adamw_torch_fused",
