@@ -40,6 +40,30 @@ def no_attempt_marker(monkeypatch):
     monkeypatch.delenv(RUN_MARK_VAR, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def log_level_kept():
+    """The run's log level is process-wide (textsql.console): an in-process `textsql --verbose` or a notebook call of
+    ``set_log_level`` changes the environment and the libraries' loggers for every later test on its pytest-xdist
+    worker (test_step_bar's quiet-lines test then showed a rank's INFO line after test_console's verbose case, in
+    one order of the modules of two). Each test leaves them as it found them, after its own fixtures' undoing."""
+    import logging
+
+    from textsql.console import LOG_LEVEL_VAR, QUIET_ENVIRONMENT, QUIET_WARNINGS, THIRD_PARTY_LOGGERS
+
+    environment = {name: os.environ.get(name) for name in (LOG_LEVEL_VAR, "PYTHONWARNINGS", *QUIET_ENVIRONMENT)}
+    loggers = [logging.getLogger(name) for name in (*THIRD_PARTY_LOGGERS, *QUIET_WARNINGS)]
+    kept = [(logger, logger.level, list(logger.filters)) for logger in loggers]
+    yield
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    for logger, level, filters in kept:
+        logger.setLevel(level)
+        logger.filters[:] = filters
+
+
 @pytest.fixture
 def slurm_cluster(monkeypatch):
     """A real two-node Slurm started for the test (tests/helpers/slurm.py), both nodes idle, its SLURM_CONF set for
