@@ -1,5 +1,5 @@
 """DeepSpeed imported without MLflow, for the processes of a run that never track: DeepSpeed's runner and the
-per-node launcher this machine starts (:mod:`textsql.launching.deepspeed_entry`), every rank before it knows
+per-node launcher on each host (:mod:`textsql.launching.deepspeed_entry`), every rank before it knows
 whether it tracks (:func:`textsql.training.train.main`), and the memory estimate (``textsql estimate``, notebook 02:
 :meth:`textsql.planning.profiles.Profile.memory`).
 
