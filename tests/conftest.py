@@ -135,9 +135,22 @@ def prepared_sample(tmp_path_factory) -> Path:
 def reader_project(tmp_path_factory) -> Path:
     """A copy of the checkout set up as a reader's (tests/helpers/doc_runs.py), where every page's blocks run at most
     once a session (tests/helpers/doc_blocks.py): the docs blocks' tests and the tests reading a block's run share it."""
+    import subprocess
+
     from helpers.doc_runs import reader_checkout
 
-    return reader_checkout(tmp_path_factory.mktemp("reader"))
+    project = reader_checkout(tmp_path_factory.mktemp("reader"))
+    # Its interpreter finds DeepSpeed at this one's own path: DeepSpeed compiles its CPU ops from the files' paths,
+    # and a second path to the same files would rebuild the op cache both share, then the next rank here rebuild it.
+    origin = "import importlib.util; print(importlib.util.find_spec('deepspeed').origin)"
+    found = subprocess.run(
+        [project / ".venv" / "bin" / "python", "-c", origin], capture_output=True, text=True, check=False, timeout=60
+    )
+    import deepspeed
+
+    if found.stdout.strip() != deepspeed.__file__:
+        pytest.fail(f"reader_project: its python imports DeepSpeed from {found.stdout or found.stderr}")
+    return project
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from helpers.checkout import checkout_copy
@@ -53,8 +54,16 @@ def reader_checkout(where: Path) -> Path:
     venv = project / ".venv"
     venv.mkdir()
     for entry in Path(sys.prefix).iterdir():
-        if not entry.name.startswith("."):
+        if not entry.name.startswith(".") and entry.name not in {"lib", "lib64"}:
             (venv / entry.name).symlink_to(entry)
+    # Its own site-packages adds this one's by its real path (.pth files included): DeepSpeed compiles its CPU ops
+    # from its files' paths, and a path through a link would rebuild the op cache both environments share.
+    packages = Path(sysconfig.get_path("purelib"))
+    own = venv / packages.relative_to(sys.prefix)
+    own.mkdir(parents=True)
+    (own / "checkout-environment.pth").write_text(f"import site; site.addsitedir({str(packages)!r})\n")
+    if (Path(sys.prefix) / "lib64").is_symlink():
+        (venv / "lib64").symlink_to("lib")
     for stamp in (".setup-stamp", ".setup-dev-stamp"):
         (venv / stamp).touch()
     # Jupyter refuses to serve as root without its allow_root setting; a reader is rarely root, a test machine is.
