@@ -135,6 +135,7 @@ def prepared_sample(tmp_path_factory) -> Path:
 def reader_project(tmp_path_factory) -> Path:
     """A copy of the checkout set up as a reader's (tests/helpers/doc_runs.py), where every page's blocks run at most
     once a session (tests/helpers/doc_blocks.py): the docs blocks' tests and the tests reading a block's run share it."""
+    import importlib.util
     import subprocess
 
     from helpers.doc_runs import reader_checkout
@@ -146,9 +147,7 @@ def reader_project(tmp_path_factory) -> Path:
     found = subprocess.run(
         [project / ".venv" / "bin" / "python", "-c", origin], capture_output=True, text=True, check=False, timeout=60
     )
-    import deepspeed
-
-    if found.stdout.strip() != deepspeed.__file__:
+    if found.stdout.strip() != importlib.util.find_spec("deepspeed").origin:
         pytest.fail(f"reader_project: its python imports DeepSpeed from {found.stdout or found.stderr}")
     return project
 

@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 from helpers.launch import BIN, HOSTS, fake_prepared, tagged_processes, textsql_launch
@@ -311,7 +312,8 @@ def test_sigterm_ends_remote_ranks(two_local_workers, standin_env: dict[str, str
     launched = tagged_processes(standin_env["LAUNCH_TEST_TAG"])
     assert len(launched) >= 4  # DeepSpeed's launch.py and a rank per host
     # pdsh starts each host's per-node launcher through the entry too: DeepSpeed's program without MLflow.
-    node_launchers = [_command_line(pid) for pid in launched if "deepspeed.launcher.launch" in _command_line(pid)]
+    command_lines = [_command_line(pid) for pid in launched]
+    node_launchers = [words for words in command_lines if "deepspeed.launcher.launch" in words]
     assert len(node_launchers) == 2, node_launchers
     assert all(words[1:5] == ["-u", "-m", ENTRY_MODULE, "deepspeed.launcher.launch"] for words in node_launchers)
     interrupted = time.monotonic()
@@ -327,8 +329,8 @@ def test_sigterm_ends_remote_ranks(two_local_workers, standin_env: dict[str, str
 
 def _command_line(pid: int) -> list[str]:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
-    except OSError:  # ended meanwhile
+        return psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:  # ended meanwhile
         return []
 
 
