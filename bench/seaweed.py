@@ -72,13 +72,21 @@ def s3_server(work: Path) -> Iterator[S3Server]:
     config.write_text(json.dumps({"identities": identities}))
     config.chmod(0o600)
     ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
+    # -logdir, the sockets and TMPDIR (its scratch directory) keep in work what SeaweedFS would write to /tmp.
     command = [
-        str(WEED), "mini", f"-dir={work / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
-        "-master.telemetry=false", *[f"-{flag}={port}" for flag, port in ports.items()],
+        str(WEED), f"-logdir={work}", "mini", f"-dir={work / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        f"-s3.config={config}", "-master.telemetry=false", *[f"-{flag}={port}" for flag, port in ports.items()],
+        f"-s3.localSocket={work / 's3.sock'}", f"-filer.localSocket={work / 'filer.sock'}",
     ]  # fmt: skip
     (work / "data").mkdir(exist_ok=True)
     with open(work / "weed.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ | {"TMPDIR": str(work)},
+        )
     server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", *list(server.__dict__.values())[1:])
     try:
         _create_bucket(server, process, work)

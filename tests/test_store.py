@@ -110,6 +110,27 @@ def test_keys_that_cannot_write_are_refused_in_one_line(s3: S3Server, monkeypatc
 
 
 @pytest.mark.slow
+def test_the_s3_server_writes_its_logs_sockets_and_scratch_in_its_own_directory(tmp_path: Path) -> None:
+    """SeaweedFS puts its logs, its two local sockets and a scratch directory in the machine's temporary directory
+    unless told otherwise: every test session and bench run left them in /tmp."""
+    import tempfile
+
+    from bench.seaweed import s3_server
+
+    with s3_server(tmp_path) as server:
+        port = server.endpoint.rsplit(":", 1)[1]
+        shared = Path(tempfile.gettempdir())
+        assert not (shared / f"seaweedfs-s3-{port}.sock").exists(), (
+            "its S3 socket is in the machine's temporary directory"
+        )
+        assert (tmp_path / "s3.sock").is_socket() and (tmp_path / "filer.sock").is_socket()
+        logs = [path for path in tmp_path.iterdir() if path.name.startswith("weed.") and ".log." in path.name]
+        assert logs, "its logs are not in its directory"
+        assert not list(shared.glob(f"weed.*.log.*.{logs[0].name.rsplit('.', 1)[1]}")), "its logs are in /tmp too"
+        assert [path for path in tmp_path.iterdir() if path.is_dir() and path.name != "data"], "no scratch directory"
+
+
+@pytest.mark.slow
 def test_a_missing_bucket_is_refused_and_not_created(s3: S3Server, monkeypatch) -> None:
     for key, value in s3.environ().items():
         monkeypatch.setenv(key, value)
