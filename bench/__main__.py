@@ -231,6 +231,7 @@ def _where() -> dict:
 
 # Benches with their own command line (``python -m bench NAME --help``): NAME -> the module whose main() runs it.
 COMMANDS = {
+    "compile-warmup": "bench.compile_warmup",
     "demo-seeds": "bench.demo_seeds",
     "pretrained-proxy": "bench.pretrained_proxy",
     "setup-cost": "bench.setup_cost",

@@ -118,12 +118,15 @@ class StepWork(NamedTuple):
     tokens: float
 
 
-def step_samples(lengths: tuple[list[int], list[int]], budget: int, shape: T5Shape, steps: int) -> list[StepWork]:
+def step_samples(
+    lengths: tuple[list[int], list[int]], budget: int, shape: T5Shape, steps: int, compiled: bool = False
+) -> list[StepWork]:
     """The work of each step 1..``steps`` of a 1-rank token-budget run, rebuilt from its seeded sampler.
 
+    :param compiled: the run trained under torch.compile (its sampler's compiled mode).
     :rtype: list[StepWork]
     """
-    sampler = TokenBudgetBatchSampler(*lengths, budget, seed=SEED)
+    sampler = TokenBudgetBatchSampler(*lengths, budget, seed=SEED, compiled=compiled)
     per_step = []
     for epoch in range(-(-steps // len(sampler))):
         for batch in sampler.epoch_batches(epoch):

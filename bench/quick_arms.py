@@ -49,16 +49,18 @@ from bench.ours import (
 from bench.peer import label as peer_label
 from bench.peer import peer_batch, peer_recipe
 from bench.rank_probe import TIMELINE_VAR
-from bench.steps import StepClock, step_times, timed_window
+from bench.steps import StepClock, compilations_after, step_times, timed_window
 from bench.timeline import Timeline
 from bench.timing import rounded
 from bench.workload import Workload
+from textsql.training.compiling import CACHE_VAR
 
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
 # torch.compile logs each recompilation with the guard that failed: the compiled arm's rank log keeps them.
 RECOMPILE_LOGGING = {"TORCH_LOGS": "recompiles"}
+COMPILE_CACHE = "compile-cache"
 RECOMPILING = "Recompiling function"
 GUARD_FAILED = re.compile(r"\[__recompiles\]\s+- (?P<guard>\S.*)$")
 REASONS_KEPT, REASON_CHARS = 10, 300
@@ -240,7 +242,9 @@ def defaults_arm(
     name: str = "defaults",
     torch_compile: bool | None = None,
 ) -> dict:
-    """The defaults: ``textsql launch`` on one rank, on ``load``'s model.
+    """The defaults: ``textsql launch`` on one rank, on ``load``'s model. A compiled rank keeps its compile cache in
+    ``work``'s :data:`COMPILE_CACHE` (``TORCHINDUCTOR_CACHE_DIR``), empty for the first compiled arm of a run and
+    warm for the next.
 
     :param chosen: :func:`textsql.planning.device_defaults.fast_defaults` of this machine, for the arm's label.
     :param name: the arm's name, which names its run directory.
@@ -254,7 +258,10 @@ def defaults_arm(
         "gpu-quick-" + name.replace("_", "-"),
         load.model,
         load.data,
-        probe_env={TIMELINE_VAR: sizes.timeline, **(RECOMPILE_LOGGING if compiled else {})},
+        probe_env={
+            TIMELINE_VAR: sizes.timeline,
+            **({**RECOMPILE_LOGGING, CACHE_VAR: str(work / COMPILE_CACHE)} if compiled else {}),
+        },
         max_steps=sizes.trained_steps,
         eval_strategy="no",
         report_to="none",
@@ -263,7 +270,7 @@ def defaults_arm(
     )
     summary, record = run_summary(run_dir), probe_record(run_dir)
     budget = summary["token_budget"]["max_tokens_per_batch"]
-    per_step = step_samples(load.lengths, budget, load.shape, sizes.steps)
+    per_step = step_samples(load.lengths, budget, load.shape, sizes.steps, compiled)
     rates = throughput(sizes.timed(record), per_step, sizes.warmup_steps)
     return {
         "label": (
@@ -278,7 +285,14 @@ def defaults_arm(
         "precision": summary["precision"],
         "torch_compile": compiled,
         "token_budget": budget,
-        **({"recompilations": recompilations(run_dir / "bench.log")} if compiled else {}),
+        **(
+            {
+                "recompilations": recompilations(run_dir / "bench.log"),
+                "compilations_after_warmup": compilations_after(record, sizes.warmup_steps),
+            }
+            if compiled
+            else {}
+        ),
     }
 
 

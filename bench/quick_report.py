@@ -10,7 +10,15 @@ logger = logging.getLogger(__name__)
 
 # The table's rows, in the order a reader compares them: the defaults, the peers, the larger model, then the
 # defaults with torch.compile turned the other way (only one of the two runs).
-ARMS = ("defaults", "peer", "old_recipe", "defaults_t5_base", "defaults_eager", "defaults_compiled")
+ARMS = (
+    "defaults",
+    "peer",
+    "old_recipe",
+    "defaults_t5_base",
+    "defaults_eager",
+    "defaults_compiled",
+    "defaults_compiled_warm",
+)
 # What the defaults are compared with: the headline value is over the first.
 PEERS = ("peer", "old_recipe")
 # The arms that differ only in torch.compile.
@@ -39,25 +47,34 @@ def ratios(arms: dict) -> dict:
 
 def compile_price(arms: dict, steps: int) -> dict:
     """What torch.compile cost against the same run eager, where both ran: the extra wall seconds, the median step's
-    saving, and the steps after which a run compiled is done sooner than eager.
+    saving, and the steps after which a run compiled is done sooner than eager; with an empty compile cache
+    (``compile``) and, where ``defaults_compiled_warm`` ran, with the cache the first compiled run left
+    (``compile_warm``: what a second run pays).
 
     :rtype: dict
     """
     by_compile = {arm["torch_compile"]: arm for name, arm in arms.items() if name in COMPILE_ARMS}
     if set(by_compile) != {False, True}:
         return {}
-    eager, compiled = by_compile[False], by_compile[True]
+    eager = by_compile[False]
+    priced = {"compile": by_compile[True], "compile_warm": arms.get("defaults_compiled_warm")}
+    return {key: price(eager, compiled, steps) for key, compiled in priced.items() if compiled is not None}
+
+
+def price(eager: dict, compiled: dict, steps: int) -> dict:
+    """One compiled arm against the eager one (:func:`compile_price`).
+
+    :rtype: dict
+    """
     extra_s = compiled["wall_s"] - eager["wall_s"]
     saved_s = eager["median_step_s"] - compiled["median_step_s"]
     return {
-        "compile": {
-            "extra_wall_s": round(extra_s, 1),
-            "median_step_s_saved": round(saved_s, 4),
-            "samples_per_s_over_eager": round(compiled["samples_per_s"] / eager["samples_per_s"], 2),
-            # wall(n) = start-up + compilation + n x step: equal for both at n = steps + extra_s / saved_s.
-            # Rounded first: float noise must not add a step (183 / 0.02 is 9150.000000000002).
-            "break_even_steps": math.ceil(round(steps + extra_s / saved_s, 6)) if saved_s > 0 else None,
-        }
+        "extra_wall_s": round(extra_s, 1),
+        "median_step_s_saved": round(saved_s, 4),
+        "samples_per_s_over_eager": round(compiled["samples_per_s"] / eager["samples_per_s"], 2),
+        # wall(n) = start-up + compilation + n x step: equal for both at n = steps + extra_s / saved_s.
+        # Rounded first: float noise must not add a step (183 / 0.02 is 9150.000000000002).
+        "break_even_steps": math.ceil(round(steps + extra_s / saved_s, 6)) if saved_s > 0 else None,
     }
 
 
@@ -107,21 +124,25 @@ def table(result: dict) -> str:
         lines += accuracy_lines(result["time_to_accuracy"])
     lines += timelines(result["arms"], shown)
     for name in shown:
-        if "recompilations" in result["arms"][name]:
-            count = result["arms"][name]["recompilations"]["count"]
-            lines.append(f"{name}: torch.compile compiled the model again {count} time(s)")
-    price = result.get("compile")
-    if price:
-        pays = (
-            "never, at these step times"
-            if price["break_even_steps"] is None
-            else f"after {price['break_even_steps']} steps"
-        )
-        lines.append(
-            f"torch.compile: {price['extra_wall_s']} s more than eager over the run, {price['median_step_s_saved']} s "
-            f"saved a step (median), {price['samples_per_s_over_eager']}x eager's samples/s; a run is done sooner "
-            f"compiled {pays}"
-        )
+        arm = result["arms"][name]
+        if "recompilations" in arm:
+            lines.append(
+                f"{name}: torch.compile compiled the model again {arm['recompilations']['count']} time(s), "
+                f"{arm.get('compilations_after_warmup', 'n/a')} graph(s) compiled after the warm-up"
+            )
+    for key, cache in (("compile", "an empty compile cache"), ("compile_warm", "the cache the first run left")):
+        cost = result.get(key)
+        if cost:
+            pays = (
+                "never, at these step times"
+                if cost["break_even_steps"] is None
+                else f"after {cost['break_even_steps']} steps"
+            )
+            lines.append(
+                f"torch.compile with {cache}: {cost['extra_wall_s']} s more than eager over the run, "
+                f"{cost['median_step_s_saved']} s saved a step (median), {cost['samples_per_s_over_eager']}x eager's "
+                f"samples/s; a run is done sooner compiled {pays}"
+            )
     return "\n".join(lines)
 
 

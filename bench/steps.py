@@ -71,6 +71,8 @@ class StepClock(TrainerCallback):
     time_cap_s: float | None = None
     step_began: list[float] = field(default_factory=list)
     step_ended: list[float] = field(default_factory=list)
+    # torch.compile's graphs compiled so far (dynamo's count, recompilations included) at each step's end.
+    graphs_compiled: list[int] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
     ops: dict | None = None
 
@@ -89,6 +91,7 @@ class StepClock(TrainerCallback):
             self.ops = count_ops(self._profiler.events())
             self._profiler = None
         self.step_ended.append(clock())
+        self.graphs_compiled.append(graphs_compiled())
         if self.time_cap_s is not None and self.step_ended[-1] - self.step_began[0] >= self.time_cap_s:
             control.should_training_stop = True
 
@@ -123,9 +126,32 @@ class StepClock(TrainerCallback):
         return {
             "step_began": self.step_began,
             "step_ended": self.step_ended,
+            "graphs_compiled": self.graphs_compiled,
             "evaluations": self.evaluations,
             "ops": self.ops,
         }
+
+
+def graphs_compiled() -> int:
+    """The graphs torch.compile has compiled in this process so far, each recompilation one more (dynamo's
+    counter; 0 where nothing compiled).
+
+    :rtype: int
+    """
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def compilations_after(record: dict, skip: int) -> int:
+    """The graphs torch.compile compiled after the end of step ``skip`` (a warm-up's end): each one a stall in the
+    middle of training.
+
+    :param record: :meth:`StepClock.record`.
+    :rtype: int
+    """
+    counts = record["graphs_compiled"]
+    return counts[-1] - counts[skip - 1]
 
 
 def timed_window(record: dict, skip: int) -> tuple[int, float]:

@@ -260,6 +260,19 @@ def test_the_price_of_torch_compile_is_the_same_whichever_arm_the_defaults_are(d
     assert compile_price({"defaults": eager, "defaults_compiled": slower}, 230)["compile"]["break_even_steps"] is None
 
 
+def test_a_warm_compile_cache_is_priced_apart_from_the_first_compilation():
+    from bench.quick_report import compile_price, table
+
+    eager = {"torch_compile": False, "wall_s": 44.0, "median_step_s": 0.06, "samples_per_s": 5000.0}
+    cold = {"torch_compile": True, "wall_s": 227.0, "median_step_s": 0.04, "samples_per_s": 2000.0}
+    warm = {**cold, "wall_s": 64.0}
+    prices = compile_price({"defaults": eager, "defaults_compiled": cold, "defaults_compiled_warm": warm}, 230)
+    # 20 s more, 0.02 s saved a step: even after 230 + 20 / 0.02 = 1,230 steps.
+    assert prices["compile"]["break_even_steps"] == 9380 and prices["compile_warm"]["break_even_steps"] == 1230
+    lines = table({"versions": {"torch": "2", "cuda": "12"}, "device": "x", "model": "y", "arms": {}, **prices})
+    assert "with the cache the first run left: 20.0 s more than eager" in lines and "after 1230 steps" in lines
+
+
 def test_step_times_separate_the_warm_up_from_the_timed_steps():
     clock = record(6)
     clock["step_ended"] = [30.0, 31.0, 32.0, 33.0, 35.0, 36.0]  # a 30 s first step (compilation), then one slow one

@@ -222,10 +222,11 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
         ("defaults_t5_base", False),
         ("time_to_accuracy", 2048),  # the token budget asked (None on a GPU: the defaults' own)
         ("defaults_compiled", True),
+        ("defaults_compiled_warm", True),  # with the compile cache the first compiled arm left
     ]
     assert stubbed_arms[3][2] == "t5-base-load" and isinstance(stubbed_arms[1][2], StubLoad)
     assert result["value"] == 3.0 and result["defaults_over"] == {"peer": 3.0, "old_recipe": 12.0}
-    assert "peer" in result["unit"] and "compile" in result
+    assert "peer" in result["unit"] and "compile" in result and "compile_warm" in result
     # Written after each arm: a run cut short after the peer keeps the headline.
     assert "value" not in saved[0] and saved[1]["value"] == 3.0 and "old_recipe" not in saved[1]["defaults_over"]
     assert [snapshot["done"][-1] for snapshot in saved[3:6]] == [
@@ -266,6 +267,24 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
     result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=shorter)
     assert "time_to_accuracy" not in result and set(result["skipped"]) == {"time_to_accuracy"}
     assert "defaults_eager" in result["arms"]
+    stubbed_arms.clear()
+    # Compiling where the defaults do not: enough left for the cold compiled arm, which takes what it needs, and
+    # then too little for the warm one after it.
+    monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"optim": "x"})
+    stubbed = gpu_quick.defaults_arm
+    clock = [time.time()]
+
+    def taking_its_time(load, sizes, work, chosen, name="defaults", torch_compile=None):
+        clock[0] += gpu_quick.COMPILE_ARM_S if name == "defaults_compiled" else 0
+        return stubbed(load, sizes, work, chosen, name, torch_compile)
+
+    monkeypatch.setattr(gpu_quick, "defaults_arm", taking_its_time)
+    monkeypatch.setattr(gpu_quick.time, "time", lambda: clock[0])
+    both = gpu_quick.COMPILE_ARM_S + gpu_quick.COMPILE_WARM_ARM_S
+    tight = gpu_quick.Budget(seconds=540, began=clock[0] - 540 + both - 10)
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=tight)
+    assert "defaults_compiled" in result["arms"] and "needed" in result["skipped"]["defaults_compiled_warm"]
+    assert "compile" in result and "compile_warm" not in result
 
 
 def test_a_budget_says_how_long_is_left():

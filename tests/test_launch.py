@@ -144,6 +144,15 @@ def test_rank_environment_reaches_pdsh_as_exports(tmp_path: Path) -> None:
     assert "GLOO_SOCKET_IFNAME" not in remote_env
 
 
+def test_a_compile_cache_set_where_the_launch_runs_reaches_the_ranks(tmp_path, monkeypatch) -> None:
+    """Carried only when set: unset, each rank keeps it where textsql.training.compiling puts it on its host."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in rank_environment(LaunchArguments(run_dir=tmp_path), list(HOSTS), "0")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/shared/compile-cache")
+    env = rank_environment(LaunchArguments(run_dir=tmp_path), list(HOSTS), "0")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/shared/compile-cache"
+
+
 def test_credentials_are_kept_from_the_runner_by_name_and_by_value() -> None:
     environ = {
         "HF_TOKEN": "hf_abc",

@@ -1,5 +1,7 @@
 """The training loss over the batch's own tokens (textsql.training.loss)."""
 
+import json
+
 import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
@@ -71,6 +73,8 @@ def test_in_evaluation_it_is_t5_with_full_logits(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = T5ForConditionalGeneration.from_pretrained(tmp_path).eval()
     assert torch.equal(loaded(**inputs).logits, output.logits)
+    # The saved config names T5's class, which the Hub and serving engines know, not the training loss's.
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["T5ForConditionalGeneration"]
 
 
 def test_auto_trains_a_model_from_scratch_over_the_batch_and_one_with_weights_over_everything(tmp_path):

@@ -51,6 +51,7 @@ CARRIED_VARS = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "TORCH_EXTENSIONS_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",  # torch.compile's cache (textsql.training.compiling)
     "OMP_NUM_THREADS",
     "TOKENIZERS_PARALLELISM",
     "DS_ACCELERATOR",

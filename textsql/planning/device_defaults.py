@@ -9,9 +9,11 @@ token budget sized from the GPU's memory, and evaluation and checkpoints spaced 
 would run them every few seconds of training).
 
 Not a default: ``torch.compile`` (``--torch-compile true`` turns it on, through the DeepSpeed engine). Measured on
-one H200 with t5-small's shape (``bench/gpu_quick.json``), compiling took minutes and compiled again on new batch
-shapes, so a compiled run finished sooner than an eager one only after thousands of steps: more than a WikiSQL
-fine-tune of t5-small takes. Precision is not here:
+one H200 with t5-small's shape (``bench/gpu_quick.json``), compiling the whole model took minutes and compiled again
+on new batch shapes, so a compiled run finished sooner than an eager one only after thousands of steps: more than a
+WikiSQL fine-tune of t5-small takes. A rank now compiles by regions, with dynamic sizes, into a cache that outlives
+the pod (:mod:`textsql.training.compiling`); whether that makes compiling pay on a GPU is not measured yet, so it
+stays off. Precision is not here:
 ``--precision auto`` already picks bf16 where the GPU supports it (``textsql.planning.train_args.resolve_precision``).
 
 Already fast in transformers 5.23 and left alone: the training loss is accumulated on the device and

@@ -5,14 +5,17 @@ Each example falls into a (source, target) bucket whose bounds are length quanti
 multiple of 8, the top one at the 98th percentile; the longest 2 % (WikiSQL's lengths have a long tail)
 fall into an overflow bucket of their own, padded to the longest, so they do not widen the top bucket for
 everyone. A batch holds examples of one bucket only, padded to that bucket's bounds, and as many of them
-as the budget allows (fewer for the overflow bucket's long examples). So a batch never exceeds the budget, padding is small, and the model sees a
-few distinct shapes (one per bucket, plus each bucket's last, shorter batch). Under ``--torch-compile true`` the
-trainer marks a batch's example and length dimensions dynamic (:func:`mark_batch_dynamic`), so dynamo's first
-compilation serves every shape (Inductor may still compile again where it chose by size: 4 times on one H200,
-``bench/gpu_quick.json``); and no batch holds a single example where the budget allows two (dynamo compiles a
-dimension of size 1 apart): a bucket's last example shares the bucket's last batch, a bucket of one example joins the smallest bucket
-that holds it. The batch order is shuffled per epoch from a seed, and every rank
-draws from the same global order, so all ranks step the same number of times.
+as the budget allows (fewer for the overflow bucket's long examples). So a batch never exceeds the budget, padding
+is small, and the model sees a few distinct shapes (one per bucket, plus each bucket's last, shorter batch); no
+batch holds a single example where the budget allows two (dynamo compiles a dimension of size 1 apart): a bucket's
+last example shares the bucket's last batch, a bucket of one example joins the smallest bucket that holds it.
+
+Under ``--torch-compile true`` (``compiled=True``) each bucket has one shape: bounds in multiples of 16, every batch
+full, the last topped up with the bucket's first examples of the epoch (as torch's ``DistributedSampler`` repeats a
+few), since on one H200 the compiler specialized on a length's remainder by 16 and on a batch's size (4
+recompilations, ``bench/gpu_quick.json``); the trainer marks the dimensions dynamic
+(:func:`textsql.training.compiling.mark_batch_dynamic`). The order is shuffled per epoch from a seed, the same
+global order on every rank, so all ranks step the same number of times.
 
 Usage::
 
@@ -24,7 +27,6 @@ Usage::
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
 import logging
 import math
@@ -40,11 +42,14 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.errors import DataError
 from textsql.training.clipping import ClipBeforeStep, clip_before_each_step
+from textsql.training.compiling import mark_batch_dynamic
+from textsql.training.hardware import engine_autocast
 from textsql.training.throughput import BatchCounts
 
 logger = logging.getLogger(__name__)
 
 ALIGN = 8  # tensor cores want dimensions in multiples of 8
+COMPILED_ALIGN = 16  # attention's memory-efficient backward guards on a length's remainder by 16
 DEFAULT_BUCKETS = 4  # per side, plus the overflow bucket: at most 5 x 5 (source, target) buckets, a few dozen shapes
 # The quantile of the top bucket's bound; longer examples go to the overflow bucket. On the shipped sample's
 # schema input the targets reach 87 tokens but 98 % stay within 34: a top bound at the longest padded
@@ -95,16 +100,17 @@ def padded_length(length: int, bounds: Sequence[int]) -> int:
 class TokenBudgetBatchSampler(Sampler[list[int]]):
     """Batches of dataset indices, each within ``max_tokens`` padded source plus target tokens.
 
-    Every rank builds the same global list of batches for an epoch (seeded by ``seed`` and the epoch),
-    repeats its first batches until the count divides by ``num_replicas`` (as torch's
-    ``DistributedSampler`` repeats examples), and takes every ``num_replicas``-th batch from ``rank``.
-    With one replica every example comes exactly once an epoch.
+    Every rank builds the same global list of batches for an epoch (seeded by ``seed`` and the epoch), repeats its
+    first batches until the count divides by ``num_replicas`` (as torch's ``DistributedSampler`` repeats examples),
+    and takes every ``num_replicas``-th batch from ``rank``. With one replica and not ``compiled`` every example
+    comes exactly once an epoch.
 
     :param source_lengths: tokens of each example's input.
     :param target_lengths: tokens of each example's labels.
     :param max_tokens: budget of a batch: examples x (source bound + target bound) of their bucket.
     :param buckets: quantile buckets per side (the overflow bucket comes on top).
     :param seed: the shuffle's seed; the same on every rank.
+    :param compiled: one shape a bucket, for torch.compile (the module's text).
     """
 
     # Not a fixed-size sampler: accelerate's shard wrapper must treat the batches as of varying size.
@@ -121,21 +127,26 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        compiled: bool = False,
     ) -> None:
         if len(source_lengths) != len(target_lengths):
             raise DataError(f"{len(source_lengths)} source lengths but {len(target_lengths)} target lengths")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank!r} outside a world of {num_replicas!r}")
-        self.source_bounds = bucket_bounds(source_lengths, buckets)
-        self.target_bounds = bucket_bounds(target_lengths, buckets)
+        align = COMPILED_ALIGN if compiled else ALIGN
+        self.source_bounds = bucket_bounds(source_lengths, buckets, align)
+        self.target_bounds = bucket_bounds(target_lengths, buckets, align)
         self.max_tokens, self.seed, self.num_replicas, self.rank = max_tokens, seed, num_replicas, rank
-        self.epoch = 0
+        self.compiled, self.epoch = compiled, 0
         groups: dict[tuple[int, int], list[int]] = {}
         for index, (source, target) in enumerate(zip(source_lengths, target_lengths)):
             key = (padded_length(source, self.source_bounds), padded_length(target, self.target_bounds))
             groups.setdefault(key, []).append(index)
         self.groups = _without_single_examples(dict(sorted(groups.items())))
+        # A bucket under a full batch is one batch: topped up, its few examples would count many times in a step.
         self.batch_sizes = {key: max_tokens // sum(key) for key in self.groups}
+        if compiled:
+            self.batch_sizes = {key: min(size, len(self.groups[key])) for key, size in self.batch_sizes.items()}
         too_long = [key for key, size in self.batch_sizes.items() if size == 0]
         if too_long:
             raise DataError(
@@ -165,6 +176,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batches = []
         for key, group in self.groups.items():
             shuffled = [group[i] for i in generator.permutation(len(group))]
+            if self.compiled:
+                size = self.batch_sizes[key]
+                shuffled += shuffled[: -len(shuffled) % size]
+                batches += [shuffled[start : start + size] for start in range(0, len(shuffled), size)]
+                continue
             starts = itertools.accumulate(batch_lengths(len(shuffled), self.batch_sizes[key]), initial=0)
             batches += [shuffled[start:end] for start, end in itertools.pairwise(starts)]
         batches = [batches[i] for i in generator.permutation(len(batches))]
@@ -176,6 +192,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
         :rtype: set[tuple[int, int, int]]
         """
+        if self.compiled:
+            return {(size, source, target) for (source, target), size in self.batch_sizes.items()}
         return {
             (examples, source, target)
             for (source, target), group in self.groups.items()
@@ -214,21 +232,6 @@ def _without_single_examples(groups: dict[tuple[int, int], list[int]]) -> dict[t
     return groups
 
 
-def mark_batch_dynamic(batch: dict[str, Any]) -> None:
-    """Mark a batch's example and length dimensions dynamic for ``torch.compile``, before it sees the batch.
-
-    Dynamo otherwise compiles the first shape as it is, then again with the dimensions that changed marked dynamic,
-    and once more for each dimension that changes later (tests/test_batching.py counts them): the token-budget
-    batches' shapes would compile two or three times. Marked, the first compilation serves them all. A dimension of
-    size 1 stays as it is (dynamo specializes sizes 0 and 1).
-    """
-    for key in (*SOURCE_KEYS, *TARGET_KEYS):
-        tensor = batch.get(key)
-        if isinstance(tensor, torch.Tensor) and tensor.dim() == 2:
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
-            torch._dynamo.maybe_mark_dynamic(tensor, 1)
-
-
 class BucketPadding:
     """Wrap a collator so each batch is padded to its bucket's bounds, not to its longest member.
 
@@ -261,19 +264,6 @@ class BucketPadding:
                     width = padded_length(tensor.shape[1], bounds)
                     batch[key] = torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=self.fill[key])
         return batch
-
-
-def engine_autocast(engine: object) -> contextlib.AbstractContextManager:
-    """The torch autocast a DeepSpeed engine runs its forward under (its ``torch_autocast`` section); nothing for
-    an engine without it, or a model that is no engine.
-
-    :rtype: contextlib.AbstractContextManager
-    """
-    if not callable(getattr(engine, "torch_autocast_enabled", None)):
-        return contextlib.nullcontext()
-    from deepspeed.runtime.torch_autocast import autocast_if_enabled
-
-    return autocast_if_enabled(engine)
 
 
 class TokenBudgetTrainer(Seq2SeqTrainer):
@@ -320,12 +310,15 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         return optimizer
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The trainer's step, counting what the batch held (:mod:`textsql.training.throughput`).
+        """The trainer's step, counting what the batch held (:mod:`textsql.training.throughput`), without the
+        decoder's generation cache: T5 builds one in any forward its config lets (``use_cache``), where a training
+        step only fills and drops it (72 of a t5-small step's 3,917 ops), and whose per-layer flags
+        torch.compile guards on, compiling a decoder block again for each layer.
 
         :rtype: torch.Tensor
         """
         self.batch_counts.add(inputs)
-        return super().training_step(model, inputs, *args, **kwargs)
+        return super().training_step(model, {**inputs, "use_cache": False}, *args, **kwargs)
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         # Marked on the device's tensors: a copy to the device would not carry the marks.
@@ -351,10 +344,9 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _get_train_sampler(self, train_dataset: Dataset | None = None) -> Sampler | None:
-        # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a
-        # given group size keeps the order of the examples whatever the number of ranks.
-        # The lengths are read a column at a time: left to the sampler, they are read a row (every column) at a time,
-        # 2 s on each rank for the demo's 64,000 questions.
+        # transformers groups lengths by per-rank batch x accumulation, which changes with the world size; a given
+        # group size keeps the examples' order whatever the ranks. Lengths read a column at a time, not a row (every
+        # column) at a time as the sampler would: 2 s less on each rank for the demo's 64,000 questions.
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         if self.args.train_sampling_strategy != "group_by_length" or dataset is None:
             return super()._get_train_sampler(train_dataset)
@@ -378,6 +370,7 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
             seed=self.args.seed,
             num_replicas=self.args.world_size,
             rank=self.args.process_index,
+            compiled=self.args.torch_compile,
         )
         pad_id = self.processing_class.pad_token_id
         loader = DataLoader(

@@ -1,5 +1,5 @@
 """What a rank does about its hardware: CPU threads shared among a node's ranks, the token budget it trained with
-beside the memory it used, and a clean distributed teardown.
+beside the memory it used, the autocast its evaluation runs under, and a clean distributed teardown.
 
 :func:`share_cpu_threads` splits a CPU node's threads among its ranks: left at torch's default, every rank
 runs one thread per core, and N ranks' spinning OpenMP threads fight over the cores (the first step of 2 ranks on
@@ -9,6 +9,7 @@ run starts are :mod:`textsql.planning.device_defaults`'s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -65,3 +66,16 @@ def teardown_distributed() -> None:
     # same process (a notebook kernel) builds a new one.
     AcceleratorState._reset_state(reset_partial_state=True)
     logger.info("process group destroyed")
+
+
+def engine_autocast(engine: object) -> contextlib.AbstractContextManager:
+    """The torch autocast a DeepSpeed engine runs its forward under (its ``torch_autocast`` section); nothing for
+    an engine without it, or a model that is no engine.
+
+    :rtype: contextlib.AbstractContextManager
+    """
+    if not callable(getattr(engine, "torch_autocast_enabled", None)):
+        return contextlib.nullcontext()
+    from deepspeed.runtime.torch_autocast import autocast_if_enabled
+
+    return autocast_if_enabled(engine)

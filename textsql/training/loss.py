@@ -19,12 +19,14 @@ gathered only inside that layer's own forward, which this loss does not call.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import T5ForConditionalGeneration
 from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.utils import CONFIG_NAME
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.model import builds_from_config
@@ -72,6 +74,18 @@ class BatchVocabularyT5(T5ForConditionalGeneration):
     def loss_vocabulary(self) -> str:
         """``batch``, or ``full`` where ZeRO-3 has partitioned the output layer's weight (see the module's text)."""
         return "full" if hasattr(self.lm_head.weight, "ds_id") else "batch"
+
+    def save_pretrained(  # type: ignore[override]  # the arguments after these pass through as keywords
+        self, save_directory: str | Path, is_main_process: bool = True, **kwargs: Any
+    ) -> None:
+        """transformers' save, naming ``T5ForConditionalGeneration`` as the saved model's architecture: the loss is
+        training's alone, and what reads a model's class from its config (the Hub, serving engines) knows T5's."""
+        super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
+        config = Path(save_directory) / CONFIG_NAME
+        if is_main_process and config.is_file():
+            saved = json.loads(config.read_text(encoding="utf-8"))
+            saved["architectures"] = [T5ForConditionalGeneration.__name__]
+            config.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
     def forward(
         self,

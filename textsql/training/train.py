@@ -41,6 +41,7 @@ from textsql.tracking.mlflow_free import import_deepspeed_lean
 from textsql.tracking.mlflow_runs import finish_tracking, run_params, start_tracking
 from textsql.training.batching import TokenBudgetTrainer
 from textsql.training.collective import exit_on_failure
+from textsql.training.compiling import prepare_compilation
 from textsql.training.events import close_run_events, events_dir, use_run_events
 from textsql.training.hardware import (
     share_cpu_threads,
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     splits = load_prepared(data_args)
     tokenizer = load_tokenizer(model_args.model)
     model = model_to_train(model_args, training_args, splits.get("validation"))
+    prepare_compilation(training_args.torch_compile)
     trainer = build_trainer(model, tokenizer, splits, data_args, run_args, training_args)
     start_tracking(trainer, run_params(model_args, data_args, run_args, training_args), resumed=checkpoint is not None)
 
