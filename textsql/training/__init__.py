@@ -4,7 +4,8 @@
 :mod:`textsql.planning.train_args`) and ``trainer`` is its trainer (no step past the end when resumed there) and
 evaluation with grammar-constrained generation, whose WikiSQL scores ``metrics`` computes; ``hardware`` shares a
 CPU node's threads among its ranks and tears the process group down, ``batching`` fills token-budget batches,
-``schedule`` spaces evaluations and checkpoints by training time, ``loss`` is the loss, ``clipping`` gradient
+``schedule`` spaces evaluations and checkpoints by training time, ``compiling`` is what a rank does under
+torch.compile, ``loss`` is the loss, ``clipping`` gradient
 clipping on the reduced gradients and ``throughput`` the questions and tokens that ran; ``mark_complete`` marks
 each checkpoint once every rank saved it (the format is :mod:`textsql.rundir`'s); ``output_dir`` refuses or clears
 a previous run's directory, picks the checkpoint to resume and writes ``model/``; ``collective`` times the first
