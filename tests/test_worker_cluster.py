@@ -216,6 +216,42 @@ def test_open_workers_for_notebooks_stops_on_request(tmp_path):
     cluster.stop()  # twice is harmless
 
 
+def test_a_stopped_workers_ssh_sessions_end_with_it(tmp_path):
+    """What a pod's end does to what runs in it, a local worker does too: a launcher and its ranks started over ssh
+    end when the agent stops, whether the master released it or went away. Before, sshd's listener stopped and its
+    sessions' processes went on (a killed notebook kernel left a local demo training)."""
+    run_dir = tmp_path / "run"
+    marker = f"sleep {9000 + os.getpid() % 1000}"  # this test's own command line among the machine's processes
+    with start_workers("local", 1, run_dir, timeout=60) as cluster:
+        session = subprocess.Popen(
+            ["ssh", "-F", str(cluster.ssh_config), "127.0.0.2", f"bash -c '{marker} & wait'"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not (running := commands_like(marker)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running, "the session's command never started"
+    deadline = time.monotonic() + 15
+    while commands_like(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leftovers = commands_like(marker)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == [] and session.wait(timeout=15) is not None
+    assert wait_gone(run_dir) == []  # the ssh client's command line names the run's ssh_config too
+
+
+def commands_like(command: str) -> list[int]:
+    """The live processes whose command line is ``command``."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
+        if " ".join(process.info["cmdline"] or []) == command and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process.info["pid"])
+    return found
+
+
 def test_sigterm_flood_still_stops_sshd_cleanly(tmp_path):
     # A kubelet or an impatient user may signal again while the agent is already shutting down:
     # the later signals must not cut sshd's stop short (no orphan sshd, its stop logged).
