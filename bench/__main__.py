@@ -9,6 +9,7 @@ written to ``gpu_quick.json`` in ``--out`` and printed as a table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import os
@@ -258,11 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("worker", "tensorboard", "textsql", "datasets", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    if args.skip and gpu_quick.COMMAND not in names:
+        parser.error(f"--skip leaves out arms of {gpu_quick.COMMAND}; the other figures are chosen with --only")
     if gpu_quick.COMMAND in names:
         if len(names) > 1:
             parser.error(f"{gpu_quick.COMMAND} runs alone; measure the other figures in another call")
         sizes = quick_arms.SMOKE if args.smoke else quick_arms.QuickSizes()
         try:
+            sizes = dataclasses.replace(sizes, skip=frozenset(filter(None, (args.skip or "").split(","))))
             device = sizes.device(args.device)
         except ValueError as error:
             parser.error(str(error))
@@ -295,6 +299,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temporary one, removed afterwards)")
     parser.add_argument("--budget-s", type=float, help=f"{gpu_quick.COMMAND}: seconds the whole device run may take")
+    parser.add_argument(
+        "--skip",
+        metavar="ARM[,ARM]",
+        help=f"{gpu_quick.COMMAND}: arms left out, among {', '.join(quick_arms.SKIPPABLE)} (compile: both compile arms)",
+    )
     parser.add_argument(
         "--budget-start",
         type=float,

@@ -26,7 +26,9 @@ order they run, the most telling first, so a run cut short keeps them:
   ``TORCH_LOGS=recompiles``, which :func:`bench.quick_arms.recompilations` counts, and its step clock counts the
   graphs compiled after the warm-up (``compilations_after_warmup``).
 
-One JSON (``gpu_quick.json`` in ``--out``), written after each arm with the ratios known so far, with
+``--skip ARM[,ARM]`` leaves arms out (:data:`bench.quick_arms.SKIPPABLE`: ``compile`` is both compile arms), so a
+second short lease can measure what the first had no time left for, e.g. ``QUICK_ARGS="--skip
+time_to_accuracy,defaults_t5_base"``. One JSON (``gpu_quick.json`` in ``--out``), written after each arm with the ratios known so far, with
 ``process_wall_s`` (from the process's start) at the end, and a table on stdout (:mod:`bench.quick_report`).
 
 ``--device cpu --smoke`` runs the same code with the embedded small T5 for every arm, a few steps and a small token
@@ -151,14 +153,22 @@ def run(
         save(result)
         return arm
 
+    def wanted(name: str) -> bool:
+        if name in sizes.skip:
+            result["skipped"][name] = "left out (--skip)"
+        return name not in sizes.skip
+
     ours = done("defaults", defaults_arm(load, sizes, work, chosen))
-    done("peer", peer_arm(load, sizes, ours["token_budget"]))
-    done("old_recipe", old_recipe_arm(load, sizes))
-    done(
-        "defaults_t5_base", defaults_arm(load.shaped_as(T5_BASE_CONFIG, work), sizes, work, chosen, "defaults_t5_base")
-    )
-    accuracy_arms(load, sizes, work, budget, result, save)
-    if device == "cuda":
+    if wanted("peer"):
+        done("peer", peer_arm(load, sizes, ours["token_budget"]))
+    if wanted("old_recipe"):
+        done("old_recipe", old_recipe_arm(load, sizes))
+    if wanted("defaults_t5_base"):
+        t5_base = load.shaped_as(T5_BASE_CONFIG, work)
+        done("defaults_t5_base", defaults_arm(t5_base, sizes, work, chosen, "defaults_t5_base"))
+    if wanted("time_to_accuracy"):
+        accuracy_arms(load, sizes, work, budget, result, save)
+    if device == "cuda" and wanted("compile"):
         # The defaults with torch.compile turned the other way price it. Last: it compiles for minutes. Compiling
         # where the defaults do not, a second compiled run with the cache the first left prices a second run.
         flipped = not chosen.get("torch_compile", False)

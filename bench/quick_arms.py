@@ -66,6 +66,10 @@ GUARD_FAILED = re.compile(r"\[__recompiles\]\s+- (?P<guard>\S.*)$")
 REASONS_KEPT, REASON_CHARS = 10, 300
 
 
+# What gpu-quick --skip may leave out: every arm but the defaults, which the others are compared with.
+SKIPPABLE = ("peer", "old_recipe", "defaults_t5_base", "time_to_accuracy", "compile")
+
+
 @dataclass(frozen=True)
 class QuickSizes:
     """How much work ``gpu-quick`` does."""
@@ -79,6 +83,7 @@ class QuickSizes:
     old_batch: int = OLD_BATCH  # the old recipe's batch (smaller only in the smoke run)
     token_budget: int | None = None  # None: the defaults' own for the GPU (textsql.planning.device_defaults)
     accuracy: AccuracySizes = field(default_factory=AccuracySizes)  # the time-to-accuracy figure's (bench.accuracy)
+    skip: frozenset[str] = frozenset()  # arms of SKIPPABLE left out (gpu-quick --skip): a lease spent elsewhere
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 1 or self.timed_steps < 1 or self.timeline_steps < 1:
@@ -86,6 +91,9 @@ class QuickSizes:
                 "warmup_steps, timed_steps and timeline_steps must be >= 1, got "
                 f"{self.warmup_steps}, {self.timed_steps}, {self.timeline_steps}"
             )
+        unknown = sorted(self.skip - set(SKIPPABLE))
+        if unknown:
+            raise ValueError(f"--skip {unknown[0]}: no such arm; pass some of {', '.join(SKIPPABLE)}")
 
     def device(self, asked: str | None) -> str:
         """The device to run on: ``asked``, else CUDA where present.

@@ -344,3 +344,37 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
     assert "samples/s defaults / peer: 3.0x" in shown
     assert "- defaults: 40.0 s of training (55.0 s with evaluations), step 700" in shown
     assert "- peer: not reached in 90.0 s of training (900 steps, best 0.61)" in shown
+
+
+def test_gpu_quick_leaves_out_the_arms_it_is_told_to_skip(stubbed_arms, tmp_path):
+    from bench import gpu_quick
+    from bench.quick_arms import QuickSizes
+
+    sizes = QuickSizes(token_budget=2048, skip=frozenset({"time_to_accuracy", "defaults_t5_base"}))
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda")
+    assert [name for name, _, _ in stubbed_arms] == [
+        "defaults",
+        "peer",
+        "old_recipe",
+        "defaults_compiled",
+        "defaults_compiled_warm",
+    ]
+    assert result["skipped"] == dict.fromkeys(("defaults_t5_base", "time_to_accuracy"), "left out (--skip)")
+    stubbed_arms.clear()
+    gpu_quick.run("data", tmp_path, QuickSizes(token_budget=2048, skip=frozenset({"compile"})), "cuda")
+    assert "defaults_compiled" not in [name for name, _, _ in stubbed_arms]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["gpu-quick", "--device", "cpu", "--smoke", "--skip", "peer,nonesuch"], "--skip nonesuch: no such arm"),
+        (["--only", "train", "--skip", "peer"], "--skip leaves out arms of gpu-quick"),
+    ],
+)
+def test_a_skip_of_no_such_arm_or_outside_gpu_quick_is_one_line_naming_the_choices(argv, message, capsys):
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
