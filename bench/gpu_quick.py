@@ -169,15 +169,7 @@ def run(
     if wanted("time_to_accuracy"):
         accuracy_arms(load, sizes, work, budget, result, save)
     if device == "cuda" and wanted("compile"):
-        # The defaults with torch.compile turned the other way price it. Last: it compiles for minutes. Compiling
-        # where the defaults do not, a second compiled run with the cache the first left prices a second run.
-        flipped = not chosen.get("torch_compile", False)
-        names = ["defaults_compiled", "defaults_compiled_warm"] if flipped else ["defaults_eager"]
-        for name, needs in zip(names, (COMPILE_ARM_S, COMPILE_WARM_ARM_S)):
-            if budget.left() < needs:
-                result["skipped"][name] = f"{budget.left():.0f} s of the budget left, {needs} s needed"
-                break
-            done(name, defaults_arm(load, sizes, work, chosen, name, torch_compile=flipped))
+        compile_arms(load, sizes, work, chosen, budget, result["skipped"], done)
     result |= {
         **compile_price(result["arms"], sizes.steps),
         "wall_s": round(time.monotonic() - started, 1),
@@ -185,6 +177,27 @@ def run(
     }
     save(result)
     return result
+
+
+def compile_arms(
+    load: Workload,
+    sizes: QuickSizes,
+    work: Path,
+    chosen: dict,
+    budget: Budget,
+    skipped: dict,
+    done: Callable[[str, dict], dict],
+) -> None:
+    """The defaults with torch.compile turned the other way, which prices it; last, since it compiles for minutes.
+    Compiling where the defaults do not, a second compiled run with the cache the first left prices a second run.
+    Each runs only where the budget holds it (else it is in ``skipped``); ``done`` keeps each arm run."""
+    flipped = not chosen.get("torch_compile", False)
+    names = ["defaults_compiled", "defaults_compiled_warm"] if flipped else ["defaults_eager"]
+    for name, needs in zip(names, (COMPILE_ARM_S, COMPILE_WARM_ARM_S)):
+        if budget.left() < needs:
+            skipped[name] = f"{budget.left():.0f} s of the budget left, {needs} s needed"
+            return
+        done(name, defaults_arm(load, sizes, work, chosen, name, torch_compile=flipped))
 
 
 def accuracy_arms(

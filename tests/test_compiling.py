@@ -48,6 +48,13 @@ def test_what_the_launch_set_wins_and_an_eager_rank_changes_nothing(clean_enviro
     assert not clean_environment.exists() and not (tmp_path / "theirs").exists()  # Inductor creates its own
 
 
+def test_a_home_without_room_for_the_cache_leaves_it_where_torch_keeps_it(clean_environment, caplog):
+    clean_environment.parent.mkdir(exist_ok=True)
+    clean_environment.write_text("a file where the cache's parent directory would be")
+    assert prepare_compilation(True)[CACHE_VAR] == "" and CACHE_VAR not in os.environ
+    assert f"set {CACHE_VAR} where you launch" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def lengths() -> tuple[list[int], list[int]]:
     """1,000 (source, target) lengths around WikiSQL's, and a long tail."""

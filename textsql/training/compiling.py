@@ -67,9 +67,12 @@ def prepare_compilation(torch_compile: bool) -> dict[str, str]:
     os.environ.setdefault(DYNAMIC_VAR, "true")
     if CACHE_VAR not in os.environ:
         cache = compile_cache_dir()
-        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.environ[CACHE_VAR] = str(cache)
-    settings = {name: os.environ[name] for name in (REGIONAL_VAR, DYNAMIC_VAR, CACHE_VAR)}
+        try:
+            cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.environ[CACHE_VAR] = str(cache)
+        except OSError as error:  # a read-only home: torch's own default, in /tmp, still works
+            logger.warning("torch.compile's cache stays in /tmp: %s (set %s where you launch)", error, CACHE_VAR)
+    settings = {name: os.environ.get(name, "") for name in (REGIONAL_VAR, DYNAMIC_VAR, CACHE_VAR)}
     logger.info(
         "torch.compile: by regions %s, dynamic sizes %s, compile cache %s",
         *(settings[name] for name in (REGIONAL_VAR, DYNAMIC_VAR, CACHE_VAR)),
