@@ -21,6 +21,11 @@ SPLITS = ("train", "validation", "test")
 # File stem of each split in the original release layout.
 RELEASE_SPLIT_FILES = {"train": "train", "validation": "dev", "test": "test"}
 
+# A training batch's tensors: the question's, padded to its bucket's source bound, and the query's, to the target
+# bound (textsql.training.batching); torch.compile marks the same ones dynamic (textsql.training.compiling).
+SOURCE_KEYS = ("input_ids", "attention_mask")
+TARGET_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
+
 # Distributed run layout (ports and the run-dir files the workers write: worker.constants).
 LAUNCH_LOG_NAME = "launch.log"
 # What a training run writes at its end (textsql.training.train): engine, profile, steps, the trainer's log history.

@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from textsql.constants import LABEL_PAD_TOKEN_ID
+from textsql.constants import LABEL_PAD_TOKEN_ID, SOURCE_KEYS, TARGET_KEYS
 from textsql.errors import DataError
 from textsql.training.clipping import ClipBeforeStep, clip_before_each_step
 from textsql.training.compiling import mark_batch_dynamic
@@ -55,8 +55,6 @@ DEFAULT_BUCKETS = 4  # per side, plus the overflow bucket: at most 5 x 5 (source
 # schema input the targets reach 87 tokens but 98 % stay within 34: a top bound at the longest padded
 # a third of every batch (tests/test_batching.py measures both).
 TOP_QUANTILE = 0.98
-SOURCE_KEYS = ("input_ids", "attention_mask")
-TARGET_KEYS = ("labels", "decoder_input_ids", "decoder_attention_mask")
 
 
 def round_up(length: int, multiple: int = ALIGN) -> int:
@@ -312,8 +310,8 @@ class TokenBudgetTrainer(Seq2SeqTrainer):
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> torch.Tensor:
         """The trainer's step, counting what the batch held (:mod:`textsql.training.throughput`), without the
         decoder's generation cache: T5 builds one in any forward its config lets (``use_cache``), where a training
-        step only fills and drops it (72 of a t5-small step's 3,917 ops), and whose per-layer flags
-        torch.compile guards on, compiling a decoder block again for each layer.
+        step only fills and drops it (72 of a t5-small step's 3,918 operators, ``bench/compile_warmup.json``), and
+        whose per-layer flags torch.compile guards on, compiling a decoder block again for each layer.
 
         :rtype: torch.Tensor
         """

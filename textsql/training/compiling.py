@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
+from textsql.constants import SOURCE_KEYS, TARGET_KEYS
+
 logger = logging.getLogger(__name__)
 
 REGIONAL_VAR = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"
 DYNAMIC_VAR = "ACCELERATE_DYNAMO_USE_DYNAMIC"
 CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
-# The batch tensors whose example and length dimensions change from batch to batch.
-BATCH_KEYS = ("input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask")
 
 
 def compile_cache_dir() -> Path:
@@ -88,7 +88,7 @@ def mark_batch_dynamic(batch: dict[str, Any]) -> None:
     batches' shapes would compile two or three times. Marked, the first compilation serves them all. A dimension of
     size 1 stays as it is (dynamo specializes sizes 0 and 1).
     """
-    for key in BATCH_KEYS:
+    for key in (*SOURCE_KEYS, *TARGET_KEYS):
         tensor = batch.get(key)
         if isinstance(tensor, torch.Tensor) and tensor.dim() == 2:
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
