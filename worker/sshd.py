@@ -39,11 +39,16 @@ from worker.constants import (
 )
 from worker.errors import WorkerError
 from worker.files import last_line, private_dir, private_opener
+from worker.processes import descendants, end_processes
 from worker.registration import InvalidRegistration, check_host_key
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+
+
+# How often the stop looks whether the sessions' processes have exited after SIGTERM.
+SESSIONS_POLL_S = 0.05
 
 
 def require_tool(path: str) -> str:
@@ -243,7 +248,8 @@ class Sshd:
         """
         try:
             if self._process is not None and self._process.poll() is None:
-                end_processes(descendants(self._process.pid), STOP_GRACE_S)
+                sshd = self._process.pid
+                end_processes(descendants(sshd), lambda: descendants(sshd), STOP_GRACE_S, SESSIONS_POLL_S)
                 self._process.terminate()
                 try:
                     self._process.wait(timeout=STOP_GRACE_S)
@@ -262,55 +268,3 @@ class Sshd:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (its children, theirs, and so on), read from ``/proc``.
-
-    :rtype: list[int]
-    """
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The command's name is in parentheses and may hold spaces: the fields after it are split safely.
-            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError, ValueError):
-            continue  # gone while read
-        if state != "Z":
-            children.setdefault(int(parent), []).append(int(entry.name))
-    found, queue = [], [pid]
-    while queue:
-        below = children.get(queue.pop(), [])
-        found += below
-        queue += below
-    return found
-
-
-def end_processes(pids: list[int], grace_s: float) -> None:
-    """SIGTERM each of ``pids``, then SIGKILL those still alive after ``grace_s`` seconds."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        alive = [pid for pid in pids if _signal(pid, signum)]
-        deadline = time.monotonic() + grace_s
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.05)
-            alive = [pid for pid in alive if _alive(pid)]
-        if not alive:
-            return
-        pids = alive
-
-
-def _signal(pid: int, signum: int) -> bool:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False

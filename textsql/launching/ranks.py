@@ -23,14 +23,13 @@ import argparse
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 
 from textsql.constants import PROJECT_DIR
 from textsql.rank_lines import LAUNCH_ID_VAR, RUN_MARK_VAR
+from worker.processes import end_processes
 from worker.ssh import ssh_argv
 
 logger = logging.getLogger(__name__)
@@ -77,14 +76,6 @@ def marked_processes(launch_id: str, variable: str = LAUNCH_ID_VAR, run: str | N
     return found
 
 
-def _send(pids: Sequence[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except OSError:  # ended meanwhile
-            pass
-
-
 def end_marked(
     launch_id: str, grace: float = END_GRACE_S, variable: str = LAUNCH_ID_VAR, run: str | None = None
 ) -> int:
@@ -98,18 +89,12 @@ def end_marked(
     :returns: how many processes carried the marker.
     """
     pids = marked_processes(launch_id, variable, run)
-    count = len(pids)
-    _send(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pids and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-        pids = marked_processes(launch_id, variable, run)
-    if pids:
+    killed = end_processes(pids, lambda: marked_processes(launch_id, variable, run), grace, POLL_S)
+    if killed:
         logger.warning(
-            "%d processes of launch %s outlived %.0f s after SIGTERM; sending SIGKILL", len(pids), launch_id, grace
+            "%d processes of launch %s outlived %.0f s after SIGTERM; sent SIGKILL", len(killed), launch_id, grace
         )
-    _send(pids, signal.SIGKILL)
-    return count
+    return len(pids)
 
 
 def remote_end_command(launch_id: str, grace: float = END_GRACE_S) -> str:
