@@ -234,6 +234,7 @@ def _where() -> dict:
 COMMANDS = {
     "compile-warmup": "bench.compile_warmup",
     "demo-seeds": "bench.demo_seeds",
+    "norms": "bench.norms",
     "pretrained-proxy": "bench.pretrained_proxy",
     "setup-cost": "bench.setup_cost",
 }

@@ -14,6 +14,9 @@ order they run, the most telling first, so a run cut short keeps them:
 - ``old_recipe``: the seed notebook's (:mod:`bench.old_recipe`): fp32, batch 32 padded to 96 (``defaults_over``
   keeps that ratio too);
 - ``defaults_t5_base``: the defaults on t5-base's shape (``textsql/assets/t5-base``);
+- ``norms`` (:mod:`bench.norms`, in ``norms``, not among the arms): a training step of t5-small's shape with T5's own
+  norms against torch's ``RMSNorm`` (:func:`textsql.model.fuse_norms`, which the defaults train with and the other
+  arms do not), the kernels a step launches and its median time, in seconds of the budget;
 - ``time_to_accuracy`` (:mod:`bench.accuracy`), where the budget holds it: the demo's task from scratch until
   held-out logical-form accuracy reaches 70 % or a time cap, the defaults against the peer;
 - on a GPU, and only where the budget has :data:`COMPILE_ARM_S` left, the defaults with torch.compile turned the
@@ -51,6 +54,7 @@ from pathlib import Path
 
 from bench.accuracy import time_to_accuracy
 from bench.flops import FLOP_CONVENTION
+from bench.norms import norm_arms
 from bench.profiles import T5_BASE_CONFIG
 from bench.quick_arms import QuickSizes, defaults_arm, old_recipe_arm, peer_arm
 from bench.quick_report import compile_price, ratios
@@ -166,6 +170,10 @@ def run(
     if wanted("defaults_t5_base"):
         t5_base = load.shaped_as(T5_BASE_CONFIG, work)
         done("defaults_t5_base", defaults_arm(t5_base, sizes, work, chosen, "defaults_t5_base"))
+    if wanted("norms"):
+        result["norms"] = norm_arms(load.model, device, sizes.norms)
+        result["done"].append("norms")
+        save(result)
     if wanted("time_to_accuracy"):
         accuracy_arms(load, sizes, work, budget, result, save)
     if device == "cuda" and wanted("compile"):

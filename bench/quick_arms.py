@@ -27,6 +27,8 @@ from pathlib import Path
 from bench.accuracy import ACCURACY_SMOKE, AccuracySizes
 from bench.flops import mfu
 from bench.fullscale import WIKISQL_TRAIN_QUESTIONS
+from bench.norms import SMOKE as NORMS_SMOKE
+from bench.norms import NormSizes
 from bench.old_recipe import (
     LOSS_VOCABULARY,
     OLD_BATCH,
@@ -67,7 +69,7 @@ REASONS_KEPT, REASON_CHARS = 10, 300
 
 
 # What gpu-quick --skip may leave out: every arm but the defaults, which the others are compared with.
-SKIPPABLE = ("peer", "old_recipe", "defaults_t5_base", "time_to_accuracy", "compile")
+SKIPPABLE = ("peer", "old_recipe", "defaults_t5_base", "norms", "time_to_accuracy", "compile")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class QuickSizes:
     old_batch: int = OLD_BATCH  # the old recipe's batch (smaller only in the smoke run)
     token_budget: int | None = None  # None: the defaults' own for the GPU (textsql.planning.device_defaults)
     accuracy: AccuracySizes = field(default_factory=AccuracySizes)  # the time-to-accuracy figure's (bench.accuracy)
+    norms: NormSizes = field(default_factory=NormSizes)  # T5's norms against torch's RMSNorm (bench.norms)
     skip: frozenset[str] = frozenset()  # arms of SKIPPABLE left out (gpu-quick --skip): a lease spent elsewhere
 
     def __post_init__(self) -> None:
@@ -153,6 +156,7 @@ SMOKE = QuickSizes(
     old_batch=4,
     token_budget=2048,
     accuracy=ACCURACY_SMOKE,
+    norms=NORMS_SMOKE,
 )
 
 

@@ -120,6 +120,8 @@ def table(result: dict) -> str:
             f"defaults / {peer.replace('_', ' ')}: {ratio}x" for peer, ratio in result["defaults_over"].items()
         )
         lines += ["", f"samples/s {over}" + (f"; {result['wall_s']} s in all" if "wall_s" in result else "")]
+    if "norms" in result:
+        lines += norm_lines(result["norms"])
     if "time_to_accuracy" in result:
         lines += accuracy_lines(result["time_to_accuracy"])
     lines += timelines(result["arms"], shown)
@@ -166,6 +168,20 @@ def timelines(arms: dict, shown: list[str]) -> list[str]:
             f"{timeline['kernels_per_step']} a step; top: {top}"
         )
     return ([""] if lines else []) + lines
+
+
+def norm_lines(figure: dict) -> list[str]:
+    """T5's norms against torch's RMSNorm (bench.norms): each arm's step and kernels, and the ratio.
+
+    :rtype: list[str]
+    """
+    own, fused = figure["arms"]["t5_norms"], figure["arms"]["fused_norms"]
+    line = (
+        f"norms ({figure['model']}, {figure['norms_swapped']} norms): a step with T5's own {own['median_step_ms']} ms "
+        f"({own['timeline']['kernels_per_step']} kernels), with torch's RMSNorm {fused['median_step_ms']} ms "
+        f"({fused['timeline']['kernels_per_step']}); T5's over torch's: {figure['t5_norms_over_fused_step']}x"
+    )
+    return ["", line]
 
 
 def accuracy_lines(figure: dict) -> list[str]:

@@ -157,7 +157,7 @@ def test_the_old_recipe_returns_the_op_counts_of_the_step_it_profiled(prepared_s
 
 
 class StubLoad:
-    device_name, model_label, peak = "H200", "m", 1.0
+    device_name, model_label, peak, model = "H200", "m", 1.0, "t5-small-load"
 
     def describe_data(self):
         return "d"
@@ -198,6 +198,11 @@ def stubbed_arms(monkeypatch):
         save({"arms": {"defaults": {"reached": False}}})
         save({"arms": {"defaults": {"reached": False}, "peer": {"reached": False}}, "value": None})
 
+    def norm_arms(model, device, sizes):
+        launched.append(("norms", device, model))
+        return {"model": model}
+
+    monkeypatch.setattr(gpu_quick, "norm_arms", norm_arms)
     monkeypatch.setattr(gpu_quick, "time_to_accuracy", time_to_accuracy)
     monkeypatch.setattr(gpu_quick, "defaults_arm", defaults_arm)
     monkeypatch.setattr(gpu_quick, "peer_arm", peer_arm)
@@ -220,17 +225,20 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
         ("peer", 64),  # the peer's batch is sized from the defaults' own token budget
         ("old_recipe", False),
         ("defaults_t5_base", False),
+        ("norms", "cuda"),  # on the defaults' own model: t5-small's shape
         ("time_to_accuracy", 2048),  # the token budget asked (None on a GPU: the defaults' own)
         ("defaults_compiled", True),
         ("defaults_compiled_warm", True),  # with the compile cache the first compiled arm left
     ]
     assert stubbed_arms[3][2] == "t5-base-load" and isinstance(stubbed_arms[1][2], StubLoad)
+    assert stubbed_arms[4][2] == "t5-small-load" and result["norms"] == {"model": "t5-small-load"}
     assert result["value"] == 3.0 and result["defaults_over"] == {"peer": 3.0, "old_recipe": 12.0}
     assert "peer" in result["unit"] and "compile" in result and "compile_warm" in result
     # Written after each arm: a run cut short after the peer keeps the headline.
     assert "value" not in saved[0] and saved[1]["value"] == 3.0 and "old_recipe" not in saved[1]["defaults_over"]
-    assert [snapshot["done"][-1] for snapshot in saved[3:6]] == [
+    assert [snapshot["done"][-1] for snapshot in saved[3:7]] == [
         "defaults_t5_base",
+        "norms",
         "time_to_accuracy defaults",
         "time_to_accuracy peer",
     ]
@@ -254,6 +262,7 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
         "peer",
         "old_recipe",
         "defaults_t5_base",
+        "norms",
         "time_to_accuracy",
     ]
     stubbed_arms.clear()
@@ -326,6 +335,15 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
             "arms": {"defaults": arm(600.0, 0.1834), "peer": arm(200.0, None)},
             "defaults_over": {"peer": 3.0},
             "skipped": {"defaults_compiled": "200 s of the budget left, 240 s needed"},
+            "norms": {
+                "model": "t5-small-shape",
+                "norms_swapped": 32,
+                "arms": {
+                    "t5_norms": {"median_step_ms": 30.0, "timeline": {"kernels_per_step": 3000.0}},
+                    "fused_norms": {"median_step_ms": 25.0, "timeline": {"kernels_per_step": 2300.0}},
+                },
+                "t5_norms_over_fused_step": 1.2,
+            },
             "time_to_accuracy": {
                 "target": "held-out logical-form accuracy >= 70%",
                 "held_out_questions": 1000,
@@ -342,6 +360,10 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
     assert "sm90_xmma_gemm 25%" in shown and "peer timeline" not in shown
     assert "- defaults_compiled: not run (200 s of the budget left, 240 s needed)" in shown
     assert "samples/s defaults / peer: 3.0x" in shown
+    assert (
+        "norms (t5-small-shape, 32 norms): a step with T5's own 30.0 ms (3000.0 kernels), with torch's RMSNorm "
+        "25.0 ms (2300.0); T5's over torch's: 1.2x"
+    ) in shown
     assert "- defaults: 40.0 s of training (55.0 s with evaluations), step 700" in shown
     assert "- peer: not reached in 90.0 s of training (900 steps, best 0.61)" in shown
 
@@ -350,7 +372,7 @@ def test_gpu_quick_leaves_out_the_arms_it_is_told_to_skip(stubbed_arms, tmp_path
     from bench import gpu_quick
     from bench.quick_arms import QuickSizes
 
-    sizes = QuickSizes(token_budget=2048, skip=frozenset({"time_to_accuracy", "defaults_t5_base"}))
+    sizes = QuickSizes(token_budget=2048, skip=frozenset({"time_to_accuracy", "defaults_t5_base", "norms"}))
     result = gpu_quick.run("data", tmp_path, sizes, "cuda")
     assert [name for name, _, _ in stubbed_arms] == [
         "defaults",
@@ -359,7 +381,7 @@ def test_gpu_quick_leaves_out_the_arms_it_is_told_to_skip(stubbed_arms, tmp_path
         "defaults_compiled",
         "defaults_compiled_warm",
     ]
-    assert result["skipped"] == dict.fromkeys(("defaults_t5_base", "time_to_accuracy"), "left out (--skip)")
+    assert result["skipped"] == dict.fromkeys(("defaults_t5_base", "norms", "time_to_accuracy"), "left out (--skip)")
     stubbed_arms.clear()
     gpu_quick.run("data", tmp_path, QuickSizes(token_budget=2048, skip=frozenset({"compile"})), "cuda")
     assert "defaults_compiled" not in [name for name, _, _ in stubbed_arms]

@@ -2,9 +2,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import T5ForConditionalGeneration
+from transformers.models.t5.modeling_t5 import T5LayerNorm
 
 from textsql.errors import ModelError
-from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
+from textsql.model import fuse_norms, has_weights, load_model, load_tokenizer, resolve_model
 
 
 def test_embedded_tokenizer_is_the_real_t5_vocabulary():
@@ -41,3 +43,46 @@ def test_unreadable_tokenizer_is_one_clear_error(tmp_path: Path):
     (tmp_path / "config.json").write_text('{"model_type": "t5"}')
     with pytest.raises(ModelError, match="no tokenizer in"):
         load_tokenizer(tmp_path)
+
+
+def _loss_and_gradients(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randint(5, 32000, (4, 23), generator=generator)
+    labels = torch.randint(5, 32000, (4, 11), generator=generator)
+    torch.manual_seed(0)  # the same dropout masks in both models
+    loss = model.train()(input_ids=inputs, labels=labels).loss
+    loss.backward()
+    return loss.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+def test_fused_norms_train_as_t5s_own_and_save_under_the_same_names(tmp_path: Path):
+    reference, model = load_model(), load_model()
+    config = model.config
+    before = dict(model.named_parameters())
+    assert fuse_norms(model) == (2 * config.num_layers + 1) + (3 * config.num_decoder_layers + 1)
+    assert not any(isinstance(module, T5LayerNorm) for module in model.modules())
+    # The optimizer is built afterwards from model.parameters(): the swapped norms must hold the same tensors.
+    assert all(parameter is before[name] for name, parameter in model.named_parameters())
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    expected_loss, expected_gradients = _loss_and_gradients(reference)
+    loss, gradients = _loss_and_gradients(model)
+    # On a CPU torch's RMSNorm runs T5's operators in T5's order: the same bits, so the demo learns as before.
+    assert torch.equal(loss, expected_loss)
+    for name, gradient in gradients.items():
+        assert torch.equal(gradient, expected_gradients[name]), name
+    model.save_pretrained(tmp_path)
+    reloaded = T5ForConditionalGeneration.from_pretrained(tmp_path)
+    for name, tensor in reloaded.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+
+
+def test_a_fused_norm_in_bf16_rounds_as_t5s_own():
+    # DeepSpeed's bf16 at ZeRO 1-3 casts the whole model: the norm's weight and input are bf16 there.
+    t5_norm = T5LayerNorm(64, eps=1e-6).to(torch.bfloat16)
+    torch.nn.init.normal_(t5_norm.weight)
+    holder = torch.nn.Sequential(t5_norm)
+    fuse_norms(holder)
+    hidden = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    fused = holder[0](hidden)
+    assert fused.dtype == torch.bfloat16
+    torch.testing.assert_close(fused, t5_norm(hidden))

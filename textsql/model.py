@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
+    import torch
     from transformers import T5ForConditionalGeneration
 
 from textsql.constants import DEFAULT_MODEL_DIR
@@ -155,6 +156,36 @@ def load_model(
             f"cannot load model {reference!r} ({_first_line(error)}); pass --model a trained model/ directory, "
             "a config-only directory, or a hub id on a connected machine"
         ) from None
+
+
+def fuse_norms(model: torch.nn.Module) -> int:
+    """Swap each of T5's norms for torch's ``RMSNorm`` holding the same weight; return how many were swapped.
+
+    T5's own norm writes RMS normalisation out as six operators (square, mean, add, rsqrt and two products), each
+    a GPU kernel, and more in the backward: with 32 norms in t5-small and 62 in t5-base, hundreds of kernels a
+    step. ``torch.nn.functional.rms_norm`` computes the same thing (accumulating in fp32) and on CUDA dispatches
+    to one fused kernel forward and one backward
+    (``_fused_rms_norm``); on a CPU it runs T5's operators in T5's order, to the same bits. The weights keep their
+    names, so checkpoints and ``model/`` load into ``T5ForConditionalGeneration`` as before.
+
+    :param model: a T5, changed in place.
+    :rtype: int
+    """
+    import torch
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, T5LayerNorm):
+                # A weight ZeRO-3 partitioned when the model was built is empty but for its ds_shape.
+                shape = getattr(child.weight, "ds_shape", child.weight.shape)
+                # Built on the meta device: its own weight is replaced by the one the model already holds.
+                norm = torch.nn.RMSNorm(shape, eps=child.variance_epsilon, device="meta")
+                norm.weight = child.weight
+                setattr(parent, name, norm)
+                swapped += 1
+    return swapped
 
 
 def _first_line(error: Exception) -> str:

@@ -1,0 +1,154 @@
+"""T5's own norm against torch's ``RMSNorm`` (:func:`textsql.model.fuse_norms`, what the ranks and the predictor
+train and generate with) in the training steps of one T5 shape.
+
+``python -m bench norms`` builds the model twice from the same seed, swaps the norms of one, and runs both on the
+same batch of random tokens, alternated (:func:`bench.timing.alternate`): forward and backward of the
+full-vocabulary loss, no optimizer step (the norms do all their work in these), under the precision the defaults
+train in (bf16 autocast on CUDA, fp32 on a CPU). For each: the median step, and a timeline of a few more steps
+(:mod:`bench.timeline`: on CUDA the kernels a step launches and how busy they kept the GPU; on a CPU the top-level
+ATen operators). gpu-quick runs the same as its ``norms`` arm on t5-small's shape.
+
+Writes ``bench/norms.json`` (``--out``), t5-small's and t5-base's shapes; ``--smoke``: the embedded small T5 and a
+few steps (the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from bench.machine import describe_machine, releases
+from bench.profiles import T5_BASE_CONFIG, T5_SMALL_CONFIG
+from bench.setup_cost import BENCH_DIR
+from bench.steps import clock
+from bench.timeline import WINDOW, summarize
+from bench.timing import alternate
+from textsql.constants import DEFAULT_MODEL_DIR
+from textsql.json_files import write_json
+from textsql.model import fuse_norms, load_model
+
+RESULT = BENCH_DIR / "norms.json"
+ARMS = ("t5_norms", "fused_norms")
+
+
+@dataclass(frozen=True)
+class NormSizes:
+    """One batch of ``questions`` inputs of ``source_tokens`` and targets of ``target_tokens`` (the shipped
+    sample's schema inputs are about 60 tokens, their queries about 20)."""
+
+    questions: int = 64
+    source_tokens: int = 64
+    target_tokens: int = 24
+    warmup: int = 2
+    repetitions: int = 8
+    profiled_steps: int = 2
+
+
+SMOKE = NormSizes(questions=4, source_tokens=16, target_tokens=8, warmup=1, repetitions=2, profiled_steps=1)
+
+
+def norm_arms(model: Path, device: str, sizes: NormSizes) -> dict:
+    """Both arms on ``model`` (a config-only directory) on ``device``: median step, timelines and their ratios.
+
+    :rtype: dict
+    """
+    generator = torch.Generator().manual_seed(0)
+    vocabulary = 32000
+    batch = {
+        "input_ids": torch.randint(5, vocabulary, (sizes.questions, sizes.source_tokens), generator=generator),
+        "labels": torch.randint(5, vocabulary, (sizes.questions, sizes.target_tokens), generator=generator),
+    }
+    batch = {name: tensor.to(device) for name, tensor in batch.items()}
+    models = {name: load_model(model).to(device).train() for name in ARMS}
+    swapped = fuse_norms(models["fused_norms"])
+
+    def step(name: str) -> None:
+        precision = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+        with precision:
+            loss = models[name](**batch).loss
+        loss.backward()
+        models[name].zero_grad(set_to_none=True)
+
+    def timed(name: str) -> float:
+        began = clock()
+        step(name)
+        return sizes.questions / (clock() - began)
+
+    rates = alternate({name: lambda name=name: timed(name) for name in ARMS}, sizes.repetitions, sizes.warmup)
+    arms = {
+        name: {
+            "median_step_ms": round(1000 * sizes.questions / statistics.median(rates[name]), 2),
+            "timeline": timeline(lambda name=name: step(name), sizes.profiled_steps, device),
+        }
+        for name in ARMS
+    }
+    before, after = (arms[name]["timeline"]["kernels_per_step"] for name in ARMS)
+    return {
+        "model": model.name,
+        "norms_swapped": swapped,
+        "arms": arms,
+        "t5_norms_over_fused_step": round(
+            arms["t5_norms"]["median_step_ms"] / arms["fused_norms"]["median_step_ms"], 3
+        ),
+        "kernels_per_step_saved": round(before - after, 1),
+    }
+
+
+def timeline(step, steps: int, device: str) -> dict:
+    """:func:`bench.timeline.summarize` of ``steps`` calls of ``step``.
+
+    :rtype: dict
+    """
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    clock()
+    with torch.profiler.profile(activities=activities) as profiler, torch.profiler.record_function(WINDOW):
+        for _ in range(steps):
+            step()
+        clock()
+    return summarize(profiler.events(), steps, device == "cuda")
+
+
+def measure(sizes: NormSizes, device: str, models: list[Path]) -> dict:
+    """:func:`norm_arms` for each of ``models``, with how it was measured.
+
+    :rtype: dict
+    """
+    return {
+        "figure": "norms",
+        "shapes": {model.name: norm_arms(model, device, sizes) for model in models},
+        "sizes": asdict(sizes),
+        "method": (
+            f"on {device}: each arm's model built from the same seed, the same batch of {sizes.questions} random "
+            f"sources of {sizes.source_tokens} tokens and targets of {sizes.target_tokens}; a step is forward and "
+            "backward of T5's own full-vocabulary loss (bf16 autocast on CUDA, fp32 on a CPU), no optimizer; "
+            f"{sizes.warmup} rounds of warm-up, then {sizes.repetitions} rounds alternating the arms' order; "
+            f"median_step_ms: the median of those steps; timeline: {sizes.profiled_steps} more steps under "
+            "torch.profiler (bench/timeline.py: on CUDA the device's kernels, on a CPU the top-level ATen operators)"
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench norms", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="the embedded small T5 and a few steps (the tests)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the steps run")
+    parser.add_argument("--out", type=Path, default=RESULT, help="the JSON written (default: %(default)s)")
+    args = parser.parse_args(argv)
+    models = [DEFAULT_MODEL_DIR] if args.smoke else [T5_SMALL_CONFIG.parent, T5_BASE_CONFIG.parent]
+    result = measure(SMOKE if args.smoke else NormSizes(), args.device, models)
+    result |= {"machine": describe_machine(), "releases": releases()}
+    write_json(args.out, result)
+    print(f"wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
