@@ -18,7 +18,6 @@ On a GPU the same command measures the GPU (``--device cuda``); the committed fi
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
@@ -30,12 +29,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.fullscale import prepare_data
-from bench.machine import describe_machine, releases
+from bench.machine import figure_arguments, write_figure
 from bench.ours import launch_ours, probe_record
 from bench.setup_cost import BENCH_DIR
 from bench.steps import compilations_after, step_times
 from bench.workload import Workload, versions
-from textsql.json_files import write_json
 from textsql.training.compiling import CACHE_VAR, REGIONAL_VAR
 
 RESULT = BENCH_DIR / "compile_warmup.json"
@@ -173,19 +171,13 @@ def measure(sizes: Sizes, work: Path, device: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench compile-warmup", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="the embedded small T5 and a few steps (the tests)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the runs train")
-    parser.add_argument("--out", type=Path, default=RESULT, help="the JSON written (default: %(default)s)")
-    args = parser.parse_args(argv)
+    args = figure_arguments(argv, "compile-warmup", __doc__ or "", RESULT)
     work = Path(tempfile.mkdtemp(prefix="compile-warmup-"))
     try:
         result = measure(SMOKE if args.smoke else Sizes(), work, args.device)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result |= {"machine": describe_machine(), "releases": releases()}
-    write_json(args.out, result)
-    print(f"wrote {args.out}", flush=True)
+    write_figure(args.out, result)
     return 0
 
 

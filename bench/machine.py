@@ -1,16 +1,20 @@
-"""The machine and the releases a bench run measured."""
+"""The machine and the releases a bench run measured, and the command line and JSON of a command that measures one
+figure (``python -m bench compile-warmup``, ``norms``)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import platform
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 import psutil
 
 from textsql.constants import PROJECT_DIR
+from textsql.json_files import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,25 @@ def releases() -> dict:
     found["commit"] = _git("rev-parse", "--short", "HEAD")
     found["uncommitted_changes"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
     return found
+
+
+def figure_arguments(argv: list[str] | None, prog: str, doc: str, result: Path) -> argparse.Namespace:
+    """``--smoke``, ``--device`` and ``--out`` (default ``result``), parsed from ``argv``; ``doc``'s first paragraph
+    is the description.
+
+    :rtype: argparse.Namespace
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m bench {prog}", description=doc.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="the embedded small T5 and a few steps (the tests)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where it runs")
+    parser.add_argument("--out", type=Path, default=result, help="the JSON written (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def write_figure(path: Path, figure: dict) -> None:
+    """``figure`` with the machine and releases it was measured on, as JSON at ``path``; says so on stdout."""
+    write_json(path, {**figure, "machine": describe_machine(), "releases": releases()})
+    print(f"wrote {path}", flush=True)
 
 
 def _gpu() -> str | None:

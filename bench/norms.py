@@ -14,7 +14,6 @@ Writes ``bench/norms.json`` (``--out``), t5-small's and t5-base's shapes, 64 que
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
@@ -23,14 +22,13 @@ from pathlib import Path
 
 import torch
 
-from bench.machine import describe_machine, releases
+from bench.machine import figure_arguments, write_figure
 from bench.profiles import T5_BASE_CONFIG, T5_SMALL_CONFIG
 from bench.setup_cost import BENCH_DIR
 from bench.steps import clock
 from bench.timeline import WINDOW, summarize
 from bench.timing import alternate
 from textsql.constants import DEFAULT_MODEL_DIR
-from textsql.json_files import write_json
 from textsql.model import fuse_norms, load_model
 
 RESULT = BENCH_DIR / "norms.json"
@@ -139,17 +137,10 @@ def measure(sizes: NormSizes, device: str, models: list[Path]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench norms", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="the embedded small T5 and a few steps (the tests)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the steps run")
-    parser.add_argument("--out", type=Path, default=RESULT, help="the JSON written (default: %(default)s)")
-    args = parser.parse_args(argv)
+    args = figure_arguments(argv, "norms", __doc__ or "", RESULT)
     models = [DEFAULT_MODEL_DIR] if args.smoke else [T5_SMALL_CONFIG.parent, T5_BASE_CONFIG.parent]
     sizes = SMOKE if args.smoke else CPU if args.device == "cpu" else NormSizes()
-    result = measure(sizes, args.device, models)
-    result |= {"machine": describe_machine(), "releases": releases()}
-    write_json(args.out, result)
-    print(f"wrote {args.out}", flush=True)
+    write_figure(args.out, measure(sizes, args.device, models))
     return 0
 
 
