@@ -19,6 +19,9 @@ order they run, the most telling first, so a run cut short keeps them:
   arms do not), the kernels a step launches and its median time, in seconds of the budget;
 - ``time_to_accuracy`` (:mod:`bench.accuracy`), where the budget holds it: the demo's task from scratch until
   held-out logical-form accuracy reaches 70 % or a time cap, the defaults against the peer;
+- on a GPU, where :data:`DOUBLE_BUDGET_ARM_S` is left, ``defaults_double_budget``: the defaults at twice their token
+  budget, whether more tokens a step than the GPU's memory sizes raise samples/s (what it does to accuracy a step
+  needs a longer run than gpu-quick's);
 - on a GPU, and only where the budget has :data:`COMPILE_ARM_S` left, the defaults with torch.compile turned the
   other way (``defaults_compiled``, or ``defaults_eager`` where the defaults compile), last: it compiles for
   minutes; then, where :data:`COMPILE_WARM_ARM_S` is left, ``defaults_compiled_warm``, compiled again with the
@@ -44,6 +47,7 @@ line says how much of the device run's budget is spent (:class:`Budget`; ``bench
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -73,6 +77,8 @@ LOG_TAIL_BYTES = 1024**2
 # the whole model; the warm one, with the compile cache the first left, about what an eager arm takes and its loading.
 COMPILE_ARM_S = 240
 COMPILE_WARM_ARM_S = 90
+# The defaults' arm took 43.9 s on one H200 (bench/gpu_quick.json); twice the tokens a step, a little more.
+DOUBLE_BUDGET_ARM_S = 75
 
 
 @dataclass(frozen=True)
@@ -150,12 +156,12 @@ def run(
         "done": [],  # the arms and parts done, in order
     }
 
-    def done(name: str, arm: dict) -> dict:
-        result["arms"][name] = arm
+    def done(name: str, figure: dict, arm: bool = True) -> dict:
+        (result["arms"] if arm else result)[name] = figure
         result["done"].append(name)
         result.update(ratios(result["arms"]))
         save(result)
-        return arm
+        return figure
 
     def wanted(name: str) -> bool:
         if name in sizes.skip:
@@ -171,11 +177,11 @@ def run(
         t5_base = load.shaped_as(T5_BASE_CONFIG, work)
         done("defaults_t5_base", defaults_arm(t5_base, sizes, work, chosen, "defaults_t5_base"))
     if wanted("norms"):
-        result["norms"] = norm_arms(load.model, device, sizes.norms)
-        result["done"].append("norms")
-        save(result)
+        done("norms", norm_arms(load.model, device, sizes.norms), arm=False)
     if wanted("time_to_accuracy"):
         accuracy_arms(load, sizes, work, budget, result, save)
+    if device == "cuda" and wanted("defaults_double_budget"):
+        double_budget_arm(load, sizes, work, chosen, 2 * ours["token_budget"], budget, result["skipped"], done)
     if device == "cuda" and wanted("compile"):
         compile_arms(load, sizes, work, chosen, budget, result["skipped"], done)
     result |= {
@@ -206,6 +212,25 @@ def compile_arms(
             skipped[name] = f"{budget.left():.0f} s of the budget left, {needs} s needed"
             return
         done(name, defaults_arm(load, sizes, work, chosen, name, torch_compile=flipped))
+
+
+def double_budget_arm(
+    load: Workload,
+    sizes: QuickSizes,
+    work: Path,
+    chosen: dict,
+    token_budget: int,
+    budget: Budget,
+    skipped: dict,
+    done: Callable[[str, dict], dict],
+) -> None:
+    """The defaults at ``token_budget`` (twice their own) where the budget holds it: whether a larger budget than the
+    GPU's memory sizes raises samples/s, on a GPU whose memory the defaults leave mostly unused."""
+    name = "defaults_double_budget"
+    if budget.left() < DOUBLE_BUDGET_ARM_S:
+        skipped[name] = f"{budget.left():.0f} s of the budget left, {DOUBLE_BUDGET_ARM_S} s needed"
+        return
+    done(name, defaults_arm(load, dataclasses.replace(sizes, token_budget=token_budget), work, chosen, name))
 
 
 def accuracy_arms(
@@ -239,7 +264,9 @@ def method(load: Workload, sizes: QuickSizes) -> str:
         "torch.profiler (timeline: busy_fraction is the union of the device's activity over the window's wall "
         f"time); MFU against the peak {load.peak} FLOP/s; each arm's wall_s from its start to its end; "
         "peer: its batch is the defaults' mean questions a step at their token budget; time_to_accuracy: the demo's "
-        "task, both arms evaluated alike (bench/accuracy.py); defaults_eager or defaults_compiled (on a GPU): the "
+        "task, both arms evaluated alike (bench/accuracy.py); defaults_double_budget (on a GPU): the defaults at "
+        "twice their token budget; norms: bench/norms.py on the defaults' model; "
+        "defaults_eager or defaults_compiled (on a GPU): the "
         "defaults with torch.compile turned the other way (compiled: one batch shape a bucket), defaults_compiled_warm "
         "the same with the compile cache the first left; recompilations: torch's TORCH_LOGS=recompiles lines in the "
         "compiled rank's log; compilations_after_warmup: dynamo's graphs compiled after the warm-up steps"

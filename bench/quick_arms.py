@@ -69,7 +69,7 @@ REASONS_KEPT, REASON_CHARS = 10, 300
 
 
 # What gpu-quick --skip may leave out: every arm but the defaults, which the others are compared with.
-SKIPPABLE = ("peer", "old_recipe", "defaults_t5_base", "norms", "time_to_accuracy", "compile")
+SKIPPABLE = ("peer", "old_recipe", "defaults_t5_base", "norms", "time_to_accuracy", "defaults_double_budget", "compile")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ ARMS = (
     "peer",
     "old_recipe",
     "defaults_t5_base",
+    "defaults_double_budget",
     "defaults_eager",
     "defaults_compiled",
     "defaults_compiled_warm",

@@ -182,7 +182,7 @@ def stubbed_arms(monkeypatch):
             "wall_s": 1.0,
             "median_step_s": 0.1,
             "samples_per_s": rate,
-            "token_budget": 64,
+            "token_budget": 64 if name == "defaults" else sizes.token_budget,
         }
 
     def peer_arm(load, sizes, token_budget):
@@ -227,11 +227,13 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
         ("defaults_t5_base", False),
         ("norms", "cuda"),  # on the defaults' own model: t5-small's shape
         ("time_to_accuracy", 2048),  # the token budget asked (None on a GPU: the defaults' own)
+        ("defaults_double_budget", False),
         ("defaults_compiled", True),
         ("defaults_compiled_warm", True),  # with the compile cache the first compiled arm left
     ]
     assert stubbed_arms[3][2] == "t5-base-load" and isinstance(stubbed_arms[1][2], StubLoad)
     assert stubbed_arms[4][2] == "t5-small-load" and result["norms"] == {"model": "t5-small-load"}
+    assert result["arms"]["defaults_double_budget"]["token_budget"] == 2 * 64  # twice the defaults' own
     assert result["value"] == 3.0 and result["defaults_over"] == {"peer": 3.0, "old_recipe": 12.0}
     assert "peer" in result["unit"] and "compile" in result and "compile_warm" in result
     # Written after each arm: a run cut short after the peer keeps the headline.
@@ -270,6 +272,10 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
     result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=short)
     assert "defaults_eager" not in result["arms"] and "needed" in result["skipped"]["defaults_eager"]
     assert "compile" not in result
+    stubbed_arms.clear()
+    nearly_spent = gpu_quick.Budget(seconds=540, began=time.time() - 540 + gpu_quick.DOUBLE_BUDGET_ARM_S - 10)
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=nearly_spent)
+    assert "defaults_double_budget" not in result["arms"] and "needed" in result["skipped"]["defaults_double_budget"]
     stubbed_arms.clear()
     # Too little left for the time-to-accuracy figure, enough for the compile arm: the one skipped, the other run.
     shorter = gpu_quick.Budget(seconds=540, began=time.time() - 540 + sizes.accuracy.needs_s - 10)
@@ -378,6 +384,7 @@ def test_gpu_quick_leaves_out_the_arms_it_is_told_to_skip(stubbed_arms, tmp_path
         "defaults",
         "peer",
         "old_recipe",
+        "defaults_double_budget",
         "defaults_compiled",
         "defaults_compiled_warm",
     ]
