@@ -102,9 +102,16 @@ def s3_server(work: Path) -> Iterator[S3Server]:
 
 def _create_bucket(server: S3Server, process: subprocess.Popen[bytes], work: Path) -> None:
     import s3fs
+    from botocore.exceptions import EndpointConnectionError
 
+    # One try a call: this loop waits for the server, to its own deadline. botocore's retries gave up after about
+    # 20 s, before a loaded machine's `weed mini` had opened its S3 port, with an error that is no OSError.
     fs = s3fs.S3FileSystem(
-        key=server.access_key, secret=server.secret_key, endpoint_url=server.endpoint, skip_instance_cache=True
+        key=server.access_key,
+        secret=server.secret_key,
+        endpoint_url=server.endpoint,
+        skip_instance_cache=True,
+        config_kwargs={"retries": {"max_attempts": 1}},
     )
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
@@ -112,6 +119,6 @@ def _create_bucket(server: S3Server, process: subprocess.Popen[bytes], work: Pat
         try:
             fs.mkdir(BUCKET)
             return
-        except OSError:
+        except (OSError, EndpointConnectionError):
             assert time.monotonic() < deadline, (work / "weed.log").read_text()[-3000:]
             time.sleep(0.5)

@@ -130,6 +130,22 @@ def test_the_s3_server_writes_its_logs_sockets_and_scratch_in_its_own_directory(
         assert [path for path in tmp_path.iterdir() if path.is_dir() and path.name != "data"], "no scratch directory"
 
 
+def test_an_s3_server_slow_to_open_its_port_is_waited_for_to_its_deadline(tmp_path: Path, monkeypatch) -> None:
+    """On a loaded machine `weed mini` opened its S3 port after botocore's own retries had given up: the start waits
+    for the server to its own deadline, then fails naming the server's log, not on the first refused connection."""
+    from bench import seaweed
+
+    never_listening = tmp_path / "weed"
+    never_listening.write_text("#!/bin/sh\necho 'still starting'\nexec sleep 60\n")
+    never_listening.chmod(0o755)
+    monkeypatch.setattr(seaweed, "WEED", never_listening)
+    monkeypatch.setattr(seaweed, "START_TIMEOUT_S", 3.0)
+    began = time.monotonic()
+    with pytest.raises(AssertionError, match="still starting"), seaweed.s3_server(tmp_path / "s3"):
+        pass
+    assert time.monotonic() - began >= 3.0
+
+
 @pytest.mark.slow
 def test_a_missing_bucket_is_refused_and_not_created(s3: S3Server, monkeypatch) -> None:
     for key, value in s3.environ().items():
