@@ -14,9 +14,9 @@ order they run, the most telling first, so a run cut short keeps them:
 - ``old_recipe``: the seed notebook's (:mod:`bench.old_recipe`): fp32, batch 32 padded to 96 (``defaults_over``
   keeps that ratio too);
 - ``defaults_t5_base``: the defaults on t5-base's shape (``textsql/assets/t5-base``);
-- ``norms`` (:mod:`bench.norms`, in ``norms``, not among the arms): a training step of t5-small's shape with T5's own
-  norms against torch's ``RMSNorm`` (:func:`textsql.model.fuse_norms`, which the defaults train with and the other
-  arms do not), the kernels a step launches and its median time, in seconds of the budget;
+- ``norms`` (:mod:`bench.norms`, in ``norms``, not among the arms): training steps of t5-small's shape, and on a GPU
+  t5-base's, with T5's own norms against torch's ``RMSNorm`` (:func:`textsql.model.fuse_norms`, which the defaults
+  train with and the other arms do not), the kernels a step launches and its median time, in seconds of the budget;
 - ``time_to_accuracy`` (:mod:`bench.accuracy`), where the budget holds it: the demo's task from scratch until
   held-out logical-form accuracy reaches 70 % or a time cap, the defaults against the peer;
 - on a GPU, where :data:`DOUBLE_BUDGET_ARM_S` is left, ``defaults_double_budget``: the defaults at twice their token
@@ -58,7 +58,7 @@ from pathlib import Path
 
 from bench.accuracy import time_to_accuracy
 from bench.flops import FLOP_CONVENTION
-from bench.norms import norm_arms
+from bench.norms import measure as measure_norms
 from bench.profiles import T5_BASE_CONFIG
 from bench.quick_arms import QuickSizes, defaults_arm, old_recipe_arm, peer_arm
 from bench.quick_report import compile_price, ratios
@@ -177,7 +177,7 @@ def run(
         t5_base = load.shaped_as(T5_BASE_CONFIG, work)
         done("defaults_t5_base", defaults_arm(t5_base, sizes, work, chosen, "defaults_t5_base"))
     if wanted("norms"):
-        done("norms", norm_arms(load.model, device, sizes.norms), arm=False)
+        done("norms", measure_norms(sizes.norms, device, norm_models(load, work, device)), arm=False)
     if wanted("time_to_accuracy"):
         accuracy_arms(load, sizes, work, budget, result, save)
     if device == "cuda" and wanted("defaults_double_budget"):
@@ -212,6 +212,15 @@ def compile_arms(
             skipped[name] = f"{budget.left():.0f} s of the budget left, {needs} s needed"
             return
         done(name, defaults_arm(load, sizes, work, chosen, name, torch_compile=flipped))
+
+
+def norm_models(load: Workload, work: Path, device: str) -> list[Path]:
+    """The models the norms part runs: the defaults', and on a GPU t5-base's shape too (seconds there, minutes on a
+    CPU).
+
+    :rtype: list[pathlib.Path]
+    """
+    return [load.model, *([load.shaped_as(T5_BASE_CONFIG, work).model] if device == "cuda" else [])]
 
 
 def double_budget_arm(
@@ -265,7 +274,7 @@ def method(load: Workload, sizes: QuickSizes) -> str:
         f"time); MFU against the peak {load.peak} FLOP/s; each arm's wall_s from its start to its end; "
         "peer: its batch is the defaults' mean questions a step at their token budget; time_to_accuracy: the demo's "
         "task, both arms evaluated alike (bench/accuracy.py); defaults_double_budget (on a GPU): the defaults at "
-        "twice their token budget; norms: bench/norms.py on the defaults' model; "
+        "twice their token budget; norms: bench/norms.py on the defaults' model (and t5-base's shape on a GPU); "
         "defaults_eager or defaults_compiled (on a GPU): the "
         "defaults with torch.compile turned the other way (compiled: one batch shape a bucket), defaults_compiled_warm "
         "the same with the compile cache the first left; recompilations: torch's TORCH_LOGS=recompiles lines in the "

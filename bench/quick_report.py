@@ -172,17 +172,19 @@ def timelines(arms: dict, shown: list[str]) -> list[str]:
 
 
 def norm_lines(figure: dict) -> list[str]:
-    """T5's norms against torch's RMSNorm (bench.norms): each arm's step and kernels, and the ratio.
+    """T5's norms against torch's RMSNorm (bench.norms), a line a shape: each arm's step and kernels, and the ratio.
 
     :rtype: list[str]
     """
-    own, fused = figure["arms"]["t5_norms"], figure["arms"]["fused_norms"]
-    line = (
-        f"norms ({figure['model']}, {figure['norms_swapped']} norms): a step with T5's own {own['median_step_ms']} ms "
-        f"({own['timeline']['kernels_per_step']} kernels), with torch's RMSNorm {fused['median_step_ms']} ms "
-        f"({fused['timeline']['kernels_per_step']}); T5's over torch's: {figure['t5_norms_over_fused_step']}x"
-    )
-    return ["", line]
+    lines = [""]
+    for shape, measured in figure["shapes"].items():
+        own, fused = measured["arms"]["t5_norms"], measured["arms"]["fused_norms"]
+        lines.append(
+            f"norms ({shape}, {measured['norms_swapped']} norms): a step with T5's own {own['median_step_ms']} ms "
+            f"({own['timeline']['kernels_per_step']} kernels), with torch's RMSNorm {fused['median_step_ms']} ms "
+            f"({fused['timeline']['kernels_per_step']}); T5's over torch's: {measured['t5_norms_over_fused_step']}x"
+        )
+    return lines
 
 
 def accuracy_lines(figure: dict) -> list[str]:

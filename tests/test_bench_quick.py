@@ -163,7 +163,11 @@ class StubLoad:
         return "d"
 
     def shaped_as(self, config, work):
-        return "t5-base-load"
+        return StubBaseLoad()
+
+
+class StubBaseLoad:
+    model = "t5-base-model"
 
 
 @pytest.fixture
@@ -198,11 +202,11 @@ def stubbed_arms(monkeypatch):
         save({"arms": {"defaults": {"reached": False}}})
         save({"arms": {"defaults": {"reached": False}, "peer": {"reached": False}}, "value": None})
 
-    def norm_arms(model, device, sizes):
-        launched.append(("norms", device, model))
-        return {"model": model}
+    def measure_norms(sizes, device, models):
+        launched.append(("norms", device, models))
+        return {"shapes": {model: {} for model in models}}
 
-    monkeypatch.setattr(gpu_quick, "norm_arms", norm_arms)
+    monkeypatch.setattr(gpu_quick, "measure_norms", measure_norms)
     monkeypatch.setattr(gpu_quick, "time_to_accuracy", time_to_accuracy)
     monkeypatch.setattr(gpu_quick, "defaults_arm", defaults_arm)
     monkeypatch.setattr(gpu_quick, "peer_arm", peer_arm)
@@ -225,14 +229,18 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
         ("peer", 64),  # the peer's batch is sized from the defaults' own token budget
         ("old_recipe", False),
         ("defaults_t5_base", False),
-        ("norms", "cuda"),  # on the defaults' own model: t5-small's shape
+        ("norms", "cuda"),
         ("time_to_accuracy", 2048),  # the token budget asked (None on a GPU: the defaults' own)
         ("defaults_double_budget", False),
         ("defaults_compiled", True),
         ("defaults_compiled_warm", True),  # with the compile cache the first compiled arm left
     ]
-    assert stubbed_arms[3][2] == "t5-base-load" and isinstance(stubbed_arms[1][2], StubLoad)
-    assert stubbed_arms[4][2] == "t5-small-load" and result["norms"] == {"model": "t5-small-load"}
+    assert isinstance(stubbed_arms[3][2], StubBaseLoad) and isinstance(stubbed_arms[1][2], StubLoad)
+    # The norms on the defaults' own model, t5-small's shape, and on a GPU on t5-base's too.
+    assert stubbed_arms[4][2] == ["t5-small-load", "t5-base-model"] and list(result["norms"]["shapes"]) == [
+        "t5-small-load",
+        "t5-base-model",
+    ]
     assert result["arms"]["defaults_double_budget"]["token_budget"] == 2 * 64  # twice the defaults' own
     assert result["value"] == 3.0 and result["defaults_over"] == {"peer": 3.0, "old_recipe": 12.0}
     assert "peer" in result["unit"] and "compile" in result and "compile_warm" in result
@@ -342,13 +350,16 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
             "defaults_over": {"peer": 3.0},
             "skipped": {"defaults_compiled": "200 s of the budget left, 240 s needed"},
             "norms": {
-                "model": "t5-small-shape",
-                "norms_swapped": 32,
-                "arms": {
-                    "t5_norms": {"median_step_ms": 30.0, "timeline": {"kernels_per_step": 3000.0}},
-                    "fused_norms": {"median_step_ms": 25.0, "timeline": {"kernels_per_step": 2300.0}},
-                },
-                "t5_norms_over_fused_step": 1.2,
+                "shapes": {
+                    "t5-small-shape": {
+                        "norms_swapped": 32,
+                        "arms": {
+                            "t5_norms": {"median_step_ms": 30.0, "timeline": {"kernels_per_step": 3000.0}},
+                            "fused_norms": {"median_step_ms": 25.0, "timeline": {"kernels_per_step": 2300.0}},
+                        },
+                        "t5_norms_over_fused_step": 1.2,
+                    }
+                }
             },
             "time_to_accuracy": {
                 "target": "held-out logical-form accuracy >= 70%",
