@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from bench.machine import figure_arguments, write_figure
 from bench.profiles import T5_BASE_CONFIG, T5_SMALL_CONFIG
 from bench.setup_cost import BENCH_DIR
 from bench.steps import clock
-from bench.timeline import WINDOW, summarize
+from bench.timeline import profiled
 from bench.timing import alternate
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.model import fuse_norms, load_model
@@ -84,7 +85,7 @@ def norm_arms(model: Path, device: str, sizes: NormSizes) -> dict:
     arms = {
         name: {
             "median_step_ms": round(1000 * sizes.questions / statistics.median(rates[name]), 2),
-            "timeline": timeline(lambda name=name: step(name), sizes.profiled_steps, device),
+            "timeline": timeline(lambda name=name: step(name), sizes.profiled_steps),
         }
         for name in ARMS
     }
@@ -100,20 +101,15 @@ def norm_arms(model: Path, device: str, sizes: NormSizes) -> dict:
     }
 
 
-def timeline(step, steps: int, device: str) -> dict:
+def timeline(step: Callable[[], None], steps: int) -> dict:
     """:func:`bench.timeline.summarize` of ``steps`` calls of ``step``.
 
     :rtype: dict
     """
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    clock()
-    with torch.profiler.profile(activities=activities) as profiler, torch.profiler.record_function(WINDOW):
+    with profiled(steps) as summary:
         for _ in range(steps):
             step()
-        clock()
-    return summarize(profiler.events(), steps, device == "cuda")
+    return summary
 
 
 def measure(sizes: NormSizes, device: str, models: list[Path]) -> dict:

@@ -13,9 +13,10 @@ the steps it watches: the arms profile steps after their timed window.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch.autograd import DeviceType
@@ -106,9 +107,28 @@ def summarize(events, steps: int, device_activity: bool) -> dict:
     }
 
 
+@contextlib.contextmanager
+def profiled(steps: int) -> Iterator[dict]:
+    """Profile what runs inside as ``steps`` steps: the device's activity where CUDA is in use, else the CPU's. The
+    dict it yields holds :func:`summarize`'s figures once the block has ended.
+
+    :rtype: Iterator[dict]
+    """
+    on_device = torch.cuda.is_available() and torch.cuda.is_initialized()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if on_device:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    summary: dict = {}
+    clock()  # the kernels queued before finish outside the window
+    with torch.profiler.profile(activities=activities) as profiler, torch.profiler.record_function(WINDOW):
+        yield summary
+        clock()  # the window ends when the last step's kernels have run
+    summary.update(summarize(profiler.events(), steps, on_device))
+
+
 class Timeline(TrainerCallback):
-    """Profile optimizer steps ``first_step`` .. ``first_step + steps - 1`` (1-based); :attr:`summary` is then
-    :func:`summarize`'s dict."""
+    """Profile optimizer steps ``first_step`` .. ``first_step + steps - 1`` (1-based) in :func:`profiled`;
+    :attr:`summary` is then :func:`summarize`'s dict."""
 
     def __init__(self, first_step: int, steps: int):
         if first_step < 1 or steps < 1:
@@ -116,31 +136,19 @@ class Timeline(TrainerCallback):
         self.first_step, self.steps = first_step, steps
         self.summary: dict | None = None
         self._begun = 0
-        self._profiler: torch.profiler.profile | None = None
-        self._window: torch.profiler.record_function | None = None
-
-    @staticmethod
-    def on_device() -> bool:
-        return torch.cuda.is_available() and torch.cuda.is_initialized()
+        # The window opens in one callback and closes in another.
+        self._window: contextlib.ExitStack | None = None
+        self._profiled: dict = {}
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._begun += 1
         if self._begun != self.first_step:
             return
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.on_device():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        clock()  # the previous step's kernels finish outside the window
-        self._profiler = torch.profiler.profile(activities=activities)
-        self._profiler.__enter__()
-        self._window = torch.profiler.record_function(WINDOW)
-        self._window.__enter__()
+        self._window = contextlib.ExitStack()
+        self._profiled = self._window.enter_context(profiled(self.steps))
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._profiler is None or self._window is None or self._begun != self.first_step + self.steps - 1:
+        if self._window is None or self._begun != self.first_step + self.steps - 1:
             return
-        clock()  # the window ends when the last step's kernels have run
-        self._window.__exit__(None, None, None)
-        self._profiler.__exit__(None, None, None)
-        self.summary = summarize(self._profiler.events(), self.steps, self.on_device())
-        self._profiler = self._window = None
+        self._window.close()
+        self.summary, self._window = self._profiled, None
