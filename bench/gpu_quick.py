@@ -105,6 +105,14 @@ class Budget:
             return math.inf
         return self.seconds - ((time.time() if now is None else now) - self.began)
 
+    def short_of(self, needs: float, now: float | None = None) -> str | None:
+        """Why a part that needs ``needs`` seconds cannot run now (its line in ``skipped``), or None where it can.
+
+        :rtype: str | None
+        """
+        left = self.left(now)
+        return f"{left:.0f} s of the budget left, {needs:.0f} s needed" if left < needs else None
+
 
 def keep_logs(work: Path, out: Path) -> list[Path]:
     """Copy every ``*.log`` under ``work`` (the ranks' and the launcher's) into ``out/logs``, keeping where each lay
@@ -208,8 +216,8 @@ def compile_arms(
     flipped = not chosen.get("torch_compile", False)
     names = ["defaults_compiled", "defaults_compiled_warm"] if flipped else ["defaults_eager"]
     for name, needs in zip(names, (COMPILE_ARM_S, COMPILE_WARM_ARM_S)):
-        if budget.left() < needs:
-            skipped[name] = f"{budget.left():.0f} s of the budget left, {needs} s needed"
+        if short := budget.short_of(needs):
+            skipped[name] = short
             return
         done(name, defaults_arm(load, sizes, work, chosen, name, torch_compile=flipped))
 
@@ -236,8 +244,8 @@ def double_budget_arm(
     """The defaults at ``token_budget`` (twice their own) where the budget holds it: whether a larger budget than the
     GPU's memory sizes raises samples/s, on a GPU whose memory the defaults leave mostly unused."""
     name = "defaults_double_budget"
-    if budget.left() < DOUBLE_BUDGET_ARM_S:
-        skipped[name] = f"{budget.left():.0f} s of the budget left, {DOUBLE_BUDGET_ARM_S} s needed"
+    if short := budget.short_of(DOUBLE_BUDGET_ARM_S):
+        skipped[name] = short
         return
     done(name, defaults_arm(load, dataclasses.replace(sizes, token_budget=token_budget), work, chosen, name))
 
@@ -247,9 +255,8 @@ def accuracy_arms(
 ) -> None:
     """The time-to-accuracy figure into ``result["time_to_accuracy"]``, saved after each of its arms; skipped where
     the budget has less left than it needs."""
-    needs = sizes.accuracy.needs_s
-    if budget.left() < needs:
-        result["skipped"]["time_to_accuracy"] = f"{budget.left():.0f} s of the budget left, {needs:.0f} s needed"
+    if short := budget.short_of(sizes.accuracy.needs_s):
+        result["skipped"]["time_to_accuracy"] = short
         return
 
     def keep(figure: dict) -> None:

@@ -315,6 +315,9 @@ def test_a_budget_says_how_long_is_left():
 
     assert Budget(540, began=1000.0).left(now=1100.0) == 440.0
     assert Budget(None, began=1000.0).left(now=5000.0) == float("inf")
+    assert Budget(None, began=1000.0).short_of(240) is None
+    assert Budget(540, began=1000.0).short_of(240, now=1340.0) == "200 s of the budget left, 240 s needed"
+    assert Budget(540, began=1000.0).short_of(240, now=1300.0) is None
 
 
 def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_accuracy():
