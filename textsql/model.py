@@ -164,9 +164,9 @@ def fuse_norms(model: torch.nn.Module) -> int:
     T5's own norm writes RMS normalisation out as six operators (square, mean, add, rsqrt and two products), each
     a GPU kernel, and more in the backward: with 32 norms in t5-small and 62 in t5-base, hundreds of kernels a
     step. ``torch.nn.functional.rms_norm`` computes the same thing (accumulating in fp32) and on CUDA dispatches
-    to one fused kernel forward and one backward
-    (``_fused_rms_norm``); on a CPU it runs T5's operators in T5's order, to the same bits. The weights keep their
-    names, so checkpoints and ``model/`` load into ``T5ForConditionalGeneration`` as before.
+    to one fused kernel forward and one backward (``_fused_rms_norm``); on a CPU it runs T5's operators in T5's
+    order, to the same bits. The weights keep their names, so checkpoints and ``model/`` load into
+    ``T5ForConditionalGeneration`` as before.
 
     :param model: a T5, changed in place.
     :rtype: int
