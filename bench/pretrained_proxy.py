@@ -42,9 +42,9 @@ from textsql.data.prepare import prepare
 from textsql.data.wikisql import SYNTHETIC_SELECT_SOURCE
 from textsql.inference.predict import predict
 from textsql.json_files import read_json
-from textsql.model import load_model, load_tokenizer
+from textsql.model import load_tokenizer
 from textsql.planning.recipe import FROM_CONFIG_RECIPE
-from textsql.training.loss import BatchVocabularyT5
+from textsql.training.loss import training_model
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def heldout_loss(model: Path, data: Path, questions: int) -> float:
     split = datasets.load_from_disk(str(data))["validation"]
     rows = split.select(range(min(questions, len(split)))).select_columns(["input_ids", "attention_mask", "labels"])
     batch = DataCollatorForSeq2Seq(load_tokenizer(model), label_pad_token_id=LABEL_PAD_TOKEN_ID)(list(rows))
-    scored = load_model(model, model_class=BatchVocabularyT5)
+    scored = training_model(model, "batch")
     # Training mode picks the batch-vocabulary loss; the small T5 has no dropout, so nothing is random.
     scored.train()
     with torch.no_grad():

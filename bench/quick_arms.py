@@ -208,6 +208,7 @@ def old_recipe_arm(load: Workload, sizes: QuickSizes) -> dict:
         "label": old_label(sizes.old_batch),
         **figures(load, sizes, {**old, "timeline": timeline.summary}, rates, memory),
         "loss_vocabulary": LOSS_VOCABULARY,
+        "full_logits": True,  # T5 as transformers writes it
         "wall_s": round(time.monotonic() - began, 1),
     }
 
@@ -241,6 +242,7 @@ def peer_arm(load: Workload, sizes: QuickSizes, token_budget: int) -> dict:
         "label": peer_label(batch, load.device),
         **figures(load, sizes, {**peer, "timeline": timeline.summary}, rates, memory),
         "loss_vocabulary": LOSS_VOCABULARY,
+        "full_logits": True,  # T5 as transformers writes it
         "wall_s": round(time.monotonic() - began, 1),
         "batch": batch,
     }
@@ -292,6 +294,7 @@ def defaults_arm(
         ),
         **figures(load, sizes, record, rates, peak_memory(record)),
         "loss_vocabulary": summary["loss_vocabulary"],
+        "full_logits": summary["full_logits"],
         "wall_s": round(time.monotonic() - began, 1),
         "profile": summary["profile"],
         "precision": summary["precision"],

@@ -90,6 +90,18 @@ def busy(arm: dict) -> str:
     return f"{timeline['busy_fraction']:.0%}"
 
 
+def loss(arm: dict) -> str:
+    """The arm's loss vocabulary, and for the full one whether its steps built T5's logits (``logits``) or computed
+    the loss in slices (``sliced``, :func:`textsql.training.loss.full_vocabulary_loss`); a run from before the
+    sliced loss names the vocabulary alone.
+
+    :rtype: str
+    """
+    if arm["loss_vocabulary"] != "full" or "full_logits" not in arm:
+        return arm["loss_vocabulary"]
+    return f"full, {'logits' if arm['full_logits'] else 'sliced'}"
+
+
 def table(result: dict) -> str:
     """The result as a markdown table, one row an arm, then the labels, the ratios and the timelines.
 
@@ -110,7 +122,7 @@ def table(result: dict) -> str:
         share = "n/a" if arm["mfu_real_tokens"] is None else f"{arm['mfu_real_tokens']:.2%}"
         lines.append(
             f"| {name} | {arm['samples_per_s']} | {arm['real_tokens_per_s']} | {share} | {busy(arm)} | "
-            f"{arm['peak_memory_gib']} | {arm['loss_vocabulary']} | "
+            f"{arm['peak_memory_gib']} | {loss(arm)} | "
             f"{arm['warmup_s']} | {arm['median_step_s']} | {arm['slowest_step_s']} |"
         )
     lines += ["", *(f"- {name}: {result['arms'][name]['label']}" for name in shown)]

@@ -175,7 +175,7 @@ def test_a_budget_says_how_long_is_left():
 def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_accuracy():
     from bench.quick_report import table
 
-    def arm(rate: float, busy: float | None) -> dict:
+    def arm(rate: float, busy: float | None, full_logits: bool) -> dict:
         timeline = {
             "activity": "CUDA kernels, copies and memsets",
             "steps": 3,
@@ -190,6 +190,7 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
             "mfu_real_tokens": 0.06,
             "peak_memory_gib": 1.0,
             "loss_vocabulary": "full",
+            "full_logits": full_logits,
             "warmup_s": 1.0,
             "median_step_s": 0.06,
             "slowest_step_s": 0.2,
@@ -201,7 +202,7 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
             "device": "H200",
             "versions": {"torch": "2", "cuda": "13"},
             "model": "m",
-            "arms": {"defaults": arm(600.0, 0.1834), "peer": arm(200.0, None)},
+            "arms": {"defaults": arm(600.0, 0.1834, False), "peer": arm(200.0, None, True)},
             "defaults_over": {"peer": 3.0},
             "skipped": {"defaults_compiled": "200 s of the budget left, 240 s needed"},
             "norms": {
@@ -227,7 +228,8 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
             },
         }
     )
-    assert "| defaults | 600.0 | 1 | 6.00% | 18% |" in shown and "| peer | 200.0 | 1 | 6.00% | n/a |" in shown
+    assert "| defaults | 600.0 | 1 | 6.00% | 18% | 1.0 | full, sliced |" in shown
+    assert "| peer | 200.0 | 1 | 6.00% | n/a | 1.0 | full, logits |" in shown
     assert "defaults timeline (CUDA kernels, copies and memsets, 3 steps): 18% busy" in shown
     assert "sm90_xmma_gemm 25%" in shown and "peer timeline" not in shown
     assert "- defaults_compiled: not run (200 s of the budget left, 240 s needed)" in shown

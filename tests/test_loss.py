@@ -1,4 +1,5 @@
-"""The training loss over the batch's own tokens (textsql.training.loss)."""
+"""T5's training loss without its full logits (textsql.training.loss): over the whole vocabulary in slices, and over
+the batch's own tokens."""
 
 import json
 
@@ -7,7 +8,12 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from textsql.model import load_model
-from textsql.training.loss import BatchVocabularyT5, batch_vocabulary_loss, resolve_loss_vocabulary
+from textsql.training.loss import (
+    TrainingLossT5,
+    batch_vocabulary_loss,
+    resolve_loss_vocabulary,
+    training_model,
+)
 
 VOCABULARY = 48
 
@@ -31,9 +37,15 @@ def batch(covering: bool) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
 
 
-def test_over_the_whole_vocabulary_it_is_t5s_own_loss():
+def batch_model(config: T5Config | None = None) -> TrainingLossT5:
+    model = TrainingLossT5(config or tiny_config())
+    model.vocabulary = "batch"
+    return model
+
+
+def test_over_a_batch_covering_the_whole_vocabulary_it_is_t5s_own_loss():
     torch.manual_seed(0)
-    model = BatchVocabularyT5(tiny_config()).train()
+    model = batch_model().train()
     inputs = batch(covering=True)
     inputs["input_ids"][0, -1] = 1  # EOS and pad are in the batch as well: every token is
     ours = model(**inputs).loss
@@ -43,7 +55,7 @@ def test_over_the_whole_vocabulary_it_is_t5s_own_loss():
 
 def test_over_part_of_the_vocabulary_the_softmax_leaves_the_other_tokens_out():
     torch.manual_seed(0)
-    model = BatchVocabularyT5(tiny_config()).train()
+    model = batch_model().train()
     inputs = batch(covering=False)
     present = torch.unique(torch.cat([inputs["input_ids"].flatten(), inputs["labels"][inputs["labels"] >= 0]]))
     assert len(present) < VOCABULARY
@@ -66,7 +78,7 @@ def test_a_target_shifted_by_one_token_changes_the_loss():
 
 def test_in_evaluation_it_is_t5_with_full_logits(tmp_path):
     torch.manual_seed(0)
-    model = BatchVocabularyT5(tiny_config()).eval()
+    model = batch_model().eval()
     inputs = batch(covering=False)
     output = model(**inputs)
     assert output.logits.shape[-1] == VOCABULARY
@@ -83,4 +95,5 @@ def test_auto_trains_a_model_from_scratch_over_the_batch_and_one_with_weights_ov
     load_model().save_pretrained(tmp_path)
     assert resolve_loss_vocabulary("auto", str(tmp_path)) == "full"
     assert resolve_loss_vocabulary("full", "default") == "full"
-    assert type(load_model(model_class=BatchVocabularyT5)) is BatchVocabularyT5
+    built = training_model(None, "batch")
+    assert type(built) is TrainingLossT5 and built.loss_vocabulary == "batch" and not built.full_logits

@@ -104,6 +104,7 @@ def test_each_profile_trains_on_two_ranks_and_exports_a_plain_model(profile, pre
     assert summary["global_step"] == STEPS
     # ZeRO-3 partitions the output layer's weight: the loss falls back to the full vocabulary there.
     assert summary["loss_vocabulary"] == ("full" if get_profile(used).stage == 3 else "batch")
+    assert summary["full_logits"] == (get_profile(used).stage == 3)
     losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
     assert len(losses) == STEPS
     assert all(math.isfinite(loss) for loss in losses), losses

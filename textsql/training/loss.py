@@ -1,4 +1,20 @@
-"""Training loss over the batch's own tokens (``--loss_vocabulary batch``), for a T5 trained from scratch.
+"""T5's training loss computed from the decoder's outputs without T5's full logits.
+
+T5 as transformers writes it computes the logits of every target position over all 32,128 tokens of its
+vocabulary, upcasts them to fp32 for the cross-entropy and keeps them for the backward: for a batch of 4,096
+target positions, 1.5 GiB at the loss alone, written and read again several times a step.
+:class:`TrainingLossT5` computes the same loss in one of two ways instead, by ``--loss_vocabulary``.
+
+**Full vocabulary** (``full``, what a pretrained T5 trains with): torch's own
+``torch.nn.functional.linear_cross_entropy`` (torch 2.13 and later), which computes the output layer and the
+cross-entropy a slice of target positions at a time, the gradients within the same pass, so the logits of only one
+slice exist at once. :func:`full_vocabulary_loss` cuts a batch into :data:`LOSS_CHUNKS` slices rather than
+torch's own choice: torch's sizes each slice like the layer's input (for t5-small, over a hundred slices a step),
+and each slice reads the whole output weight again and adds to its whole gradient, which on t5-small's shape cost
+more than the logits saved (``bench/chunked_loss.json``). Below ``d_model`` target positions a batch's logits are
+small and it is computed in one piece, as transformers does.
+
+**Batch vocabulary** (``batch``), for a T5 trained from scratch.
 
 The embedded small T5 scores all 32,128 tokens of T5's vocabulary at every target position: on a CPU that
 output layer is about three quarters of a training step (0.44 s of a 16-question step on one core, 0.11 s
@@ -12,16 +28,18 @@ than training losses under this choice, and free (unconstrained) decoding of suc
 meaningful.
 
 ``auto`` chooses ``batch`` for a model built from a config (trained from scratch, decoded with the grammar)
-and ``full`` for a model with weights: a pretrained T5 keeps the loss it was pretrained with. Under ZeRO-3 the
-loss is the full one whatever the choice: there the output layer's weight is partitioned across ranks and
-gathered only inside that layer's own forward, which this loss does not call.
+and ``full`` for a model with weights: a pretrained T5 keeps the loss it was pretrained with.
+
+Under ZeRO-3, and for the full vocabulary on a torch without ``linear_cross_entropy``, a step is T5's own forward
+with its full logits (:attr:`TrainingLossT5.full_logits`): ZeRO-3 partitions the output layer's weight across ranks
+and gathers it only inside that layer's own forward, which these losses do not call.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import T5ForConditionalGeneration
@@ -29,7 +47,10 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import CONFIG_NAME
 
 from textsql.constants import LABEL_PAD_TOKEN_ID
-from textsql.model import builds_from_config
+from textsql.model import builds_from_config, load_model
+
+# Slices of a batch's target positions the full-vocabulary loss is computed in (see the module's text).
+LOSS_CHUNKS = 4
 
 
 def resolve_loss_vocabulary(choice: str, model: str | Path | None) -> str:
@@ -66,14 +87,67 @@ def batch_vocabulary_loss(
     )
 
 
-class BatchVocabularyT5(T5ForConditionalGeneration):
-    """T5 whose training forward computes :func:`batch_vocabulary_loss` and no full logits; in evaluation mode,
-    or without labels, it is T5 as transformers writes it. Its weights load into ``T5ForConditionalGeneration``."""
+def full_vocabulary_loss(hidden: torch.Tensor, output_weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``labels`` over the whole vocabulary, T5's own loss, without the full logits: in
+    :data:`LOSS_CHUNKS` slices of target positions where there are at least ``d_model`` of them, else in one.
+
+    Under autocast the output layer runs in autocast's precision, as T5's ``lm_head`` does there: torch's chunked
+    operator is not on autocast's list and would otherwise multiply in fp32.
+
+    :param hidden: decoder outputs as the output layer takes them, ``(batch, target_length, d_model)``.
+    :param output_weight: the output layer's weight, ``(vocabulary, d_model)``.
+    :param labels: target ids, :data:`LABEL_PAD_TOKEN_ID` where padded.
+    :rtype: torch.Tensor
+    """
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        precision = torch.get_autocast_dtype(device)
+        hidden, output_weight = hidden.to(precision), output_weight.to(precision)
+    positions = labels.numel()
+    options = (
+        torch.nn.LinearCrossEntropyOptions(chunking_method=None, batch_chunk_size=-(-positions // LOSS_CHUNKS))
+        if positions >= hidden.shape[-1]
+        else None
+    )
+    return torch.nn.functional.linear_cross_entropy(
+        hidden.flatten(0, 1), output_weight, labels.flatten(), ignore_index=LABEL_PAD_TOKEN_ID, options=options
+    )
+
+
+def training_model(model: str | Path | None, loss_vocabulary: str) -> TrainingLossT5:
+    """``model`` (as :func:`textsql.model.load_model` takes it) as a :class:`TrainingLossT5` training
+    ``loss_vocabulary`` (``full`` or ``batch``).
+
+    :rtype: TrainingLossT5
+    """
+    loaded = cast(TrainingLossT5, load_model(model, model_class=TrainingLossT5))
+    loaded.vocabulary = loss_vocabulary
+    return loaded
+
+
+class TrainingLossT5(T5ForConditionalGeneration):
+    """T5 whose training forward computes :func:`full_vocabulary_loss` or :func:`batch_vocabulary_loss`, by
+    :attr:`vocabulary`, and no full logits; in evaluation mode, without labels, or where :attr:`full_logits`, it is
+    T5 as transformers writes it. Its weights load into ``T5ForConditionalGeneration``."""
+
+    #: ``full`` or ``batch``: the loss asked for (:func:`training_model` sets it).
+    vocabulary = "full"
 
     @property
     def loss_vocabulary(self) -> str:
-        """``batch``, or ``full`` where ZeRO-3 has partitioned the output layer's weight (see the module's text)."""
-        return "full" if hasattr(self.lm_head.weight, "ds_id") else "batch"
+        """:attr:`vocabulary`, but ``full`` where ZeRO-3 has partitioned the output layer's weight."""
+        return "full" if self._output_partitioned else self.vocabulary
+
+    @property
+    def full_logits(self) -> bool:
+        """Whether a training step computes T5's logits over the whole vocabulary (see the module's text)."""
+        return self._output_partitioned or (
+            self.vocabulary == "full" and not hasattr(torch.nn.functional, "linear_cross_entropy")
+        )
+
+    @property
+    def _output_partitioned(self) -> bool:
+        return hasattr(self.lm_head.weight, "ds_id")
 
     def save_pretrained(  # type: ignore[override]  # the arguments after these pass through as keywords
         self, save_directory: str | Path, is_main_process: bool = True, **kwargs: Any
@@ -100,7 +174,7 @@ class BatchVocabularyT5(T5ForConditionalGeneration):
             or labels is None
             or input_ids is None
             or kwargs.get("encoder_outputs") is not None
-            or self.loss_vocabulary == "full"
+            or self.full_logits
         ):
             return super().forward(
                 input_ids=input_ids,
@@ -119,4 +193,6 @@ class BatchVocabularyT5(T5ForConditionalGeneration):
         ).last_hidden_state
         if self.config.scale_decoder_outputs:
             hidden = hidden * self.model_dim**-0.5
-        return Seq2SeqLMOutput(loss=batch_vocabulary_loss(hidden, self.lm_head.weight, labels, input_ids))
+        if self.vocabulary == "batch":
+            return Seq2SeqLMOutput(loss=batch_vocabulary_loss(hidden, self.lm_head.weight, labels, input_ids))
+        return Seq2SeqLMOutput(loss=full_vocabulary_loss(hidden, self.lm_head.weight, labels))

@@ -19,7 +19,7 @@ import sys
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import datasets
 import torch
@@ -32,7 +32,7 @@ from textsql.data.wikisql import recorded_input_format
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
 from textsql.errors import DataError, TextSQLError
 from textsql.json_files import write_json, write_jsonl
-from textsql.model import fuse_norms, load_model, load_tokenizer
+from textsql.model import fuse_norms, load_tokenizer
 from textsql.model_card import write_training_card
 from textsql.planning.estimate import AUTO_PROFILE
 from textsql.planning.train_args import parse_command_line
@@ -48,7 +48,7 @@ from textsql.training.hardware import (
     teardown_distributed,
     token_budget_record,
 )
-from textsql.training.loss import BatchVocabularyT5, resolve_loss_vocabulary
+from textsql.training.loss import TrainingLossT5, resolve_loss_vocabulary, training_model
 from textsql.training.mark_complete import MarkComplete
 from textsql.training.metrics import decode, eval_questions, wikisql_metrics
 from textsql.training.output_dir import export_model, prepare_output_dir, resume_checkpoint
@@ -110,14 +110,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def model_to_train(
     model_args: ModelArguments, training_args: Seq2SeqTrainingArguments, validation: datasets.Dataset | None
-) -> PreTrainedModel:
+) -> TrainingLossT5:
     """The model, with the loss ``--loss_vocabulary`` asks for and the generation bounds evaluation sets.
 
     :param validation: the evaluation split, whose targets bound the generated length.
-    :rtype: transformers.PreTrainedModel
+    :rtype: TrainingLossT5
     """
-    loss_vocabulary = resolve_loss_vocabulary(model_args.loss_vocabulary, model_args.model)
-    model = load_model(model_args.model, model_class=BatchVocabularyT5 if loss_vocabulary == "batch" else None)
+    model = training_model(model_args.model, resolve_loss_vocabulary(model_args.loss_vocabulary, model_args.model))
     logger.info("%d T5 norms run as torch's RMSNorm (one fused kernel each on CUDA)", fuse_norms(model))
     # T5's forward takes **kwargs but averages its loss itself, ignoring num_items_in_batch; left to
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
@@ -298,6 +297,7 @@ def _write_summary(
     throughput: dict,
 ) -> dict:
     engine = trainer.model_wrapped
+    trained = cast(TrainingLossT5, trainer.model)  # what model_to_train built
     summary = {
         "engine": f"{type(engine).__module__}.{type(engine).__qualname__}",
         "zero_stage": getattr(engine, "zero_optimization_stage", lambda: None)(),
@@ -308,7 +308,9 @@ def _write_summary(
         "model": model_args.model,
         # How its optimizer stepped (textsql.planning.recipe.training_recipe), with the flags that changed it.
         "recipe": run_args.recipe,
-        "loss_vocabulary": trainer.model.loss_vocabulary if isinstance(trainer.model, BatchVocabularyT5) else "full",
+        "loss_vocabulary": trained.loss_vocabulary,
+        # Whether its steps computed T5's logits over the whole vocabulary (textsql.training.loss).
+        "full_logits": trained.full_logits,
         "resumed_from": checkpoint,
         "global_step": trainer.state.global_step,
         "evaluation_share": evaluation_share(trainer.state.log_history),
