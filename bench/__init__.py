@@ -9,8 +9,9 @@ The modules, by what they are:
 
 - **Figures** (each measures one comparison and returns its dict): ``tokenization``, ``train_padding``,
   ``inference``, ``model_latency``, ``rendezvous``, ``startup``, ``profiles``, ``recovery``, ``store``,
-  ``setup_cost``, ``demo_seeds``, ``step_ops``, ``pretrained_proxy``, ``compile_warmup``, ``norms``; the GPU comparisons
-  ``gpu`` and ``gpu_quick``, and ``gpu_quick``'s time to accuracy, ``accuracy``.
+  ``setup_cost``, ``demo_seeds``, ``step_ops``, ``pretrained_proxy``, ``compile_warmup``, ``norms``,
+  ``sliced_loss``; the GPU comparisons ``gpu`` and ``gpu_quick``, and ``gpu_quick``'s time to accuracy,
+  ``accuracy``.
 - **Measured arms** (what a figure runs against each other): ``old_recipe`` (the seed notebook's plain
   ``Seq2SeqTrainer``), ``peer`` (a plain ``Seq2SeqTrainer`` tuned as transformers' docs advise), ``ours``
   (``textsql train`` with its defaults), ``rank_probe`` (one rank that records its own peak memory and step times),

@@ -237,6 +237,7 @@ COMMANDS = {
     "norms": "bench.norms",
     "pretrained-proxy": "bench.pretrained_proxy",
     "setup-cost": "bench.setup_cost",
+    "sliced-loss": "bench.sliced_loss",
 }
 
 

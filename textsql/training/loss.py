@@ -11,7 +11,7 @@ cross-entropy a slice of target positions at a time, the gradients within the sa
 slice exist at once. :func:`full_vocabulary_loss` cuts a batch into :data:`LOSS_CHUNKS` slices rather than
 torch's own choice: torch's sizes each slice like the layer's input (for t5-small, over a hundred slices a step),
 and each slice reads the whole output weight again and adds to its whole gradient, which on t5-small's shape cost
-more than the logits saved (``bench/chunked_loss.json``). Below ``d_model`` target positions a batch's logits are
+more than the logits saved (``bench/sliced_loss.json``). Below ``d_model`` target positions a batch's logits are
 small and it is computed in one piece, as transformers does.
 
 **Batch vocabulary** (``batch``), for a T5 trained from scratch.
@@ -99,10 +99,7 @@ def full_vocabulary_loss(hidden: torch.Tensor, output_weight: torch.Tensor, labe
     :param labels: target ids, :data:`LABEL_PAD_TOKEN_ID` where padded.
     :rtype: torch.Tensor
     """
-    device = hidden.device.type
-    if torch.is_autocast_enabled(device):
-        precision = torch.get_autocast_dtype(device)
-        hidden, output_weight = hidden.to(precision), output_weight.to(precision)
+    hidden, output_weight = in_autocast_precision(hidden, output_weight)
     positions = labels.numel()
     options = (
         torch.nn.LinearCrossEntropyOptions(chunking_method=None, batch_chunk_size=-(-positions // LOSS_CHUNKS))
@@ -112,6 +109,17 @@ def full_vocabulary_loss(hidden: torch.Tensor, output_weight: torch.Tensor, labe
     return torch.nn.functional.linear_cross_entropy(
         hidden.flatten(0, 1), output_weight, labels.flatten(), ignore_index=LABEL_PAD_TOKEN_ID, options=options
     )
+
+
+def in_autocast_precision(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` cast to autocast's precision where autocast is on for their device, else as they are.
+
+    :rtype: tuple[torch.Tensor, ...]
+    """
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    return tuple(tensor.to(torch.get_autocast_dtype(device)) for tensor in tensors)
 
 
 def training_model(model: str | Path | None, loss_vocabulary: str) -> TrainingLossT5:
@@ -183,16 +191,32 @@ class TrainingLossT5(T5ForConditionalGeneration):
                 labels=labels,
                 **kwargs,
             )
+        hidden = self.output_layer_inputs(
+            input_ids, attention_mask, labels, decoder_input_ids, kwargs.get("decoder_attention_mask")
+        )
+        if self.vocabulary == "batch":
+            return Seq2SeqLMOutput(loss=batch_vocabulary_loss(hidden, self.lm_head.weight, labels, input_ids))
+        return Seq2SeqLMOutput(loss=full_vocabulary_loss(hidden, self.lm_head.weight, labels))
+
+    def output_layer_inputs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        labels: torch.Tensor,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The decoder's outputs as T5's output layer takes them (scaled where T5 scales them), teacher-forced on
+        ``labels``: what both losses start from.
+
+        :rtype: torch.Tensor
+        """
         encoded = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         hidden = self.decoder(
             input_ids=self._shift_right(labels) if decoder_input_ids is None else decoder_input_ids,
-            attention_mask=kwargs.get("decoder_attention_mask"),
+            attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoded,
             encoder_attention_mask=attention_mask,
             use_cache=False,
         ).last_hidden_state
-        if self.config.scale_decoder_outputs:
-            hidden = hidden * self.model_dim**-0.5
-        if self.vocabulary == "batch":
-            return Seq2SeqLMOutput(loss=batch_vocabulary_loss(hidden, self.lm_head.weight, labels, input_ids))
-        return Seq2SeqLMOutput(loss=full_vocabulary_loss(hidden, self.lm_head.weight, labels))
+        return hidden * self.model_dim**-0.5 if self.config.scale_decoder_outputs else hidden
