@@ -17,6 +17,9 @@ order they run, the most telling first, so a run cut short keeps them:
 - ``norms`` (:mod:`bench.norms`, in ``norms``, not among the arms): training steps of t5-small's shape, and on a GPU
   t5-base's, with T5's own norms against torch's ``RMSNorm`` (:func:`textsql.model.fuse_norms`, which the defaults
   train with and the other arms do not), the kernels a step launches and its median time, in seconds of the budget;
+- ``sliced_loss`` (:mod:`bench.sliced_loss`, in ``sliced_loss``, not among the arms): on the same shapes, the
+  full-vocabulary loss with T5's logits (what the peer and the old recipe compute), in torch's own slices and in the
+  defaults', each step's time and peak memory (the logits arm alone on a torch without ``linear_cross_entropy``);
 - ``time_to_accuracy`` (:mod:`bench.accuracy`), where the budget holds it: the demo's task from scratch until
   held-out logical-form accuracy reaches 70 % or a time cap, the defaults against the peer;
 - on a GPU, where :data:`DOUBLE_BUDGET_ARM_S` is left, ``defaults_double_budget``: the defaults at twice their token
@@ -62,6 +65,7 @@ from bench.norms import measure as measure_norms
 from bench.profiles import T5_BASE_CONFIG
 from bench.quick_arms import QuickSizes, defaults_arm, old_recipe_arm, peer_arm
 from bench.quick_report import compile_price, ratios
+from bench.sliced_loss import measure as measure_sliced_loss
 from bench.workload import Workload, versions
 from textsql.planning.device_defaults import device_facts, fast_defaults
 
@@ -184,8 +188,9 @@ def run(
     if wanted("defaults_t5_base"):
         t5_base = load.shaped_as(T5_BASE_CONFIG, work)
         done("defaults_t5_base", defaults_arm(t5_base, sizes, work, chosen, "defaults_t5_base"))
-    if wanted("norms"):
-        done("norms", measure_norms(sizes.norms, device, norm_models(load, work, device)), arm=False)
+    for part, measure in (("norms", measure_norms), ("sliced_loss", measure_sliced_loss)):
+        if wanted(part):
+            done(part, measure(getattr(sizes, part), device, part_models(load, work, device)), arm=False)
     if wanted("time_to_accuracy"):
         accuracy_arms(load, sizes, work, budget, result, save)
     if device == "cuda" and wanted("defaults_double_budget"):
@@ -222,9 +227,9 @@ def compile_arms(
         done(name, defaults_arm(load, sizes, work, chosen, name, torch_compile=flipped))
 
 
-def norm_models(load: Workload, work: Path, device: str) -> list[Path]:
-    """The models the norms part runs: the defaults', and on a GPU t5-base's shape too (seconds there, minutes on a
-    CPU).
+def part_models(load: Workload, work: Path, device: str) -> list[Path]:
+    """The models the norms and sliced-loss parts run: the defaults', and on a GPU t5-base's shape too (seconds
+    there, minutes on a CPU).
 
     :rtype: list[pathlib.Path]
     """
@@ -281,7 +286,8 @@ def method(load: Workload, sizes: QuickSizes) -> str:
         f"time); MFU against the peak {load.peak} FLOP/s; each arm's wall_s from its start to its end; "
         "peer: its batch is the defaults' mean questions a step at their token budget; time_to_accuracy: the demo's "
         "task, both arms evaluated alike (bench/accuracy.py); defaults_double_budget (on a GPU): the defaults at "
-        "twice their token budget; norms: bench/norms.py on the defaults' model (and t5-base's shape on a GPU); "
+        "twice their token budget; norms and sliced_loss: bench/norms.py and bench/sliced_loss.py on the defaults' "
+        "model (and t5-base's shape on a GPU); "
         "defaults_eager or defaults_compiled (on a GPU): the "
         "defaults with torch.compile turned the other way (compiled: one batch shape a bucket), defaults_compiled_warm "
         "the same with the compile cache the first left; recompilations: torch's TORCH_LOGS=recompiles lines in the "

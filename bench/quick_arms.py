@@ -51,6 +51,8 @@ from bench.ours import (
 from bench.peer import label as peer_label
 from bench.peer import peer_batch, peer_recipe
 from bench.rank_probe import TIMELINE_VAR
+from bench.sliced_loss import SMOKE as SLICED_LOSS_SMOKE
+from bench.sliced_loss import LossSizes
 from bench.steps import StepClock, compilations_after, step_times, timed_window
 from bench.timeline import Timeline
 from bench.timing import rounded
@@ -69,7 +71,16 @@ REASONS_KEPT, REASON_CHARS = 10, 300
 
 
 # What gpu-quick --skip may leave out: every arm but the defaults, which the others are compared with.
-SKIPPABLE = ("peer", "old_recipe", "defaults_t5_base", "norms", "time_to_accuracy", "defaults_double_budget", "compile")
+SKIPPABLE = (
+    "peer",
+    "old_recipe",
+    "defaults_t5_base",
+    "norms",
+    "sliced_loss",
+    "time_to_accuracy",
+    "defaults_double_budget",
+    "compile",
+)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ class QuickSizes:
     token_budget: int | None = None  # None: the defaults' own for the GPU (textsql.planning.device_defaults)
     accuracy: AccuracySizes = field(default_factory=AccuracySizes)  # the time-to-accuracy figure's (bench.accuracy)
     norms: NormSizes = field(default_factory=NormSizes)  # T5's norms against torch's RMSNorm (bench.norms)
+    sliced_loss: LossSizes = field(default_factory=LossSizes)  # the loss with and without logits (bench.sliced_loss)
     skip: frozenset[str] = frozenset()  # arms of SKIPPABLE left out (gpu-quick --skip): a lease spent elsewhere
 
     def __post_init__(self) -> None:
@@ -157,6 +169,7 @@ SMOKE = QuickSizes(
     token_budget=2048,
     accuracy=ACCURACY_SMOKE,
     norms=NORMS_SMOKE,
+    sliced_loss=SLICED_LOSS_SMOKE,
 )
 
 

@@ -135,6 +135,8 @@ def table(result: dict) -> str:
         lines += ["", f"samples/s {over}" + (f"; {result['wall_s']} s in all" if "wall_s" in result else "")]
     if "norms" in result:
         lines += norm_lines(result["norms"])
+    if "sliced_loss" in result:
+        lines += sliced_loss_lines(result["sliced_loss"])
     if "time_to_accuracy" in result:
         lines += accuracy_lines(result["time_to_accuracy"])
     lines += timelines(result["arms"], shown)
@@ -217,4 +219,23 @@ def accuracy_lines(figure: dict) -> list[str]:
             )
     if figure.get("value") is not None:
         lines.append(f"the peer took {figure['value']}x the defaults' training time")
+    return lines
+
+
+def sliced_loss_lines(figure: dict) -> list[str]:
+    """The full-vocabulary loss with T5's logits and in slices (bench.sliced_loss), a line a shape: each arm's step
+    and peak memory.
+
+    :rtype: list[str]
+    """
+    lines = [""]
+    for shape, measured in figure["shapes"].items():
+        arms = "; ".join(
+            f"{name.replace('_', ' ')} {arm['median_step_ms']} ms, {arm['peak_memory_mib']} MiB"
+            for name, arm in measured["arms"].items()
+        )
+        missing = f" ({measured['not_measured']})" if "not_measured" in measured else ""
+        lines.append(
+            f"full-vocabulary loss ({shape}, {measured['target_positions']} target positions): {arms}{missing}"
+        )
     return lines

@@ -6,8 +6,8 @@ the slices the ranks train with (:func:`textsql.training.loss.full_vocabulary_lo
 alternated (:func:`bench.timing.alternate`): forward and backward, no optimizer step, under the precision the
 defaults train in (bf16 autocast on CUDA, fp32 on a CPU). For each: the median step, the step's peak memory above
 what was allocated before it (on CUDA the caching allocator's peak, on a CPU the allocations torch.profiler records,
-those inside torch's operator included), and the loss, which the three compute alike. A torch without
-``linear_cross_entropy`` (before 2.13) measures the logits arm alone and says so.
+those inside torch's operator included), and the loss, which the three compute alike (every step draws the same
+dropout). A torch without ``linear_cross_entropy`` (before 2.13) measures the logits arm alone and says so.
 
 Writes ``bench/sliced_loss.json`` (``--out``), t5-small's and t5-base's shapes, 256 questions a step on CUDA and 64
 on a CPU; ``--smoke``: the embedded small T5 and a few steps (the tests).
@@ -124,6 +124,7 @@ def loss_arms(model_dir: Path, device: str, sizes: LossSizes) -> dict:
 
     def step(name: str) -> None:
         precision = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+        torch.manual_seed(0)  # the same dropout in every arm's step: their losses compare
         with precision:
             loss = LOSSES[name](model, batch)
         loss.backward()
@@ -139,6 +140,7 @@ def loss_arms(model_dir: Path, device: str, sizes: LossSizes) -> dict:
     measured = {
         name: {
             "median_step_ms": round(1000 * sizes.questions / statistics.median(rates[name]), 2),
+            "step_ms_range": [round(1000 * sizes.questions / rate, 2) for rate in (max(rates[name]), min(rates[name]))],
             "peak_memory_mib": peak_memory_mib(lambda name=name: step(name), device),
             "loss": round(losses[name], 5),
         }
@@ -179,7 +181,8 @@ def measure(sizes: LossSizes, device: str, models: list[Path]) -> dict:
             f"tokens and targets of {sizes.target_tokens} ({sizes.padded_targets} of them padded); a step is forward "
             "and backward of the full-vocabulary loss (bf16 autocast on CUDA, fp32 on a CPU), no optimizer; "
             f"{sizes.warmup} rounds of warm-up, then {sizes.repetitions} rounds alternating the arms' order; "
-            "median_step_ms: the median of those steps; peak_memory_mib: one more step's peak allocation above what "
+            "every step seeded alike (the same dropout); median_step_ms: the median of those steps, step_ms_range the "
+            "fastest and the slowest; peak_memory_mib: one more step's peak allocation above what "
             "was allocated before it (CUDA: torch.cuda.max_memory_allocated; CPU: torch.profiler's memory events)"
         ),
     }

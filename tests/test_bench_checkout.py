@@ -125,6 +125,8 @@ def test_device_script_rehearses_gpu_quick_on_the_cpu_from_a_checkout_alone(benc
         assert set(ARM_KEYS) <= set(arm), (name, set(ARM_KEYS) - set(arm))
         assert arm["samples_per_s"] > 0 and arm["mfu_real_tokens"] > 0 and arm["peak_memory_gib"] > 0, (name, arm)
         assert arm["loss_vocabulary"] == "full" and arm["timed_steps"] == 2, (name, arm)
+        # The defaults' ranks compute that loss in slices; the peer and the old recipe build T5's logits.
+        assert arm["full_logits"] == (not name.startswith("defaults")), (name, arm)
         # One step profiled after the timed ones, on the CPU's activity where no GPU is.
         timeline = arm["timeline"]
         assert timeline["steps"] == 1 and timeline["activity"].startswith("CPU"), (name, timeline)
@@ -148,6 +150,11 @@ def test_device_script_rehearses_gpu_quick_on_the_cpu_from_a_checkout_alone(benc
     own, fused = (norms["arms"][name]["timeline"]["kernels_per_step"] for name in ("t5_norms", "fused_norms"))
     assert shape == "t5-tiny" and not more and norms["norms_swapped"] > 0 and fused < own, norms
     assert "norms (t5-tiny, " in ran.stdout and "gpu-quick: arm norms done; " in ran.stdout
+    # The full-vocabulary loss three ways in the same steps: the defaults' slices allocate less than T5's logits.
+    (shape, loss), *more = result["sliced_loss"]["shapes"].items()
+    assert shape == "t5-tiny" and not more and set(loss["arms"]) == {"t5_logits", "torch_slices", "our_slices"}
+    assert loss["arms"]["our_slices"]["peak_memory_mib"] < loss["arms"]["t5_logits"]["peak_memory_mib"], loss
+    assert "full-vocabulary loss (t5-tiny, " in ran.stdout and "gpu-quick: arm sliced_loss done; " in ran.stdout
     # The rank's log comes back with the results, as it would from a GPU machine.
     assert (tmp_path / "out" / "logs" / "gpu-quick-defaults" / "bench.log").is_file()
     # The rank trained the copy's model, not the worktree's.

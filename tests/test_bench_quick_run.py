@@ -58,7 +58,12 @@ def stubbed_arms(monkeypatch):
         launched.append(("norms", device, models))
         return {"shapes": {model: {} for model in models}}
 
+    def measure_sliced_loss(sizes, device, models):
+        launched.append(("sliced_loss", device, models))
+        return {"shapes": {model: {} for model in models}}
+
     monkeypatch.setattr(gpu_quick, "measure_norms", measure_norms)
+    monkeypatch.setattr(gpu_quick, "measure_sliced_loss", measure_sliced_loss)
     monkeypatch.setattr(gpu_quick, "time_to_accuracy", time_to_accuracy)
     monkeypatch.setattr(gpu_quick, "defaults_arm", defaults_arm)
     monkeypatch.setattr(gpu_quick, "peer_arm", peer_arm)
@@ -82,25 +87,27 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
         ("old_recipe", False),
         ("defaults_t5_base", False),
         ("norms", "cuda"),
+        ("sliced_loss", "cuda"),
         ("time_to_accuracy", 2048),  # the token budget asked (None on a GPU: the defaults' own)
         ("defaults_double_budget", False),
         ("defaults_compiled", True),
         ("defaults_compiled_warm", True),  # with the compile cache the first compiled arm left
     ]
     assert isinstance(stubbed_arms[3][2], StubBaseLoad) and isinstance(stubbed_arms[1][2], StubLoad)
-    # The norms on the defaults' own model, t5-small's shape, and on a GPU on t5-base's too.
-    assert stubbed_arms[4][2] == ["t5-small-load", "t5-base-model"] and list(result["norms"]["shapes"]) == [
-        "t5-small-load",
-        "t5-base-model",
-    ]
+    # The norms and the loss on the defaults' own model, t5-small's shape, and on a GPU on t5-base's too.
+    assert stubbed_arms[4][2] == stubbed_arms[5][2] == ["t5-small-load", "t5-base-model"]
+    assert (
+        list(result["norms"]["shapes"]) == list(result["sliced_loss"]["shapes"]) == ["t5-small-load", "t5-base-model"]
+    )
     assert result["arms"]["defaults_double_budget"]["token_budget"] == 2 * 64  # twice the defaults' own
     assert result["value"] == 3.0 and result["defaults_over"] == {"peer": 3.0, "old_recipe": 12.0}
     assert "peer" in result["unit"] and "compile" in result and "compile_warm" in result
     # Written after each arm: a run cut short after the peer keeps the headline.
     assert "value" not in saved[0] and saved[1]["value"] == 3.0 and "old_recipe" not in saved[1]["defaults_over"]
-    assert [snapshot["done"][-1] for snapshot in saved[3:7]] == [
+    assert [snapshot["done"][-1] for snapshot in saved[3:8]] == [
         "defaults_t5_base",
         "norms",
+        "sliced_loss",
         "time_to_accuracy defaults",
         "time_to_accuracy peer",
     ]
@@ -125,6 +132,7 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
         "old_recipe",
         "defaults_t5_base",
         "norms",
+        "sliced_loss",
         "time_to_accuracy",
     ]
     stubbed_arms.clear()
@@ -217,6 +225,15 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
                     }
                 }
             },
+            "sliced_loss": {
+                "shapes": {
+                    "t5-small-shape": {
+                        "target_positions": 6144,
+                        "arms": {"t5_logits": {"median_step_ms": 40.0, "peak_memory_mib": 2000.0}},
+                        "not_measured": "torch 2.11.0 has no linear_cross_entropy",
+                    }
+                }
+            },
             "time_to_accuracy": {
                 "target": "held-out logical-form accuracy >= 70%",
                 "held_out_questions": 1000,
@@ -238,6 +255,10 @@ def test_the_table_shows_how_busy_each_arm_was_its_top_kernels_and_the_time_to_a
         "norms (t5-small-shape, 32 norms): a step with T5's own 30.0 ms (3000.0 kernels), with torch's RMSNorm "
         "25.0 ms (2300.0); T5's over torch's: 1.2x"
     ) in shown
+    assert (
+        "full-vocabulary loss (t5-small-shape, 6144 target positions): t5 logits 40.0 ms, 2000.0 MiB (torch 2.11.0 "
+        "has no linear_cross_entropy)"
+    ) in shown
     assert "- defaults: 40.0 s of training (55.0 s with evaluations), step 700" in shown
     assert "- peer: not reached in 90.0 s of training (900 steps, best 0.61)" in shown
 
@@ -246,7 +267,8 @@ def test_gpu_quick_leaves_out_the_arms_it_is_told_to_skip(stubbed_arms, tmp_path
     from bench import gpu_quick
     from bench.quick_arms import QuickSizes
 
-    sizes = QuickSizes(token_budget=2048, skip=frozenset({"time_to_accuracy", "defaults_t5_base", "norms"}))
+    left_out = ("defaults_t5_base", "norms", "sliced_loss", "time_to_accuracy")
+    sizes = QuickSizes(token_budget=2048, skip=frozenset(left_out))
     result = gpu_quick.run("data", tmp_path, sizes, "cuda")
     assert [name for name, _, _ in stubbed_arms] == [
         "defaults",
@@ -256,7 +278,7 @@ def test_gpu_quick_leaves_out_the_arms_it_is_told_to_skip(stubbed_arms, tmp_path
         "defaults_compiled",
         "defaults_compiled_warm",
     ]
-    assert result["skipped"] == dict.fromkeys(("defaults_t5_base", "norms", "time_to_accuracy"), "left out (--skip)")
+    assert result["skipped"] == dict.fromkeys(left_out, "left out (--skip)")
     stubbed_arms.clear()
     gpu_quick.run("data", tmp_path, QuickSizes(token_budget=2048, skip=frozenset({"compile"})), "cuda")
     assert "defaults_compiled" not in [name for name, _, _ in stubbed_arms]
