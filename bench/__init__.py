@@ -21,9 +21,10 @@ The modules, by what they are:
   store).
 - **Shared helpers**: ``timing`` (alternated repetitions, medians), ``steps`` and ``events`` (step times from inside
   the process and from TensorBoard's files), ``timeline`` (where a few steady steps spend the device's time, from
-  torch.profiler), ``flops`` (FLOPs and MFU), ``machine`` (what was measured on; a one-figure command's flags and
-  JSON), ``report`` (results.json and the table), ``quick_report`` (gpu-quick's ratios and table), and ``tiny_run``
-  (the command line of a tiny training run).
+  torch.profiler), ``step_arms`` (the batch, precision, step times and command of the figures that compare arms on
+  one T5 shape's training steps), ``flops`` (FLOPs and MFU), ``machine`` (what was measured on; a one-figure
+  command's flags and JSON), ``report`` (results.json and the table), ``quick_report`` (gpu-quick's ratios and
+  table), and ``tiny_run`` (the command line of a tiny training run).
 
 What the tests share with the bench (``tiny_run``, ``seaweed``, the recovery run's builders, the GPU comparison's
 parsers) is imported from these modules by name, since the bench never imports ``tests/``; everything else here

@@ -14,22 +14,14 @@ Writes ``bench/norms.json`` (``--out``), t5-small's and t5-base's shapes, 64 que
 
 from __future__ import annotations
 
-import contextlib
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
-from bench.machine import figure_arguments, write_figure
-from bench.profiles import T5_BASE_CONFIG, T5_SMALL_CONFIG
 from bench.setup_cost import BENCH_DIR
-from bench.steps import clock
+from bench.step_arms import random_batch, shapes_main, step_times, training_precision
 from bench.timeline import profiled
-from bench.timing import alternate
-from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.model import fuse_norms, load_model
 
 RESULT = BENCH_DIR / "norms.json"
@@ -59,35 +51,19 @@ def norm_arms(model: Path, device: str, sizes: NormSizes) -> dict:
 
     :rtype: dict
     """
-    generator = torch.Generator().manual_seed(0)
-    vocabulary = 32000
-    batch = {
-        "input_ids": torch.randint(5, vocabulary, (sizes.questions, sizes.source_tokens), generator=generator),
-        "labels": torch.randint(5, vocabulary, (sizes.questions, sizes.target_tokens), generator=generator),
-    }
-    batch = {name: tensor.to(device) for name, tensor in batch.items()}
+    batch = random_batch(sizes.questions, sizes.source_tokens, sizes.target_tokens, device)
     models = {name: load_model(model).to(device).train() for name in ARMS}
     swapped = fuse_norms(models["fused_norms"])
 
     def step(name: str) -> None:
-        precision = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
-        with precision:
+        with training_precision(device):
             loss = models[name](**batch).loss
         loss.backward()
         models[name].zero_grad(set_to_none=True)
 
-    def timed(name: str) -> float:
-        began = clock()
-        step(name)
-        return sizes.questions / (clock() - began)
-
-    rates = alternate({name: lambda name=name: timed(name) for name in ARMS}, sizes.repetitions, sizes.warmup)
+    times = step_times(step, ARMS, sizes.questions, sizes.repetitions, sizes.warmup)
     arms = {
-        name: {
-            "median_step_ms": round(1000 * sizes.questions / statistics.median(rates[name]), 2),
-            "timeline": timeline(lambda name=name: step(name), sizes.profiled_steps),
-        }
-        for name in ARMS
+        name: {**times[name], "timeline": timeline(lambda name=name: step(name), sizes.profiled_steps)} for name in ARMS
     }
     before, after = (arms[name]["timeline"]["kernels_per_step"] for name in ARMS)
     return {
@@ -126,18 +102,15 @@ def measure(sizes: NormSizes, device: str, models: list[Path]) -> dict:
             f"sources of {sizes.source_tokens} tokens and targets of {sizes.target_tokens}; a step is forward and "
             "backward of T5's own full-vocabulary loss (bf16 autocast on CUDA, fp32 on a CPU), no optimizer; "
             f"{sizes.warmup} rounds of warm-up, then {sizes.repetitions} rounds alternating the arms' order; "
-            f"median_step_ms: the median of those steps; timeline: {sizes.profiled_steps} more steps under "
-            "torch.profiler (bench/timeline.py: on CUDA the device's kernels, on a CPU the top-level ATen operators)"
+            "median_step_ms: the median of those steps, step_ms_range the fastest and the slowest; timeline: "
+            f"{sizes.profiled_steps} more steps under torch.profiler (bench/timeline.py: on CUDA the device's "
+            "kernels, on a CPU the top-level ATen operators)"
         ),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = figure_arguments(argv, "norms", __doc__ or "", RESULT)
-    models = [DEFAULT_MODEL_DIR] if args.smoke else [T5_SMALL_CONFIG.parent, T5_BASE_CONFIG.parent]
-    sizes = SMOKE if args.smoke else CPU if args.device == "cpu" else NormSizes()
-    write_figure(args.out, measure(sizes, args.device, models))
-    return 0
+    return shapes_main(argv, "norms", __doc__ or "", RESULT, measure, (SMOKE, CPU, NormSizes()))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ on a CPU; ``--smoke``: the embedded small T5 and a few steps (the tests).
 
 from __future__ import annotations
 
-import contextlib
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,12 +24,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import T5ForConditionalGeneration
 
-from bench.machine import figure_arguments, write_figure
-from bench.profiles import T5_BASE_CONFIG, T5_SMALL_CONFIG
 from bench.setup_cost import BENCH_DIR
-from bench.steps import clock
-from bench.timing import alternate
-from textsql.constants import DEFAULT_MODEL_DIR, LABEL_PAD_TOKEN_ID
+from bench.step_arms import random_batch, shapes_main, step_times, training_precision
+from textsql.constants import LABEL_PAD_TOKEN_ID
 from textsql.training.loss import TrainingLossT5, in_autocast_precision, training_model
 
 RESULT = BENCH_DIR / "sliced_loss.json"
@@ -109,38 +104,25 @@ def loss_arms(model_dir: Path, device: str, sizes: LossSizes) -> dict:
 
     :rtype: dict
     """
-    generator = torch.Generator().manual_seed(0)
-    vocabulary = 32000
-    labels = torch.randint(5, vocabulary, (sizes.questions, sizes.target_tokens), generator=generator)
-    labels[:, sizes.target_tokens - sizes.padded_targets :] = LABEL_PAD_TOKEN_ID
-    batch = {
-        "input_ids": torch.randint(5, vocabulary, (sizes.questions, sizes.source_tokens), generator=generator),
-        "labels": labels,
-    }
-    batch = {name: tensor.to(device) for name, tensor in batch.items()}
+    batch = random_batch(
+        sizes.questions, sizes.source_tokens, sizes.target_tokens, device, padded_targets=sizes.padded_targets
+    )
     model = training_model(model_dir, "full").to(device).train()
     arms = ARMS if hasattr(torch.nn.functional, "linear_cross_entropy") else ARMS[:1]
     losses: dict[str, float] = {}
 
     def step(name: str) -> None:
-        precision = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
         torch.manual_seed(0)  # the same dropout in every arm's step: their losses compare
-        with precision:
+        with training_precision(device):
             loss = LOSSES[name](model, batch)
         loss.backward()
         losses[name] = loss.detach().item()
         model.zero_grad(set_to_none=True)
 
-    def timed(name: str) -> float:
-        began = clock()
-        step(name)
-        return sizes.questions / (clock() - began)
-
-    rates = alternate({name: lambda name=name: timed(name) for name in arms}, sizes.repetitions, sizes.warmup)
+    times = step_times(step, arms, sizes.questions, sizes.repetitions, sizes.warmup)
     measured = {
         name: {
-            "median_step_ms": round(1000 * sizes.questions / statistics.median(rates[name]), 2),
-            "step_ms_range": [round(1000 * sizes.questions / rate, 2) for rate in (max(rates[name]), min(rates[name]))],
+            **times[name],
             "peak_memory_mib": peak_memory_mib(lambda name=name: step(name), device),
             "loss": round(losses[name], 5),
         }
@@ -148,7 +130,7 @@ def loss_arms(model_dir: Path, device: str, sizes: LossSizes) -> dict:
     }
     return {
         "model": model_dir.name,
-        "target_positions": labels.numel(),
+        "target_positions": batch["labels"].numel(),
         "arms": measured,
         **({} if arms == ARMS else {"not_measured": f"torch {torch.__version__} has no linear_cross_entropy"}),
         **{f"{name}_over_our_slices": ratios(measured, name) for name in arms if name != "our_slices"},
@@ -182,18 +164,14 @@ def measure(sizes: LossSizes, device: str, models: list[Path]) -> dict:
             "and backward of the full-vocabulary loss (bf16 autocast on CUDA, fp32 on a CPU), no optimizer; "
             f"{sizes.warmup} rounds of warm-up, then {sizes.repetitions} rounds alternating the arms' order; "
             "every step seeded alike (the same dropout); median_step_ms: the median of those steps, step_ms_range the "
-            "fastest and the slowest; peak_memory_mib: one more step's peak allocation above what "
-            "was allocated before it (CUDA: torch.cuda.max_memory_allocated; CPU: torch.profiler's memory events)"
+            "fastest and the slowest; peak_memory_mib: one more step's peak allocation above what was allocated "
+            "before it (CUDA: torch.cuda.max_memory_allocated; CPU: torch.profiler's memory events)"
         ),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = figure_arguments(argv, "sliced-loss", __doc__ or "", RESULT)
-    models = [DEFAULT_MODEL_DIR] if args.smoke else [T5_SMALL_CONFIG.parent, T5_BASE_CONFIG.parent]
-    sizes = SMOKE if args.smoke else CPU if args.device == "cpu" else LossSizes()
-    write_figure(args.out, measure(sizes, args.device, models))
-    return 0
+    return shapes_main(argv, "sliced-loss", __doc__ or "", RESULT, measure, (SMOKE, CPU, LossSizes()))
 
 
 if __name__ == "__main__":
