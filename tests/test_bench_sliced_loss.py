@@ -29,3 +29,12 @@ def test_the_figure_computes_one_loss_three_ways_and_the_slices_allocate_less_th
     assert figure["t5_logits_over_our_slices"]["peak_memory"] == round(logits / ours, 2)
     assert all(arm["median_step_ms"] > 0 for arm in arms.values())
     assert result["releases"]["torch"] and "alternating" in result["method"]
+
+
+def test_a_torch_without_linear_cross_entropy_measures_the_logits_alone_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.delattr("torch.nn.functional.linear_cross_entropy")
+    out = tmp_path / "sliced_loss.json"
+    assert sliced_loss.main(["--smoke", "--out", str(out)]) == 0
+    (figure,) = json.loads(out.read_text())["shapes"].values()
+    assert list(figure["arms"]) == ["t5_logits"] and "has no linear_cross_entropy" in figure["not_measured"]
+    assert not [key for key in figure if key.endswith("_over_our_slices")]
