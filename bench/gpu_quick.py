@@ -155,18 +155,8 @@ def run(
     sizes.device(device)
     chosen = fast_defaults(device_facts())
     load = Workload.build(data_dir, work, device, sizes.tiny_model, sizes.questions)
-    result: dict = {
-        "figure": COMMAND,
-        "device": load.device_name,
-        "versions": versions(),
-        "model": load.model_label,
-        "data": load.describe_data(),
-        "peak_flops": load.peak,
-        "flop_convention": FLOP_CONVENTION,
-        "arms": {},
-        "skipped": {},
-        "done": [],  # the arms and parts done, in order
-    }
+    # done: the arms and parts done, in order
+    result: dict = {**heading(load), "arms": {}, "skipped": {}, "done": []}
 
     def done(name: str, figure: dict, arm: bool = True) -> dict:
         (result["arms"] if arm else result)[name] = figure
@@ -204,6 +194,22 @@ def run(
     }
     save(result)
     return result
+
+
+def heading(load: Workload) -> dict:
+    """What the JSON says first: the figure, the GPU and releases, the model, the data and the FLOP count's basis.
+
+    :rtype: dict
+    """
+    return {
+        "figure": COMMAND,
+        "device": load.device_name,
+        "versions": versions(),
+        "model": load.model_label,
+        "data": load.describe_data(),
+        "peak_flops": load.peak,
+        "flop_convention": FLOP_CONVENTION,
+    }
 
 
 def compile_arms(
