@@ -16,6 +16,9 @@
 #
 # Environment: PYTHON (default python3, the interpreter that has the machine's torch), WHEELS (default bench/wheels),
 # BUDGET_S (default 540), QUICK_ARGS (more gpu-quick arguments: "--device cpu --smoke" rehearses it all on a CPU).
+# BENCH_COMMIT ("COMMIT:TREE" of the clean checkout copied here: `echo $(git rev-parse --short HEAD):$(git rev-parse
+# HEAD^{tree})`), where the copy's .git may be stale: the JSON then names that commit, and counts as committed only
+# if the files here hash to that tree.
 set -euo pipefail
 
 dry_run=false

@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 import subprocess
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -17,6 +18,10 @@ from textsql.constants import PROJECT_DIR
 from textsql.json_files import write_json
 
 logger = logging.getLogger(__name__)
+
+# "COMMIT:TREE" (git rev-parse --short HEAD, git rev-parse HEAD^{tree}) of a clean checkout copied to a machine
+# whose copy's .git may not match it; bench/device.sh passes it on.
+COMMIT_VARIABLE = "BENCH_COMMIT"
 
 RELEASES = ("torch", "deepspeed", "transformers", "datasets", "accelerate", "tokenizers", "tensorboard", "textsql")
 
@@ -54,9 +59,31 @@ def releases() -> dict:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
+    claimed = os.environ.get(COMMIT_VARIABLE)
+    if claimed:
+        # A copied tree whose .git may be stale (a GPU machine's copy): the files must hash to the claimed tree.
+        commit, _, tree = claimed.partition(":")
+        found["commit"] = commit
+        found["uncommitted_changes"] = not tree or _files_tree() != tree
+        return found
     found["commit"] = _git("rev-parse", "--short", "HEAD")
     found["uncommitted_changes"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
     return found
+
+
+def _files_tree() -> str | None:
+    """The git tree hash of the files as they are (what ``git add -A`` would commit), through a throwaway index so
+    the checkout's own index is left alone."""
+    with tempfile.TemporaryDirectory() as scratch:
+        index = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        for command in (["add", "-A"], ["write-tree"]):
+            try:
+                written = subprocess.run(
+                    ["git", *command], cwd=PROJECT_DIR, env=index, capture_output=True, text=True, check=True
+                )
+            except (OSError, subprocess.CalledProcessError):
+                return None
+        return written.stdout.strip()
 
 
 def figure_arguments(argv: list[str] | None, prog: str, doc: str, result: Path) -> argparse.Namespace:

@@ -249,3 +249,40 @@ def test_a_budget_says_what_is_spent_of_it():
 
     assert Budget(460, began=1000.0).spent(now=1123.4) == "123 s of the 460 s budget"
     assert Budget(None, began=1000.0).spent(now=1010.0) == "10 s"
+
+
+def test_a_copied_trees_claimed_commit_holds_only_where_its_files_hash_to_that_commits_tree(tmp_path, monkeypatch):
+    """A GPU machine's copy of the tree may carry a stale .git: ``BENCH_COMMIT`` names the commit and its tree, and
+    the figures count as committed only where the files as they are hash to that tree, whatever the copy's HEAD."""
+    import bench.machine
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "bench@example.com")
+    git("config", "user.name", "bench")
+    (tmp_path / ".gitignore").write_text("wheels/\n")
+    (tmp_path / "code.py").write_text("A = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "first")
+    first = git("rev-parse", "HEAD")
+    (tmp_path / "code.py").write_text("A = 2\n")
+    git("commit", "-qam", "second")
+    claim = f"{git('rev-parse', '--short', 'HEAD')}:{git('rev-parse', 'HEAD^{tree}')}"
+    git("reset", "-q", "--soft", first)  # the copy's .git is stale: its HEAD is the first commit
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "carried.whl").write_text("ignored, as the carried wheels are")
+    monkeypatch.setattr(bench.machine, "PROJECT_DIR", tmp_path)
+    monkeypatch.setenv(bench.machine.COMMIT_VARIABLE, claim)
+    assert bench.machine.releases()["commit"] == claim.split(":")[0]
+    assert bench.machine.releases()["uncommitted_changes"] is False
+    assert git("rev-parse", "HEAD") == first, "the copy's own .git is left as it was"
+
+    (tmp_path / "code.py").write_text("A = 3\n")
+    assert bench.machine.releases()["uncommitted_changes"] is True
+    (tmp_path / "code.py").write_text("A = 2\n")
+    (tmp_path / "untracked.py").write_text("B = 1\n")
+    assert bench.machine.releases()["uncommitted_changes"] is True, "a file the commit lacks is a change too"
+    monkeypatch.setenv(bench.machine.COMMIT_VARIABLE, claim.split(":")[0])
+    assert bench.machine.releases()["uncommitted_changes"] is True, "a commit without its tree proves nothing"
