@@ -79,6 +79,7 @@ def slurm_cluster(monkeypatch):
     try:
         yield cluster
     finally:
+        print(cluster.errors() or "no error in the Slurm daemons' logs")  # shown with a failed test's report
         cluster.stop()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from worker.backends.slurm import SlurmBackend, cleanup
 from worker.backends.slurm_node import agent_environment
 from worker.backends.slurm_options import SlurmOptions, time_limit_seconds
 from worker.cluster import start_workers
-from worker.errors import WorkerError
+from worker.errors import RendezvousError, WorkerError
 
 # Both workers submitted, running and registered: about 4 s here; generous for a loaded 2-core machine.
 REGISTER_BOUND_S = 60
@@ -127,6 +128,23 @@ def test_two_workers_register_from_their_nodes_and_leave_nothing_in_the_queue(sl
         assert cluster.hostfile.parent != cluster.run_dir, "the token and keys stay off the shared run dir"
     print(json.dumps({"submit_to_registered_s": round(registered_s, 2)}))
     assert slurm_cluster.jobs() == []
+
+
+@pytest.mark.slow
+def test_a_job_whose_script_fails_names_slurms_reason_and_its_logs_last_line(slurm_cluster, tmp_path):
+    missing = tmp_path / "no-such-python"
+    started = time.monotonic()
+    # Seen by the job's wait or by the rendezvous's, whichever looks first.
+    backend = SlurmBackend(SlurmOptions(), str(missing))
+    with (
+        pytest.raises((WorkerError, RendezvousError)) as raised,
+        start_workers(backend, 1, tmp_path / "run", timeout=REGISTER_BOUND_S),
+    ):
+        pass
+    message = str(raised.value)
+    assert "\n" not in message and re.search(r"job [0-9]+ ended FAILED \(NonZeroExitCode\) on node[12]: ", message)
+    assert f"{missing}: not found" in message, message
+    assert time.monotonic() - started < REGISTER_BOUND_S / 2, "the failure is seen when the job ends, not at the timeout"
 
 
 @pytest.mark.slow

@@ -38,7 +38,9 @@ def missing_tools() -> list[str]:
 
 
 def slurm_conf(directory: Path, ports: dict[str, int], socket_path: Path) -> str:
-    """The cluster's slurm.conf: one partition ``debug`` of both nodes; jobs ended are forgotten after 2 s."""
+    """The cluster's slurm.conf: one partition ``debug`` of both nodes; jobs ended are forgotten after 2 s. The
+    daemons' messages may take 30 s, not 10: the tests share two cores with training ranks, and a job whose launch
+    message times out ends without running its script."""
     nodes = "\n".join(
         f"NodeName={name} NodeAddr={address} NodeHostname={socket.gethostname()} Port={ports[name]} "
         "CPUs=2 RealMemory=16000 State=UNKNOWN"
@@ -70,6 +72,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 KillWait=5
 SlurmdTimeout=10
+MessageTimeout=30
 MinJobAge=2
 {nodes}
 PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
@@ -132,6 +135,15 @@ class SlurmCluster:
         return "\n".join(
             f"{log.name}: {' | '.join(log.read_text(errors='replace').splitlines()[-5:])}"
             for log in sorted((self.directory / "log").glob("*.log"))
+        )
+
+    def errors(self) -> str:
+        """Every daemon's error lines (the last 20 of each): printed when a test ends, so a failed test shows why
+        Slurm failed a job (a launch that timed out, say) beside its own message."""
+        return "\n".join(
+            f"{log.name}: {line}"
+            for log in sorted((self.directory / "log").glob("*.log"))
+            for line in [line for line in log.read_text(errors="replace").splitlines() if "error" in line.lower()][-20:]
         )
 
     def set_node(self, node: str, state: str, reason: str = "test") -> None:

@@ -307,7 +307,13 @@ class SlurmBackend(Backend):
         for pod, job in self._jobs.items():
             if job in jobs and jobs[job][1] in ACTIVE:
                 continue
-            state = f"ended {jobs[job][1]} on {jobs[job][3] or 'no node'}" if job in jobs else "left the queue"
+            if job in jobs:
+                _, state_name, reason, nodes = jobs[job]
+                # Slurm's reason says why a job that never ran its script ended (a launch failure, say).
+                why = f" ({reason})" if reason not in ("None", "") else ""
+                state = f"ended {state_name}{why} on {nodes or 'no node'}"
+            else:
+                state = "left the queue"
             log = self.workdir / f"{pod}.log" if self.workdir else None
             said = f": {last_line(log)}" if log is not None and log.exists() else ""
             ended[pod] = f"job {job} {state}{said}"
