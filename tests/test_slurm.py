@@ -144,7 +144,9 @@ def test_a_job_whose_script_fails_names_slurms_reason_and_its_logs_last_line(slu
     message = str(raised.value)
     assert "\n" not in message and re.search(r"job [0-9]+ ended FAILED \(NonZeroExitCode\) on node[12]: ", message)
     assert f"{missing}: not found" in message, message
-    assert time.monotonic() - started < REGISTER_BOUND_S / 2, "the failure is seen when the job ends, not at the timeout"
+    assert time.monotonic() - started < REGISTER_BOUND_S / 2, (
+        "the failure is seen when the job ends, not at the timeout"
+    )
 
 
 @pytest.mark.slow
