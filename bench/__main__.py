@@ -238,6 +238,7 @@ COMMANDS = {
     "pretrained-proxy": "bench.pretrained_proxy",
     "setup-cost": "bench.setup_cost",
     "sliced-loss": "bench.sliced_loss",
+    "time-to-accuracy": "bench.accuracy",
 }
 
 

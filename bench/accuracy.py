@@ -1,23 +1,30 @@
 """Time to accuracy, offline: the demo's task trained from scratch until held-out logical-form accuracy reaches
-:data:`TARGET_LF`, by the defaults and by the docs-tuned peer (:mod:`bench.peer`), as a ratio.
+70 %, by the defaults and by the docs-tuned peer (bench/peer.py), as a ratio (python -m bench time-to-accuracy, and
+gpu-quick's time_to_accuracy).
 
-The task is the demo's: the synthetic questions (``textsql prepare --source synthetic``, uncased input), the model
-the workload's (t5-small's shape, random weights, on a GPU), held out the synthetic test split's 1,000 questions
-over tables no training question uses (:func:`held_out_task` puts them where training evaluates). Both arms
-evaluate alike every ``eval_steps`` steps on all of them: greedy generation without the grammar
-(``--constrained false`` for ours: the peer has no grammar), at most :data:`GENERATION_MAX_LENGTH` tokens, in
-batches of ``eval_batch``, scored by :func:`textsql.training.metrics.wikisql_metrics`. Each trains the loss it
-would: the defaults their own choice, the peer T5's full-vocabulary loss. Training stops at the first evaluation
-that reaches the target or at the first step ending ``cap_s`` after the first began (:class:`bench.steps.StepClock`
-in each training process), and the figure is the training time to the target, evaluations left out, with the wall
-time to it (evaluations in) beside it.
+The task is the demo's: the synthetic questions (``textsql prepare --source synthetic``, uncased input) and the
+demo's model, the embedded small T5 from random weights, which the demo trains past the target
+(``bench/demo_seeds.json``). A model of t5-small's shape from random weights reached no logical form at all in
+100 s an arm on one H200 (``bench/gpu_quick_h200_accuracy.json``): from scratch, the target is reachable within a
+short run only by the demo's model. Held out are the synthetic test split's 1,000 questions over tables no training
+question uses (:func:`held_out_task` puts them where training evaluates). Both arms evaluate alike every
+``eval_steps`` steps on all of them: greedy generation without the grammar (``--constrained false`` for ours: the
+peer has no grammar), at most :data:`GENERATION_MAX_LENGTH` tokens, in batches of ``eval_batch``, scored by
+:func:`textsql.training.metrics.wikisql_metrics`. Each trains the loss it would: the defaults their own choice,
+the peer T5's full-vocabulary loss. Training stops at the first evaluation that reaches the target or at the first
+step ending ``cap_s`` after the first began (:class:`bench.steps.StepClock` in each training process), and the
+figure is the training time to the target, evaluations left out, with the wall time to it (evaluations in) beside
+it.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,13 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+from transformers import AutoConfig
 
+from bench.flops import T5Shape
+from bench.machine import figure_arguments, write_figure
 from bench.ours import launch_ours, probe_record, run_summary, step_samples
 from bench.peer import peer_batch, peer_recipe
 from bench.rank_probe import STOP_AT_VAR, TIME_CAP_VAR
 from bench.steps import StepClock
-from bench.workload import Workload
-from textsql.constants import PREPARE_JSON_NAME
+from textsql.constants import DEFAULT_MODEL_DIR, PREPARE_JSON_NAME, PROJECT_DIR
 from textsql.data.tables import TABLES_DIR_NAME, prepared_tables_path
 from textsql.model import load_tokenizer
 from textsql.training.metrics import EVAL_SPLIT, eval_questions, wikisql_metrics
@@ -43,6 +52,7 @@ LF_METRIC = "eval_lf_accuracy"
 GENERATION_MAX_LENGTH = 64  # textsql train's own generation_max_length, given to the peer too
 HELD_OUT_SPLIT = "test"  # the synthetic source's 1,000 held-out questions
 BATCHES_SAMPLED = 200  # the defaults' batches whose mean questions size the peer's batch
+MODEL_LABEL = "the embedded small T5 (the demo's model), random weights"
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,12 @@ class AccuracySizes:
 
 # Two steps of the tiny T5 on 16 questions, evaluated after each: the code path, never the target.
 ACCURACY_SMOKE = AccuracySizes(cap_s=60.0, eval_steps=1, max_steps=2, eval_batch=8, limit=16)
+SMOKE_TOKEN_BUDGET = 2048
+# A CPU's figure: about the demo's 32 questions a step (52 + 22 tokens a question), evaluated less often (generating
+# the held-out answers is most of a CPU's evaluation time), and a cap the demo's steps to the target fit in.
+ACCURACY_CPU = AccuracySizes(cap_s=1200.0, eval_steps=250)
+CPU_TOKEN_BUDGET = 2560
+RESULT = PROJECT_DIR / "bench" / "time_to_accuracy.json"
 
 
 def held_out_task(work: Path, limit: int | None) -> Path:
@@ -148,7 +164,7 @@ def evaluation_settings(sizes: AccuracySizes) -> dict:
     }
 
 
-def defaults_to_target(load: Workload, sizes: AccuracySizes, data: Path, work: Path, token_budget: int | None) -> dict:
+def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budget: int | None) -> dict:
     """``textsql launch`` on one rank with its defaults, evaluating as both arms do.
 
     :param token_budget: the budget to pass (``None``: the defaults' own for the GPU).
@@ -158,7 +174,7 @@ def defaults_to_target(load: Workload, sizes: AccuracySizes, data: Path, work: P
     run_dir = launch_ours(
         work,
         "accuracy-defaults",
-        load.model,
+        DEFAULT_MODEL_DIR,
         data,
         probe_env={STOP_AT_VAR: f"{LF_METRIC}>={TARGET_LF}", TIME_CAP_VAR: str(sizes.cap_s)},
         loss_vocabulary=None,
@@ -183,7 +199,7 @@ def defaults_to_target(load: Workload, sizes: AccuracySizes, data: Path, work: P
     }
 
 
-def peer_to_target(load: Workload, sizes: AccuracySizes, data: Path, token_budget: int) -> dict:
+def peer_to_target(device: str, sizes: AccuracySizes, data: Path, token_budget: int) -> dict:
     """The docs' plain ``Seq2SeqTrainer`` in this process, at the defaults' questions a step, evaluating alike.
 
     :param token_budget: the budget the defaults trained at (their ``run.json``).
@@ -192,21 +208,22 @@ def peer_to_target(load: Workload, sizes: AccuracySizes, data: Path, token_budge
     began = time.monotonic()
     train = datasets.load_from_disk(str(data))["train"]
     lengths = ([len(ids) for ids in train["input_ids"]], [len(ids) for ids in train["labels"]])
-    ours = step_samples(lengths, token_budget, load.shape, BATCHES_SAMPLED)
+    shape = T5Shape.from_config(AutoConfig.from_pretrained(DEFAULT_MODEL_DIR))
+    ours = step_samples(lengths, token_budget, shape, BATCHES_SAMPLED)
     batch = min(peer_batch(statistics.fmean(step.samples for step in ours)), len(train))
     questions, tables = eval_questions(data, None)
     clock = StepClock(stop_at=(LF_METRIC, TARGET_LF), time_cap_s=sizes.cap_s)
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-peer-") as output:
         record = peer_recipe(
-            load.model,
+            DEFAULT_MODEL_DIR,
             data,
             Path(output),
             clock,
             sizes.max_steps,
-            load.device,
+            device,
             batch,
-            load.shape,
-            compute_metrics=wikisql_metrics(load_tokenizer(str(load.model)), questions, tables),
+            shape,
+            compute_metrics=wikisql_metrics(load_tokenizer(str(DEFAULT_MODEL_DIR)), questions, tables),
             include_for_metrics=["inputs"],
             **evaluation_settings(sizes),
         )
@@ -218,7 +235,7 @@ def peer_to_target(load: Workload, sizes: AccuracySizes, data: Path, token_budge
 
 
 def time_to_accuracy(
-    load: Workload,
+    device: str,
     sizes: AccuracySizes,
     work: Path,
     token_budget: int | None,
@@ -226,20 +243,22 @@ def time_to_accuracy(
 ) -> dict:
     """Both arms on the held-out task; ``save`` gets the figure after each.
 
+    :param device: where the peer trains (``cuda`` or ``cpu``; the defaults' rank takes what the machine has).
     :param token_budget: the defaults' budget to pass (``None`` on a GPU: their own).
     :rtype: dict
     """
     data = held_out_task(work, sizes.limit)
     figure: dict = {
         "target": f"held-out logical-form accuracy >= {TARGET_LF:.0%}",
+        "model": MODEL_LABEL,
         "held_out_questions": len(datasets.load_from_disk(str(data))[EVAL_SPLIT]),
         "cap_s": sizes.cap_s,
         "eval_steps": sizes.eval_steps,
         "arms": {},
     }
-    ours = figure["arms"]["defaults"] = defaults_to_target(load, sizes, data, work, token_budget)
+    ours = figure["arms"]["defaults"] = defaults_to_target(sizes, data, work, token_budget)
     save(figure)
-    peer = figure["arms"]["peer"] = peer_to_target(load, sizes, data, ours["token_budget"])
+    peer = figure["arms"]["peer"] = peer_to_target(device, sizes, data, ours["token_budget"])
     both = ours["reached"] and peer["reached"]
     figure["value"] = round(peer["training_s"] / ours["training_s"], 2) if both else None
     figure["unit"] = "x (the peer's training seconds to the target / the defaults')"
@@ -247,3 +266,32 @@ def time_to_accuracy(
         figure["not_reached"] = [name for name, arm in figure["arms"].items() if not arm["reached"]]
     save(figure)
     return figure
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench time-to-accuracy``: the figure alone, written after each arm to ``--out``."""
+    args = figure_arguments(argv, "time-to-accuracy", __doc__ or "", RESULT, more=_cap_and_budget)
+    sizes = ACCURACY_SMOKE if args.smoke else ACCURACY_CPU if args.device == "cpu" else AccuracySizes()
+    if args.cap_s is not None:
+        sizes = dataclasses.replace(sizes, cap_s=args.cap_s)
+    token_budget = args.token_budget or (
+        SMOKE_TOKEN_BUDGET if args.smoke else CPU_TOKEN_BUDGET if args.device == "cpu" else None
+    )
+    with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
+        time_to_accuracy(
+            args.device, sizes, Path(scratch), token_budget, save=lambda figure: write_figure(args.out, figure)
+        )
+    return 0
+
+
+def _cap_and_budget(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cap-s", type=float, help="each arm's time cap (default: the device's sizes)")
+    parser.add_argument(
+        "--token-budget",
+        type=int,
+        help=f"the defaults' tokens a step (default: {CPU_TOKEN_BUDGET} on a CPU, the defaults' own on a GPU)",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

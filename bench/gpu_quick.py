@@ -182,7 +182,7 @@ def run(
         if wanted(part):
             done(part, measure(getattr(sizes, part), device, part_models(load, work, device)), arm=False)
     if wanted("time_to_accuracy"):
-        accuracy_arms(load, sizes, work, budget, result, save)
+        accuracy_arms(device, sizes, work, budget, result, save)
     if device == "cuda" and wanted("defaults_double_budget"):
         double_budget_arm(load, sizes, work, chosen, 2 * ours["token_budget"], budget, result["skipped"], done)
     if device == "cuda" and wanted("compile"):
@@ -262,7 +262,7 @@ def double_budget_arm(
 
 
 def accuracy_arms(
-    load: Workload, sizes: QuickSizes, work: Path, budget: Budget, result: dict, save: Callable[[dict], None]
+    device: str, sizes: QuickSizes, work: Path, budget: Budget, result: dict, save: Callable[[dict], None]
 ) -> None:
     """The time-to-accuracy figure into ``result["time_to_accuracy"]``, saved after each of its arms; skipped where
     the budget has less left than it needs."""
@@ -275,7 +275,7 @@ def accuracy_arms(
         result["done"].append(f"time_to_accuracy {list(figure['arms'])[-1]}")
         save(result)
 
-    time_to_accuracy(load, sizes.accuracy, work, sizes.token_budget, save=keep)
+    time_to_accuracy(device, sizes.accuracy, work, sizes.token_budget, save=keep)
 
 
 def method(load: Workload, sizes: QuickSizes) -> str:

@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -86,9 +87,15 @@ def _files_tree() -> str | None:
         return written.stdout.strip()
 
 
-def figure_arguments(argv: list[str] | None, prog: str, doc: str, result: Path) -> argparse.Namespace:
-    """``--smoke``, ``--device`` and ``--out`` (default ``result``), parsed from ``argv``; ``doc``'s first paragraph
-    is the description.
+def figure_arguments(
+    argv: list[str] | None,
+    prog: str,
+    doc: str,
+    result: Path,
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
+    """``--smoke``, ``--device`` and ``--out`` (default ``result``), and what ``more`` adds, parsed from ``argv``;
+    ``doc``'s first paragraph is the description.
 
     :rtype: argparse.Namespace
     """
@@ -96,6 +103,8 @@ def figure_arguments(argv: list[str] | None, prog: str, doc: str, result: Path) 
     parser.add_argument("--smoke", action="store_true", help="the embedded small T5 and a few steps (the tests)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where it runs")
     parser.add_argument("--out", type=Path, default=result, help="the JSON written (default: %(default)s)")
+    if more is not None:
+        more(parser)
     return parser.parse_args(argv)
 
 

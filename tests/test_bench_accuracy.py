@@ -2,6 +2,7 @@
 a record reached the target, and the step clock that stops a run at a score or a time cap. Both arms run end to end
 in the checkout's rehearsal (tests/test_bench_checkout.py)."""
 
+import json
 from types import SimpleNamespace
 
 import datasets
@@ -79,3 +80,18 @@ def test_the_held_out_task_is_the_synthetic_test_split_where_training_evaluates(
     assert not {question["table_id"] for question in questions} & set(loaded["train"]["table_id"])
     assert prepared_tables_path(data, "train").is_file()
     assert held_out_task(tmp_path, limit=16) == data  # built once
+
+
+def test_the_command_trains_the_demos_model_in_both_arms_and_writes_the_figure_after_each(tmp_path):
+    from bench import accuracy
+
+    out = tmp_path / "time_to_accuracy.json"
+    assert accuracy.main(["--smoke", "--cap-s", "45", "--out", str(out)]) == 0
+    figure = json.loads(out.read_text())
+    assert figure["model"] == accuracy.MODEL_LABEL and figure["cap_s"] == 45.0 and figure["held_out_questions"] == 16
+    ours, peer = figure["arms"]["defaults"], figure["arms"]["peer"]
+    assert ours["token_budget"] == accuracy.SMOKE_TOKEN_BUDGET and "token budget 2048" in ours["label"]
+    # Two steps each, evaluated after each: the smoke run's, which never reaches the target and says how far it got.
+    assert (ours["steps"], ours["evaluations"], peer["steps"], peer["evaluations"]) == (2, 2, 2, 2)
+    assert figure["value"] is None and figure["not_reached"] == ["defaults", "peer"]
+    assert ours["best_lf_accuracy"] == 0.0 and figure["releases"]["torch"]

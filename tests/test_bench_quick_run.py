@@ -49,8 +49,8 @@ def stubbed_arms(monkeypatch):
         launched.append(("old_recipe", False, load))
         return {"samples_per_s": 50.0}
 
-    def time_to_accuracy(load, sizes, work, token_budget, save):
-        launched.append(("time_to_accuracy", token_budget, load))
+    def time_to_accuracy(device, sizes, work, token_budget, save):
+        launched.append(("time_to_accuracy", token_budget, device))
         save({"arms": {"defaults": {"reached": False}}})
         save({"arms": {"defaults": {"reached": False}, "peer": {"reached": False}}, "value": None})
 
