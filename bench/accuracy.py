@@ -141,6 +141,27 @@ def reached(record: dict, target: float) -> dict:
     }
 
 
+def evaluated_questions(record: dict) -> int | None:
+    """How many questions a record's last evaluation scored (the trainer's runtime times its questions a second),
+    or None before any.
+
+    :rtype: int | None
+    """
+    if not record["evaluations"]:
+        return None
+    metrics = record["evaluations"][-1]["metrics"]
+    return round(metrics["eval_runtime"] * metrics["eval_samples_per_second"])
+
+
+def every_question_evaluated(name: str, arm: dict, held_out: int) -> None:
+    """:raises RuntimeError: ``arm`` scored another number of questions than the ``held_out`` both arms must."""
+    if arm["evaluated_questions"] not in (None, held_out):
+        raise RuntimeError(
+            f"the {name} arm evaluated {arm['evaluated_questions']} questions, not the {held_out} held out: "
+            "the arms must score the same questions"
+        )
+
+
 def evaluating_before(record: dict, step: int) -> float:
     """Seconds spent in the evaluations that ran before step ``step`` ended (each runs after its own step's end, so
     those of earlier steps; a run's final evaluation comes after its last step).
@@ -164,10 +185,11 @@ def evaluation_settings(sizes: AccuracySizes) -> dict:
     }
 
 
-def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budget: int | None) -> dict:
+def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budget: int | None, held_out: int) -> dict:
     """``textsql launch`` on one rank with its defaults, evaluating as both arms do.
 
     :param token_budget: the budget to pass (``None``: the defaults' own for the GPU).
+    :param held_out: the held-out questions, every one evaluated (``textsql train`` evaluates 64 unless told).
     :rtype: dict
     """
     began = time.monotonic()
@@ -183,9 +205,11 @@ def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budge
         constrained=False,
         report_to="none",
         max_tokens_per_batch=token_budget,
+        max_eval_samples=held_out,
         **evaluation_settings(sizes),
     )
     summary = run_summary(run_dir)
+    record = probe_record(run_dir)
     return {
         "label": (
             f"defaults: textsql launch --ranks 1, recipe {(summary.get('recipe') or {}).get('name')}, "
@@ -193,7 +217,8 @@ def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budge
             f"{summary['loss_vocabulary']}-vocabulary loss, token budget "
             f"{summary['token_budget']['max_tokens_per_batch']}; --constrained false"
         ),
-        **reached(probe_record(run_dir), TARGET_LF),
+        **reached(record, TARGET_LF),
+        "evaluated_questions": evaluated_questions(record),
         "arm_wall_s": round(time.monotonic() - began, 1),
         "token_budget": summary["token_budget"]["max_tokens_per_batch"],
     }
@@ -230,6 +255,7 @@ def peer_to_target(device: str, sizes: AccuracySizes, data: Path, token_budget: 
     return {
         "label": f"peer: plain Seq2SeqTrainer as transformers' docs advise, batch {batch}, full-vocabulary loss",
         **reached(record, TARGET_LF),
+        "evaluated_questions": evaluated_questions(record),
         "arm_wall_s": round(time.monotonic() - began, 1),
     }
 
@@ -248,17 +274,20 @@ def time_to_accuracy(
     :rtype: dict
     """
     data = held_out_task(work, sizes.limit)
+    held_out = len(datasets.load_from_disk(str(data))[EVAL_SPLIT])
     figure: dict = {
         "target": f"held-out logical-form accuracy >= {TARGET_LF:.0%}",
         "model": MODEL_LABEL,
-        "held_out_questions": len(datasets.load_from_disk(str(data))[EVAL_SPLIT]),
+        "held_out_questions": held_out,
         "cap_s": sizes.cap_s,
         "eval_steps": sizes.eval_steps,
         "arms": {},
     }
-    ours = figure["arms"]["defaults"] = defaults_to_target(sizes, data, work, token_budget)
+    ours = figure["arms"]["defaults"] = defaults_to_target(sizes, data, work, token_budget, held_out)
     save(figure)
+    every_question_evaluated("defaults", ours, held_out)
     peer = figure["arms"]["peer"] = peer_to_target(device, sizes, data, ours["token_budget"])
+    every_question_evaluated("peer", peer, held_out)
     both = ours["reached"] and peer["reached"]
     figure["value"] = round(peer["training_s"] / ours["training_s"], 2) if both else None
     figure["unit"] = "x (the peer's training seconds to the target / the defaults')"

@@ -2,6 +2,7 @@
 a record reached the target, and the step clock that stops a run at a score or a time cap. Both arms run end to end
 in the checkout's rehearsal (tests/test_bench_checkout.py)."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -82,16 +83,28 @@ def test_the_held_out_task_is_the_synthetic_test_split_where_training_evaluates(
     assert held_out_task(tmp_path, limit=16) == data  # built once
 
 
-def test_the_command_trains_the_demos_model_in_both_arms_and_writes_the_figure_after_each(tmp_path):
+def test_the_command_trains_the_demos_model_in_both_arms_scoring_every_held_out_question(tmp_path, monkeypatch):
     from bench import accuracy
 
+    # More held-out questions than the 64 textsql train evaluates unless told.
+    monkeypatch.setattr(accuracy, "ACCURACY_SMOKE", dataclasses.replace(accuracy.ACCURACY_SMOKE, limit=72))
     out = tmp_path / "time_to_accuracy.json"
     assert accuracy.main(["--smoke", "--cap-s", "45", "--out", str(out)]) == 0
     figure = json.loads(out.read_text())
-    assert figure["model"] == accuracy.MODEL_LABEL and figure["cap_s"] == 45.0 and figure["held_out_questions"] == 16
+    assert figure["model"] == accuracy.MODEL_LABEL and figure["cap_s"] == 45.0 and figure["held_out_questions"] == 72
     ours, peer = figure["arms"]["defaults"], figure["arms"]["peer"]
+    assert ours["evaluated_questions"] == peer["evaluated_questions"] == 72
     assert ours["token_budget"] == accuracy.SMOKE_TOKEN_BUDGET and "token budget 2048" in ours["label"]
     # Two steps each, evaluated after each: the smoke run's, which never reaches the target and says how far it got.
     assert (ours["steps"], ours["evaluations"], peer["steps"], peer["evaluations"]) == (2, 2, 2, 2)
     assert figure["value"] is None and figure["not_reached"] == ["defaults", "peer"]
     assert ours["best_lf_accuracy"] == 0.0 and figure["releases"]["torch"]
+
+
+def test_arms_that_scored_different_questions_are_refused():
+    from bench.accuracy import every_question_evaluated
+
+    every_question_evaluated("peer", {"evaluated_questions": 1000}, 1000)
+    every_question_evaluated("peer", {"evaluated_questions": None}, 1000)  # stopped before its first evaluation
+    with pytest.raises(RuntimeError, match="the defaults arm evaluated 64 questions, not the 1000 held out"):
+        every_question_evaluated("defaults", {"evaluated_questions": 64}, 1000)
