@@ -108,36 +108,80 @@ def held_out_task(work: Path, limit: int | None) -> Path:
     return target
 
 
-def reached(record: dict, target: float) -> dict:
-    """When a clock record's evaluations first reached ``target``: the step, the training seconds to it (from the
-    first step's start, the evaluations before it left out) and the wall seconds (the evaluations in, its own
-    too); or, not reached, the best score and the training seconds spent.
+def curve(record: dict) -> list[dict]:
+    """Every scored evaluation of a clock record: its step, its score, the training seconds to it (from the first
+    step's start, the evaluations before it left out) and the wall seconds (the evaluations in, its own too).
 
-    :rtype: dict
+    :rtype: list[dict]
     """
     began = record["step_began"][0]
+    points = []
     for evaluation in record["evaluations"]:
         score = evaluation["metrics"].get(LF_METRIC)
-        if score is not None and score >= target:
-            step = evaluation["step"]
-            ended = record["step_ended"][step - 1] - began
-            return {
-                "reached": True,
+        if score is None:
+            continue
+        step = evaluation["step"]
+        ended = record["step_ended"][step - 1] - began
+        points.append(
+            {
                 "step": step,
                 "lf_accuracy": round(score, 4),
                 "training_s": round(ended - evaluating_before(record, step), 2),
                 "wall_s": round(ended + evaluation["seconds"], 2),
             }
+        )
+    return points
+
+
+def first_at(points: list[dict], score: float) -> dict | None:
+    """The first point of a :func:`curve` at ``score`` or above, or None.
+
+    :rtype: dict | None
+    """
+    return next((point for point in points if point["lf_accuracy"] >= score), None)
+
+
+def reached(record: dict, target: float) -> dict:
+    """When a clock record's evaluations first reached ``target`` (its :func:`curve`'s point); or, not reached, the
+    best score and the training seconds spent. Either way with the curve.
+
+    :rtype: dict
+    """
+    points = curve(record)
+    first = first_at(points, target)
+    if first is not None:
+        return {"reached": True, **first, "curve": points}
     steps = len(record["step_ended"])
-    known = [
-        score for evaluation in record["evaluations"] if (score := evaluation["metrics"].get(LF_METRIC)) is not None
-    ]
     return {
         "reached": False,
         "steps": steps,
-        "best_lf_accuracy": round(max(known), 4) if known else None,
-        "training_s": round(record["step_ended"][-1] - began - evaluating_before(record, steps), 2) if steps else 0.0,
+        "best_lf_accuracy": max((point["lf_accuracy"] for point in points), default=None),
+        "training_s": (
+            round(record["step_ended"][-1] - record["step_began"][0] - evaluating_before(record, steps), 2)
+            if steps
+            else 0.0
+        ),
         "evaluations": len(record["evaluations"]),
+        "curve": points,
+    }
+
+
+def common_score(ours: list[dict], peer: list[dict]) -> dict | None:
+    """Where an arm fell short of the target: the best score both arms reached (the lower of their bests), each
+    one's training seconds to it, and the peer's over the defaults'; None where either scored nothing.
+
+    :rtype: dict | None
+    """
+    score = min(max((point["lf_accuracy"] for point in arm), default=0.0) for arm in (ours, peer))
+    if score <= 0:
+        return None
+    ours_first, peer_first = first_at(ours, score), first_at(peer, score)
+    assert ours_first and peer_first, "the score is at most each arm's best, so each reached it"
+    return {
+        "lf_accuracy": score,
+        "defaults_training_s": ours_first["training_s"],
+        "peer_training_s": peer_first["training_s"],
+        "value": round(peer_first["training_s"] / ours_first["training_s"], 2) if ours_first["training_s"] else None,
     }
 
 
@@ -293,6 +337,7 @@ def time_to_accuracy(
     figure["unit"] = "x (the peer's training seconds to the target / the defaults')"
     if not both:
         figure["not_reached"] = [name for name, arm in figure["arms"].items() if not arm["reached"]]
+        figure["common_score"] = common_score(ours["curve"], peer["curve"])
     save(figure)
     return figure
 

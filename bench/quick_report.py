@@ -219,6 +219,11 @@ def accuracy_lines(figure: dict) -> list[str]:
             )
     if figure.get("value") is not None:
         lines.append(f"the peer took {figure['value']}x the defaults' training time")
+    if common := figure.get("common_score"):
+        lines.append(
+            f"to {common['lf_accuracy']}, the best both reached: defaults {common['defaults_training_s']} s, "
+            f"peer {common['peer_training_s']} s of training ({common['value']}x)"
+        )
     return lines
 
 

@@ -10,7 +10,7 @@ import datasets
 import numpy as np
 import pytest
 
-from bench.accuracy import LF_METRIC, held_out_task, reached
+from bench.accuracy import LF_METRIC, common_score, held_out_task, reached
 from bench.steps import StepClock
 from textsql.data.tables import prepared_tables_path
 from textsql.training.metrics import EVAL_SPLIT, eval_questions
@@ -31,13 +31,18 @@ def clock_record(ends: list[float], evaluations: list[tuple[int, float | None, f
 def test_the_time_to_the_target_leaves_out_the_evaluations_before_it_and_the_wall_time_keeps_them():
     # Steps of 1 s; evaluations of 10 s after steps 2 and 4 (the clock reads them in the next steps' ends).
     record = clock_record([1.0, 2.0, 13.0, 14.0, 25.0], [(2, 0.4, 10.0), (4, 0.72, 10.0)])
-    assert reached(record, 0.7) == {"reached": True, "step": 4, "lf_accuracy": 0.72, "training_s": 4.0, "wall_s": 24.0}
+    points = [
+        {"step": 2, "lf_accuracy": 0.4, "training_s": 2.0, "wall_s": 12.0},
+        {"step": 4, "lf_accuracy": 0.72, "training_s": 4.0, "wall_s": 24.0},
+    ]
+    assert reached(record, 0.7) == {"reached": True, **points[1], "curve": points}
     assert reached(record, 0.9) == {
         "reached": False,
         "steps": 5,
         "best_lf_accuracy": 0.72,
         "training_s": 5.0,
         "evaluations": 2,
+        "curve": points,
     }
     assert reached(clock_record([1.0], [(1, None, 1.0)]), 0.7)["best_lf_accuracy"] is None
     # A final evaluation after the last step (the defaults' run evaluates once more) is no training time spent.
@@ -98,6 +103,8 @@ def test_the_command_trains_the_demos_model_in_both_arms_scoring_every_held_out_
     # Two steps each, evaluated after each: the smoke run's, which never reaches the target and says how far it got.
     assert (ours["steps"], ours["evaluations"], peer["steps"], peer["evaluations"]) == (2, 2, 2, 2)
     assert figure["value"] is None and figure["not_reached"] == ["defaults", "peer"]
+    assert [point["step"] for point in ours["curve"]] == [point["step"] for point in peer["curve"]] == [1, 2]
+    assert figure["common_score"] is None  # nothing scored, nothing to compare at
     assert ours["best_lf_accuracy"] == 0.0 and figure["releases"]["torch"]
 
 
@@ -108,3 +115,19 @@ def test_arms_that_scored_different_questions_are_refused():
     every_question_evaluated("peer", {"evaluated_questions": None}, 1000)  # stopped before its first evaluation
     with pytest.raises(RuntimeError, match="the defaults arm evaluated 64 questions, not the 1000 held out"):
         every_question_evaluated("defaults", {"evaluated_questions": 64}, 1000)
+
+
+def test_short_of_the_target_the_arms_are_compared_at_the_best_score_both_reached():
+    ours = [{"lf_accuracy": 0.2, "training_s": 50.0}, {"lf_accuracy": 0.35, "training_s": 100.0}]
+    ours += [{"lf_accuracy": 0.55, "training_s": 300.0}]
+    peer = [{"lf_accuracy": 0.1, "training_s": 200.0}, {"lf_accuracy": 0.333, "training_s": 900.0}]
+    assert common_score(ours, peer) == {
+        "lf_accuracy": 0.333,
+        "defaults_training_s": 100.0,
+        "peer_training_s": 900.0,
+        "value": 9.0,
+    }
+    # The other way round the ratio falls below 1; an arm that scored nothing leaves nothing to compare.
+    assert common_score(peer, ours)["value"] == 0.11
+    assert common_score(ours, [{"lf_accuracy": 0.0, "training_s": 900.0}]) is None
+    assert common_score(ours, []) is None
