@@ -214,41 +214,56 @@ def test_evaluations_generate_runs_under_the_engines_bf16_autocast(tmp_path):
 
 def test_a_model_from_its_config_batched_to_a_token_budget_warms_up():
     """A GPU's default batches (hundreds of questions a step) from random weights: the rate is reached by a warm-up,
-    then held; without a token budget (the CPU demo) the rate is held from the first step."""
+    then held and decayed; without a token budget (the CPU demo) the rate is held from the first step."""
     from textsql.planning.recipe import FROM_CONFIG_TOKEN_BATCHES_RECIPE
 
     recipe, training = parsed(profile="zero0", max_tokens_per_batch=16384)
     assert (recipe["name"], training["learning_rate"], training["lr_scheduler_type"], training["warmup_steps"]) == (
         FROM_CONFIG_TOKEN_BATCHES_RECIPE.name,
         FROM_CONFIG_RECIPE.learning_rate,
-        "constant_with_warmup",
+        "warmup_stable_decay",
         0.06,
     )
     assert recipe["overridden"] == [] and parsed(profile="zero0")[0]["name"] == FROM_CONFIG_RECIPE.name
 
 
-@pytest.mark.parametrize("given", [{}, {"num_decay_steps": 5}])
-def test_the_demos_rate_is_held_then_decays_to_zero_over_the_last_fifth_unless_told(tmp_path, given):
+def recipe_rates(tmp_path, recipe, steps: int, given: dict) -> list[float]:
+    """The rate at each of ``steps`` steps of ``textsql train``'s trainer under ``recipe``."""
     from transformers import Seq2SeqTrainingArguments
 
     from textsql.training.trainer import ResumableTrainer
 
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path),
-        max_steps=10,
-        learning_rate=1e-3,
-        lr_scheduler_type=FROM_CONFIG_RECIPE.schedule,
-        lr_scheduler_kwargs=given,
+        max_steps=steps,
         report_to=[],
         use_cpu=True,
+        lr_scheduler_kwargs=given,
+        **recipe.training_values(),
     )
     trainer = ResumableTrainer(model=load_model(), args=args)
-    trainer.create_optimizer_and_scheduler(num_training_steps=10)
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)
     rates = []
-    for _ in range(10):
+    for _ in range(steps):
         rates.append(trainer.lr_scheduler.get_last_lr()[0])
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
+    return rates
+
+
+@pytest.mark.parametrize("given", [{}, {"num_decay_steps": 5}])
+def test_the_demos_rate_is_held_then_decays_to_zero_over_the_last_fifth_unless_told(tmp_path, given):
+    rates = recipe_rates(tmp_path, FROM_CONFIG_RECIPE, 10, given)
     decay = given.get("num_decay_steps", 2)  # a fifth of 10
     assert rates[: 10 - decay] == [pytest.approx(1e-3)] * (10 - decay)
     assert rates[10 - decay :] == sorted(rates[10 - decay :], reverse=True) and rates[-1] < 1e-3
+
+
+def test_token_batches_from_random_weights_warm_up_then_hold_and_decay_as_the_demo_does(tmp_path):
+    from textsql.planning.recipe import FROM_CONFIG_TOKEN_BATCHES_RECIPE
+
+    rates = recipe_rates(tmp_path, FROM_CONFIG_TOKEN_BATCHES_RECIPE, 50, {})
+    warmup, decay = 3, 10  # 6 % and a fifth of 50 steps
+    assert rates[:warmup] == sorted(rates[:warmup]) and rates[0] < rates[warmup - 1] < 1e-3
+    assert rates[warmup : 50 - decay] == [pytest.approx(1e-3)] * (50 - warmup - decay)
+    assert rates[50 - decay :] == sorted(rates[50 - decay :], reverse=True) and rates[-1] < 1e-3 / 5
