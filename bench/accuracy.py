@@ -345,12 +345,16 @@ def time_to_accuracy(
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench time-to-accuracy``: the figure alone, written after each arm to ``--out``."""
     args = figure_arguments(argv, "time-to-accuracy", __doc__ or "", RESULT, more=_cap_and_budget)
-    sizes = ACCURACY_SMOKE if args.smoke else ACCURACY_CPU if args.device == "cpu" else AccuracySizes()
+    sizes, token_budget = (
+        (ACCURACY_SMOKE, SMOKE_TOKEN_BUDGET)
+        if args.smoke
+        else (ACCURACY_CPU, CPU_TOKEN_BUDGET)
+        if args.device == "cpu"
+        else (AccuracySizes(), None)
+    )
     if args.cap_s is not None:
         sizes = dataclasses.replace(sizes, cap_s=args.cap_s)
-    token_budget = args.token_budget or (
-        SMOKE_TOKEN_BUDGET if args.smoke else CPU_TOKEN_BUDGET if args.device == "cpu" else None
-    )
+    token_budget = args.token_budget or token_budget
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
         time_to_accuracy(
             args.device, sizes, Path(scratch), token_budget, save=lambda figure: write_figure(args.out, figure)

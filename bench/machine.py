@@ -77,14 +77,9 @@ def _files_tree() -> str | None:
     the checkout's own index is left alone."""
     with tempfile.TemporaryDirectory() as scratch:
         index = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
-        for command in (["add", "-A"], ["write-tree"]):
-            try:
-                written = subprocess.run(
-                    ["git", *command], cwd=PROJECT_DIR, env=index, capture_output=True, text=True, check=True
-                )
-            except (OSError, subprocess.CalledProcessError):
-                return None
-        return written.stdout.strip()
+        if _git("add", "-A", env=index) is None:
+            return None
+        return _git("write-tree", env=index)
 
 
 def figure_arguments(
@@ -120,10 +115,10 @@ def _gpu() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, env: dict[str, str] | None = None) -> str | None:
     try:
         return subprocess.run(
-            ["git", *args], cwd=PROJECT_DIR, capture_output=True, text=True, check=True
+            ["git", *args], cwd=PROJECT_DIR, env=env, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None

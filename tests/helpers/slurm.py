@@ -130,20 +130,24 @@ class SlurmCluster:
             time.sleep(0.2)
         return self
 
+    def daemon_logs(self) -> dict[str, list[str]]:
+        """Every daemon's log by its file name: its lines."""
+        return {
+            log.name: log.read_text(errors="replace").splitlines()
+            for log in sorted((self.directory / "log").glob("*.log"))
+        }
+
     def logs(self) -> str:
         """The last lines of every daemon's log, for a failure's message."""
-        return "\n".join(
-            f"{log.name}: {' | '.join(log.read_text(errors='replace').splitlines()[-5:])}"
-            for log in sorted((self.directory / "log").glob("*.log"))
-        )
+        return "\n".join(f"{name}: {' | '.join(lines[-5:])}" for name, lines in self.daemon_logs().items())
 
     def errors(self) -> str:
         """Every daemon's error lines (the last 20 of each): printed when a test ends, so a failed test shows why
         Slurm failed a job (a launch that timed out, say) beside its own message."""
         return "\n".join(
-            f"{log.name}: {line}"
-            for log in sorted((self.directory / "log").glob("*.log"))
-            for line in [line for line in log.read_text(errors="replace").splitlines() if "error" in line.lower()][-20:]
+            f"{name}: {line}"
+            for name, lines in self.daemon_logs().items()
+            for line in [line for line in lines if "error" in line.lower()][-20:]
         )
 
     def set_node(self, node: str, state: str, reason: str = "test") -> None:
