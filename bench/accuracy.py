@@ -8,8 +8,10 @@ demo's model, the embedded small T5 from random weights, which the demo trains p
 100 s an arm on one H200 (``bench/gpu_quick_h200_accuracy.json``): from scratch, the target is reachable within a
 short run only by the demo's model. Held out are the synthetic test split's 1,000 questions over tables no training
 question uses (:func:`held_out_task` puts them where training evaluates). Both arms evaluate alike every
-``eval_steps`` steps on all of them: greedy generation without the grammar (``--constrained false`` for ours: the
-peer has no grammar), at most :data:`GENERATION_MAX_LENGTH` tokens, in batches of ``eval_batch``, scored by
+``eval_steps`` steps on all of them, as ``textsql train`` evaluates: greedy generation under the WikiSQL grammar
+(:class:`textsql.training.trainer.GrammarGeneration`, given to the peer's trainer for its evaluation alone: a
+model trained on the batch's vocabulary, as the defaults train from scratch, writes only under it), at most
+:data:`GENERATION_MAX_LENGTH` tokens, in batches of ``eval_batch``, scored by
 :func:`textsql.training.metrics.wikisql_metrics`. Each trains the loss it would: the defaults their own choice,
 the peer T5's full-vocabulary loss. Training stops at the first evaluation that reaches the target or at the first
 step ending ``cap_s`` after the first began (:class:`bench.steps.StepClock` in each training process), and the
@@ -29,10 +31,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import datasets
-from transformers import AutoConfig
+from transformers import AutoConfig, Seq2SeqTrainer
 
 from bench.flops import T5Shape
 from bench.machine import figure_arguments, write_figure
@@ -40,10 +43,12 @@ from bench.ours import launch_ours, probe_record, run_summary, step_samples
 from bench.peer import peer_batch, peer_recipe
 from bench.rank_probe import STOP_AT_VAR, TIME_CAP_VAR
 from bench.steps import StepClock
-from textsql.constants import DEFAULT_MODEL_DIR, PREPARE_JSON_NAME, PROJECT_DIR
+from textsql.constants import DEFAULT_MODEL_DIR, PREPARE_JSON_NAME, PROJECT_DIR, UNCASED_FORMAT
 from textsql.data.tables import TABLES_DIR_NAME, prepared_tables_path
+from textsql.data.wikisql import recorded_input_format
 from textsql.model import load_tokenizer
 from textsql.training.metrics import EVAL_SPLIT, eval_questions, wikisql_metrics
+from textsql.training.trainer import GrammarGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +251,6 @@ def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budge
         loss_vocabulary=None,
         max_steps=sizes.max_steps,
         eval_share=0.0,  # every grid step: both arms evaluate at the same steps
-        constrained=False,
         report_to="none",
         max_tokens_per_batch=token_budget,
         max_eval_samples=held_out,
@@ -259,13 +263,19 @@ def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budge
             f"defaults: textsql launch --ranks 1, recipe {(summary.get('recipe') or {}).get('name')}, "
             f"{summary['precision']}, "
             f"{summary['loss_vocabulary']}-vocabulary loss, token budget "
-            f"{summary['token_budget']['max_tokens_per_batch']}; --constrained false"
+            f"{summary['token_budget']['max_tokens_per_batch']}"
         ),
         **reached(record, TARGET_LF),
         "evaluated_questions": evaluated_questions(record),
         "arm_wall_s": round(time.monotonic() - began, 1),
         "token_budget": summary["token_budget"]["max_tokens_per_batch"],
     }
+
+
+# GrammarGeneration.prediction_step has Seq2SeqTrainer's signature, which Trainer's declares otherwise.
+class GrammarScoredPeer(GrammarGeneration, Seq2SeqTrainer):  # type: ignore[misc]
+    """The peer's ``Seq2SeqTrainer``, its training untouched, its evaluation generating under the grammar as the
+    defaults' does."""
 
 
 def peer_to_target(device: str, sizes: AccuracySizes, data: Path, token_budget: int) -> dict:
@@ -293,11 +303,15 @@ def peer_to_target(device: str, sizes: AccuracySizes, data: Path, token_budget: 
             batch,
             shape,
             compute_metrics=wikisql_metrics(load_tokenizer(str(DEFAULT_MODEL_DIR)), questions, tables),
+            trainer_class=partial(GrammarScoredPeer, uncased=recorded_input_format(data) == UNCASED_FORMAT),
             include_for_metrics=["inputs"],
             **evaluation_settings(sizes),
         )
     return {
-        "label": f"peer: plain Seq2SeqTrainer as transformers' docs advise, batch {batch}, full-vocabulary loss",
+        "label": (
+            f"peer: plain Seq2SeqTrainer as transformers' docs advise, batch {batch}, full-vocabulary loss; "
+            "evaluated under the grammar, as the defaults"
+        ),
         **reached(record, TARGET_LF),
         "evaluated_questions": evaluated_questions(record),
         "arm_wall_s": round(time.monotonic() - began, 1),

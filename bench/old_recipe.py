@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import resource
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +150,9 @@ def old_recipe(
     return {**clock.record(), **measured}
 
 
-def train_measured(cuda: bool, **trainer: Any) -> dict:
-    """Train a ``Seq2SeqTrainer`` built from ``trainer`` in this process, its phases marked for the profiler, and
-    say the peak memory it took: torch's high-water mark on CUDA, else this process's peak RSS.
+def train_measured(cuda: bool, trainer_class: Callable[..., Seq2SeqTrainer] = Seq2SeqTrainer, **trainer: Any) -> dict:
+    """Train a ``Seq2SeqTrainer`` (or ``trainer_class``) built from ``trainer`` in this process, its phases marked
+    for the profiler, and say the peak memory it took: torch's high-water mark on CUDA, else this process's peak RSS.
 
     :returns: ``{"peak_memory_bytes", "memory_measure"}``.
     :rtype: dict
@@ -159,7 +160,7 @@ def train_measured(cuda: bool, **trainer: Any) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with phase_markers():
-        Seq2SeqTrainer(**trainer).train()
+        trainer_class(**trainer).train()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
         "peak_memory_bytes": peak,

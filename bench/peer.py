@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from bench.flops import T5Shape, training_flops
 from bench.old_recipe import EVAL_BATCH, LOSS_VOCABULARY, SEED, train_measured
@@ -120,6 +120,7 @@ def peer_recipe(
     shape: T5Shape,
     callbacks: tuple[TrainerCallback, ...] = (),
     compute_metrics: Callable | None = None,
+    trainer_class: Callable[..., Seq2SeqTrainer] = Seq2SeqTrainer,
     **values,
 ) -> dict:
     """Train the docs' way in this process.
@@ -128,6 +129,7 @@ def peer_recipe(
     :param shape: the model's shape, for each batch's FLOPs.
     :param callbacks: more trainer callbacks (a :class:`bench.timeline.Timeline`).
     :param compute_metrics: the trainer's, for evaluations that generate.
+    :param trainer_class: what builds the trainer (the time to accuracy's evaluates under the grammar).
     :param values: more or other ``Seq2SeqTrainingArguments`` (evaluation settings).
     :returns: the clock's record, the work of every step from the first (``step_work``), and the peak memory
         (``peak_memory_bytes``, read as ``memory_measure`` says).
@@ -136,9 +138,10 @@ def peer_recipe(
     prepared = datasets.load_from_disk(str(data))
     trained = load_model(str(model))
     cuda = device == "cuda"
+    tokenizer = load_tokenizer(str(model))
     collator = RecordingCollator(
         DataCollatorForSeq2Seq(
-            load_tokenizer(str(model)),
+            tokenizer,
             model=trained,
             label_pad_token_id=LABEL_PAD_TOKEN_ID,
             pad_to_multiple_of=PAD_MULTIPLE if cuda else None,
@@ -148,8 +151,10 @@ def peer_recipe(
     args = Seq2SeqTrainingArguments(**(docs_settings(output, batch, max_steps, cuda) | values))
     measured = train_measured(
         cuda,
+        trainer_class,
         model=trained,
         args=args,
+        processing_class=tokenizer,  # as run_translation.py passes it
         train_dataset=prepared["train"],
         eval_dataset=prepared.get("validation"),
         data_collator=collator,

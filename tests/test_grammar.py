@@ -231,12 +231,16 @@ def test_questions_and_headers_are_read_back_from_model_inputs(tokenizer, record
     assert processor_for_inputs(tokenizer, encoded, 40).automata[0] is not None
 
 
-def test_the_evaluation_during_training_generates_only_queries(predictor, records, tmp_path):
+@pytest.mark.parametrize("trainer_class", ["run's trainer", "time to accuracy's peer"])
+def test_the_evaluation_during_training_generates_only_queries(predictor, records, tmp_path, trainer_class):
+    """textsql train's trainer, and the peer's in the time-to-accuracy bench, which must evaluate alike."""
     import datasets
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
+    from bench.accuracy import GrammarScoredPeer
     from textsql.training.trainer import GrammarSeq2SeqTrainer
 
+    trainer_class = GrammarSeq2SeqTrainer if trainer_class == "run's trainer" else GrammarScoredPeer
     tokenizer, items = predictor.tokenizer, records[:6]
     dataset = datasets.Dataset.from_dict(
         {
@@ -253,7 +257,7 @@ def test_the_evaluation_during_training_generates_only_queries(predictor, record
         use_cpu=True,
         disable_tqdm=True,
     )
-    trainer = GrammarSeq2SeqTrainer(
+    trainer = trainer_class(
         model=predictor.model,
         args=args,
         processing_class=tokenizer,

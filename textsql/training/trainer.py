@@ -8,7 +8,7 @@ step count here, where transformers knows it (:func:`textsql.planning.recipe.sta
 
 ``Seq2SeqTrainer`` generates for each evaluation batch with the same keyword arguments; the grammar,
 though, is each question's own, and a batch knows its questions only as token ids. So
-:class:`GrammarSeq2SeqTrainer` builds a :class:`textsql.decoding.processor.GrammarLogitsProcessor` per batch from
+:class:`GrammarGeneration` builds a :class:`textsql.decoding.processor.GrammarLogitsProcessor` per batch from
 its input ids (the question and header read back from the input text) and hands it to ``generate``.
 """
 
@@ -72,12 +72,9 @@ class ResumableTrainer(TokenBudgetTrainer):
         super()._run_epoch(*args, **kwargs)
 
 
-class GrammarSeq2SeqTrainer(ResumableTrainer):
-    """A ``Seq2SeqTrainer`` whose generating evaluation writes only WikiSQL queries over each question's table.
-
-    Usage::
-
-        >>> trainer = GrammarSeq2SeqTrainer(model=model, args=training_args, processing_class=tokenizer, ...)  # doctest: +SKIP
+class GrammarGeneration:
+    """Mixed into a ``Seq2SeqTrainer``: its generating evaluation writes only WikiSQL queries over each question's
+    table. The bench's peer (``bench/accuracy.py``) is scored through it too, so both arms are evaluated alike.
 
     :param uncased: the model writes its queries in lower case (the ``uncased`` input format).
     """
@@ -87,8 +84,8 @@ class GrammarSeq2SeqTrainer(ResumableTrainer):
         self.uncased = uncased
 
     # transformers' own Seq2SeqTrainer returns a float | None loss where Trainer declares a Tensor | None:
-    # this follows its direct parent, which it calls.
-    def prediction_step(  # type: ignore[override]
+    # this follows the Seq2SeqTrainer it is mixed into, which it calls.
+    def prediction_step(
         self,
         model: torch.nn.Module,
         inputs: dict[str, Any],
@@ -96,11 +93,24 @@ class GrammarSeq2SeqTrainer(ResumableTrainer):
         ignore_keys: list[str] | None = None,
         **gen_kwargs: Any,
     ) -> tuple[float | None, torch.Tensor | None, torch.Tensor | None]:
-        if self.args.predict_with_generate and not prediction_loss_only:
+        trainer: Any = self  # a Seq2SeqTrainer, by the class this is mixed into
+        if trainer.args.predict_with_generate and not prediction_loss_only:
             # The parent takes its stored keyword arguments only when it is given none.
-            gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
-            budget = generation_budget(gen_kwargs, self.model.generation_config)
+            gen_kwargs = gen_kwargs or dict(getattr(trainer, "_gen_kwargs", {}))
+            budget = generation_budget(gen_kwargs, trainer.model.generation_config)
             gen_kwargs["logits_processor"] = LogitsProcessorList(
-                [processor_for_inputs(self.processing_class, inputs["input_ids"], budget, self.uncased)]
+                [processor_for_inputs(trainer.processing_class, inputs["input_ids"], budget, self.uncased)]
             )
-        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        return super().prediction_step(  # type: ignore[misc]
+            model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+        )
+
+
+# GrammarGeneration.prediction_step has Seq2SeqTrainer's signature, which Trainer's declares otherwise (above).
+class GrammarSeq2SeqTrainer(GrammarGeneration, ResumableTrainer):  # type: ignore[misc]
+    """The run's trainer: :class:`ResumableTrainer` evaluating through :class:`GrammarGeneration`.
+
+    Usage::
+
+        >>> trainer = GrammarSeq2SeqTrainer(model=model, args=training_args, processing_class=tokenizer, ...)  # doctest: +SKIP
+    """
