@@ -49,9 +49,11 @@ def describe_machine() -> dict:
     }
 
 
-def releases() -> dict:
+def releases(written: Path | None = None) -> dict:
     """Installed versions of the packages the figures depend on, and the project's commit.
 
+    :param written: the figure's own file, rewritten after each arm: in a checkout, its earlier version is not a
+        change to the code that measured it.
     :rtype: dict
     """
     found = {}
@@ -68,8 +70,17 @@ def releases() -> dict:
         found["uncommitted_changes"] = not tree or _files_tree() != tree
         return found
     found["commit"] = _git("rev-parse", "--short", "HEAD")
-    found["uncommitted_changes"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *_leaving_out(written))
+    found["uncommitted_changes"] = bool(changed)
     return found
+
+
+def _leaving_out(path: Path | None) -> list[str]:
+    """A git pathspec leaving ``path`` out, where it lies in the checkout."""
+    project = PROJECT_DIR.resolve()
+    if path is None or not path.resolve().is_relative_to(project):
+        return []
+    return [f":(exclude){path.resolve().relative_to(project)}"]
 
 
 def _files_tree() -> str | None:
@@ -105,7 +116,7 @@ def figure_arguments(
 
 def write_figure(path: Path, figure: dict) -> None:
     """``figure`` with the machine and releases it was measured on, as JSON at ``path``; says so on stdout."""
-    write_json(path, {**figure, "machine": describe_machine(), "releases": releases()})
+    write_json(path, {**figure, "machine": describe_machine(), "releases": releases(written=path)})
     print(f"wrote {path}", flush=True)
 
 

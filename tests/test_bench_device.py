@@ -4,6 +4,7 @@ holds only the machine's own packages (torch and what it brings, numpy, pandas, 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import socket
@@ -286,3 +287,31 @@ def test_a_copied_trees_claimed_commit_holds_only_where_its_files_hash_to_that_c
     assert bench.machine.releases()["uncommitted_changes"] is True, "a file the commit lacks is a change too"
     monkeypatch.setenv(bench.machine.COMMIT_VARIABLE, claim.split(":")[0])
     assert bench.machine.releases()["uncommitted_changes"] is True, "a commit without its tree proves nothing"
+
+
+def test_a_figure_rewritten_after_each_arm_in_a_clean_checkout_still_names_its_commit_as_clean(tmp_path, monkeypatch):
+    """A figure writes its JSON after each arm, into the checkout by default: its own earlier version is not a change
+    to the code that measured it, but any other change still is."""
+    import bench.machine
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "bench@example.com")
+    git("config", "user.name", "bench")
+    (tmp_path / "bench").mkdir()
+    figure, code = tmp_path / "bench" / "figure.json", tmp_path / "bench" / "code.py"
+    figure.write_text("{}\n")
+    code.write_text("A = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "first")
+    monkeypatch.setattr(bench.machine, "PROJECT_DIR", tmp_path)
+    monkeypatch.delenv(bench.machine.COMMIT_VARIABLE, raising=False)
+    bench.machine.write_figure(figure, {"arms": {"first": 1}})
+    bench.machine.write_figure(figure, {"arms": {"first": 1, "second": 2}})
+    assert json.loads(figure.read_text())["releases"]["uncommitted_changes"] is False
+    assert bench.machine.releases()["uncommitted_changes"] is True, "another figure's view of the checkout"
+    code.write_text("A = 2\n")
+    bench.machine.write_figure(figure, {"arms": {}})
+    assert json.loads(figure.read_text())["releases"]["uncommitted_changes"] is True
