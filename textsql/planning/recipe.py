@@ -66,7 +66,7 @@ FROM_CONFIG_TOKEN_BATCHES_RECIPE = Recipe(
     "and at the full rate on large batches in bf16 they can set a transformer's training off course; a warm-up is "
     "the usual remedy (Vaswani et al. 2017; Popel and Bojar 2018 on larger batches). Then, as the from-scratch "
     "recipe, held and decayed linearly to 0 over the last fifth of the steps: held to the end instead, the demo's "
-    "model levelled off below the demo's target (bench/time_to_accuracy.json)",
+    "model levelled off below the demo's target (bench/time_to_accuracy_held_rate.json)",
 )
 WITH_WEIGHTS_RECIPE = Recipe(
     name="pretrained-t5",
