@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -252,17 +253,24 @@ def test_a_budget_says_what_is_spent_of_it():
     assert Budget(None, began=1000.0).spent(now=1010.0) == "10 s"
 
 
+def new_repository(directory: Path) -> Callable[..., str]:
+    """An empty git repository in ``directory`` that can commit, and a function running git there (its stdout)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=directory, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "bench@example.com")
+    git("config", "user.name", "bench")
+    return git
+
+
 def test_a_copied_trees_claimed_commit_holds_only_where_its_files_hash_to_that_commits_tree(tmp_path, monkeypatch):
     """A GPU machine's copy of the tree may carry a stale .git: ``BENCH_COMMIT`` names the commit and its tree, and
     the figures count as committed only where the files as they are hash to that tree, whatever the copy's HEAD."""
     import bench.machine
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
-
-    git("init", "-q")
-    git("config", "user.email", "bench@example.com")
-    git("config", "user.name", "bench")
+    git = new_repository(tmp_path)
     (tmp_path / ".gitignore").write_text("wheels/\n")
     (tmp_path / "code.py").write_text("A = 1\n")
     git("add", "-A")
@@ -294,12 +302,7 @@ def test_a_figure_rewritten_after_each_arm_in_a_clean_checkout_still_names_its_c
     to the code that measured it, but any other change still is."""
     import bench.machine
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
-
-    git("init", "-q")
-    git("config", "user.email", "bench@example.com")
-    git("config", "user.name", "bench")
+    git = new_repository(tmp_path)
     (tmp_path / "bench").mkdir()
     figure, code = tmp_path / "bench" / "figure.json", tmp_path / "bench" / "code.py"
     figure.write_text("{}\n")
