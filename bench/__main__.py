@@ -236,6 +236,7 @@ COMMANDS = {
     "demo-seeds": "bench.demo_seeds",
     "norms": "bench.norms",
     "pretrained-proxy": "bench.pretrained_proxy",
+    "rate-scaling": "bench.rate_scaling",
     "setup-cost": "bench.setup_cost",
     "sliced-loss": "bench.sliced_loss",
     "time-to-accuracy": "bench.accuracy",

@@ -238,8 +238,10 @@ def evaluation_settings(sizes: AccuracySizes) -> dict:
     }
 
 
-def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budget: int | None, held_out: int) -> dict:
-    """``textsql launch`` on one rank with its defaults, evaluating as both arms do.
+def defaults_to_target(
+    sizes: AccuracySizes, data: Path, work: Path, token_budget: int | None, held_out: int, **flags
+) -> dict:
+    """``textsql launch`` on one rank with its defaults (changed only by ``flags``), evaluating as both arms do.
 
     :param token_budget: the budget to pass (``None``: the defaults' own for the GPU).
     :param held_out: the held-out questions, every one evaluated (``textsql train`` evaluates 64 unless told).
@@ -259,12 +261,14 @@ def defaults_to_target(sizes: AccuracySizes, data: Path, work: Path, token_budge
         max_tokens_per_batch=token_budget,
         max_eval_samples=held_out,
         **evaluation_settings(sizes),
+        **flags,
     )
     summary = run_summary(run_dir)
     record = probe_record(run_dir)
+    recipe = summary["recipe"]
     return {
         "label": (
-            f"defaults: textsql launch --ranks 1, recipe {(summary.get('recipe') or {}).get('name')}, "
+            f"defaults: textsql launch --ranks 1, recipe {recipe['name']} at {recipe['peak_learning_rate']:g}, "
             f"{summary['precision']}, "
             f"{summary['loss_vocabulary']}-vocabulary loss, token budget "
             f"{summary['token_budget']['max_tokens_per_batch']}"
