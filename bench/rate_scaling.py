@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,6 @@ import datasets
 
 from bench.accuracy import (
     ACCURACY_SMOKE,
-    CPU_TOKEN_BUDGET,
     MODEL_LABEL,
     SMOKE_TOKEN_BUDGET,
     TARGET_LF,
@@ -39,21 +37,13 @@ from bench.accuracy import (
 from bench.machine import figure_arguments, write_figure
 from textsql.constants import PROJECT_DIR
 from textsql.planning.device_defaults import MAX_TOKENS_PER_BATCH
-from textsql.planning.recipe import FROM_CONFIG_RECIPE
+from textsql.planning.recipe import FROM_CONFIG_RECIPE, square_root_scaled
 from textsql.training.metrics import EVAL_SPLIT
 
 # 905 steps of 32,768 tokens are 5 epochs of the synthetic training questions; evaluated 5 times, a CPU's cap a safety.
 RATE_SIZES = AccuracySizes(cap_s=2400.0, eval_steps=181, max_steps=905)
 SEEDS = (42, 7, 1)
 RESULT = PROJECT_DIR / "bench" / "rate_scaling.json"
-
-
-def square_root_rate(token_budget: int) -> float:
-    """The from-scratch rate scaled from the demo's tokens a step to ``token_budget`` by Adam's square-root rule.
-
-    :rtype: float
-    """
-    return float(f"{FROM_CONFIG_RECIPE.learning_rate * math.sqrt(token_budget / CPU_TOKEN_BUDGET):.3g}")
 
 
 def rate_summary(runs: dict[str, dict]) -> dict:
@@ -125,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cap_s is not None:
         sizes = dataclasses.replace(sizes, cap_s=args.cap_s)
     budget = args.token_budget or budget
-    rates = args.rates or [square_root_rate(budget), FROM_CONFIG_RECIPE.learning_rate]
+    rates = args.rates or [
+        square_root_scaled(FROM_CONFIG_RECIPE.learning_rate, budget),
+        FROM_CONFIG_RECIPE.learning_rate,
+    ]
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
         rate_runs(sizes, Path(scratch), budget, rates, args.seeds, save=lambda figure: write_figure(args.out, figure))
     return 0
@@ -139,7 +132,7 @@ def _rates_and_seeds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rates",
         type=_floats,
-        help="peak rates, comma-separated (default: the square-root rule's for the budget, then the recipe's)",
+        help="peak rates, comma-separated (default: the defaults' for the budget, then the demo's 1e-3)",
     )
     parser.add_argument(
         "--seeds", type=_ints, default=list(SEEDS), help="seeds, comma-separated (default: %(default)s)"

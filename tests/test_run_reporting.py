@@ -212,19 +212,40 @@ def test_evaluations_generate_runs_under_the_engines_bf16_autocast(tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1]) == ["torch.bfloat16"]
 
 
-def test_a_model_from_its_config_batched_to_a_token_budget_warms_up():
-    """A GPU's default batches (hundreds of questions a step) from random weights: the rate is reached by a warm-up,
-    then held and decayed; without a token budget (the CPU demo) the rate is held from the first step."""
+def test_a_model_from_its_config_batched_to_a_token_budget_warms_up_to_a_rate_scaled_to_the_batch():
+    """A GPU's default batches (hundreds of questions a step) from random weights: the rate, scaled by the square root
+    of the tokens a step over the demo's 2,560, is reached by a warm-up, then held and decayed; without a token budget
+    (the CPU demo) the demo's rate is held from the first step."""
     from textsql.planning.recipe import FROM_CONFIG_TOKEN_BATCHES_RECIPE
 
-    recipe, training = parsed(profile="zero0", max_tokens_per_batch=16384)
+    recipe, training = parsed(profile="zero0", max_tokens_per_batch=10240)
     assert (recipe["name"], training["learning_rate"], training["lr_scheduler_type"], training["warmup_steps"]) == (
         FROM_CONFIG_TOKEN_BATCHES_RECIPE.name,
-        FROM_CONFIG_RECIPE.learning_rate,
+        2 * FROM_CONFIG_RECIPE.learning_rate,  # 4 times the demo's tokens a step
         "warmup_stable_decay",
         0.06,
     )
     assert recipe["overridden"] == [] and parsed(profile="zero0")[0]["name"] == FROM_CONFIG_RECIPE.name
+    # A rate given on the command line is kept, and recorded as given.
+    recipe, training = parsed(profile="zero0", max_tokens_per_batch=10240, learning_rate=5e-4)
+    assert (training["learning_rate"], recipe["overridden"]) == (5e-4, ["learning_rate"])
+
+
+@pytest.mark.parametrize(
+    ("budget", "accumulation", "world", "rate"),
+    [
+        (8192, 1, "4", 3.58e-3),  # four ranks of 8,192 tokens step 32,768: the rate measured there
+        (8192, 2, "2", 3.58e-3),  # so do two ranks accumulating two batches each
+        (32768, 1, "8", 3.58e-3),  # 262,144 tokens: raised no further than measured
+        (1024, 1, "1", 1e-3),  # fewer tokens than the demo's: its rate, never lowered
+    ],
+)
+def test_the_scaled_rate_counts_every_rank_and_accumulated_batch_of_a_step(
+    monkeypatch, budget, accumulation, world, rate
+):
+    monkeypatch.setenv("WORLD_SIZE", world)  # as DeepSpeed's launcher gives each rank
+    recipe, training = parsed(profile="zero0", max_tokens_per_batch=budget, gradient_accumulation_steps=accumulation)
+    assert (training["learning_rate"], recipe["peak_learning_rate"]) == (rate, rate)
 
 
 def recipe_rates(tmp_path, recipe, steps: int, given: dict) -> list[float]:
@@ -262,8 +283,9 @@ def test_the_demos_rate_is_held_then_decays_to_zero_over_the_last_fifth_unless_t
 def test_token_batches_from_random_weights_warm_up_then_hold_and_decay_as_the_demo_does(tmp_path):
     from textsql.planning.recipe import FROM_CONFIG_TOKEN_BATCHES_RECIPE
 
+    peak = FROM_CONFIG_TOKEN_BATCHES_RECIPE.learning_rate
     rates = recipe_rates(tmp_path, FROM_CONFIG_TOKEN_BATCHES_RECIPE, 50, {})
     warmup, decay = 3, 10  # 6 % and a fifth of 50 steps
-    assert rates[:warmup] == sorted(rates[:warmup]) and rates[0] < rates[warmup - 1] < 1e-3
-    assert rates[warmup : 50 - decay] == [pytest.approx(1e-3)] * (50 - warmup - decay)
-    assert rates[50 - decay :] == sorted(rates[50 - decay :], reverse=True) and rates[-1] < 1e-3 / 5
+    assert rates[:warmup] == sorted(rates[:warmup]) and rates[0] < rates[warmup - 1] < peak
+    assert rates[warmup : 50 - decay] == [pytest.approx(peak)] * (50 - warmup - decay)
+    assert rates[50 - decay :] == sorted(rates[50 - decay :], reverse=True) and rates[-1] < peak / 5

@@ -23,7 +23,7 @@ from textsql.arguments import (
     kebab_flag,
 )
 from textsql.cli.options import RENAMED_VARIABLES
-from textsql.planning.recipe import FROM_CONFIG_RECIPE, WITH_WEIGHTS_RECIPE
+from textsql.planning.recipe import FROM_CONFIG_RECIPE, RATE_CHOSEN_AT_TOKENS, WITH_WEIGHTS_RECIPE
 
 # `textsql train -h`: the flags most runs set. Ours take their help from the argument dataclasses; the few of
 # Seq2SeqTrainingArguments are described here, because reading theirs would import transformers and torch.
@@ -47,7 +47,8 @@ TRAIN_ESSENTIALS: tuple[tuple[str, Any], ...] = (
         "learning_rate",
         (
             f"Peak learning rate [default: the model's recipe: {FROM_CONFIG_RECIPE.learning_rate:g} "
-            f"{FROM_CONFIG_RECIPE.schedule} for a model built from its config (warmed up in token-budget batches), "
+            f"{FROM_CONFIG_RECIPE.schedule} for a model built from its config (in token-budget batches warmed up "
+            f"and scaled by the square root of the tokens a step over {RATE_CHOSEN_AT_TOKENS:,}), "
             f"{WITH_WEIGHTS_RECIPE.learning_rate:g} "
             f"with warm-up and {WITH_WEIGHTS_RECIPE.schedule} decay for one with weights]."
         ),

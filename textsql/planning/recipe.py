@@ -9,7 +9,9 @@ Nothing heavy is imported here, so ``textsql --help`` can quote the rates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +63,10 @@ FROM_CONFIG_TOKEN_BATCHES_RECIPE = Recipe(
     schedule="warmup_stable_decay",
     warmup=0.06,
     why="built from its config (random weights) and batched to a token budget (a GPU's default: hundreds of "
-    "questions a step): the from-scratch recipe, reached by a linear warm-up over the first 6 % of the steps. "
+    "questions a step): the from-scratch recipe's rate scaled by the square root of the tokens a step over the "
+    "demo's 2,560 (Adam's square-root rule, Malladi et al. 2022), from 1e-3 up to 3.58e-3 at 32,768 tokens and no "
+    "further: at 32,768 tokens a step the demo's rate left the model far below the demo's target where the scaled "
+    "one reached it (bench/rate_scaling.json). The rate is reached by a linear warm-up over the first 6 % of the steps. "
     "AdamW's first updates from random weights are its largest (its moment estimates start from a single batch), "
     "and at the full rate on large batches in bf16 they can set a transformer's training off course; a warm-up is "
     "the usual remedy (Vaswani et al. 2017; Popel and Bojar 2018 on larger batches). Then, as the from-scratch "
@@ -102,20 +107,47 @@ def stable_decay_kwargs(given: dict[str, Any], training_steps: int) -> dict[str,
     return {"num_decay_steps": max(1, round(DECAY_SHARE * training_steps)), "decay_type": "linear", **given}
 
 
-def training_recipe(builds_from_config: bool, token_batches: bool = False) -> Recipe:
+# The tokens a step the from-scratch rate was chosen at (the demo's, about 30 questions), and the most a rate scaled
+# from it was measured at (bench/rate_scaling.json): past those, a larger batch raises the rate no further.
+RATE_CHOSEN_AT_TOKENS = 2560
+RATE_MEASURED_UP_TO_TOKENS = 32768
+
+
+def square_root_scaled(rate: float, tokens_a_step: int) -> float:
+    """``rate``, chosen at :data:`RATE_CHOSEN_AT_TOKENS` tokens a step, scaled to ``tokens_a_step`` by the square
+    root of the batch's growth (Adam's square-root rule, Malladi et al. 2022), to three significant digits. Neither
+    lowered for smaller batches nor raised past :data:`RATE_MEASURED_UP_TO_TOKENS`: no rate outside was measured.
+
+    Usage::
+
+        >>> square_root_scaled(1e-3, 32768), square_root_scaled(1e-3, 4 * 32768), square_root_scaled(1e-3, 1024)
+        (0.00358, 0.00358, 0.001)
+
+    :rtype: float
+    """
+    tokens = min(max(tokens_a_step, RATE_CHOSEN_AT_TOKENS), RATE_MEASURED_UP_TO_TOKENS)
+    return float(f"{rate * math.sqrt(tokens / RATE_CHOSEN_AT_TOKENS):.3g}")
+
+
+def training_recipe(builds_from_config: bool, tokens_a_step: int | None = None) -> Recipe:
     """The recipe a model trains with unless flags say otherwise: the one place that decides it.
 
     Usage::
 
         >>> training_recipe(builds_from_config=False).learning_rate
         0.0003
-        >>> training_recipe(builds_from_config=True, token_batches=True).warmup
-        0.06
+        >>> recipe = training_recipe(builds_from_config=True, tokens_a_step=16384)
+        >>> recipe.name, recipe.learning_rate, recipe.warmup
+        ('from-scratch-token-batches', 0.00253, 0.06)
 
     :param builds_from_config: the model is built from its config (:func:`textsql.model.builds_from_config`).
-    :param token_batches: batches are filled to a token budget (``--max-tokens-per-batch``, a GPU's default).
+    :param tokens_a_step: the tokens of one optimizer step over all ranks when batches are filled to a token budget
+        (``--max-tokens-per-batch``, a GPU's default); ``None`` for batches of questions.
     :rtype: Recipe
     """
     if not builds_from_config:
         return WITH_WEIGHTS_RECIPE
-    return FROM_CONFIG_TOKEN_BATCHES_RECIPE if token_batches else FROM_CONFIG_RECIPE
+    if tokens_a_step is None:
+        return FROM_CONFIG_RECIPE
+    rate = square_root_scaled(FROM_CONFIG_TOKEN_BATCHES_RECIPE.learning_rate, tokens_a_step)
+    return dataclasses.replace(FROM_CONFIG_TOKEN_BATCHES_RECIPE, learning_rate=rate)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from dataclasses import Field, fields
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -169,9 +170,21 @@ def _parsed_values(argv: list[str]) -> tuple[dict[str, Any], Recipe]:
         )
     # The recipe depends on the model, known only once parsed; parsed again with its values as defaults, a flag
     # given on the command line keeps its value (argparse applies defaults only to flags left out).
-    recipe = training_recipe(builds_from_config(namespace.model), token_batches=bool(namespace.max_tokens_per_batch))
+    recipe = training_recipe(builds_from_config(namespace.model), _tokens_a_step(namespace))
     parser.set_defaults(**recipe.training_values())
     return vars(parser.parse_known_args(argv)[0]), recipe
+
+
+def _tokens_a_step(namespace: argparse.Namespace) -> int | None:
+    """The tokens of one optimizer step over all ranks, batched to a token budget; ``None`` without one.
+
+    A rank reads its world from the launcher's ``WORLD_SIZE``, as the profile's estimate does; the launching machine,
+    which has none, counts one rank (its recipe only checks the command line: each rank records its own).
+    """
+    if not namespace.max_tokens_per_batch:
+        return None
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(namespace.max_tokens_per_batch) * int(namespace.gradient_accumulation_steps) * ranks
 
 
 def check_train_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:
