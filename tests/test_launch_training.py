@@ -22,12 +22,21 @@ from helpers.launch import HOSTS, on_cluster, tagged_processes, textsql_launch
 
 from bench.tiny_run import tiny_run_argv
 from textsql.arguments import train_argv
+from textsql.planning.recipe import square_root_scaled
 from textsql.rundir.checkpoints import newest_complete_checkpoint
 
 # Enough steps after the first checkpoint that the interrupt lands mid-run.
 MAX_STEPS = 30
 # A tiny run that saves every 2 steps and evaluates only at the end.
-TRAIN_ARGS = {"save_steps": 2, "log_level": "info", "generation_max_length": None, "disable_tqdm": None}
+# Batched to a token budget, so that the recipe's rate counts both ranks' tokens (read from each rank's WORLD_SIZE).
+TOKEN_BUDGET = 2048
+TRAIN_ARGS = {
+    "save_steps": 2,
+    "log_level": "info",
+    "generation_max_length": None,
+    "disable_tqdm": None,
+    "max_tokens_per_batch": TOKEN_BUDGET,
+}
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen:
@@ -85,6 +94,8 @@ def test_two_hosts_train_killed_after_first_checkpoint_and_resumed_to_the_end(
     assert summary["resumed_from"] == checkpoint and summary["global_step"] == MAX_STEPS
     assert summary["world_size"] == 2 and summary["engine"].endswith("DeepSpeedEngine")
     assert summary["token_budget"]["cuda_max_memory_allocated_gib"] is None  # CPU ranks: no GPU peak to report
+    # The launcher told each rank its world: the rate is scaled to the tokens of both ranks' batches, not one's.
+    assert summary["recipe"]["peak_learning_rate"] == square_root_scaled(1e-3, 2 * TOKEN_BUDGET) == 1.26e-3
     # The resumed launch's collective check: its result and bandwidth per host.
     per_host = summary["collective"]["per_host"]
     assert [(host["host"], host["result"]) for host in per_host] == [("127.0.0.2", "ok"), ("127.0.0.3", "ok")]
