@@ -8,6 +8,7 @@ scales a rate by the square root of the batch's growth: here 1e-3 x sqrt(32,768 
 the embedded small T5 from random weights on one rank with the defaults, only its rate and seed given, for 905 steps
 (5 epochs of the training questions at that budget: its warm-up and decay come within them), evaluates all 1,000
 held-out questions every 181 steps and stops at the first evaluation at 70 % logical form or at the schedule's end.
+Another budget (``--token-budget``) trains as many epochs, evaluated as often (:func:`sizes_for`).
 Steps to the target are what the rates are compared by: a step does the same work at either rate, and a CPU's
 seconds a step vary with what else runs on it.
 """
@@ -42,8 +43,26 @@ from textsql.training.metrics import EVAL_SPLIT
 
 # 905 steps of 32,768 tokens are 5 epochs of the synthetic training questions; evaluated 5 times, a CPU's cap a safety.
 RATE_SIZES = AccuracySizes(cap_s=2400.0, eval_steps=181, max_steps=905)
+RATE_SIZES_BUDGET = 32768
 SEEDS = (42, 7, 1)
 RESULT = PROJECT_DIR / "bench" / "rate_scaling.json"
+
+
+def sizes_for(token_budget: int) -> AccuracySizes:
+    """:data:`RATE_SIZES` for another token budget: as many epochs (fewer steps for a larger budget), evaluated as
+    often in them.
+
+    Usage::
+
+        >>> sizes = sizes_for(65536)
+        >>> sizes.max_steps, sizes.eval_steps
+        (452, 90)
+
+    :rtype: AccuracySizes
+    """
+    steps = round(RATE_SIZES.max_steps * RATE_SIZES_BUDGET / token_budget)
+    evaluations = RATE_SIZES.max_steps // RATE_SIZES.eval_steps
+    return dataclasses.replace(RATE_SIZES, max_steps=steps, eval_steps=max(1, steps // evaluations))
 
 
 def rate_summary(runs: dict[str, dict]) -> dict:
@@ -111,10 +130,10 @@ def rate_runs(
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench rate-scaling``: the runs, the figure written after each to ``--out``."""
     args = figure_arguments(argv, "rate-scaling", __doc__ or "", RESULT, more=_rates_and_seeds)
-    sizes, budget = (ACCURACY_SMOKE, SMOKE_TOKEN_BUDGET) if args.smoke else (RATE_SIZES, MAX_TOKENS_PER_BATCH)
+    budget = args.token_budget or (SMOKE_TOKEN_BUDGET if args.smoke else MAX_TOKENS_PER_BATCH)
+    sizes = ACCURACY_SMOKE if args.smoke else sizes_for(budget)
     if args.cap_s is not None:
         sizes = dataclasses.replace(sizes, cap_s=args.cap_s)
-    budget = args.token_budget or budget
     rates = args.rates or [
         square_root_scaled(FROM_CONFIG_RECIPE.learning_rate, budget),
         FROM_CONFIG_RECIPE.learning_rate,
@@ -127,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
 def _rates_and_seeds(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cap-s", type=float, help="each run's time cap (default: the sizes')")
     parser.add_argument(
-        "--token-budget", type=int, help=f"tokens a step (default: {MAX_TOKENS_PER_BATCH}, a large GPU's default)"
+        "--token-budget",
+        type=int,
+        help=f"tokens a step (default: {MAX_TOKENS_PER_BATCH}, a large GPU's default); another budget trains as many "
+        "epochs, evaluated as often in them",
     )
     parser.add_argument(
         "--rates",
