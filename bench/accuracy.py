@@ -117,6 +117,22 @@ def held_out_task(work: Path, limit: int | None) -> Path:
     return target
 
 
+def held_out_figure(sizes: AccuracySizes, work: Path) -> tuple[Path, dict]:
+    """The held-out task (:func:`held_out_task`) and what a figure on it records first.
+
+    :rtype: tuple[pathlib.Path, dict]
+    """
+    data = held_out_task(work, sizes.limit)
+    return data, {
+        "target": f"held-out logical-form accuracy >= {TARGET_LF:.0%}",
+        "model": MODEL_LABEL,
+        "held_out_questions": len(datasets.load_from_disk(str(data))[EVAL_SPLIT]),
+        "cap_s": sizes.cap_s,
+        "max_steps": sizes.max_steps,
+        "eval_steps": sizes.eval_steps,
+    }
+
+
 def curve(record: dict) -> list[dict]:
     """Every scored evaluation of a clock record: its step, its score, the training seconds to it (from the first
     step's start, the evaluations before it left out) and the wall seconds (the evaluations in, its own too).
@@ -161,15 +177,12 @@ def reached(record: dict, target: float) -> dict:
     if first is not None:
         return {"reached": True, **first, "curve": points}
     steps = len(record["step_ended"])
+    spent = record["step_ended"][-1] - record["step_began"][0] - evaluating_before(record, steps) if steps else 0.0
     return {
         "reached": False,
         "steps": steps,
         "best_lf_accuracy": max((point["lf_accuracy"] for point in points), default=None),
-        "training_s": (
-            round(record["step_ended"][-1] - record["step_began"][0] - evaluating_before(record, steps), 2)
-            if steps
-            else 0.0
-        ),
+        "training_s": round(spent, 2),
         "evaluations": len(record["evaluations"]),
         "curve": points,
     }
@@ -195,11 +208,7 @@ def common_score(ours: list[dict], peer: list[dict]) -> dict | None:
 
 
 def evaluated_questions(record: dict) -> int | None:
-    """How many questions a record's last evaluation scored (the trainer's runtime times its questions a second),
-    or None before any.
-
-    :rtype: int | None
-    """
+    """How many questions a record's last evaluation scored (its runtime times its questions a second), or None."""
     if not record["evaluations"]:
         return None
     metrics = record["evaluations"][-1]["metrics"]
@@ -339,16 +348,8 @@ def time_to_accuracy(
     :param token_budget: the defaults' budget to pass (``None`` on a GPU: their own).
     :rtype: dict
     """
-    data = held_out_task(work, sizes.limit)
-    held_out = len(datasets.load_from_disk(str(data))[EVAL_SPLIT])
-    figure: dict = {
-        "target": f"held-out logical-form accuracy >= {TARGET_LF:.0%}",
-        "model": MODEL_LABEL,
-        "held_out_questions": held_out,
-        "cap_s": sizes.cap_s,
-        "eval_steps": sizes.eval_steps,
-        "arms": {},
-    }
+    data, figure = held_out_figure(sizes, work)
+    held_out, figure["arms"] = figure["held_out_questions"], {}
     ours = figure["arms"]["defaults"] = defaults_to_target(sizes, data, work, token_budget, held_out)
     save(figure)
     every_question_evaluated("defaults", ours, held_out)

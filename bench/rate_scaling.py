@@ -23,23 +23,18 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import datasets
-
 from bench.accuracy import (
     ACCURACY_SMOKE,
-    MODEL_LABEL,
     SMOKE_TOKEN_BUDGET,
-    TARGET_LF,
     AccuracySizes,
     defaults_to_target,
     every_question_evaluated,
-    held_out_task,
+    held_out_figure,
 )
 from bench.machine import figure_arguments, write_figure
 from textsql.constants import PROJECT_DIR
 from textsql.planning.device_defaults import MAX_TOKENS_PER_BATCH
 from textsql.planning.recipe import FROM_CONFIG_RECIPE, square_root_scaled
-from textsql.training.metrics import EVAL_SPLIT
 
 # 905 steps of 32,768 tokens are 5 epochs of the synthetic training questions; evaluated 5 times, a CPU's cap a safety.
 RATE_SIZES = AccuracySizes(cap_s=2400.0, eval_steps=181, max_steps=905)
@@ -103,17 +98,9 @@ def rate_runs(
 
     :rtype: dict
     """
-    data = held_out_task(work, sizes.limit)
-    held_out = len(datasets.load_from_disk(str(data))[EVAL_SPLIT])
-    figure: dict = {
-        "target": f"held-out logical-form accuracy >= {TARGET_LF:.0%}",
-        "model": MODEL_LABEL,
-        "held_out_questions": held_out,
-        "token_budget": token_budget,
-        "max_steps": sizes.max_steps,
-        "eval_steps": sizes.eval_steps,
-        "rates": {f"{rate:g}": {"runs": {}} for rate in rates},
-    }
+    data, figure = held_out_figure(sizes, work)
+    held_out = figure["held_out_questions"]
+    figure |= {"token_budget": token_budget, "rates": {f"{rate:g}": {"runs": {}} for rate in rates}}
     for seed in seeds:
         for rate in rates:
             entry = figure["rates"][f"{rate:g}"]
