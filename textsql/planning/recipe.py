@@ -66,7 +66,8 @@ FROM_CONFIG_TOKEN_BATCHES_RECIPE = Recipe(
     "questions a step): the from-scratch recipe's rate scaled by the square root of the tokens a step over the "
     "demo's 2,560 (Adam's square-root rule, Malladi et al. 2022), from 1e-3 up to 3.58e-3 at 32,768 tokens and no "
     "further: at 32,768 tokens a step the demo's rate left the model far below the demo's target where the scaled "
-    "one reached it (bench/rate_scaling.json). The rate is reached by a linear warm-up over the first 6 % of the steps. "
+    "one reached it (bench/rate_scaling.json); at 65,536 the rule's 5.06e-3 left it near 0 "
+    "(bench/rate_scaling_65536.json). The rate is reached by a linear warm-up over the first 6 % of the steps. "
     "AdamW's first updates from random weights are its largest (its moment estimates start from a single batch), "
     "and at the full rate on large batches in bf16 they can set a transformer's training off course; a warm-up is "
     "the usual remedy (Vaswani et al. 2017; Popel and Bojar 2018 on larger batches). Then, as the from-scratch "
@@ -108,7 +109,8 @@ def stable_decay_kwargs(given: dict[str, Any], training_steps: int) -> dict[str,
 
 
 # The tokens a step the from-scratch rate was chosen at (the demo's, about 30 questions), and the most a rate scaled
-# from it was measured at (bench/rate_scaling.json): past those, a larger batch raises the rate no further.
+# from it reached the demo's target at (bench/rate_scaling.json): past those, a larger batch raises the rate no further
+# (at 65,536 tokens the rule's 5.06e-3 left the model near 0 held-out logical form: bench/rate_scaling_65536.json).
 RATE_CHOSEN_AT_TOKENS = 2560
 RATE_MEASURED_UP_TO_TOKENS = 32768
 
