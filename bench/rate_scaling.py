@@ -34,11 +34,11 @@ from bench.accuracy import (
 from bench.machine import figure_arguments, write_figure
 from textsql.constants import PROJECT_DIR
 from textsql.planning.device_defaults import MAX_TOKENS_PER_BATCH
-from textsql.planning.recipe import FROM_CONFIG_RECIPE, square_root_scaled
+from textsql.planning.recipe import FROM_CONFIG_RECIPE, training_recipe
 
-# 905 steps of 32,768 tokens are 5 epochs of the synthetic training questions; evaluated 5 times, a CPU's cap a safety.
+# 905 steps of the default budget's 32,768 tokens are 5 epochs of the synthetic training questions; evaluated 5 times,
+# a CPU's cap a safety.
 RATE_SIZES = AccuracySizes(cap_s=2400.0, eval_steps=181, max_steps=905)
-RATE_SIZES_BUDGET = 32768
 SEEDS = (42, 7, 1)
 RESULT = PROJECT_DIR / "bench" / "rate_scaling.json"
 
@@ -55,7 +55,7 @@ def sizes_for(token_budget: int) -> AccuracySizes:
 
     :rtype: AccuracySizes
     """
-    steps = round(RATE_SIZES.max_steps * RATE_SIZES_BUDGET / token_budget)
+    steps = round(RATE_SIZES.max_steps * MAX_TOKENS_PER_BATCH / token_budget)
     evaluations = RATE_SIZES.max_steps // RATE_SIZES.eval_steps
     return dataclasses.replace(RATE_SIZES, max_steps=steps, eval_steps=max(1, steps // evaluations))
 
@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = ACCURACY_SMOKE if args.smoke else sizes_for(budget)
     if args.cap_s is not None:
         sizes = dataclasses.replace(sizes, cap_s=args.cap_s)
+    # The defaults' rate for one rank at this budget, as textsql train chooses it; then the demo's.
     rates = args.rates or [
-        square_root_scaled(FROM_CONFIG_RECIPE.learning_rate, budget),
+        training_recipe(builds_from_config=True, tokens_a_step=budget).learning_rate,
         FROM_CONFIG_RECIPE.learning_rate,
     ]
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as scratch:
