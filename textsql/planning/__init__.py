@@ -4,6 +4,6 @@
 DeepSpeed config, the precision resolved), used by the ranks and, once per launch, by the master's plan;
 ``profiles`` and ``estimate`` are the DeepSpeed profiles of ``dsconfig/`` and their memory estimate (profile
 `auto`); ``recipe`` the learning rate, schedule and warm-up by what the model is; ``device_defaults`` the defaults
-taken from the GPU in front of them. Nothing here imports the rank program (``textsql.training``) or starts
-anything distributed.
+taken from the GPU in front of them; ``world`` the rank's world as the launcher tells it. Nothing here imports the
+rank program (``textsql.training``) or starts anything distributed.
 """

@@ -26,6 +26,7 @@ from textsql.errors import ModelError, ProfileError
 from textsql.model import load_config
 from textsql.planning.profiles import AUTO_PROFILE, get_profile
 from textsql.planning.profiles import profiles as all_profiles
+from textsql.planning.world import ranks_on_this_node, world_size
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ def resolve_profile(
 
 
 def resolve_profile_here(profile: str, model: str | Path | None) -> str:
-    """:func:`resolve_profile` from this rank's world (the launcher's ``WORLD_SIZE``/``LOCAL_SIZE``) and device.
+    """:func:`resolve_profile` from this rank's world (:mod:`textsql.planning.world`) and device.
 
     A GPU's memory where there is one; on DeepSpeed's CPU accelerator the host memory shared by the
     node's ranks. Every rank of a run on like nodes resolves the same profile.
@@ -250,8 +251,8 @@ def resolve_profile_here(profile: str, model: str | Path | None) -> str:
     """
     if profile != AUTO_PROFILE:
         return profile
-    ranks_per_node = int(os.environ.get("LOCAL_SIZE", "1"))
-    nodes = max(1, int(os.environ.get("WORLD_SIZE", "1")) // ranks_per_node)
+    ranks_per_node = ranks_on_this_node()
+    nodes = max(1, world_size() // ranks_per_node)
     cpu = not torch.cuda.is_available()
     if cpu:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / ranks_per_node

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import sys
 from dataclasses import Field, fields
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -37,6 +36,7 @@ from textsql.planning.device_defaults import device_facts, fast_defaults
 from textsql.planning.estimate import AUTO_PROFILE, resolve_profile_here
 from textsql.planning.profiles import autocast_bf16, available_profiles, get_profile, load_profile, run_profile
 from textsql.planning.recipe import Recipe, training_recipe
+from textsql.planning.world import world_size
 from textsql.tracking.mlflow_runs import check_tracking
 
 if TYPE_CHECKING:
@@ -178,13 +178,12 @@ def _parsed_values(argv: list[str]) -> tuple[dict[str, Any], Recipe]:
 def _tokens_a_step(namespace: argparse.Namespace) -> int | None:
     """The tokens of one optimizer step over all ranks, batched to a token budget; ``None`` without one.
 
-    A rank reads its world from the launcher's ``WORLD_SIZE``, as the profile's estimate does; the launching machine,
+    A rank reads its world from the launcher (:func:`textsql.planning.world.world_size`); the launching machine,
     which has none, counts one rank (its recipe only checks the command line: each rank records its own).
     """
     if not namespace.max_tokens_per_batch:
         return None
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
-    return int(namespace.max_tokens_per_batch) * int(namespace.gradient_accumulation_steps) * ranks
+    return int(namespace.max_tokens_per_batch) * int(namespace.gradient_accumulation_steps) * world_size()
 
 
 def check_train_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, RunArguments, dict[str, Any]]:

@@ -36,6 +36,7 @@ from textsql.model import fuse_norms, load_tokenizer
 from textsql.model_card import write_training_card
 from textsql.planning.estimate import AUTO_PROFILE
 from textsql.planning.train_args import parse_command_line
+from textsql.planning.world import ranks_on_this_node, world_size
 from textsql.rundir.universal import load_universal
 from textsql.tracking.mlflow_free import import_deepspeed_lean
 from textsql.tracking.mlflow_runs import finish_tracking, run_params, start_tracking
@@ -61,7 +62,7 @@ from textsql.training.progress import (
 )
 from textsql.training.schedule import TimedSchedule
 from textsql.training.shared_buffer import release_allreduce_buffer
-from textsql.training.trainer import GrammarSeq2SeqTrainer, ResumableTrainer
+from textsql.training.trainer import GrammarSeq2SeqTrainer, KeptSchedule, ResumableTrainer
 from worker.network import free_port
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ def build_trainer(
         else None,
         callbacks=[
             KeepGenerationBound(),
+            KeptSchedule(run_args.recipe),
             MarkComplete(),
             TimedSchedule(run_args.eval_share, run_args.save_every_minutes),
         ],
@@ -233,7 +235,7 @@ def parse_arguments(
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(events_dir(training_values["output_dir"])))
     # The engine reads load_universal from its config, so the checkpoint is looked at before the config is used.
     checkpoint = resume_checkpoint(Path(training_values["output_dir"]), training_values["resume_from_checkpoint"])
-    if checkpoint is not None and load_universal(Path(checkpoint), int(os.environ.get("WORLD_SIZE", "1"))):
+    if checkpoint is not None and load_universal(Path(checkpoint), world_size()):
         config = training_values["deepspeed"]
         training_values["deepspeed"] = config | {"checkpoint": {**config.get("checkpoint", {}), "load_universal": True}}
         logger.warning("%s was written by another number of ranks: loading its universal conversion", checkpoint)
@@ -256,7 +258,7 @@ def init_distributed(timeout: timedelta) -> None:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     backend = None if torch.cuda.is_available() else "gloo"
     # DeepSpeed's per-node launcher tells each rank how many ranks share its node.
-    share_cpu_threads(int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    share_cpu_threads(ranks_on_this_node())
     build_ops_with_pinned_ninja()
     announce_op_build()
     PartialState(backend=backend, timeout=timeout)

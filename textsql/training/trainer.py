@@ -1,10 +1,11 @@
-"""The run's trainer: no step past ``max_steps`` when resumed at the end, and the evaluation that runs during
-training, with generation constrained to the WikiSQL grammar.
+"""The run's trainer: no step past ``max_steps`` when resumed at the end, the resumed schedule's rate recorded, and
+the evaluation that runs during training, with generation constrained to the WikiSQL grammar.
 
 :class:`ResumableTrainer` is the token-budget trainer that resumes from a checkpoint already at ``max_steps`` (the
 last one a killed run's ranks wrote) without training a step past it: the checkpoint loaded goes straight on to the
 final evaluation and the model. Its ``warmup_stable_decay`` schedule (the from-scratch recipe's) learns the run's
 step count here, where transformers knows it (:func:`textsql.planning.recipe.stable_decay_kwargs`).
+:class:`KeptSchedule` records the rate a resumed run keeps from its checkpoint, where the command line asked another.
 
 ``Seq2SeqTrainer`` generates for each evaluation batch with the same keyword arguments; the grammar,
 though, is each question's own, and a batch knows its questions only as token ids. So
@@ -15,10 +16,11 @@ its input ids (the question and header read back from the input text) and hands 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList, TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_utils import SchedulerType
 
 from textsql.decoding.processor import processor_for_inputs
@@ -70,6 +72,37 @@ class ResumableTrainer(TokenBudgetTrainer):
             self.control.should_training_stop = True
             return
         super()._run_epoch(*args, **kwargs)
+
+
+class KeptSchedule(TrainerCallback):
+    """Record the peak learning rate a resumed run steps by: its checkpoint's, whatever this command line asked.
+
+    The trainer restores a checkpoint's learning-rate schedule whole, so a run resumed with another
+    ``--learning-rate``, or on another number of ranks (whose token batches scale the from-scratch recipe's rate),
+    continues at the rate it started with: the same rate at the same step as had it never stopped. The run's recipe
+    record (``run.json`` → ``recipe``) then says so, and the log tells the user once, with the way to another rate.
+
+    :param record: the run's recipe record (:func:`textsql.planning.train_args.recipe_record`), updated in place.
+    """
+
+    def __init__(self, record: dict[str, Any]):
+        self.record = record
+
+    def on_train_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, lr_scheduler: Any = None, **kwargs: Any
+    ) -> None:
+        base_rates = getattr(lr_scheduler, "base_lrs", None)
+        if not base_rates or math.isclose(max(base_rates), args.learning_rate):
+            return
+        kept = max(base_rates)
+        logger.warning(
+            "the checkpoint's schedule keeps its peak learning rate %g, not this command line's %g: a resumed run "
+            "continues as it started; to train at %g, start a new run (another --run-dir)",
+            kept,
+            args.learning_rate,
+            args.learning_rate,
+        )
+        self.record.update(peak_learning_rate=kept, asked_learning_rate=args.learning_rate, kept_from_checkpoint=True)
 
 
 class GrammarGeneration:
