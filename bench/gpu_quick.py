@@ -29,13 +29,17 @@ order they run, the most telling first, so a run cut short keeps them:
   other way (``defaults_compiled``, or ``defaults_eager`` where the defaults compile), last: it compiles for
   minutes; then, where :data:`COMPILE_WARM_ARM_S` is left, ``defaults_compiled_warm``, compiled again with the
   compile cache the first left (what a user's second run pays; :mod:`textsql.training.compiling` keeps the cache
-  across runs). :func:`bench.quick_report.compile_price` gives what compiling costs in wall seconds, what it saves
+  across runs); then, where :data:`COMPILE_GRAPHS_ARM_S` is left, ``defaults_compiled_graphs``, compiled with
+  ``--torch-compile-mode reduce-overhead``, which replays each compiled region's kernels as one CUDA graph: on one
+  H200 the eager defaults' GPU was busy under half of a step, waiting on the host's launches, which a graph does
+  away with. :func:`bench.quick_report.compile_price` gives what compiling costs in wall seconds, what it saves
   a step, and the steps after which it pays (a compiled run's sampler gives each bucket one shape,
   :mod:`textsql.training.batching`, so its batches differ a little from eager's). The compiled rank runs under
   ``TORCH_LOGS=recompiles``, which :func:`bench.quick_arms.recompilations` counts, and its step clock counts the
   graphs compiled after the warm-up (``compilations_after_warmup``).
 
-``--skip ARM[,ARM]`` leaves arms out (:data:`bench.quick_arms.SKIPPABLE`: ``compile`` is both compile arms), so a
+``--skip ARM[,ARM]`` leaves arms out (:data:`bench.quick_arms.SKIPPABLE`: ``compile`` is every compile arm,
+``compile_graphs`` the CUDA-graphs one), so a
 second short lease can measure what the first had no time left for, e.g. ``QUICK_ARGS="--skip
 time_to_accuracy,defaults_t5_base"``. One JSON (``gpu_quick.json`` in ``--out``), written after each arm with the ratios known so far, with
 ``process_wall_s`` (from the process's start) at the end, and a table on stdout (:mod:`bench.quick_report`).
@@ -63,7 +67,7 @@ from bench.accuracy import time_to_accuracy
 from bench.flops import FLOP_CONVENTION
 from bench.norms import measure as measure_norms
 from bench.profiles import T5_BASE_CONFIG
-from bench.quick_arms import QuickSizes, defaults_arm, old_recipe_arm, peer_arm
+from bench.quick_arms import CUDA_GRAPHS_MODE, QuickSizes, defaults_arm, old_recipe_arm, peer_arm
 from bench.quick_report import compile_price, ratios
 from bench.sliced_loss import measure as measure_sliced_loss
 from bench.workload import Workload, versions
@@ -81,6 +85,8 @@ LOG_TAIL_BYTES = 1024**2
 # the whole model; the warm one, with the compile cache the first left, about what an eager arm takes and its loading.
 COMPILE_ARM_S = 240
 COMPILE_WARM_ARM_S = 90
+# The CUDA-graphs arm compiles afresh (the mode is part of what the cache is keyed by), by regions; not yet run on a GPU.
+COMPILE_GRAPHS_ARM_S = 150
 # The defaults' arm took 43.9 s on one H200 (bench/gpu_quick.json); twice the tokens a step, a little more.
 DOUBLE_BUDGET_ARM_S = 75
 
@@ -223,14 +229,26 @@ def compile_arms(
 ) -> None:
     """The defaults with torch.compile turned the other way, which prices it; last, since it compiles for minutes.
     Compiling where the defaults do not, a second compiled run with the cache the first left prices a second run.
-    Each runs only where the budget holds it (else it is in ``skipped``); ``done`` keeps each arm run."""
+    Then, unless ``--skip compile_graphs``, a compiled run replaying its regions as CUDA graphs
+    (``defaults_compiled_graphs``): what the host's launches cost the eager step. Each runs only where the budget
+    holds it (else it is in ``skipped``); ``done`` keeps each arm run."""
     flipped = not chosen.get("torch_compile", False)
-    names = ["defaults_compiled", "defaults_compiled_warm"] if flipped else ["defaults_eager"]
-    for name, needs in zip(names, (COMPILE_ARM_S, COMPILE_WARM_ARM_S)):
-        if short := budget.short_of(needs):
+    arms = [("defaults_compiled", COMPILE_ARM_S), ("defaults_compiled_warm", COMPILE_WARM_ARM_S)] if flipped else []
+    arms = arms or [("defaults_eager", COMPILE_ARM_S)]
+    if "compile_graphs" not in sizes.skip:
+        arms.append(("defaults_compiled_graphs", COMPILE_GRAPHS_ARM_S))
+    for name, needs in arms:
+        short = budget.short_of(needs)
+        if name == "defaults_compiled_warm" and "defaults_compiled" in skipped:
+            short = "no compiled arm left it a compile cache"
+        if short:
             skipped[name] = short
-            return
-        done(name, defaults_arm(load, sizes, work, chosen, name, torch_compile=flipped))
+            continue
+        graphs = name == "defaults_compiled_graphs"
+        compiled = True if graphs else flipped
+        done(name, defaults_arm(load, sizes, work, chosen, name, compiled, CUDA_GRAPHS_MODE if graphs else None))
+    if "compile_graphs" in sizes.skip:
+        skipped["defaults_compiled_graphs"] = "left out (--skip)"
 
 
 def part_models(load: Workload, work: Path, device: str) -> list[Path]:
@@ -296,6 +314,7 @@ def method(load: Workload, sizes: QuickSizes) -> str:
         "model (and t5-base's shape on a GPU); "
         "defaults_eager or defaults_compiled (on a GPU): the "
         "defaults with torch.compile turned the other way (compiled: one batch shape a bucket), defaults_compiled_warm "
-        "the same with the compile cache the first left; recompilations: torch's TORCH_LOGS=recompiles lines in the "
+        "the same with the compile cache the first left, defaults_compiled_graphs compiled with --torch-compile-mode "
+        "reduce-overhead (CUDA graphs); recompilations: torch's TORCH_LOGS=recompiles lines in the "
         "compiled rank's log; compilations_after_warmup: dynamo's graphs compiled after the warm-up steps"
     )

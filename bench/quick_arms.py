@@ -80,7 +80,10 @@ SKIPPABLE = (
     "time_to_accuracy",
     "defaults_double_budget",
     "compile",
+    "compile_graphs",
 )
+# torch.compile's mode that replays each compiled region's kernels as CUDA graphs, one launch for all of them.
+CUDA_GRAPHS_MODE = "reduce-overhead"
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,7 @@ def defaults_arm(
     chosen: dict,
     name: str = "defaults",
     torch_compile: bool | None = None,
+    compile_mode: str | None = None,
 ) -> dict:
     """The defaults: ``textsql launch`` on one rank, on ``load``'s model. A compiled rank keeps its compile cache in
     ``work``'s :data:`COMPILE_CACHE` (``TORCHINDUCTOR_CACHE_DIR``), empty for the first compiled arm of a run and
@@ -276,6 +280,7 @@ def defaults_arm(
     :param chosen: :func:`textsql.planning.device_defaults.fast_defaults` of this machine, for the arm's label.
     :param name: the arm's name, which names its run directory.
     :param torch_compile: passed on the command line when given (the compile arm turns the default the other way).
+    :param compile_mode: ``--torch-compile-mode`` when given (:data:`CUDA_GRAPHS_MODE`: CUDA graphs).
     :rtype: dict
     """
     began = time.monotonic()
@@ -294,6 +299,7 @@ def defaults_arm(
         report_to="none",
         max_tokens_per_batch=sizes.token_budget,
         **({} if torch_compile is None else {"torch_compile": torch_compile}),
+        **({} if compile_mode is None else {"torch_compile_mode": compile_mode}),
     )
     summary, record = run_summary(run_dir), probe_record(run_dir)
     budget = summary["token_budget"]["max_tokens_per_batch"]
@@ -302,7 +308,7 @@ def defaults_arm(
     return {
         "label": (
             f"defaults: textsql launch --ranks 1, model {load.model_label}, profile {summary['profile']} "
-            f"({summary['profile_chosen_by']}), {summary['precision']}, {'torch.compile' if compiled else 'eager'}, "
+            f"({summary['profile_chosen_by']}), {summary['precision']}, {compiled_label(compiled, compile_mode)}, "
             f"{chosen['optim']}, token budget {budget}, --loss_vocabulary {LOSS_VOCABULARY}, --report_to none"
         ),
         **figures(load, sizes, record, rates, peak_memory(record)),
@@ -312,6 +318,7 @@ def defaults_arm(
         "profile": summary["profile"],
         "precision": summary["precision"],
         "torch_compile": compiled,
+        **({"torch_compile_mode": compile_mode} if compile_mode else {}),
         "token_budget": budget,
         **(
             {
@@ -322,6 +329,16 @@ def defaults_arm(
             else {}
         ),
     }
+
+
+def compiled_label(compiled: bool, mode: str | None) -> str:
+    """How an arm ran the model, for its label: ``eager``, ``torch.compile``, or with its mode.
+
+    :rtype: str
+    """
+    if not compiled:
+        return "eager"
+    return "torch.compile" + (f" --torch-compile-mode {mode}" if mode else "")
 
 
 def recompilations(log: Path) -> dict:

@@ -19,6 +19,7 @@ ARMS = (
     "defaults_eager",
     "defaults_compiled",
     "defaults_compiled_warm",
+    "defaults_compiled_graphs",
 )
 # What the defaults are compared with: the headline value is over the first.
 PEERS = ("peer", "old_recipe")
@@ -49,8 +50,9 @@ def ratios(arms: dict) -> dict:
 def compile_price(arms: dict, steps: int) -> dict:
     """What torch.compile cost against the same run eager, where both ran: the extra wall seconds, the median step's
     saving, and the steps after which a run compiled is done sooner than eager; with an empty compile cache
-    (``compile``) and, where ``defaults_compiled_warm`` ran, with the cache the first compiled run left
-    (``compile_warm``: what a second run pays).
+    (``compile``), where ``defaults_compiled_warm`` ran, with the cache the first compiled run left
+    (``compile_warm``: what a second run pays), and where ``defaults_compiled_graphs`` ran, replayed as CUDA graphs
+    (``compile_graphs``).
 
     :rtype: dict
     """
@@ -58,7 +60,11 @@ def compile_price(arms: dict, steps: int) -> dict:
     if set(by_compile) != {False, True}:
         return {}
     eager = by_compile[False]
-    priced = {"compile": by_compile[True], "compile_warm": arms.get("defaults_compiled_warm")}
+    priced = {
+        "compile": by_compile[True],
+        "compile_warm": arms.get("defaults_compiled_warm"),
+        "compile_graphs": arms.get("defaults_compiled_graphs"),
+    }
     return {key: price(eager, compiled, steps) for key, compiled in priced.items() if compiled is not None}
 
 

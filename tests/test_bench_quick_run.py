@@ -29,9 +29,9 @@ def stubbed_arms(monkeypatch):
 
     launched = []
 
-    def defaults_arm(load, sizes, work, chosen, name="defaults", torch_compile=None):
+    def defaults_arm(load, sizes, work, chosen, name="defaults", torch_compile=None, compile_mode=None):
         compiled = chosen.get("torch_compile", False) if torch_compile is None else torch_compile
-        launched.append((name, compiled, load))
+        launched.append((name, (compiled, compile_mode) if compile_mode else compiled, load))
         rate = {"defaults": 600.0, "defaults_t5_base": 200.0}.get(name, 500.0)
         return {
             "torch_compile": compiled,
@@ -92,6 +92,7 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
         ("defaults_double_budget", False),
         ("defaults_compiled", True),
         ("defaults_compiled_warm", True),  # with the compile cache the first compiled arm left
+        ("defaults_compiled_graphs", (True, "reduce-overhead")),  # its regions replayed as CUDA graphs
     ]
     assert isinstance(stubbed_arms[3][2], StubBaseLoad) and isinstance(stubbed_arms[1][2], StubLoad)
     # The norms and the loss on the defaults' own model, t5-small's shape, and on a GPU on t5-base's too.
@@ -101,7 +102,7 @@ def test_gpu_quick_runs_the_headline_arms_first_and_saves_the_ratios_after_each(
     )
     assert result["arms"]["defaults_double_budget"]["token_budget"] == 2 * 64  # twice the defaults' own
     assert result["value"] == 3.0 and result["defaults_over"] == {"peer": 3.0, "old_recipe": 12.0}
-    assert "peer" in result["unit"] and "compile" in result and "compile_warm" in result
+    assert "peer" in result["unit"] and {"compile", "compile_warm", "compile_graphs"} <= set(result)
     # Written after each arm: a run cut short after the peer keeps the headline.
     assert "value" not in saved[0] and saved[1]["value"] == 3.0 and "old_recipe" not in saved[1]["defaults_over"]
     assert [snapshot["done"][-1] for snapshot in saved[3:8]] == [
@@ -123,7 +124,10 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
     sizes = QuickSizes(token_budget=2048)
     monkeypatch.setattr(gpu_quick, "fast_defaults", lambda facts: {"torch_compile": True, "optim": "x"})
     gpu_quick.run("data", tmp_path, sizes, "cuda")
-    assert stubbed_arms[-1][:2] == ("defaults_eager", False)
+    assert [arm[:2] for arm in stubbed_arms[-2:]] == [
+        ("defaults_eager", False),
+        ("defaults_compiled_graphs", (True, "reduce-overhead")),
+    ]
     stubbed_arms.clear()
     gpu_quick.run("data", tmp_path, sizes, "cpu")
     assert [name for name, _, _ in stubbed_arms] == [
@@ -139,7 +143,7 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
     short = gpu_quick.Budget(seconds=540, began=time.time() - 540 + gpu_quick.COMPILE_ARM_S - 10)
     result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=short)
     assert "defaults_eager" not in result["arms"] and "needed" in result["skipped"]["defaults_eager"]
-    assert "compile" not in result
+    assert "compile" not in result and "defaults_compiled_graphs" in result["arms"]
     stubbed_arms.clear()
     nearly_spent = gpu_quick.Budget(seconds=540, began=time.time() - 540 + gpu_quick.DOUBLE_BUDGET_ARM_S - 10)
     result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=nearly_spent)
@@ -157,9 +161,9 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
     stubbed = gpu_quick.defaults_arm
     clock = [time.time()]
 
-    def taking_its_time(load, sizes, work, chosen, name="defaults", torch_compile=None):
+    def taking_its_time(load, sizes, work, chosen, name="defaults", torch_compile=None, compile_mode=None):
         clock[0] += gpu_quick.COMPILE_ARM_S if name == "defaults_compiled" else 0
-        return stubbed(load, sizes, work, chosen, name, torch_compile)
+        return stubbed(load, sizes, work, chosen, name, torch_compile, compile_mode)
 
     monkeypatch.setattr(gpu_quick, "defaults_arm", taking_its_time)
     monkeypatch.setattr(gpu_quick.time, "time", lambda: clock[0])
@@ -168,6 +172,13 @@ def test_gpu_quick_turns_torch_compile_the_other_way_only_on_a_gpu_with_the_budg
     result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=tight)
     assert "defaults_compiled" in result["arms"] and "needed" in result["skipped"]["defaults_compiled_warm"]
     assert "compile" in result and "compile_warm" not in result
+    assert "needed" in result["skipped"]["defaults_compiled_graphs"]
+    stubbed_arms.clear()
+    # Too little for the cold compiled arm, enough for the CUDA-graphs one: the warm arm has no cache to take.
+    graphs_only = gpu_quick.Budget(seconds=540, began=clock[0] - 540 + gpu_quick.COMPILE_ARM_S - 10)
+    result = gpu_quick.run("data", tmp_path, sizes, "cuda", budget=graphs_only)
+    assert result["skipped"]["defaults_compiled_warm"] == "no compiled arm left it a compile cache"
+    assert [name for name, _, _ in stubbed_arms][-1] == "defaults_compiled_graphs"
 
 
 def test_a_budget_says_how_long_is_left():
@@ -277,11 +288,16 @@ def test_gpu_quick_leaves_out_the_arms_it_is_told_to_skip(stubbed_arms, tmp_path
         "defaults_double_budget",
         "defaults_compiled",
         "defaults_compiled_warm",
+        "defaults_compiled_graphs",
     ]
     assert result["skipped"] == dict.fromkeys(left_out, "left out (--skip)")
     stubbed_arms.clear()
     gpu_quick.run("data", tmp_path, QuickSizes(token_budget=2048, skip=frozenset({"compile"})), "cuda")
     assert "defaults_compiled" not in [name for name, _, _ in stubbed_arms]
+    stubbed_arms.clear()
+    result = gpu_quick.run("data", tmp_path, QuickSizes(token_budget=2048, skip=frozenset({"compile_graphs"})), "cuda")
+    assert [name for name, _, _ in stubbed_arms][-1] == "defaults_compiled_warm"
+    assert result["skipped"] == {"defaults_compiled_graphs": "left out (--skip)"}
 
 
 @pytest.mark.parametrize(
