@@ -1,6 +1,6 @@
 """What a rank does under torch.compile (textsql.training.compiling) and the batches it compiles for: regional
 compilation and a private compile cache where the launch did not say otherwise, one shape a bucket, and a training
-step that builds no generation cache."""
+step that builds no generation cache, and an evaluation that compiles nothing."""
 
 import os
 import random
@@ -172,3 +172,49 @@ def test_regions_compiled_with_dynamic_sizes_compile_nothing_after_the_first_bat
         after_first = len(graphs) if after_first is None else after_first
     torch._dynamo.reset()
     assert (len(graphs) == after_first) is bool(dynamic), (len(graphs), after_first)
+
+
+def test_an_evaluation_compiles_nothing_after_the_training_steps(tmp_path):
+    """Regions compiled for training steps, then the run's evaluation: its loss in eval mode without gradients, and
+    generation, whose cache grows a token at a time. Compiled, each changes a guard of every block (8 compilations
+    of the embedded T5's blocks by the first evaluation, dynamo's limit); the run's trainer evaluates eagerly."""
+    import datasets
+    from accelerate.utils.other import compile_regions_deepspeed
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+    from textsql.model import load_model, load_tokenizer
+    from textsql.training.trainer import GrammarSeq2SeqTrainer
+
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, tokenizer = load_model().train(), load_tokenizer()
+    compile_regions_deepspeed(model, backend=counting_backend, dynamic=True)
+    batch = {"input_ids": torch.randint(2, 100, (5, 24)), "labels": torch.randint(2, 100, (5, 8))}
+    model(**batch, use_cache=False).loss.backward()
+    trained = len(graphs)
+    questions = datasets.Dataset.from_dict({"input_ids": [[5, 6, 7, 1], [8, 9, 1]], "labels": [[7, 8, 1], [5, 1]]})
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        report_to=[],
+        use_cpu=True,
+        predict_with_generate=True,
+        generation_max_length=6,
+        per_device_eval_batch_size=2,
+    )
+    trainer = GrammarSeq2SeqTrainer(
+        model=model,
+        args=args,
+        eval_dataset=questions,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+    )
+    metrics = trainer.evaluate()
+    torch._dynamo.reset()
+    assert trained > 0 and "eval_loss" in metrics
+    assert len(graphs) == trained, f"{len(graphs) - trained} graphs compiled by the evaluation"

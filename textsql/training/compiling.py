@@ -22,6 +22,9 @@ the libraries' own switches, and each can be turned back by setting its variable
 ``bench/compile_warmup.json`` (``python -m bench compile-warmup``) measures both on this machine's CPU: the first
 step's time, cold and with the cache warm, whole model against regions, and the compilations after the first steps.
 
+Evaluation runs eagerly (:meth:`textsql.training.trainer.ResumableTrainer.evaluation_loop`): its blocks run in eval
+mode, without gradients and with a generation cache, each a guard the training graphs fail.
+
 The batches are shaped for compilation too: :func:`mark_batch_dynamic` marks their dimensions dynamic, and the
 sampler's compiled mode (:class:`textsql.training.batching.TokenBudgetBatchSampler`) gives each bucket one shape.
 """
