@@ -31,9 +31,13 @@ meaningful.
 ``auto`` chooses ``batch`` for a model built from a config (trained from scratch, decoded with the grammar)
 and ``full`` for a model with weights: a pretrained T5 keeps the loss it was pretrained with.
 
-Under ZeRO-3, and for the full vocabulary on a torch without ``linear_cross_entropy``, a step is T5's own forward
-with its full logits (:attr:`TrainingLossT5.full_logits`): ZeRO-3 partitions the output layer's weight across ranks
-and gathers it only inside that layer's own forward, which these losses do not call.
+Under ZeRO-3, and for the full vocabulary on a torch without ``linear_cross_entropy``, a step computes T5's full
+logits through the output layer's own forward and T5's cross-entropy over them (:attr:`TrainingLossT5.full_logits`):
+ZeRO-3 partitions the output layer's weight across ranks and gathers it only inside that layer's forward, which the
+other losses do not call.
+
+Every training step passes T5 its padding mask ready-made (:func:`key_padding_mask`), which spares it two host
+syncs a step.
 """
 
 from __future__ import annotations
@@ -112,6 +116,24 @@ def full_vocabulary_loss(hidden: torch.Tensor, output_weight: torch.Tensor, labe
     )
 
 
+def key_padding_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A batch's 2D padding mask as the 4D mask T5's attention adds to its scores: 0 where a key is a token, the
+    dtype's lowest value where it is padding, broadcast over heads and queries.
+
+    Given the 2D mask, transformers builds this itself, but first reads on the host whether the batch has any padding
+    at all (``padding_mask.all()`` in ``masking_utils``), so as to drop the mask for flash attention, which T5's
+    position bias rules out anyway: once for the encoder and once for the cross-attention, every step, each a host
+    sync that waits for the GPU to finish all it was given. A 4D mask transformers takes as it is.
+
+    :rtype: torch.Tensor | None
+    """
+    if attention_mask is None or attention_mask.dim() != 2:
+        return attention_mask
+    padding = attention_mask[:, None, None, :] == 0
+    mask = torch.zeros(padding.shape, dtype=dtype, device=attention_mask.device)
+    return mask.masked_fill_(padding, torch.finfo(dtype).min)
+
+
 def in_autocast_precision(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``tensors`` cast to autocast's precision where autocast is on for their device, else as they are.
 
@@ -136,8 +158,9 @@ def training_model(model: str | Path | None, loss_vocabulary: str) -> TrainingLo
 
 class TrainingLossT5(T5ForConditionalGeneration):
     """T5 whose training forward computes :func:`full_vocabulary_loss` or :func:`batch_vocabulary_loss`, by
-    :attr:`vocabulary`, and no full logits; in evaluation mode, without labels, or where :attr:`full_logits`, it is
-    T5 as transformers writes it. Its weights load into ``T5ForConditionalGeneration``."""
+    :attr:`vocabulary`, and no full logits (where :attr:`full_logits`, T5's logits and loss), its padding mask given
+    ready-made; in evaluation mode or without labels, it is T5 as transformers writes it. Its weights load into
+    ``T5ForConditionalGeneration``."""
 
     #: ``full`` or ``batch``: the loss asked for (:func:`training_model` sets it).
     vocabulary = "full"
@@ -178,13 +201,7 @@ class TrainingLossT5(T5ForConditionalGeneration):
         labels: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Seq2SeqLMOutput:
-        if (
-            not self.training
-            or labels is None
-            or input_ids is None
-            or kwargs.get("encoder_outputs") is not None
-            or self.full_logits
-        ):
+        if not self.training or labels is None or input_ids is None or kwargs.get("encoder_outputs") is not None:
             return super().forward(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -195,6 +212,13 @@ class TrainingLossT5(T5ForConditionalGeneration):
         hidden = self.output_layer_inputs(
             input_ids, attention_mask, labels, decoder_input_ids, kwargs.get("decoder_attention_mask")
         )
+        if self.full_logits:
+            # Through the output layer's own forward, which ZeRO-3 gathers the partitioned weight for, as T5 does.
+            logits = self.lm_head(hidden)
+            loss = torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=LABEL_PAD_TOKEN_ID
+            )
+            return Seq2SeqLMOutput(loss=loss, logits=logits)
         if self.vocabulary == "batch":
             return Seq2SeqLMOutput(loss=batch_vocabulary_loss(hidden, self.lm_head.weight, labels, input_ids))
         return Seq2SeqLMOutput(loss=full_vocabulary_loss(hidden, self.lm_head.weight, labels))
@@ -212,12 +236,13 @@ class TrainingLossT5(T5ForConditionalGeneration):
 
         :rtype: torch.Tensor
         """
-        encoded = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        keys = key_padding_mask(attention_mask, self.dtype)
+        encoded = self.encoder(input_ids=input_ids, attention_mask=keys).last_hidden_state
         hidden = self.decoder(
             input_ids=self._shift_right(labels) if decoder_input_ids is None else decoder_input_ids,
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoded,
-            encoder_attention_mask=attention_mask,
+            encoder_attention_mask=keys,
             use_cache=False,
         ).last_hidden_state
         return hidden * self.model_dim**-0.5 if self.config.scale_decoder_outputs else hidden
