@@ -35,8 +35,9 @@ order they run, the most telling first, so a run cut short keeps them:
   away with. :func:`bench.quick_report.compile_price` gives what compiling costs in wall seconds, what it saves
   a step, and the steps after which it pays (a compiled run's sampler gives each bucket one shape,
   :mod:`textsql.training.batching`, so its batches differ a little from eager's). The compiled rank runs under
-  ``TORCH_LOGS=recompiles``, which :func:`bench.quick_arms.recompilations` counts, and its step clock counts the
-  graphs compiled after the warm-up (``compilations_after_warmup``).
+  ``TORCH_LOGS=recompiles,cudagraphs``, which :func:`bench.quick_arms.recompilations` and, for the CUDA-graphs
+  arm, :func:`bench.quick_arms.graphs_skipped` count, and its step clock counts the graphs compiled after the
+  warm-up (``compilations_after_warmup``).
 
 ``--skip ARM[,ARM]`` leaves arms out (:data:`bench.quick_arms.SKIPPABLE`: ``compile`` is every compile arm,
 ``compile_graphs`` the CUDA-graphs one), so a
@@ -315,6 +316,6 @@ def method(load: Workload, sizes: QuickSizes) -> str:
         "defaults_eager or defaults_compiled (on a GPU): the "
         "defaults with torch.compile turned the other way (compiled: one batch shape a bucket), defaults_compiled_warm "
         "the same with the compile cache the first left, defaults_compiled_graphs compiled with --torch-compile-mode "
-        "reduce-overhead (CUDA graphs); recompilations: torch's TORCH_LOGS=recompiles lines in the "
-        "compiled rank's log; compilations_after_warmup: dynamo's graphs compiled after the warm-up steps"
+        "reduce-overhead (CUDA graphs); recompilations and cuda_graphs_skipped: torch's TORCH_LOGS=recompiles,cudagraphs "
+        "lines in the compiled rank's log; compilations_after_warmup: dynamo's graphs compiled after the warm-up steps"
     )

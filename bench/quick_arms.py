@@ -62,8 +62,10 @@ from textsql.training.compiling import CACHE_VAR
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
-# torch.compile logs each recompilation with the guard that failed: the compiled arm's rank log keeps them.
-RECOMPILE_LOGGING = {"TORCH_LOGS": "recompiles"}
+# torch.compile logs each recompilation with the guard that failed, and under CUDA graphs each region it leaves out
+# of them with the reason: the compiled arm's rank log keeps them.
+RECOMPILE_LOGGING = {"TORCH_LOGS": "recompiles,cudagraphs"}
+CUDA_GRAPH_SKIPPED = "skipping cudagraphs due to "
 COMPILE_CACHE = "compile-cache"
 RECOMPILING = "Recompiling function"
 GUARD_FAILED = re.compile(r"\[__recompiles\]\s+- (?P<guard>\S.*)$")
@@ -324,6 +326,7 @@ def defaults_arm(
             {
                 "recompilations": recompilations(run_dir / "bench.log"),
                 "compilations_after_warmup": compilations_after(record, sizes.warmup_steps),
+                **({"cuda_graphs_skipped": graphs_skipped(run_dir / "bench.log")} if compile_mode else {}),
             }
             if compiled
             else {}
@@ -339,6 +342,17 @@ def compiled_label(compiled: bool, mode: str | None) -> str:
     if not compiled:
         return "eager"
     return "torch.compile" + (f" --torch-compile-mode {mode}" if mode else "")
+
+
+def graphs_skipped(log: Path) -> dict:
+    """How many compiled regions torch ran without CUDA graphs, and why (the first :data:`REASONS_KEPT` reasons),
+    from the rank's log under :data:`RECOMPILE_LOGGING`: a region replayed as a graph launches nothing from the host.
+
+    :rtype: dict
+    """
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    reasons = [line.split(CUDA_GRAPH_SKIPPED, 1)[1][:REASON_CHARS] for line in lines if CUDA_GRAPH_SKIPPED in line]
+    return {"count": len(reasons), "first_reasons": reasons[:REASONS_KEPT]}
 
 
 def recompilations(log: Path) -> dict:

@@ -235,6 +235,21 @@ def test_recompilations_are_counted_with_the_guard_that_failed(tmp_path):
     assert recompilations(log) == {"count": 0, "first_guards_failed": []}
 
 
+def test_regions_left_out_of_cuda_graphs_are_counted_with_the_reason(tmp_path):
+    from bench.quick_arms import graphs_skipped
+
+    log = tmp_path / "bench.log"
+    log.write_text(
+        "[rank0]:W1130 09:10:00.000000 829 torch/_inductor/cudagraph_utils.py:380] [3/0] skipping cudagraphs due to "
+        "mutated inputs (1 instances). Found from : File modeling_t5.py, line 335\n"
+        "step 10/230: loss 8.239 (160 s)\n"
+    )
+    found = graphs_skipped(log)
+    assert found["count"] == 1 and found["first_reasons"][0].startswith("mutated inputs (1 instances)")
+    log.write_text("step 10/230: loss 8.239 (160 s)\n")
+    assert graphs_skipped(log) == {"count": 0, "first_reasons": []}
+
+
 @pytest.mark.parametrize("defaults_compile", [True, False])
 def test_the_price_of_torch_compile_is_the_same_whichever_arm_the_defaults_are(defaults_compile):
     from bench.quick_report import compile_price
