@@ -137,18 +137,14 @@ def test_the_trainer_hands_accelerate_regions_and_dynamic_sizes(clean_environmen
     assert plugin.use_regional_compilation is True and plugin.dynamic is True and plugin.backend.value == "INDUCTOR"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("dynamic", [True, None])
-def test_regions_compiled_with_dynamic_sizes_compile_nothing_after_the_first_batch(dynamic):
-    """What a compiled rank runs (accelerate's regional compilation of the engine's module), on the embedded T5's two
-    blocks a side: with dynamic sizes every graph is compiled for the first batch; without, each block is compiled
-    again for the second batch's sizes, which the marks on the batch cannot reach."""
+def regions_compiled(dynamic: bool | None) -> tuple[torch.nn.Module, list]:
+    """The embedded T5 in training mode, compiled as a rank compiles it (accelerate's regional compilation of the
+    engine's module), and the list its counting backend appends each graph compiled to."""
     from accelerate.utils.other import compile_regions_deepspeed
 
     from textsql.model import load_model
-    from textsql.training.compiling import mark_batch_dynamic
 
-    graphs = []
+    graphs: list = []
 
     def counting_backend(graph, example_inputs):
         graphs.append(graph)
@@ -158,6 +154,18 @@ def test_regions_compiled_with_dynamic_sizes_compile_nothing_after_the_first_bat
     torch.manual_seed(0)
     model = load_model().train()
     compile_regions_deepspeed(model, backend=counting_backend, dynamic=dynamic)
+    return model, graphs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_regions_compiled_with_dynamic_sizes_compile_nothing_after_the_first_batch(dynamic):
+    """What a compiled rank runs (accelerate's regional compilation of the engine's module), on the embedded T5's two
+    blocks a side: with dynamic sizes every graph is compiled for the first batch; without, each block is compiled
+    again for the second batch's sizes, which the marks on the batch cannot reach."""
+    from textsql.training.compiling import mark_batch_dynamic
+
+    model, graphs = regions_compiled(dynamic)
     after_first = None
     # Not 4 examples first: the embedded T5 has 4 heads, and dynamo then fixes the batch's size to 4 (it compiled
     # again for 6 where 5 first did not).
@@ -179,22 +187,13 @@ def test_an_evaluation_compiles_nothing_after_the_training_steps(tmp_path):
     generation, whose cache grows a token at a time. Compiled, each changes a guard of every block (8 compilations
     of the embedded T5's blocks by the first evaluation, dynamo's limit); the run's trainer evaluates eagerly."""
     import datasets
-    from accelerate.utils.other import compile_regions_deepspeed
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
-    from textsql.model import load_model, load_tokenizer
+    from textsql.model import load_tokenizer
     from textsql.training.trainer import GrammarSeq2SeqTrainer
 
-    graphs = []
-
-    def counting_backend(graph, example_inputs):
-        graphs.append(graph)
-        return graph.forward
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model, tokenizer = load_model().train(), load_tokenizer()
-    compile_regions_deepspeed(model, backend=counting_backend, dynamic=True)
+    model, graphs = regions_compiled(dynamic=True)
+    tokenizer = load_tokenizer()
     batch = {"input_ids": torch.randint(2, 100, (5, 24)), "labels": torch.randint(2, 100, (5, 8))}
     model(**batch, use_cache=False).loss.backward()
     trained = len(graphs)
