@@ -2,11 +2,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import T5ForConditionalGeneration
 from transformers.models.t5.modeling_t5 import T5LayerNorm
 
 from textsql.errors import ModelError
-from textsql.model import fuse_norms, has_weights, load_model, load_tokenizer, resolve_model
+from textsql.model import fuse_norms, has_weights, load_model, load_tokenizer, resolve_model, skip_feed_forward_upcast
 
 
 def test_embedded_tokenizer_is_the_real_t5_vocabulary():
@@ -45,14 +46,50 @@ def test_unreadable_tokenizer_is_one_clear_error(tmp_path: Path):
         load_tokenizer(tmp_path)
 
 
-def _loss_and_gradients(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _loss_and_gradients(model: torch.nn.Module, autocast: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randint(5, 32000, (4, 23), generator=generator)
     labels = torch.randint(5, 32000, (4, 11), generator=generator)
     torch.manual_seed(0)  # the same dropout masks in both models
-    loss = model.train()(input_ids=inputs, labels=labels).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model.train()(input_ids=inputs, labels=labels).loss
     loss.backward()
     return loss.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+class Casts(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket is torch.ops.aten._to_copy
+        return func(*args, **(kwargs or {}))
+
+
+def _gated_t5() -> T5ForConditionalGeneration:
+    """A small T5 v1.1 (Flan-T5's gated feed-forward), from a fixed seed."""
+    torch.manual_seed(3)
+    config = load_model().config.to_dict() | {"feed_forward_proj": "gated-gelu", "d_model": 32, "d_ff": 64}
+    return T5ForConditionalGeneration(type(load_model().config).from_dict(config))
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+@pytest.mark.parametrize("build", [load_model, _gated_t5], ids=["relu", "gated-gelu"])
+def test_a_feed_forward_under_autocast_skips_the_two_casts_and_changes_no_bit(autocast, build):
+    """T5's feed-forward casts its activation up to its output layer's fp32 weight, and autocast casts it straight
+    back: the swapped blocks leave both out, forward and backward, to the same bits; outside autocast they are T5's."""
+    reference, model = build(), build()
+    blocks = skip_feed_forward_upcast(model)
+    assert blocks == model.config.num_layers + model.config.num_decoder_layers
+    with Casts() as t5_casts:
+        expected_loss, expected_gradients = _loss_and_gradients(reference, autocast)
+    with Casts() as casts:
+        loss, gradients = _loss_and_gradients(model, autocast)
+    assert t5_casts.count - casts.count == (4 * blocks if autocast else 0)
+    assert torch.equal(loss, expected_loss)
+    for name, gradient in gradients.items():
+        assert torch.equal(gradient, expected_gradients[name]), name
 
 
 def test_fused_norms_train_as_t5s_own_and_save_under_the_same_names(tmp_path: Path):

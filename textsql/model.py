@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 if TYPE_CHECKING:
     import torch
     from transformers import T5ForConditionalGeneration
+    from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
 
 from textsql.constants import DEFAULT_MODEL_DIR
 from textsql.errors import ModelError
@@ -186,6 +187,46 @@ def fuse_norms(model: torch.nn.Module) -> int:
                 setattr(parent, name, norm)
                 swapped += 1
     return swapped
+
+
+def skip_feed_forward_upcast(model: torch.nn.Module) -> int:
+    """Let each of T5's feed-forward blocks, under autocast, hand its activation to its output layer as it is; return
+    how many blocks.
+
+    T5's feed-forward casts its activation to the dtype of its output layer's weight first (T5 keeps that layer in
+    fp32 when loaded in fp16 or int8). Under autocast the weight is fp32, and autocast casts the input straight back:
+    the block's widest activation (``d_ff``) is written once more in fp32 and read again, and two casts run forward
+    and two backward, in every layer. bf16 to fp32 and back is exact, so leaving both out changes no bit
+    (``tests/test_model.py``). Outside autocast each block runs T5's own forward.
+
+    :param model: a T5, changed in place.
+    :rtype: int
+    """
+    import types
+
+    from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
+
+    blocks = [module for module in model.modules() if isinstance(module, (T5DenseActDense, T5DenseGatedActDense))]
+    for block in blocks:
+        block.forward = types.MethodType(_feed_forward_under_autocast, block)  # type: ignore[method-assign]
+    return len(blocks)
+
+
+def _feed_forward_under_autocast(
+    block: T5DenseActDense | T5DenseGatedActDense, hidden_states: torch.Tensor
+) -> torch.Tensor:
+    import torch
+    from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
+
+    if isinstance(block, T5DenseGatedActDense):  # T5 v1.1, Flan-T5
+        if not torch.is_autocast_enabled(hidden_states.device.type):
+            return T5DenseGatedActDense.forward(block, hidden_states)
+        hidden_states = block.act(block.wi_0(hidden_states)) * block.wi_1(hidden_states)
+    else:
+        if not torch.is_autocast_enabled(hidden_states.device.type):
+            return T5DenseActDense.forward(block, hidden_states)
+        hidden_states = block.act(block.wi(hidden_states))
+    return block.wo(block.dropout(hidden_states))
 
 
 def _first_line(error: Exception) -> str:
