@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from transformers import T5ForConditionalGeneration
     from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
@@ -202,29 +204,29 @@ def skip_feed_forward_upcast(model: torch.nn.Module) -> int:
     :param model: a T5, changed in place.
     :rtype: int
     """
-    import types
+    from functools import partial
 
     from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
 
     blocks = [module for module in model.modules() if isinstance(module, (T5DenseActDense, T5DenseGatedActDense))]
     for block in blocks:
-        block.forward = types.MethodType(_feed_forward_under_autocast, block)  # type: ignore[method-assign]
+        block.forward = partial(_feed_forward_under_autocast, block, block.forward)  # type: ignore[method-assign]
     return len(blocks)
 
 
 def _feed_forward_under_autocast(
-    block: T5DenseActDense | T5DenseGatedActDense, hidden_states: torch.Tensor
+    block: T5DenseActDense | T5DenseGatedActDense,
+    t5_forward: Callable[[torch.Tensor], torch.Tensor],
+    hidden_states: torch.Tensor,
 ) -> torch.Tensor:
     import torch
-    from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
+    from transformers.models.t5.modeling_t5 import T5DenseGatedActDense
 
+    if not torch.is_autocast_enabled(hidden_states.device.type):
+        return t5_forward(hidden_states)
     if isinstance(block, T5DenseGatedActDense):  # T5 v1.1, Flan-T5
-        if not torch.is_autocast_enabled(hidden_states.device.type):
-            return T5DenseGatedActDense.forward(block, hidden_states)
         hidden_states = block.act(block.wi_0(hidden_states)) * block.wi_1(hidden_states)
     else:
-        if not torch.is_autocast_enabled(hidden_states.device.type):
-            return T5DenseActDense.forward(block, hidden_states)
         hidden_states = block.act(block.wi(hidden_states))
     return block.wo(block.dropout(hidden_states))
 
