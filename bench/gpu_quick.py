@@ -234,22 +234,24 @@ def compile_arms(
     (``defaults_compiled_graphs``): what the host's launches cost the eager step. Each runs only where the budget
     holds it (else it is in ``skipped``); ``done`` keeps each arm run."""
     flipped = not chosen.get("torch_compile", False)
-    arms = [("defaults_compiled", COMPILE_ARM_S), ("defaults_compiled_warm", COMPILE_WARM_ARM_S)] if flipped else []
-    arms = arms or [("defaults_eager", COMPILE_ARM_S)]
-    if "compile_graphs" not in sizes.skip:
-        arms.append(("defaults_compiled_graphs", COMPILE_GRAPHS_ARM_S))
-    for name, needs in arms:
+    # (name, seconds it needs, compiled, --torch-compile-mode)
+    arms: list[tuple[str, float, bool, str | None]] = (
+        [("defaults_compiled", COMPILE_ARM_S, True, None), ("defaults_compiled_warm", COMPILE_WARM_ARM_S, True, None)]
+        if flipped
+        else [("defaults_eager", COMPILE_ARM_S, False, None)]
+    )
+    if "compile_graphs" in sizes.skip:
+        skipped["defaults_compiled_graphs"] = "left out (--skip)"
+    else:
+        arms.append(("defaults_compiled_graphs", COMPILE_GRAPHS_ARM_S, True, CUDA_GRAPHS_MODE))
+    for name, needs, compiled, mode in arms:
         short = budget.short_of(needs)
         if name == "defaults_compiled_warm" and "defaults_compiled" in skipped:
             short = "no compiled arm left it a compile cache"
         if short:
             skipped[name] = short
             continue
-        graphs = name == "defaults_compiled_graphs"
-        compiled = True if graphs else flipped
-        done(name, defaults_arm(load, sizes, work, chosen, name, compiled, CUDA_GRAPHS_MODE if graphs else None))
-    if "compile_graphs" in sizes.skip:
-        skipped["defaults_compiled_graphs"] = "left out (--skip)"
+        done(name, defaults_arm(load, sizes, work, chosen, name, compiled, mode))
 
 
 def part_models(load: Workload, work: Path, device: str) -> list[Path]:
