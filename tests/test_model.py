@@ -1,13 +1,26 @@
+import gc
 from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import T5ForConditionalGeneration
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.t5.modeling_t5 import T5LayerNorm
 
 from textsql.errors import ModelError
-from textsql.model import fuse_norms, has_weights, load_model, load_tokenizer, resolve_model, skip_feed_forward_upcast
+from textsql.model import (
+    SHARED_BIAS_ATTENTION,
+    fuse_norms,
+    has_weights,
+    load_model,
+    load_tokenizer,
+    resolve_model,
+    share_attention_bias,
+    skip_feed_forward_upcast,
+)
+from textsql.training.loss import training_model
 
 
 def test_embedded_tokenizer_is_the_real_t5_vocabulary():
@@ -46,13 +59,19 @@ def test_unreadable_tokenizer_is_one_clear_error(tmp_path: Path):
         load_tokenizer(tmp_path)
 
 
-def _loss_and_gradients(model: torch.nn.Module, autocast: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _loss_and_gradients(
+    model: torch.nn.Module, autocast: bool = False, padded: bool = False
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randint(5, 32000, (4, 23), generator=generator)
     labels = torch.randint(5, 32000, (4, 11), generator=generator)
+    batch = {"input_ids": inputs, "labels": labels}
+    if padded:  # as a rank's batches come: sources padded, targets padded with the label pad
+        batch["attention_mask"] = (torch.arange(23) < torch.tensor([[23], [17], [23], [9]])).long()
+        labels[1:3, 8:] = -100
     torch.manual_seed(0)  # the same dropout masks in both models
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = model.train()(input_ids=inputs, labels=labels).loss
+        loss = model.train()(**batch).loss
     loss.backward()
     return loss.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
 
@@ -65,6 +84,22 @@ class Casts(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += func.overloadpacket is torch.ops.aten._to_copy
         return func(*args, **(kwargs or {}))
+
+
+class AttentionBiases(TorchFunctionMode):
+    """The bias tensors handed to SDPA, each call's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.biases: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            self.biases.append(kwargs["attn_mask"])
+        return func(*args, **(kwargs or {}))
+
+    def distinct(self) -> int:
+        return len({id(bias) for bias in self.biases})
 
 
 def _gated_t5() -> T5ForConditionalGeneration:
@@ -123,3 +158,54 @@ def test_a_fused_norm_in_bf16_rounds_as_t5s_own():
     fused = holder[0](hidden)
     assert fused.dtype == torch.bfloat16
     torch.testing.assert_close(fused, t5_norm(hidden))
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_a_stack_builds_its_attention_bias_once_a_training_step_to_the_same_loss(autocast):
+    """A rank's training step, with padding: SDPA gets one bias a stack's attention kind, the same for every layer,
+    built and cast once; the loss and all but the position biases' gradients are the same bits, and theirs, added
+    up in the attention's dtype, stay far closer to T5's own than bf16 itself is to fp32."""
+    reference, model = training_model(None, "full"), training_model(None, "full")
+    assert share_attention_bias(model)
+    encoder, decoder = model.config.num_layers, model.config.num_decoder_layers
+    with AttentionBiases() as t5_biases, Casts() as t5_casts:
+        expected_loss, expected_gradients = _loss_and_gradients(reference, autocast, padded=True)
+    with AttentionBiases() as biases, Casts() as casts:
+        loss, gradients = _loss_and_gradients(model, autocast, padded=True)
+    assert len(biases.biases) == t5_biases.distinct() == encoder + 2 * decoder
+    assert biases.distinct() == 3  # the encoder's self-attention, the decoder's, the decoder's cross-attention
+    # Under autocast each layer cast its bias down, and the gradient of the position-biased ones back up.
+    assert t5_casts.count - casts.count == ((2 * (encoder - 1) + 3 * (decoder - 1)) if autocast else 0)
+    assert torch.equal(loss, expected_loss)
+    position_biases = {name for name in gradients if "relative_attention_bias" in name}
+    assert len(position_biases) == 2
+    for name, gradient in gradients.items():
+        if name not in position_biases:
+            assert torch.equal(gradient, expected_gradients[name]), name
+    _, fp32_gradients = _loss_and_gradients(training_model(None, "full"), padded=True)
+    for name in position_biases:
+        ours = (gradients[name] - expected_gradients[name]).norm()
+        if autocast:
+            assert ours < (expected_gradients[name] - fp32_gradients[name]).norm() / 10, name
+        else:
+            torch.testing.assert_close(gradients[name], expected_gradients[name], rtol=1e-5, atol=1e-7)
+    del loss, gradients
+    gc.collect()
+    assert not ALL_ATTENTION_FUNCTIONS[SHARED_BIAS_ATTENTION].args[0], "a bias outlived its step"
+
+
+def test_with_a_shared_attention_bias_t5_generates_and_saves_as_before(tmp_path: Path):
+    reference, model = load_model(), load_model()
+    share_attention_bias(model)
+    questions = torch.randint(5, 32000, (3, 9), generator=torch.Generator().manual_seed(2))
+    expected = reference.eval().generate(questions, max_new_tokens=6, do_sample=False)
+    assert torch.equal(model.eval().generate(questions, max_new_tokens=6, do_sample=False), expected)
+    model.save_pretrained(tmp_path)
+    assert T5ForConditionalGeneration.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
+
+
+def test_a_t5_without_sdpa_attention_keeps_its_own():
+    model = T5ForConditionalGeneration(load_model().config)
+    model.set_attn_implementation("eager")
+    assert not share_attention_bias(model)
+    assert model.config._attn_implementation == "eager"

@@ -4,13 +4,16 @@ The embedded default (``textsql/assets/t5-tiny``) holds a config and the real T5
 vocabulary but no weights: it is a small T5 initialised from a fixed seed, sized so the offline demo
 trains visibly in minutes on two CPU cores. A directory that holds weights (a trained ``model/``)
 and a hub id (``t5-small``, for connected users) load with ``from_pretrained``.
+
+Below the loading, the changes to a loaded T5 that make its steps cheaper on a GPU and leave what it computes as
+T5's: the weights keep their names, and saved models load as T5 everywhere.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
@@ -18,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     import torch
+    from torch.utils.weak import WeakIdKeyDictionary
     from transformers import T5ForConditionalGeneration
     from transformers.models.t5.modeling_t5 import T5DenseActDense, T5DenseGatedActDense
 
@@ -37,6 +41,8 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 INIT_SEED = 42
+# The name transformers' attention registry knows the training step's SDPA attention by (share_attention_bias).
+SHARED_BIAS_ATTENTION = "sdpa_shared_bias"
 
 
 def resolve_model(name_or_dir: str | Path | None, flag: str = "--model") -> str:
@@ -229,6 +235,70 @@ def _feed_forward_under_autocast(
     else:
         hidden_states = block.act(block.wi(hidden_states))
     return block.wo(block.dropout(hidden_states))
+
+
+def share_attention_bias(model: T5ForConditionalGeneration) -> bool:
+    """Let a T5 that runs SDPA attention build each stack's attention bias once a training step, not once a layer;
+    return whether it now does.
+
+    T5's layers share one position bias a stack, and one padding or causal mask. transformers' SDPA attention
+    combines the two again in every layer, copies the sum out of the bias's (query, key, head) layout, and autocast
+    casts it to bf16 before each attention: three passes over a (batch, heads, queries, keys) tensor in each of
+    t5-small's 18 attentions, and each layer keeps its own copy for the backward. Here the first layer of a stack
+    builds the bias in the attention's dtype and the others reuse it. The forward computes the same bits; the
+    backward adds the layers' bias gradients in that dtype before casting them up, not after
+    (``tests/test_model.py``). Evaluation, generation and compiled regions run transformers' own SDPA attention.
+
+    :param model: a T5, changed in place; one whose attention is not SDPA (``eager``, ``flex_attention``) is left
+        as it is.
+    :rtype: bool
+    """
+    from functools import partial
+
+    from torch.utils.weak import WeakIdKeyDictionary
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    if model.config._attn_implementation != "sdpa":
+        return False
+    # Each stack's bias, under its position bias: an entry lives as long as the forward holds that position bias.
+    AttentionInterface.register(SHARED_BIAS_ATTENTION, partial(_sdpa_with_shared_bias, WeakIdKeyDictionary()))
+    AttentionMaskInterface.register(SHARED_BIAS_ATTENTION, sdpa_mask)  # the masks SDPA attention takes
+    model.set_attn_implementation(SHARED_BIAS_ATTENTION)
+    return True
+
+
+def _sdpa_with_shared_bias(
+    shared_biases: WeakIdKeyDictionary,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_bias: torch.Tensor | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    import torch
+    from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
+
+    causal = (
+        query.shape[2] > 1 and attention_mask is None and bool(module.is_causal if is_causal is None else is_causal)
+    )
+    # Only a training forward: a compiled region fuses the bias into its own kernels, and generation's cache makes a
+    # causal attention's keys outnumber its queries, which transformers crops for.
+    crops_keys = causal and key.shape[2] > query.shape[2]
+    if position_bias is None or not module.training or torch.compiler.is_compiling() or crops_keys:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, position_bias=position_bias, is_causal=is_causal, **kwargs
+        )
+    shared = shared_biases.get(position_bias)
+    if shared is None or shared[0] is not attention_mask or shared[1] != causal or shared[2].dtype != query.dtype:
+        # Contiguous first, so the (batch, heads, queries, keys) sum is written in that order, which SDPA reads.
+        bias = create_position_bias_mask(position_bias.contiguous(), attention_mask, causal, query, key)
+        shared = (attention_mask, causal, bias.to(query.dtype))
+        shared_biases[position_bias] = shared
+    return sdpa_attention_forward(module, query, key, value, None, position_bias=shared[2], is_causal=False, **kwargs)
 
 
 def _first_line(error: Exception) -> str:
