@@ -15,7 +15,7 @@ order they run, the most telling first, so a run cut short keeps them:
   keeps that ratio too);
 - ``defaults_t5_base``: the defaults on t5-base's shape (``textsql/assets/t5-base``);
 - ``norms`` (:mod:`bench.norms`, in ``norms``, not among the arms): training steps of t5-small's shape, and on a GPU
-  t5-base's, with T5's own norms against torch's ``RMSNorm`` (:func:`textsql.model.fuse_norms`, which the defaults
+  t5-base's, with T5's own norms against torch's ``RMSNorm`` (:func:`textsql.model.speedups.fuse_norms`, which the defaults
   train with and the other arms do not), the kernels a step launches and its median time, in seconds of the budget;
 - ``sliced_loss`` (:mod:`bench.sliced_loss`, in ``sliced_loss``, not among the arms): on the same shapes, the
   full-vocabulary loss with T5's logits (what the peer and the old recipe compute), in torch's own slices and in the

@@ -1,4 +1,4 @@
-"""T5's own norm against torch's ``RMSNorm`` (:func:`textsql.model.fuse_norms`, what the ranks and the predictor
+"""T5's own norm against torch's ``RMSNorm`` (:func:`textsql.model.speedups.fuse_norms`, what the ranks and the predictor
 train and generate with) in the training steps of one T5 shape.
 
 ``python -m bench norms`` builds the model twice from the same seed, swaps the norms of one, and runs both on the
@@ -22,7 +22,8 @@ from pathlib import Path
 from bench.setup_cost import BENCH_DIR
 from bench.step_arms import random_batch, shapes_main, step_times, training_precision
 from bench.timeline import profiled
-from textsql.model import fuse_norms, load_model
+from textsql.model import load_model
+from textsql.model.speedups import fuse_norms
 
 RESULT = BENCH_DIR / "norms.json"
 ARMS = ("t5_norms", "fused_norms")

@@ -142,7 +142,8 @@ def regions_compiled(dynamic: bool | None) -> tuple[torch.nn.Module, list]:
     engine's module), and the list its counting backend appends each graph compiled to."""
     from accelerate.utils.other import compile_regions_deepspeed
 
-    from textsql.model import fuse_norms, load_model, share_attention_bias, skip_feed_forward_upcast
+    from textsql.model import load_model
+    from textsql.model.speedups import speed_up_training
 
     graphs: list = []
 
@@ -153,9 +154,7 @@ def regions_compiled(dynamic: bool | None) -> tuple[torch.nn.Module, list]:
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = load_model().train()
-    fuse_norms(model)  # as textsql.training.train.model_to_train hands it to the trainer
-    skip_feed_forward_upcast(model)
-    assert share_attention_bias(model)
+    speed_up_training(model)  # as textsql.training.train.model_to_train hands it to the trainer
     compile_regions_deepspeed(model, backend=counting_backend, dynamic=dynamic)
     return model, graphs
 
@@ -222,14 +221,15 @@ def test_an_evaluation_compiles_nothing_after_the_training_steps(tmp_path):
     assert len(graphs) == trained, f"{len(graphs) - trained} graphs compiled by the evaluation"
 
 
-def test_a_compiled_block_runs_the_shared_attention_bias_as_one_graph():
-    """A compiled region takes transformers' own SDPA attention inside the shared-bias one (no graph break), and
-    computes what the eager block does."""
-    from textsql.model import load_model, share_attention_bias
+def test_a_compiled_block_runs_a_ranks_t5_as_one_graph():
+    """A compiled region takes transformers' own SDPA attention and T5's own linear layers inside the rank's changes
+    (no graph break), and computes what the eager block does."""
+    from textsql.model import load_model
+    from textsql.model.speedups import speed_up_training
 
     torch._dynamo.reset()
     model = load_model().train()
-    assert share_attention_bias(model)
+    speed_up_training(model)
     hidden = torch.randn(3, 7, model.config.d_model)
     position_bias = model.encoder.block[0].layer[0].SelfAttention.compute_bias(7, 7)
     padding = torch.zeros(3, 1, 1, 7).masked_fill_(torch.arange(7) >= 5, torch.finfo(torch.float32).min)

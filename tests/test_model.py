@@ -10,13 +10,11 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.t5.modeling_t5 import T5LayerNorm
 
 from textsql.errors import ModelError
-from textsql.model import (
+from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
+from textsql.model.speedups import (
     SHARED_BIAS_ATTENTION,
     fuse_norms,
-    has_weights,
-    load_model,
-    load_tokenizer,
-    resolve_model,
+    fuse_projections,
     share_attention_bias,
     skip_feed_forward_upcast,
 )
@@ -60,7 +58,7 @@ def test_unreadable_tokenizer_is_one_clear_error(tmp_path: Path):
 
 
 def _loss_and_gradients(
-    model: torch.nn.Module, autocast: bool = False, padded: bool = False
+    model: torch.nn.Module, autocast: bool = False, padded: bool = False, train: bool = True
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randint(5, 32000, (4, 23), generator=generator)
@@ -71,7 +69,7 @@ def _loss_and_gradients(
         labels[1:3, 8:] = -100
     torch.manual_seed(0)  # the same dropout masks in both models
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = model.train()(**batch).loss
+        loss = model.train(train)(**batch).loss
     loss.backward()
     return loss.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
 
@@ -209,3 +207,91 @@ def test_a_t5_without_sdpa_attention_keeps_its_own():
     model.set_attn_implementation("eager")
     assert not share_attention_bias(model)
     assert model.config._attn_implementation == "eager"
+
+
+class MatrixProducts(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm)
+        return func(*args, **(kwargs or {}))
+
+
+def _distance(gradients: dict[str, torch.Tensor], to: dict[str, torch.Tensor], names=None) -> float:
+    return sum(((gradients[name] - to[name]) ** 2).sum() for name in names or gradients) ** 0.5
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_layers_reading_one_input_run_as_one_product_to_t5s_loss(autocast):
+    """A rank's training step, with padding: each self-attention's query, key and value layers run as one matrix
+    product, and all the decoder's cross-attention keys and values as another, forward and backward. The loss is
+    T5's to float rounding; the gradients, whose input gradients add up inside one product instead of in separate
+    casts and adds, are as close to fp32's as T5's own under autocast."""
+    reference, model = training_model(None, "full"), training_model(None, "full")
+    encoder, decoder = model.config.num_layers, model.config.num_decoder_layers
+    assert fuse_projections(model) == encoder + decoder + 1
+    with MatrixProducts() as t5_products:
+        expected_loss, expected_gradients = _loss_and_gradients(reference, autocast, padded=True)
+    with MatrixProducts() as products:
+        loss, gradients = _loss_and_gradients(model, autocast, padded=True)
+    # Forward, two products fewer a self-attention and all but one of the cross-attentions'; backward, twice that.
+    assert t5_products.count - products.count == 3 * (2 * (encoder + decoder) + 2 * decoder - 1)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=0)
+    if autocast:
+        _, fp32_gradients = _loss_and_gradients(training_model(None, "full"), padded=True)
+        assert _distance(gradients, fp32_gradients) < 1.05 * _distance(expected_gradients, fp32_gradients)
+        for name in gradients:
+            t5s = _distance(expected_gradients, fp32_gradients, [name])
+            assert _distance(gradients, fp32_gradients, [name]) < 1.5 * t5s + 1e-9, name
+    else:
+        for name in gradients:  # fp32: the sums in another order
+            assert _distance(gradients, expected_gradients, [name]) <= 1e-5 * expected_gradients[name].norm(), name
+    del loss, gradients
+    gc.collect()
+    assert all(not linear.forward.args[0].outputs for linear in model.modules() if hasattr(linear.forward, "args"))
+
+
+def test_grouped_layers_project_again_after_their_weights_change():
+    """Encoder outputs passed in twice, an optimizer step between: the second forward projects them with the new
+    weights, as T5 does, instead of handing back the first forward's outputs."""
+    reference, model = training_model(None, "full"), training_model(None, "full")
+    fuse_projections(model)
+    generator = torch.Generator().manual_seed(4)
+    questions, labels = torch.randint(5, 32000, (2, 9), generator=generator), torch.randint(5, 32000, (2, 5))
+    losses = []
+    for t5 in (reference, model):
+        t5.train().config.dropout_rate = 0.0
+        for module in t5.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        encoded = t5.encoder(input_ids=questions)
+        optimizer = torch.optim.SGD(t5.decoder.parameters(), lr=1.0)
+        for _ in range(2):
+            loss = t5(encoder_outputs=encoded, labels=labels).loss
+            loss.backward(retain_graph=True)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.detach())
+    torch.testing.assert_close(losses[2:], losses[:2], rtol=1e-5, atol=0)
+    assert losses[1] < losses[0]
+
+
+@pytest.mark.parametrize("way", ["activation checkpointing", "evaluation"])
+def test_grouped_layers_run_as_t5s_own_where_a_product_would_not_fit(way):
+    """Under gradient checkpointing a recomputed block would find its group's outputs already there; an evaluation
+    (and generation, and ZeRO-3's partitioned weights, and compiled regions) calls each layer as T5 does."""
+    reference, model = load_model(), load_model()
+    fuse_projections(model)
+    if way == "activation checkpointing":
+        for t5 in (reference, model):
+            t5.activation_checkpointing_enable()
+    with MatrixProducts() as t5_products:
+        expected_loss, expected_gradients = _loss_and_gradients(reference, train=way != "evaluation")
+    with MatrixProducts() as products:
+        loss, gradients = _loss_and_gradients(model, train=way != "evaluation")
+    assert products.count == t5_products.count
+    assert torch.equal(loss, expected_loss)
+    for name, gradient in gradients.items():
+        assert torch.equal(gradient, expected_gradients[name]), name

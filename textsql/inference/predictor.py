@@ -31,7 +31,8 @@ from textsql.data.wikisql import cased_sql, recorded_input_format, source_text
 from textsql.decoding.processor import grammar_processor, processor_for_inputs
 from textsql.errors import DataError, ModelError
 from textsql.inference.guidance import ExecutionGuide
-from textsql.model import fuse_norms, has_weights, load_model, load_tokenizer, resolve_model
+from textsql.model import has_weights, load_model, load_tokenizer, resolve_model
+from textsql.model.speedups import fuse_norms
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ from textsql.data.wikisql import recorded_input_format
 from textsql.decoding.bounds import KeepGenerationBound, bound_generation
 from textsql.errors import DataError, TextSQLError
 from textsql.json_files import write_json, write_jsonl
-from textsql.model import fuse_norms, load_tokenizer, share_attention_bias, skip_feed_forward_upcast
+from textsql.model import load_tokenizer
+from textsql.model.speedups import speed_up_training
 from textsql.model_card import write_training_card
 from textsql.planning.estimate import AUTO_PROFILE
 from textsql.planning.train_args import parse_command_line
@@ -118,10 +119,8 @@ def model_to_train(
     :rtype: TrainingLossT5
     """
     model = training_model(model_args.model, resolve_loss_vocabulary(model_args.loss_vocabulary, model_args.model))
-    logger.info("%d T5 norms run as torch's RMSNorm (one fused kernel each on CUDA)", fuse_norms(model))
-    logger.info("%d T5 feed-forward blocks skip the fp32 round trip under autocast", skip_feed_forward_upcast(model))
-    if share_attention_bias(model):
-        logger.info("each T5 stack builds its attention bias once a training step (SDPA attention)")
+    changed = speed_up_training(model)
+    logger.info("T5 made cheaper to step: %s", ", ".join(f"{count} {part}" for part, count in changed.items()))
     # T5's forward takes **kwargs but averages its loss itself, ignoring num_items_in_batch; left to
     # guess, the trainer multiplies that mean by the world size (loss and gradients x N on N ranks).
     model.accepts_loss_kwargs = False  # type: ignore[assignment]  # read by the trainer, undeclared on the model
