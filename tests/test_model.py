@@ -223,24 +223,32 @@ def _distance(gradients: dict[str, torch.Tensor], to: dict[str, torch.Tensor], n
     return sum(((gradients[name] - to[name]) ** 2).sum() for name in names or gradients) ** 0.5
 
 
+def _training_t5() -> T5ForConditionalGeneration:
+    return training_model(None, "full")
+
+
 @pytest.mark.parametrize("autocast", [True, False])
-def test_layers_reading_one_input_run_as_one_product_to_t5s_loss(autocast):
+@pytest.mark.parametrize("build", [_training_t5, _gated_t5], ids=["relu", "gated-gelu"])
+def test_layers_reading_one_input_run_as_one_product_to_t5s_loss(autocast, build):
     """A rank's training step, with padding: each self-attention's query, key and value layers run as one matrix
-    product, and all the decoder's cross-attention keys and values as another, forward and backward. The loss is
-    T5's to float rounding; the gradients, whose input gradients add up inside one product instead of in separate
-    casts and adds, are as close to fp32's as T5's own under autocast."""
-    reference, model = training_model(None, "full"), training_model(None, "full")
+    product, all the decoder's cross-attention keys and values as another, and a gated feed-forward's two input
+    layers as a third, forward and backward. The loss is T5's to float rounding; the gradients, whose input gradients
+    add up inside one product instead of in separate casts and adds, are as close to fp32's as T5's own under
+    autocast."""
+    reference, model = build(), build()
     encoder, decoder = model.config.num_layers, model.config.num_decoder_layers
-    assert fuse_projections(model) == encoder + decoder + 1
+    gated = (encoder + decoder) * model.config.is_gated_act
+    assert fuse_projections(model) == encoder + decoder + 1 + gated
     with MatrixProducts() as t5_products:
         expected_loss, expected_gradients = _loss_and_gradients(reference, autocast, padded=True)
     with MatrixProducts() as products:
         loss, gradients = _loss_and_gradients(model, autocast, padded=True)
-    # Forward, two products fewer a self-attention and all but one of the cross-attentions'; backward, twice that.
-    assert t5_products.count - products.count == 3 * (2 * (encoder + decoder) + 2 * decoder - 1)
+    # Forward, two products fewer a self-attention, all but one of the cross-attentions' and one a gated
+    # feed-forward; backward, twice that.
+    assert t5_products.count - products.count == 3 * (2 * (encoder + decoder) + 2 * decoder - 1 + gated)
     torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=0)
     if autocast:
-        _, fp32_gradients = _loss_and_gradients(training_model(None, "full"), padded=True)
+        _, fp32_gradients = _loss_and_gradients(build(), padded=True)
         assert _distance(gradients, fp32_gradients) < 1.05 * _distance(expected_gradients, fp32_gradients)
         for name in gradients:
             t5s = _distance(expected_gradients, fp32_gradients, [name])

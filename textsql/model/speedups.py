@@ -170,14 +170,15 @@ def fuse_projections(model: T5ForConditionalGeneration) -> int:
     """Let the linear layers of a T5 that read the same input compute their outputs as one, in a training step;
     return how many groups.
 
-    Each self-attention's query, key and value layers read one input, and every cross-attention's key and value
-    layers read the encoder's output: 3 layers a self-attention and 12 over t5-small's decoder. T5 calls each on
-    its own, so under autocast each casts the input and its weight to bf16 and casts both gradients back, and each
-    runs two small matrix products backward. A group runs one product on its weights stacked, splits the output,
-    and adds the input's gradients in that product's own accumulator, not in separate casts and adds: on t5-small's
-    shape, 105 matrix products and 140 casts a step fewer. The loss and gradients are T5's to float rounding, as
-    close to fp32's as T5's own under autocast (``tests/test_model.py``). Evaluation, generation, compiled
-    regions, gradient checkpointing and ZeRO-3's partitioned weights call each layer as T5 does.
+    Each self-attention's query, key and value layers read one input, every cross-attention's key and value layers
+    read the encoder's output (12 layers over t5-small's decoder), and a gated feed-forward's (T5 v1.1, Flan-T5) two
+    input layers read one input. T5 calls each on its own, so under autocast each casts the input and its weight to
+    bf16 and casts both gradients back, and each runs two small matrix products backward. A group runs one product
+    on its weights stacked, splits the output, and adds the input's gradients in that product's own accumulator, not
+    in separate casts and adds. The loss and
+    gradients are T5's to float rounding, as close to fp32's as T5's own under autocast (``tests/test_model.py``).
+    Evaluation, generation, compiled regions, activation checkpointing and ZeRO-3's partitioned weights call each
+    layer as T5 does.
 
     :param model: a T5, changed in place.
     :rtype: int
@@ -193,6 +194,8 @@ def fuse_projections(model: T5ForConditionalGeneration) -> int:
                     groups.append(_ProjectionGroup([attention.q, attention.k, attention.v], [block]))
                 elif isinstance(layer, T5LayerCrossAttention):
                     keys_and_values += [layer.EncDecAttention.k, layer.EncDecAttention.v]
+                elif isinstance(feed_forward := getattr(layer, "DenseReluDense", None), T5DenseGatedActDense):
+                    groups.append(_ProjectionGroup([feed_forward.wi_0, feed_forward.wi_1], [block]))
         if keys_and_values:
             groups.append(_ProjectionGroup(keys_and_values, blocks))
     for group in groups:
