@@ -17,6 +17,7 @@ from textsql.model.speedups import (
     fuse_projections,
     share_attention_bias,
     skip_feed_forward_upcast,
+    speed_up_training,
 )
 from textsql.training.loss import training_model
 
@@ -303,3 +304,17 @@ def test_grouped_layers_run_as_t5s_own_where_a_product_would_not_fit(way):
     assert torch.equal(loss, expected_loss)
     for name, gradient in gradients.items():
         assert torch.equal(gradient, expected_gradients[name]), name
+
+
+def test_a_ranks_t5_trains_under_activation_checkpointing_as_t5():
+    """All of a rank's changes, with `--gradient_checkpointing`: the recomputed blocks record what their forward did
+    (the shared bias is reused alike both times), and the step is T5's."""
+    reference, model = _training_t5(), _training_t5()
+    assert all(speed_up_training(model).values())
+    for t5 in (reference, model):
+        t5.activation_checkpointing_enable()
+    expected_loss, expected_gradients = _loss_and_gradients(reference, padded=True)
+    loss, gradients = _loss_and_gradients(model, padded=True)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=0)
+    for name in gradients:
+        assert _distance(gradients, expected_gradients, [name]) <= 1e-5 * expected_gradients[name].norm(), name
