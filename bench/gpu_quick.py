@@ -15,8 +15,9 @@ order they run, the most telling first, so a run cut short keeps them:
   keeps that ratio too);
 - ``defaults_t5_base``: the defaults on t5-base's shape (``textsql/assets/t5-base``);
 - ``norms`` (:mod:`bench.norms`, in ``norms``, not among the arms): training steps of t5-small's shape, and on a GPU
-  t5-base's, with T5's own norms against torch's ``RMSNorm`` (:func:`textsql.model.speedups.fuse_norms`, which the defaults
-  train with and the other arms do not), the kernels a step launches and its median time, in seconds of the budget;
+  t5-base's, with T5's own norms against torch's ``RMSNorm`` (:func:`textsql.model.speedups.fuse_norms`, which the
+  defaults train with and the other arms do not), the kernels a step launches and its median time, in seconds of the
+  budget;
 - ``sliced_loss`` (:mod:`bench.sliced_loss`, in ``sliced_loss``, not among the arms): on the same shapes, the
   full-vocabulary loss with T5's logits (what the peer and the old recipe compute), in torch's own slices and in the
   defaults', each step's time and peak memory (the logits arm alone on a torch without ``linear_cross_entropy``);
@@ -86,7 +87,8 @@ LOG_TAIL_BYTES = 1024**2
 # the whole model; the warm one, with the compile cache the first left, about what an eager arm takes and its loading.
 COMPILE_ARM_S = 240
 COMPILE_WARM_ARM_S = 90
-# The CUDA-graphs arm compiles afresh (the mode is part of what the cache is keyed by), by regions; not yet run on a GPU.
+# The CUDA-graphs arm compiles afresh (the mode is part of what the cache is keyed by), by regions; not yet run on a
+# GPU.
 COMPILE_GRAPHS_ARM_S = 150
 # The defaults' arm took 43.9 s on one H200 (bench/gpu_quick.json); twice the tokens a step, a little more.
 DOUBLE_BUDGET_ARM_S = 75
@@ -318,6 +320,7 @@ def method(load: Workload, sizes: QuickSizes) -> str:
         "defaults_eager or defaults_compiled (on a GPU): the "
         "defaults with torch.compile turned the other way (compiled: one batch shape a bucket), defaults_compiled_warm "
         "the same with the compile cache the first left, defaults_compiled_graphs compiled with --torch-compile-mode "
-        "reduce-overhead (CUDA graphs); recompilations and cuda_graphs_skipped: torch's TORCH_LOGS=recompiles,cudagraphs "
-        "lines in the compiled rank's log; compilations_after_warmup: dynamo's graphs compiled after the warm-up steps"
+        "reduce-overhead (CUDA graphs); recompilations and cuda_graphs_skipped: torch's "
+        "TORCH_LOGS=recompiles,cudagraphs lines in the compiled rank's log; compilations_after_warmup: dynamo's graphs "
+        "compiled after the warm-up steps"
     )

@@ -1,5 +1,5 @@
-"""T5's own norm against torch's ``RMSNorm`` (:func:`textsql.model.speedups.fuse_norms`, what the ranks and the predictor
-train and generate with) in the training steps of one T5 shape.
+"""T5's own norm against torch's ``RMSNorm`` (:func:`textsql.model.speedups.fuse_norms`, what the ranks and the
+predictor train and generate with) in the training steps of one T5 shape.
 
 ``python -m bench norms`` builds the model twice from the same seed, swaps the norms of one, and runs both on the
 same batch of random tokens, alternated (:func:`bench.timing.alternate`): forward and backward of the

@@ -3,6 +3,7 @@ gradients without T5's logits, and T5's own forward where it cannot be computed 
 
 import pytest
 import torch
+from helpers.dispatch import DispatchCount
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import T5Config, T5ForConditionalGeneration
 
@@ -116,17 +117,9 @@ def test_where_the_slices_cannot_be_computed_a_step_is_t5s_own_with_its_logits(m
     assert output.loss.item() == T5ForConditionalGeneration.forward(model, **inputs).loss.item()
 
 
-class HostReads(TorchDispatchMode):
-    """The operators that read a tensor's value back to the host (.item(), bool(), .all() in an if): each a host sync
-    on a GPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.reads += func.name() in ("aten::_local_scalar_dense", "aten::is_nonzero", "aten::item")
-        return func(*args, **(kwargs or {}))
+# The operators that read a tensor's value back to the host (.item(), bool(), .all() in an if): each a host sync on a
+# GPU.
+HOST_READS = ("aten::_local_scalar_dense", "aten::is_nonzero", "aten::item")
 
 
 @pytest.mark.parametrize("cause", [None, "torch without linear_cross_entropy"])
@@ -138,11 +131,11 @@ def test_a_padded_batch_trains_as_t5_does_without_reading_its_padding_back_to_th
     inputs["attention_mask"][3, -2:] = 0
     if cause:
         monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")
-    with HostReads() as ours_read:
+    with DispatchCount(*HOST_READS) as ours_read:
         loss, grads = step(model, inputs)
-    with HostReads() as t5_read:
+    with DispatchCount(*HOST_READS) as t5_read:
         t5_loss, t5_grads = step(model, inputs, T5ForConditionalGeneration.forward)
-    assert (ours_read.reads, t5_read.reads) == (0, 2)
+    assert (ours_read.count, t5_read.count) == (0, 2)
     assert loss.item() == pytest.approx(t5_loss.item(), rel=1e-6)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, t5_grads[name], rtol=1e-5, atol=1e-7, msg=name)

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.dispatch import DispatchCount
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import T5ForConditionalGeneration
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.t5.modeling_t5 import T5LayerNorm
@@ -75,16 +75,6 @@ def _loss_and_gradients(
     return loss.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
 
 
-class Casts(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.overloadpacket is torch.ops.aten._to_copy
-        return func(*args, **(kwargs or {}))
-
-
 class AttentionBiases(TorchFunctionMode):
     """The bias tensors handed to SDPA, each call's."""
 
@@ -116,9 +106,9 @@ def test_a_feed_forward_under_autocast_skips_the_two_casts_and_changes_no_bit(au
     reference, model = build(), build()
     blocks = skip_feed_forward_upcast(model)
     assert blocks == model.config.num_layers + model.config.num_decoder_layers
-    with Casts() as t5_casts:
+    with DispatchCount("aten::_to_copy") as t5_casts:
         expected_loss, expected_gradients = _loss_and_gradients(reference, autocast)
-    with Casts() as casts:
+    with DispatchCount("aten::_to_copy") as casts:
         loss, gradients = _loss_and_gradients(model, autocast)
     assert t5_casts.count - casts.count == (4 * blocks if autocast else 0)
     assert torch.equal(loss, expected_loss)
@@ -167,9 +157,9 @@ def test_a_stack_builds_its_attention_bias_once_a_training_step_to_the_same_loss
     reference, model = training_model(None, "full"), training_model(None, "full")
     assert share_attention_bias(model)
     encoder, decoder = model.config.num_layers, model.config.num_decoder_layers
-    with AttentionBiases() as t5_biases, Casts() as t5_casts:
+    with AttentionBiases() as t5_biases, DispatchCount("aten::_to_copy") as t5_casts:
         expected_loss, expected_gradients = _loss_and_gradients(reference, autocast, padded=True)
-    with AttentionBiases() as biases, Casts() as casts:
+    with AttentionBiases() as biases, DispatchCount("aten::_to_copy") as casts:
         loss, gradients = _loss_and_gradients(model, autocast, padded=True)
     assert len(biases.biases) == t5_biases.distinct() == encoder + 2 * decoder
     assert biases.distinct() == 3  # the encoder's self-attention, the decoder's, the decoder's cross-attention
@@ -210,16 +200,6 @@ def test_a_t5_without_sdpa_attention_keeps_its_own():
     assert model.config._attn_implementation == "eager"
 
 
-class MatrixProducts(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm)
-        return func(*args, **(kwargs or {}))
-
-
 def _distance(gradients: dict[str, torch.Tensor], to: dict[str, torch.Tensor], names=None) -> float:
     return sum(((gradients[name] - to[name]) ** 2).sum() for name in names or gradients) ** 0.5
 
@@ -240,9 +220,9 @@ def test_layers_reading_one_input_run_as_one_product_to_t5s_loss(autocast, build
     encoder, decoder = model.config.num_layers, model.config.num_decoder_layers
     gated = (encoder + decoder) * model.config.is_gated_act
     assert fuse_projections(model) == encoder + decoder + 1 + gated
-    with MatrixProducts() as t5_products:
+    with DispatchCount("aten::mm", "aten::addmm") as t5_products:
         expected_loss, expected_gradients = _loss_and_gradients(reference, autocast, padded=True)
-    with MatrixProducts() as products:
+    with DispatchCount("aten::mm", "aten::addmm") as products:
         loss, gradients = _loss_and_gradients(model, autocast, padded=True)
     # Forward, two products fewer a self-attention, all but one of the cross-attentions' and one a gated
     # feed-forward; backward, twice that.
@@ -296,9 +276,9 @@ def test_grouped_layers_run_as_t5s_own_where_a_product_would_not_fit(way):
     if way == "activation checkpointing":
         for t5 in (reference, model):
             t5.activation_checkpointing_enable()
-    with MatrixProducts() as t5_products:
+    with DispatchCount("aten::mm", "aten::addmm") as t5_products:
         expected_loss, expected_gradients = _loss_and_gradients(reference, train=way != "evaluation")
-    with MatrixProducts() as products:
+    with DispatchCount("aten::mm", "aten::addmm") as products:
         loss, gradients = _loss_and_gradients(model, train=way != "evaluation")
     assert products.count == t5_products.count
     assert torch.equal(loss, expected_loss)

@@ -175,10 +175,9 @@ def fuse_projections(model: T5ForConditionalGeneration) -> int:
     input layers read one input. T5 calls each on its own, so under autocast each casts the input and its weight to
     bf16 and casts both gradients back, and each runs two small matrix products backward. A group runs one product
     on its weights stacked, splits the output, and adds the input's gradients in that product's own accumulator, not
-    in separate casts and adds. The loss and
-    gradients are T5's to float rounding, as close to fp32's as T5's own under autocast (``tests/test_model.py``).
-    Evaluation, generation, compiled regions, activation checkpointing and ZeRO-3's partitioned weights call each
-    layer as T5 does.
+    in separate casts and adds. The loss and gradients are T5's to float rounding, as close to fp32's as T5's own
+    under autocast (``tests/test_model.py``). Evaluation, generation, compiled regions, activation checkpointing and
+    ZeRO-3's partitioned weights call each layer as T5 does.
 
     :param model: a T5, changed in place.
     :rtype: int
