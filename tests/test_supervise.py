@@ -63,6 +63,8 @@ def supervised(cluster, tmp_path: Path, mode: str, max_restarts: int = 3) -> tup
     except LaunchError as error:
         result = error
     print(stream.getvalue()[-6000:])
+    # Every decision in full, however long the output: a failure's first cause is in them.
+    print("".join(line for line in stream.getvalue().splitlines(keepends=True) if line.startswith("[supervisor]")))
     assert tagged_processes(tag) == [], "ranks left behind"
     return result, stream.getvalue(), json.loads((cluster.run_dir / SUPERVISOR_FILE).read_text())
 
@@ -270,9 +272,18 @@ def test_rank_killed_by_sigkill_is_relaunched_on_the_same_workers(two_local_work
 @pytest.mark.slow
 def test_the_same_error_twice_ends_the_run_with_it_after_one_retry(two_local_workers, tmp_path: Path) -> None:
     result, _, record = supervised(two_local_workers, tmp_path, "raise")
-    assert isinstance(result, LaunchError) and str(result) == "ValueError: stand-in rank 1 cannot parse its batch"
-    events = [event["event"] for event in record["events"]]
-    assert events == [FailureKind.APPLICATION_ERROR, "relaunch", FailureKind.APPLICATION_ERROR, "gave up"]
+    error = "ValueError: stand-in rank 1 cannot parse its batch"
+    assert isinstance(result, LaunchError) and str(result) == error
+    said = [(event["event"], event.get("message", event["line"])) for event in record["events"]]
+    # On a loaded machine a first launch may fail for a reason of its own before the stand-in's rank raises (a
+    # timeout, a port taken): another error, retried as any is. Then the rank's error, retried once, ends the run.
+    first = said.index((FailureKind.APPLICATION_ERROR, error)) if (FailureKind.APPLICATION_ERROR, error) in said else -1
+    assert first in (0, 2) and said[first:] == [
+        (FailureKind.APPLICATION_ERROR, error),
+        ("relaunch", said[first + 1][1]),
+        (FailureKind.APPLICATION_ERROR, error),
+        ("gave up", f"the same error twice, not retried again: {error}"),
+    ], said
 
 
 @pytest.mark.slow
