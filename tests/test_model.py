@@ -1,3 +1,4 @@
+import contextlib
 import gc
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from textsql.model.speedups import (
     SHARED_BIAS_ATTENTION,
     fuse_norms,
     fuse_projections,
+    projection_groups,
     share_attention_bias,
     skip_feed_forward_upcast,
     speed_up_training,
@@ -298,3 +300,77 @@ def test_a_ranks_t5_trains_under_activation_checkpointing_as_t5():
     torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=0)
     for name in gradients:
         assert _distance(gradients, expected_gradients, [name]) <= 1e-5 * expected_gradients[name].norm(), name
+
+
+def _all_but_weight_copies(model: T5ForConditionalGeneration) -> T5ForConditionalGeneration:
+    for change in (fuse_norms, skip_feed_forward_upcast, share_attention_bias, fuse_projections):
+        change(model)
+    return model
+
+
+def _training_steps(model: T5ForConditionalGeneration, *counts: DispatchCount) -> tuple[list, list, dict]:
+    """Three optimizer steps of two micro-batches each under bf16 autocast, the third step's operators counted:
+    the losses, each step's gradients, the weights after."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, gradients = [], []
+    for step in range(3):
+        for micro_batch in range(2):
+            generator = torch.Generator().manual_seed(micro_batch)
+            batch = {"input_ids": torch.randint(5, 32000, (4, 23), generator=generator)}
+            batch["labels"] = torch.randint(5, 32000, (4, 11), generator=generator)
+            torch.manual_seed(10 * step + micro_batch)  # the same dropout masks in both models
+            with contextlib.ExitStack() as counting:
+                for count in counts if step == 2 else ():
+                    counting.enter_context(count)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model.train()(**batch).loss
+                loss.backward()
+            losses.append(loss.detach())
+        gradients.append({name: parameter.grad.clone() for name, parameter in model.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, gradients, {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+
+
+@pytest.mark.parametrize("build", [_training_t5, _gated_t5], ids=["relu", "gated-gelu"])
+def test_linear_layers_compute_from_bf16_copies_made_once_a_step_to_the_same_bits(build):
+    """A rank's steps under bf16 autocast, with an optimizer and two micro-batches a step: each linear layer (or
+    group run as one product) computes from a bf16 copy of its weights made once a step, instead of casting its
+    fp32 weight forward and the weight's gradient backward. The losses, every step's fp32 gradients (accumulated
+    over the micro-batches in fp32) and the weights the optimizer leaves are the same bits."""
+    reference, model = _all_but_weight_copies(build()), build()
+    speed_up_training(model)
+    groups = len([module for module in model.modules() if isinstance(module, torch.nn.Linear)]) - 1  # but lm_head
+    groups -= sum(len(linears) - 1 for linears, _ in projection_groups(model))
+    t5_casts, casts, multi_tensor_copies = (
+        DispatchCount(name) for name in ["aten::_to_copy"] * 2 + ["aten::_foreach_copy_"]
+    )
+    expected = _training_steps(reference, t5_casts)
+    losses, gradients, weights = _training_steps(model, casts, multi_tensor_copies)
+    # One cast forward and one backward a group a micro-batch, for none; one copy of the weights a step (the first
+    # micro-batch's), and one of the gradients a micro-batch.
+    assert t5_casts.count - casts.count == 2 * 2 * groups
+    assert multi_tensor_copies.count == 1 + 2
+    assert all(torch.equal(loss, other) for loss, other in zip(losses, expected[0]))
+    for step, step_gradients in enumerate(gradients):
+        for name, gradient in step_gradients.items():
+            assert torch.equal(gradient, expected[1][step][name]), (step, name)
+    for name, weight in weights.items():
+        assert torch.equal(weight, expected[2][name]), name
+    assert set(model.state_dict()) == set(reference.state_dict())
+
+
+def test_with_weight_copies_evaluation_and_generation_compute_as_t5(tmp_path: Path):
+    """After a training step, an evaluation (with or without autocast) and generation use the fp32 weights as T5
+    does, never a copy: the same bits as a T5 without the copies."""
+    reference, model = _all_but_weight_copies(_training_t5()), _training_t5()
+    speed_up_training(model)
+    for t5 in (reference, model):
+        _training_steps(t5)
+    questions = torch.randint(5, 32000, (3, 9), generator=torch.Generator().manual_seed(2))
+    expected = reference.eval().generate(questions, max_new_tokens=6, do_sample=False)
+    assert torch.equal(model.eval().generate(questions, max_new_tokens=6, do_sample=False), expected)
+    for autocast in (True, False):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = [t5.eval()(input_ids=questions, labels=questions).logits for t5 in (reference, model)]
+        assert torch.equal(*logits)

@@ -25,6 +25,8 @@ from transformers.models.t5.modeling_t5 import (
     T5LayerSelfAttention,
 )
 
+from textsql.model.weight_copies import WeightCopies, copy_weights_once_a_step
+
 # The name transformers' attention registry knows the training step's SDPA attention by (share_attention_bias).
 SHARED_BIAS_ATTENTION = "sdpa_shared_bias"
 
@@ -34,11 +36,13 @@ def speed_up_training(model: T5ForConditionalGeneration) -> dict[str, int]:
 
     :rtype: dict
     """
+    copies = copy_weights_once_a_step(model, [linears for linears, _ in projection_groups(model)])
     return {
         "norms fused": fuse_norms(model),
         "feed-forward blocks without the fp32 round trip": skip_feed_forward_upcast(model),
         "stacks sharing one attention bias": 2 * share_attention_bias(model),
-        "projection groups computed as one": fuse_projections(model),
+        "projection groups computed as one": fuse_projections(model, copies),
+        "linear layers computing from bf16 weight copies": len(copies.weights()),
     }
 
 
@@ -163,10 +167,12 @@ class _ProjectionGroup:
 
     linears: list[torch.nn.Linear]
     blocks: list[torch.nn.Module]  # the T5 blocks they sit in, which gradient checkpointing recomputes
+    copies: WeightCopies | None = None  # made for projection_groups' groups, this one among them
+    copy: int = -1  # this group's among them
     outputs: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
 
 
-def fuse_projections(model: T5ForConditionalGeneration) -> int:
+def fuse_projections(model: T5ForConditionalGeneration, copies: WeightCopies | None = None) -> int:
     """Let the linear layers of a T5 that read the same input compute their outputs as one, in a training step;
     return how many groups.
 
@@ -180,7 +186,24 @@ def fuse_projections(model: T5ForConditionalGeneration) -> int:
     ZeRO-3's partitioned weights call each layer as T5 does.
 
     :param model: a T5, changed in place.
+    :param copies: bf16 copies of the weights made for :func:`projection_groups` (a group's stacked weights, ready).
     :rtype: int
+    """
+    groups = [
+        _ProjectionGroup(linears, blocks, copies, copies.groups.index(linears) if copies else -1)
+        for linears, blocks in projection_groups(model)
+    ]
+    for group in groups:
+        for index, linear in enumerate(group.linears):
+            linear.forward = partial(_grouped_projection, group, index, linear.forward)  # type: ignore[method-assign]
+    return len(groups)
+
+
+def projection_groups(model: T5ForConditionalGeneration) -> list[tuple[list[torch.nn.Linear], list[torch.nn.Module]]]:
+    """The linear layers of a T5 that read the same input (see :func:`fuse_projections`), group by group, each with
+    the blocks they sit in.
+
+    :rtype: list[tuple[list[torch.nn.Linear], list[torch.nn.Module]]]
     """
     groups = []
     for stack in (model.encoder, model.decoder):
@@ -190,17 +213,14 @@ def fuse_projections(model: T5ForConditionalGeneration) -> int:
             for layer in cast("torch.nn.ModuleList", block.layer):
                 if isinstance(layer, T5LayerSelfAttention):
                     attention = layer.SelfAttention
-                    groups.append(_ProjectionGroup([attention.q, attention.k, attention.v], [block]))
+                    groups.append(([attention.q, attention.k, attention.v], [block]))
                 elif isinstance(layer, T5LayerCrossAttention):
                     keys_and_values += [layer.EncDecAttention.k, layer.EncDecAttention.v]
                 elif isinstance(feed_forward := getattr(layer, "DenseReluDense", None), T5DenseGatedActDense):
-                    groups.append(_ProjectionGroup([feed_forward.wi_0, feed_forward.wi_1], [block]))
+                    groups.append(([feed_forward.wi_0, feed_forward.wi_1], [block]))
         if keys_and_values:
-            groups.append(_ProjectionGroup(keys_and_values, blocks))
-    for group in groups:
-        for index, linear in enumerate(group.linears):
-            linear.forward = partial(_grouped_projection, group, index, linear.forward)  # type: ignore[method-assign]
-    return len(groups)
+            groups.append((keys_and_values, blocks))
+    return groups
 
 
 def _grouped_projection(
@@ -222,7 +242,8 @@ def _grouped_projection(
     versions = tuple(linear.weight._version for linear in linears)
     computed = group.outputs.get(hidden_states)
     if computed is None or computed[0] != versions:
-        weight = torch.cat([linear.weight for linear in linears])
+        copy = group.copies.weight(group.copy) if group.copies else None
+        weight = torch.cat([linear.weight for linear in linears]) if copy is None else copy
         outputs = torch.nn.functional.linear(hidden_states, weight)
         computed = (versions, outputs.split([linear.out_features for linear in linears], dim=-1))
         group.outputs[hidden_states] = computed

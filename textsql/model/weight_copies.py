@@ -1,0 +1,155 @@
+"""bf16 copies of a T5's linear weights, made once an optimizer step, for its training steps under bf16 autocast.
+
+Under autocast a linear layer casts its fp32 weight to bf16 every time it is called, and its backward casts the
+weight's gradient back to fp32: two kernels a layer a step, about 120 in t5-small's step and 290 in t5-base's, each
+with its own autograd node on the host, which the GPU waits on. :class:`WeightCopies` keeps each layer's weight as a
+bf16 tensor beside the fp32 one (the optimizer's and the checkpoint's, untouched): refreshed with one multi-tensor
+copy when the fp32 weights have changed since (after an optimizer step, or a checkpoint loaded), and the layers'
+bf16 gradients handed to the fp32 weights with one multi-tensor copy at the end of each backward, added in fp32 when
+a gradient is already there (accumulation over micro-batches). The layers compute the same bits as under autocast,
+and the fp32 weights receive the same gradients (``tests/test_model.py``).
+
+Only while the model's own forward runs in training mode, with gradients, under bf16 autocast, on fp32 weights that
+ZeRO-3 has not partitioned and without activation checkpointing; otherwise, and in compiled regions, each layer is
+called as T5 calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, cast
+
+import torch
+from transformers import T5ForConditionalGeneration
+
+
+class WeightCopies:
+    """The bf16 copies of groups of linear layers' weights: one tensor a group, its layers' weights stacked (the
+    layers that :func:`textsql.model.speedups.fuse_projections` runs as one product read it whole)."""
+
+    def __init__(self, groups: Sequence[Sequence[torch.nn.Linear]]) -> None:
+        """
+        :param groups: the layers, a group per copy.
+        """
+        self.groups = [list(group) for group in groups]
+        self.rows = [[linear.out_features for linear in group] for group in self.groups]
+        # Whether the model's forward now running may use the copies (:meth:`begin`).
+        self.on = False
+        self._copies: list[torch.Tensor] = []
+        self._pieces: list[torch.Tensor] = []  # each layer's rows of its group's copy
+        self._made_from: list[tuple[int, int]] = []  # the fp32 weights (identity, version) the copies hold
+        self._returning = False
+
+    def weight(self, group: int) -> torch.Tensor | None:
+        """The group's bf16 copy while the model's forward may use it; None otherwise.
+
+        :rtype: torch.Tensor | None
+        """
+        return self._copies[group] if self.on and not torch.compiler.is_compiling() else None
+
+    def weights(self) -> list[torch.Tensor]:
+        """The fp32 weights, group by group.
+
+        :rtype: list[torch.Tensor]
+        """
+        return [linear.weight for group in self.groups for linear in group]
+
+    def begin(self, model: torch.nn.Module, *_: Any) -> None:
+        """The model's forward pre-hook: whether its forward may use the copies, which are brought up to date."""
+        weights = self.weights()
+        device = weights[0].device.type
+        self.on = (
+            model.training
+            and torch.is_grad_enabled()
+            and torch.is_autocast_enabled(device)
+            and torch.get_autocast_dtype(device) == torch.bfloat16
+            and all(weight.dtype == torch.float32 and not hasattr(weight, "ds_id") for weight in weights)
+            and not getattr(model, "is_activation_checkpointing", False)
+        )
+        if self.on:
+            self._refresh(weights)
+
+    def end(self, *_: Any) -> None:
+        """The model's forward hook: the forward is over (an evaluation or generation may call parts of it next)."""
+        self.on = False
+
+    def _refresh(self, weights: list[torch.Tensor]) -> None:
+        if not self._copies or self._copies[0].device != weights[0].device:
+            self._allocate(weights[0].device)
+        made_from = [(id(weight), weight._version) for weight in weights]
+        if made_from != self._made_from:
+            with torch.no_grad():
+                torch._foreach_copy_(self._pieces, weights)
+            self._made_from = made_from
+
+    def _allocate(self, device: torch.device) -> None:
+        self._copies, self._pieces, self._made_from = [], [], []
+        for group, rows in zip(self.groups, self.rows):
+            copy = torch.empty((sum(rows), group[0].in_features), dtype=torch.bfloat16, device=device)
+            copy.requires_grad_(True)
+            copy.register_post_accumulate_grad_hook(self._return_after_backward)
+            self._copies.append(copy)
+            self._pieces += copy.detach().split(rows)
+
+    def _return_after_backward(self, _copy: torch.Tensor) -> None:
+        if not self._returning:
+            self._returning = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._return_gradients)
+
+    def _return_gradients(self) -> None:
+        """Hand the copies' gradients to the fp32 weights: one multi-tensor copy, and one add where there were some."""
+        self._returning = False
+        done = [index for index, copy in enumerate(self._copies) if copy.grad is not None]
+        new = {index for index in done if all(linear.weight.grad is None for linear in self.groups[index])}
+        fp32 = [torch.empty_like(self._copies[index], dtype=torch.float32) for index in done]
+        torch._foreach_copy_(fp32, [cast(torch.Tensor, self._copies[index].grad) for index in done])
+        added_to, added = [], []
+        for index, gradient in zip(done, fp32):
+            self._copies[index].grad = None
+            for linear, rows in zip(self.groups[index], gradient.split(self.rows[index])):
+                if index in new:
+                    linear.weight.grad = rows
+                else:
+                    added_to.append(linear.weight.grad if linear.weight.grad is not None else torch.zeros_like(rows))
+                    linear.weight.grad = added_to[-1]
+                    added.append(rows)
+        if added:
+            torch._foreach_add_(added_to, added)
+
+
+def copy_weights_once_a_step(
+    model: T5ForConditionalGeneration, groups: Sequence[Sequence[torch.nn.Linear]]
+) -> WeightCopies:
+    """Give a T5's linear layers bf16 copies of their weights, made once a step (see the module's text): ``groups``
+    share one copy a group (layers run as one product), every other linear layer of its stacks (T5's have no bias)
+    has one of its own.
+    The grouped layers' own forward must ask :meth:`WeightCopies.weight` for it; the others are changed here.
+
+    :param model: a T5, changed in place.
+    :param groups: the layers that are run as one product.
+    :rtype: WeightCopies
+    """
+    grouped = {id(linear) for group in groups for linear in group}
+    alone = [
+        cast(torch.nn.Linear, module)
+        for stack in (model.encoder, model.decoder)
+        for module in cast(torch.nn.Module, stack).modules()
+        if isinstance(module, torch.nn.Linear) and module.bias is None and id(module) not in grouped
+    ]
+    copies = WeightCopies([*groups, *[[linear] for linear in alone]])
+    for index, linear in enumerate(alone, start=len(groups)):
+        linear.forward = partial(_from_copy, copies, index, linear.forward)  # type: ignore[method-assign]
+    model.register_forward_pre_hook(copies.begin)
+    model.register_forward_hook(copies.end, always_call=True)
+    return copies
+
+
+def _from_copy(
+    copies: WeightCopies,
+    group: int,
+    linear_forward: Callable[[torch.Tensor], torch.Tensor],
+    hidden_states: torch.Tensor,
+) -> torch.Tensor:
+    weight = copies.weight(group)
+    return linear_forward(hidden_states) if weight is None else torch.nn.functional.linear(hidden_states, weight)
