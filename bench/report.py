@@ -209,14 +209,17 @@ def _step_ops_table(step_ops: dict) -> list[str]:
         "",
         step_ops["method"] + ".",
         "",
-        "| arm | ops per training step | host syncs per training step | reduce calls | optimizer-phase ops | optimizer-phase host syncs |",
-        "|---|---|---|---|---|---|",
+        (
+            "| arm | ops per training step | compute ops per training step | host syncs per training step "
+            "| reduce calls | optimizer-phase ops | optimizer-phase host syncs |"
+        ),
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in ("default", "old_recipe"):
         row = step_ops[arm]
         lines.append(
-            f"| {arm} | {row['ops']} | {row['host_syncs']} | {row['reduce_calls']} | {row['optimizer_ops']} | "
-            f"{row['optimizer_host_syncs']} |"
+            f"| {arm} | {row['ops']} | {row.get('compute_ops', '-')} | {row['host_syncs']} | {row['reduce_calls']} | "
+            f"{row['optimizer_ops']} | {row['optimizer_host_syncs']} |"
         )
     return lines
 

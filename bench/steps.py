@@ -9,6 +9,10 @@ Op counts (:func:`count_ops`) read the profiler's event tree:
 
 - *ops*: top-level ATen operators (an ``aten::`` event with no ``aten::`` ancestor), i.e. what the Python
   code dispatched, each a kernel launch or more on a GPU;
+- *compute ops*: the operators that do the work, about one GPU kernel each: ATen operators with no ``aten::``
+  child that are neither views nor allocations, and a multi-tensor operator (``_foreach_*``, ``_fused_*``) once,
+  as a GPU launches it (a CPU loops over its tensors inside). A CPU runs a few operators as several that a GPU
+  runs as one (SDPA's math path, RMS norm's backward, dropout), alike in every arm;
 - *host syncs*: ``aten::_local_scalar_dense`` called from Python, what ``.item()``, ``float()``, ``bool()``
   and ``if tensor:`` dispatch to read a value on the host (on CUDA each waits for the GPU), plus calls of the
   accelerator's ``synchronize`` (counted by :func:`phase_markers`). Reads inside another operator's CPU
@@ -45,6 +49,10 @@ HOST_SYNC_OPS = ("aten::_local_scalar_dense",)
 # operator is that operator's CPU kernel at work.
 HOST_READS = ("aten::item", "aten::is_nonzero")
 SYNC_CALLS = "bench::synchronize"
+# Operators that launch one kernel (or a few) on a GPU for any number of tensors.
+MULTI_TENSOR_OPS = ("aten::_foreach_", "aten::_fused_")
+# Operators that compute nothing: they allocate, or view what is there (views torch's schemas do not mark as such).
+NO_WORK = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view"})
 
 
 def clock() -> float:
@@ -218,7 +226,14 @@ def count_ops(events) -> dict:
             yield parent
             parent = parent.cpu_parent
 
-    counts = {"ops": 0, "host_syncs": 0, "reduce_calls": 0, "optimizer_ops": 0, "optimizer_host_syncs": 0}
+    counts = {
+        "ops": 0,
+        "compute_ops": 0,
+        "host_syncs": 0,
+        "reduce_calls": 0,
+        "optimizer_ops": 0,
+        "optimizer_host_syncs": 0,
+    }
     optimizer_names: Counter[str] = Counter()
     sync_places: Counter[str] = Counter()
     for event in events:
@@ -229,6 +244,10 @@ def count_ops(events) -> dict:
             counts["host_syncs"] += 1
             sync_places[" < ".join(name for name in names if not name.startswith("aten::")) or "(top level)"] += 1
             counts["optimizer_host_syncs"] += in_optimizer
+        if event.name.startswith("aten::") and not any(name.startswith(MULTI_TENSOR_OPS) for name in names):
+            counts["compute_ops"] += event.name.startswith(MULTI_TENSOR_OPS) or (
+                not any(child.name.startswith("aten::") for child in event.cpu_children) and _computes(event.name)
+            )
         if event.name.startswith("aten::") and not any(name.startswith("aten::") for name in names):
             counts["ops"] += 1
             counts["optimizer_ops"] += in_optimizer
@@ -245,6 +264,21 @@ def count_ops(events) -> dict:
         "optimizer_ops_by_name": dict(optimizer_names.most_common()),
         "host_syncs_under": dict(sync_places.most_common()),
     }
+
+
+@functools.cache
+def _computes(name: str) -> bool:
+    """Whether an ATen operator (``aten::name``) computes: not an allocation, and not a view in any overload."""
+    operator = name.removeprefix("aten::")
+    if operator in NO_WORK:
+        return False
+    packet = getattr(torch.ops.aten, operator, None)
+    overloads = [getattr(packet, overload) for overload in packet.overloads()] if packet is not None else []
+    return not any(
+        returned.alias_info is not None and not returned.alias_info.is_write
+        for overload in overloads
+        for returned in overload._schema.returns
+    )
 
 
 def _marked(method, name: str = OPTIMIZER_PHASE):

@@ -114,6 +114,20 @@ def test_op_counts_read_a_real_profile():
     assert counts["host_syncs"] == 3 and counts["ops"] > counts["optimizer_ops"] and counts["reduce_calls"] == 0
 
 
+def test_compute_ops_count_the_work_once_not_views_or_allocations():
+    import torch
+
+    tensors = [torch.randn(4, 4) for _ in range(3)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        viewed = tensors[0].t().reshape(16).view(4, 4).narrow(0, 1, 2)  # views: none
+        torch.empty_like(viewed)  # an allocation: none
+        torch._foreach_add_(tensors, 1.0)  # one multi-tensor op, however many tensors: 1
+        tensors[0] @ tensors[1]  # a product: 1
+        tensors[0].t().contiguous()  # a copy, under clone: 1
+    counts = count_ops(profile.events())
+    assert counts["compute_ops"] == 3 and counts["ops"] == 9
+
+
 def test_identical_curves_match_and_diverging_ones_do_not():
     curve = [4.0 / (1 + step / 20) for step in range(100)]
     assert curves_match(curve, curve, 0.05)["within"]
