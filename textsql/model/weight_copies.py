@@ -39,6 +39,7 @@ class WeightCopies:
         self._copies: list[torch.Tensor] = []
         self._pieces: list[torch.Tensor] = []  # each layer's rows of its group's copy
         self._made_from: list[tuple[int, int]] = []  # the fp32 weights (identity, version) the copies hold
+        self._stale = False  # whether this forward has yet to check the copies against the fp32 weights
         self._returning = False
 
     def weight(self, group: int) -> torch.Tensor | None:
@@ -46,7 +47,12 @@ class WeightCopies:
 
         :rtype: torch.Tensor | None
         """
-        return self._copies[group] if self.on and not torch.compiler.is_compiling() else None
+        if not self.on or torch.compiler.is_compiling():
+            return None
+        if self._stale:  # here, not in begin(): a model whose layers all run compiled never makes its copies
+            self._refresh(self.weights())
+            self._stale = False
+        return self._copies[group]
 
     def weights(self) -> list[torch.Tensor]:
         """The fp32 weights, group by group.
@@ -56,7 +62,7 @@ class WeightCopies:
         return [linear.weight for group in self.groups for linear in group]
 
     def begin(self, model: torch.nn.Module, *_: Any) -> None:
-        """The model's forward pre-hook: whether its forward may use the copies, which are brought up to date."""
+        """The model's forward pre-hook: whether its forward may use the copies (brought up to date at first use)."""
         weights = self.weights()
         device = weights[0].device.type
         self.on = (
@@ -67,8 +73,7 @@ class WeightCopies:
             and all(weight.dtype == torch.float32 and not hasattr(weight, "ds_id") for weight in weights)
             and not getattr(model, "is_activation_checkpointing", False)
         )
-        if self.on:
-            self._refresh(weights)
+        self._stale = self.on
 
     def end(self, *_: Any) -> None:
         """The model's forward hook: the forward is over (an evaluation or generation may call parts of it next)."""
