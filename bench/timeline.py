@@ -7,15 +7,17 @@ for ``textsql launch``'s). On CUDA it records the device's activity (kernels, co
 copies of ``record_function`` ranges, as torch's own tables leave them out): the busy fraction is the union of
 their intervals over the window's wall time, so kernels on two streams at once count once, and the top kernels
 are ranked by their summed time. Without CUDA it reads the CPU's activity the same way (top-level ATen
-operators for kernels), so a CPU rehearsal runs the same code but for which events it counts. Profiling slows
-the steps it watches: the arms profile steps after their timed window.
+operators for kernels), so a CPU rehearsal runs the same code but for which events it counts. Each top kernel
+says where it was launched from (:func:`place`: the backward's autograd node or the forward, the operator the Python
+code called and the one that launched it), most calls first, with that one's commonest first-input shapes. Profiling slows the
+steps it watches: the arms profile steps after their timed window.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -29,6 +31,10 @@ logger = logging.getLogger(__name__)
 WINDOW = "bench::timeline_window"
 TOP_KERNELS = 10
 NAME_CHARS = 160  # CUDA kernel names are C++ template instances, often thousands of characters
+PLACES = 5  # the places a top kernel was launched from, most calls first
+SHAPES = 3  # a place's commonest input shapes
+# The profiler's range around each autograd node the backward runs ("...: MmBackward0").
+AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 
 
 def busy_microseconds(intervals: Iterable[tuple[float, float]], start: float, end: float) -> float:
@@ -66,6 +72,43 @@ def top_level_ops(events) -> list:
     ]
 
 
+def place(event) -> tuple[str, str]:
+    """Where an operator ran, ``NODE: TOP > OP``: the autograd node whose backward called it (``forward`` outside the
+    backward), the top-level operator it ran under (left out when it is that one); and its first input's shape where
+    the profiler recorded it (else "").
+
+    :rtype: tuple[str, str]
+    """
+    node, top = "forward", event
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            top = parent
+        elif parent.name.startswith(AUTOGRAD_NODE) and node == "forward":
+            node = parent.name.removeprefix(AUTOGRAD_NODE)
+        parent = parent.cpu_parent
+    shapes = getattr(event, "input_shapes", None) or []
+    return f"{node}: {top.name}{'' if top is event else ' > ' + event.name}", str(list(shapes[0])) if shapes else ""
+
+
+def launch_places(events, device_activity: bool) -> dict[str, dict[str, Counter[str]]]:
+    """For each kernel's name, each :func:`place` it was launched from and how many calls came from there with each
+    input shape: on CUDA the operators the profiler linked each kernel to, on a CPU the top-level operators themselves.
+
+    :rtype: dict[str, dict[str, collections.Counter[str]]]
+    """
+    places: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+    launchers = (
+        [(kernel.name, event) for event in events if event.device_type == DeviceType.CPU for kernel in event.kernels]
+        if device_activity
+        else [(event.name, event) for event in top_level_ops(events)]
+    )
+    for name, event in launchers:
+        where, shape = place(event)
+        places[name][where][shape] += 1
+    return places
+
+
 def summarize(events, steps: int, device_activity: bool) -> dict:
     """The window's busy fraction and top kernels.
 
@@ -87,6 +130,7 @@ def summarize(events, steps: int, device_activity: bool) -> dict:
         totals[event.name][0] += event.time_range.end - event.time_range.start
         totals[event.name][1] += 1
     ranked = sorted(totals.items(), key=lambda item: item[1][0], reverse=True)[:TOP_KERNELS]
+    places = launch_places(events, device_activity)
     summed = sum(total for total, _ in totals.values())
     return {
         "activity": "CUDA kernels, copies and memsets" if device_activity else "CPU: top-level ATen operators",
@@ -101,6 +145,10 @@ def summarize(events, steps: int, device_activity: bool) -> dict:
                 "total_ms": round(total / 1000, 3),
                 "calls": calls,
                 "share_of_kernel_time": round(total / summed, 4) if summed else None,
+                "launched_by": [
+                    {"place": where, "calls": sum(shapes.values()), "shapes": dict(shapes.most_common(SHAPES))}
+                    for where, shapes in sorted(places[name].items(), key=lambda item: -sum(item[1].values()))[:PLACES]
+                ],
             }
             for name, (total, calls) in ranked
         ],
@@ -120,7 +168,10 @@ def profiled(steps: int) -> Iterator[dict]:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     summary: dict = {}
     clock()  # the kernels queued before finish outside the window
-    with torch.profiler.profile(activities=activities) as profiler, torch.profiler.record_function(WINDOW):
+    with (
+        torch.profiler.profile(activities=activities, record_shapes=True) as profiler,
+        torch.profiler.record_function(WINDOW),
+    ):
         yield summary
         clock()  # the window ends when the last step's kernels have run
     summary.update(summarize(profiler.events(), steps, on_device))

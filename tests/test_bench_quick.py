@@ -31,14 +31,25 @@ def test_busy_time_counts_overlapping_activity_once_and_only_inside_the_window()
     assert busy_microseconds([], start=0.0, end=1.0) == 0.0
 
 
-def event(name: str, device: DeviceType, start: float, end: float, annotation: bool = False) -> SimpleNamespace:
+def event(
+    name: str,
+    device: DeviceType,
+    start: float,
+    end: float,
+    annotation: bool = False,
+    parent: SimpleNamespace | None = None,
+    kernels: tuple[str, ...] = (),
+    shapes: tuple[list[int], ...] = (),
+) -> SimpleNamespace:
     """What summarize reads of a profiler event."""
     return SimpleNamespace(
         name=name,
         device_type=device,
         is_user_annotation=annotation,
         time_range=SimpleNamespace(start=start, end=end),
-        cpu_parent=None,
+        cpu_parent=parent,
+        kernels=[SimpleNamespace(name=kernel) for kernel in kernels],
+        input_shapes=list(shapes),
     )
 
 
@@ -61,6 +72,38 @@ def test_a_cuda_timeline_counts_kernels_and_copies_not_the_device_side_copies_of
         ("Memcpy HtoD", 0.1, 1),
     ]
     assert summary["top_kernels"][0]["share_of_kernel_time"] == round(350 / 450, 4)
+
+
+def test_a_cuda_timeline_says_where_each_top_kernel_was_launched_from():
+    """The profiler links each kernel to the operator that launched it: a cast in the forward, the same cast's
+    backward under its autograd node, and a copy inside a top-level operator are three places."""
+    node = event("autograd::engine::evaluate_function: ToCopyBackward0", DeviceType.CPU, 300.0, 400.0)
+    to = event("aten::to", DeviceType.CPU, 10.0, 20.0)
+    cast_in_backward = event("aten::to", DeviceType.CPU, 310.0, 320.0, parent=node)
+    copy_in_backward = event("aten::copy_", DeviceType.CPU, 311.0, 319.0, parent=cast_in_backward, kernels=("cast",))
+    events = [
+        event(WINDOW, DeviceType.CPU, 0.0, 1000.0, annotation=True),
+        to,
+        event("aten::copy_", DeviceType.CPU, 11.0, 19.0, parent=to, kernels=("cast",), shapes=([512, 512], [512, 512])),
+        event("aten::copy_", DeviceType.CPU, 21.0, 29.0, parent=to, kernels=("cast",), shapes=([512, 512], [512, 512])),
+        event("aten::mm", DeviceType.CPU, 30.0, 40.0, kernels=("gemm",)),
+        node,
+        cast_in_backward,
+        copy_in_backward,
+        event("cast", DeviceType.CUDA, 100.0, 110.0),
+        event("cast", DeviceType.CUDA, 120.0, 130.0),
+        event("cast", DeviceType.CUDA, 500.0, 510.0),
+        event("gemm", DeviceType.CUDA, 200.0, 205.0),
+    ]
+    summary = summarize(events, steps=1, device_activity=True)
+    places = {top["name"]: top["launched_by"] for top in summary["top_kernels"]}
+    assert places == {
+        "cast": [
+            {"place": "forward: aten::to > aten::copy_", "calls": 2, "shapes": {"[512, 512]": 2}},
+            {"place": "ToCopyBackward0: aten::to > aten::copy_", "calls": 1, "shapes": {"": 1}},
+        ],
+        "gemm": [{"place": "forward: aten::mm", "calls": 1, "shapes": {"": 1}}],
+    }
 
 
 def drive(timeline: Timeline, steps: list) -> None:
