@@ -106,18 +106,16 @@ class WeightCopies:
         """Hand the copies' gradients to the fp32 weights: one multi-tensor copy, and one add where there were some."""
         self._returning = False
         done = [index for index, copy in enumerate(self._copies) if copy.grad is not None]
-        new = {index for index in done if all(linear.weight.grad is None for linear in self.groups[index])}
         fp32 = [torch.empty_like(self._copies[index], dtype=torch.float32) for index in done]
         torch._foreach_copy_(fp32, [cast(torch.Tensor, self._copies[index].grad) for index in done])
         added_to, added = [], []
         for index, gradient in zip(done, fp32):
             self._copies[index].grad = None
             for linear, rows in zip(self.groups[index], gradient.split(self.rows[index])):
-                if index in new:
+                if linear.weight.grad is None:
                     linear.weight.grad = rows
                 else:
-                    added_to.append(linear.weight.grad if linear.weight.grad is not None else torch.zeros_like(rows))
-                    linear.weight.grad = added_to[-1]
+                    added_to.append(linear.weight.grad)
                     added.append(rows)
         if added:
             torch._foreach_add_(added_to, added)
