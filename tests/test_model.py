@@ -1,5 +1,6 @@
 import contextlib
 import gc
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -244,9 +245,15 @@ def test_layers_reading_one_input_run_as_one_product_to_t5s_loss(autocast, build
     assert all(not linear.forward.args[0].outputs for linear in model.modules() if hasattr(linear.forward, "args"))
 
 
-def test_grouped_layers_project_again_after_their_weights_change():
+@pytest.mark.parametrize(
+    "optimizer",
+    [partial(torch.optim.SGD, lr=1.0), partial(torch.optim.AdamW, lr=1e-3, fused=True)],
+    ids=["SGD", "fused AdamW"],
+)
+def test_grouped_layers_project_again_after_their_weights_change(optimizer):
     """Encoder outputs passed in twice, an optimizer step between: the second forward projects them with the new
-    weights, as T5 does, instead of handing back the first forward's outputs."""
+    weights, as T5 does, instead of handing back the first forward's outputs (fused AdamW changes the weights without
+    counting a change in their version)."""
     reference, model = training_model(None, "full"), training_model(None, "full")
     fuse_projections(model)
     generator = torch.Generator().manual_seed(4)
@@ -258,12 +265,12 @@ def test_grouped_layers_project_again_after_their_weights_change():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
         encoded = t5.encoder(input_ids=questions)
-        optimizer = torch.optim.SGD(t5.decoder.parameters(), lr=1.0)
+        stepper = optimizer(t5.decoder.parameters())
         for _ in range(2):
             loss = t5(encoder_outputs=encoded, labels=labels).loss
             loss.backward(retain_graph=True)
-            optimizer.step()
-            optimizer.zero_grad()
+            stepper.step()
+            stepper.zero_grad()
             losses.append(loss.detach())
     torch.testing.assert_close(losses[2:], losses[:2], rtol=1e-5, atol=0)
     assert losses[1] < losses[0]
@@ -308,10 +315,11 @@ def _all_but_weight_copies(model: T5ForConditionalGeneration) -> T5ForConditiona
     return model
 
 
-def _training_steps(model: T5ForConditionalGeneration, *counts: DispatchCount) -> tuple[list, list, dict]:
+def _training_steps(model: T5ForConditionalGeneration, fused: bool, *counts: DispatchCount) -> tuple[list, list, dict]:
     """Three optimizer steps of two micro-batches each under bf16 autocast, the third step's operators counted:
-    the losses, each step's gradients, the weights after."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    the losses, each step's gradients, the weights after. ``fused``: torch's fused AdamW (a rank's default), whose
+    step changes the weights without counting a change in their version, else its loop over the tensors."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused, foreach=False if not fused else None)
     losses, gradients = [], []
     for step in range(3):
         for micro_batch in range(2):
@@ -332,10 +340,11 @@ def _training_steps(model: T5ForConditionalGeneration, *counts: DispatchCount) -
     return losses, gradients, {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused AdamW", "AdamW"])
 @pytest.mark.parametrize("build", [_training_t5, _gated_t5], ids=["relu", "gated-gelu"])
-def test_linear_layers_compute_from_bf16_copies_made_once_a_step_to_the_same_bits(build):
+def test_linear_layers_compute_from_bf16_copies_made_at_each_forward_to_the_same_bits(build, fused):
     """A rank's steps under bf16 autocast, with an optimizer and two micro-batches a step: each linear layer (or
-    group run as one product) computes from a bf16 copy of its weights made once a step, instead of casting its
+    group run as one product) computes from a bf16 copy of its weights made at each forward, instead of casting its
     fp32 weight forward and the weight's gradient backward. The losses, every step's fp32 gradients (accumulated
     over the micro-batches in fp32) and the weights the optimizer leaves are the same bits."""
     reference, model = _all_but_weight_copies(build()), build()
@@ -345,19 +354,19 @@ def test_linear_layers_compute_from_bf16_copies_made_once_a_step_to_the_same_bit
     t5_casts, casts, multi_tensor_copies = (
         DispatchCount(name) for name in ["aten::_to_copy"] * 2 + ["aten::_foreach_copy_"]
     )
-    expected = _training_steps(reference, t5_casts)
-    losses, gradients, weights = _training_steps(model, casts, multi_tensor_copies)
-    # One cast forward and one backward a group a micro-batch, for none; one copy of the weights a step (the first
-    # micro-batch's), and one of the gradients a micro-batch.
-    assert t5_casts.count - casts.count == 2 * 2 * groups
-    assert multi_tensor_copies.count == 1 + 2
-    assert all(torch.equal(loss, other) for loss, other in zip(losses, expected[0]))
+    expected = _training_steps(reference, fused, t5_casts)
+    losses, gradients, weights = _training_steps(model, fused, casts, multi_tensor_copies)
+    assert all(torch.equal(loss, other) for loss, other in zip(losses, expected[0])), (losses, expected[0])
     for step, step_gradients in enumerate(gradients):
         for name, gradient in step_gradients.items():
             assert torch.equal(gradient, expected[1][step][name]), (step, name)
     for name, weight in weights.items():
         assert torch.equal(weight, expected[2][name]), name
     assert set(model.state_dict()) == set(reference.state_dict())
+    # One cast forward and one backward a group a micro-batch, for none; one copy of the weights and one of the
+    # gradients a micro-batch.
+    assert t5_casts.count - casts.count == 2 * 2 * groups
+    assert multi_tensor_copies.count == 2 + 2
 
 
 def test_with_weight_copies_evaluation_and_generation_compute_as_t5(tmp_path: Path):
@@ -366,7 +375,7 @@ def test_with_weight_copies_evaluation_and_generation_compute_as_t5(tmp_path: Pa
     reference, model = _all_but_weight_copies(_training_t5()), _training_t5()
     speed_up_training(model)
     for t5 in (reference, model):
-        _training_steps(t5)
+        _training_steps(t5, fused=True)
     questions = torch.randint(5, 32000, (3, 9), generator=torch.Generator().manual_seed(2))
     expected = reference.eval().generate(questions, max_new_tokens=6, do_sample=False)
     assert torch.equal(model.eval().generate(questions, max_new_tokens=6, do_sample=False), expected)

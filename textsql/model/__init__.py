@@ -6,7 +6,8 @@ trains visibly in minutes on two CPU cores. A directory that holds weights (a tr
 and a hub id (`t5-small`, for connected users) load with `from_pretrained`.
 
 ``speedups`` holds the changes to a loaded T5 that make its steps cheaper and leave what it computes as T5's;
-``weight_copies`` the bf16 copies of its linear weights, made once a step, that one of them computes from.
+``weight_copies`` the bf16 copies of its linear weights, made at each training forward, that one of them computes
+from.
 """
 
 from __future__ import annotations

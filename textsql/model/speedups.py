@@ -25,7 +25,7 @@ from transformers.models.t5.modeling_t5 import (
     T5LayerSelfAttention,
 )
 
-from textsql.model.weight_copies import WeightCopies, copy_weights_once_a_step
+from textsql.model.weight_copies import WeightCopies, copy_weights_at_each_forward
 
 # The name transformers' attention registry knows the training step's SDPA attention by (share_attention_bias).
 SHARED_BIAS_ATTENTION = "sdpa_shared_bias"
@@ -36,7 +36,7 @@ def speed_up_training(model: T5ForConditionalGeneration) -> dict[str, int]:
 
     :rtype: dict
     """
-    copies = copy_weights_once_a_step(model, [linears for linears, _ in projection_groups(model)])
+    copies = copy_weights_at_each_forward(model, [linears for linears, _ in projection_groups(model)])
     return {
         "norms fused": fuse_norms(model),
         "feed-forward blocks without the fp32 round trip": skip_feed_forward_upcast(model),
@@ -163,13 +163,13 @@ def _sdpa_with_shared_bias(
 
 @dataclass
 class _ProjectionGroup:
-    """Linear layers that read the same input in a step, and their outputs for the input last read."""
+    """Linear layers that read the same input in a step, and their outputs for each input the current forward read."""
 
     linears: list[torch.nn.Linear]
     blocks: list[torch.nn.Module]  # the T5 blocks they sit in, which gradient checkpointing recomputes
     copies: WeightCopies | None = None  # made for projection_groups' groups, this one among them
     copy: int = -1  # this group's among them
-    outputs: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
+    outputs: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)  # by input, in the model's forward
 
 
 def fuse_projections(model: T5ForConditionalGeneration, copies: WeightCopies | None = None) -> int:
@@ -196,7 +196,16 @@ def fuse_projections(model: T5ForConditionalGeneration, copies: WeightCopies | N
     for group in groups:
         for index, linear in enumerate(group.linears):
             linear.forward = partial(_grouped_projection, group, index, linear.forward)  # type: ignore[method-assign]
+    model.register_forward_pre_hook(partial(_forget_outputs, groups))
     return len(groups)
+
+
+def _forget_outputs(groups: list[_ProjectionGroup], *_: Any) -> None:
+    # A group's outputs hold for the forward that computed them: an input read again in another forward (encoder
+    # outputs passed in twice) is projected again with the weights as they are then. Nothing cheaper tells whether
+    # the weights changed in between: torch's fused AdamW changes them without counting a change in their version.
+    for group in groups:
+        group.outputs.clear()
 
 
 def projection_groups(model: T5ForConditionalGeneration) -> list[tuple[list[torch.nn.Linear], list[torch.nn.Module]]]:
@@ -238,13 +247,12 @@ def _grouped_projection(
         or any(hasattr(linear.weight, "ds_id") for linear in linears)  # ZeRO-3 gathers a layer's weight for its call
     ):
         return linear_forward(hidden_states)
-    # An input read again after an optimizer step (encoder outputs passed in twice) is projected again.
-    versions = tuple(linear.weight._version for linear in linears)
     computed = group.outputs.get(hidden_states)
-    if computed is None or computed[0] != versions:
+    if computed is None:
         copy = group.copies.weight(group.copy) if group.copies else None
         weight = torch.cat([linear.weight for linear in linears]) if copy is None else copy
-        outputs = torch.nn.functional.linear(hidden_states, weight)
-        computed = (versions, outputs.split([linear.out_features for linear in linears], dim=-1))
+        computed = torch.nn.functional.linear(hidden_states, weight).split(
+            [linear.out_features for linear in linears], dim=-1
+        )
         group.outputs[hidden_states] = computed
-    return computed[1][index]
+    return computed[index]

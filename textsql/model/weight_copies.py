@@ -1,13 +1,17 @@
-"""bf16 copies of a T5's linear weights, made once an optimizer step, for its training steps under bf16 autocast.
+"""bf16 copies of a T5's linear weights, made at each of its training forwards under bf16 autocast.
 
 Under autocast a linear layer casts its fp32 weight to bf16 every time it is called, and its backward casts the
-weight's gradient back to fp32: two kernels a layer a step, about 120 in t5-small's step and 290 in t5-base's, each
-with its own autograd node on the host, which the GPU waits on. :class:`WeightCopies` keeps each layer's weight as a
-bf16 tensor beside the fp32 one (the optimizer's and the checkpoint's, untouched): refreshed with one multi-tensor
-copy when the fp32 weights have changed since (after an optimizer step, or a checkpoint loaded), and the layers'
-bf16 gradients handed to the fp32 weights with one multi-tensor copy at the end of each backward, added in fp32 when
-a gradient is already there (accumulation over micro-batches). The layers compute the same bits as under autocast,
-and the fp32 weights receive the same gradients (``tests/test_model.py``).
+weight's gradient back to fp32: two kernels a layer a micro-batch, about 120 in t5-small's and 290 in t5-base's,
+each with its own autograd node on the host, which the GPU waits on. :class:`WeightCopies` keeps the weights as bf16
+tensors beside the fp32 ones (the optimizer's and the checkpoint's, untouched): all brought up to date with one
+multi-tensor copy at their first use in a forward, and the layers' bf16 gradients handed to the fp32 weights with one
+multi-tensor copy at the end of each backward, added in fp32 when a gradient is already there (accumulation over
+micro-batches). The layers compute the same bits as under autocast, and the fp32 weights receive the same gradients
+(``tests/test_model.py``).
+
+At each forward, not only when the weights changed: nothing says reliably that they did. torch's fused AdamW (a
+rank's default) and writes through ``.data`` change a weight without counting a change in its version, so copies kept
+until a weight's version moved would compute a whole run from its first step's weights.
 
 Only while the model's own forward runs in training mode, with gradients, under bf16 autocast, on fp32 weights that
 ZeRO-3 has not partitioned and without activation checkpointing; otherwise, and in compiled regions, each layer is
@@ -38,8 +42,7 @@ class WeightCopies:
         self.on = False
         self._copies: list[torch.Tensor] = []
         self._pieces: list[torch.Tensor] = []  # each layer's rows of its group's copy
-        self._made_from: list[tuple[int, int]] = []  # the fp32 weights (identity, version) the copies hold
-        self._stale = False  # whether this forward has yet to check the copies against the fp32 weights
+        self._stale = False  # whether this forward has yet to bring the copies up to date
         self._returning = False
 
     def weight(self, group: int) -> torch.Tensor | None:
@@ -82,14 +85,11 @@ class WeightCopies:
     def _refresh(self, weights: list[torch.Tensor]) -> None:
         if not self._copies or self._copies[0].device != weights[0].device:
             self._allocate(weights[0].device)
-        made_from = [(id(weight), weight._version) for weight in weights]
-        if made_from != self._made_from:
-            with torch.no_grad():
-                torch._foreach_copy_(self._pieces, weights)
-            self._made_from = made_from
+        with torch.no_grad():
+            torch._foreach_copy_(self._pieces, weights)
 
     def _allocate(self, device: torch.device) -> None:
-        self._copies, self._pieces, self._made_from = [], [], []
+        self._copies, self._pieces = [], []
         for group, rows in zip(self.groups, self.rows):
             copy = torch.empty((sum(rows), group[0].in_features), dtype=torch.bfloat16, device=device)
             copy.requires_grad_(True)
@@ -121,12 +121,12 @@ class WeightCopies:
             torch._foreach_add_(added_to, added)
 
 
-def copy_weights_once_a_step(
+def copy_weights_at_each_forward(
     model: T5ForConditionalGeneration, groups: Sequence[Sequence[torch.nn.Linear]]
 ) -> WeightCopies:
-    """Give a T5's linear layers bf16 copies of their weights, made once a step (see the module's text): ``groups``
-    share one copy a group (layers run as one product), every other linear layer of its stacks (T5's have no bias)
-    has one of its own.
+    """Give a T5's linear layers bf16 copies of their weights, made at each training forward (see the module's
+    text): ``groups`` share one copy a group (layers run as one product), every other linear layer of its stacks
+    (T5's have no bias) has one of its own.
     The grouped layers' own forward must ask :meth:`WeightCopies.weight` for it; the others are changed here.
 
     :param model: a T5, changed in place.
