@@ -1,6 +1,7 @@
 """The training step a GPU with bf16 gets, run on the CPU: profile zero0 under DeepSpeed's bf16 autocast, torch's
 fused AdamW, T5 with every change of textsql/model/speedups.py and the bf16 weight copies
-(textsql/model/weight_copies.py). It must learn step for step as fp32 does.
+(textsql/model/weight_copies.py), token-budget batches from loader workers. It must learn step for step as fp32
+does on the same batches.
 
 tests/test_model.py holds each change to T5's bits with an optimizer of its own; this holds the step as
 ``textsql train`` puts it together (the trainer, DeepSpeed's engine, the optimizer a GPU run gets). The weight copies
@@ -38,6 +39,11 @@ def step_losses(prepared: Path, output: Path, *precision: str) -> tuple[dict, li
             eval_every=None,
             profile="zero0",
             optim="adamw_torch_fused",
+            logging_nan_inf_filter=False,
+            # A GPU's data path: token-budget batches from length buckets, loader workers kept between epochs.
+            max_tokens_per_batch=512,
+            dataloader_num_workers=2,
+            dataloader_persistent_workers=True,
             learning_rate=3e-3,
             save_strategy="no",
             max_eval_samples=4,
@@ -58,7 +64,8 @@ def test_the_gpus_bf16_step_learns_on_the_cpu_step_for_step_as_fp32(prepared_sam
     # transformers refuses bf16 without a GPU unless told the run is on the CPU.
     bf16_summary, bf16 = step_losses(prepared_sample, tmp_path / "bf16", "--precision", "bf16", "--use-cpu", "true")
     assert (fp32_summary["precision"], bf16_summary["precision"]) == ("fp32", "bf16")
-    assert (fp32_summary["profile"], bf16_summary["profile"]) == ("zero0", "zero0")
+    for summary in (fp32_summary, bf16_summary):
+        assert (summary["profile"], summary["token_budget"]["max_tokens_per_batch"]) == ("zero0", 512)
     assert len(fp32) == len(bf16) == STEPS
     assert bf16 != fp32, "the bf16 run computed fp32's bits: it did not run under bf16 autocast"
     assert fp32[-1] < fp32[0] / 2, f"fp32 did not learn, so nothing is compared: {fp32}"
