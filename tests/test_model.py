@@ -309,6 +309,21 @@ def test_a_ranks_t5_trains_under_activation_checkpointing_as_t5():
         assert _distance(gradients, expected_gradients, [name]) <= 1e-5 * expected_gradients[name].norm(), name
 
 
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_under_activation_checkpointing_the_weight_copies_stay_off(reentrant):
+    """bf16 autocast with `--gradient_checkpointing`: the backward recomputes each block after the forward ended, so
+    the layers compute from their fp32 weights as T5's do, the same bits as a rank's T5 without the copies."""
+    reference, model = _all_but_weight_copies(_training_t5()), _training_t5()
+    speed_up_training(model)
+    for t5 in (reference, model):
+        t5.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    expected_loss, expected_gradients = _loss_and_gradients(reference, autocast=True, padded=True)
+    loss, gradients = _loss_and_gradients(model, autocast=True, padded=True)
+    assert torch.equal(loss, expected_loss)
+    for name, gradient in gradients.items():
+        assert torch.equal(gradient, expected_gradients[name]), name
+
+
 def _all_but_weight_copies(model: T5ForConditionalGeneration) -> T5ForConditionalGeneration:
     for change in (fuse_norms, skip_feed_forward_upcast, share_attention_bias, fuse_projections):
         change(model)

@@ -32,11 +32,13 @@ class WeightCopies:
     """The bf16 copies of groups of linear layers' weights: one tensor a group, its layers' weights stacked (the
     layers that :func:`textsql.model.speedups.fuse_projections` runs as one product read it whole)."""
 
-    def __init__(self, groups: Sequence[Sequence[torch.nn.Linear]]) -> None:
+    def __init__(self, groups: Sequence[Sequence[torch.nn.Linear]], blocks: Sequence[torch.nn.Module] = ()) -> None:
         """
         :param groups: the layers, a group per copy.
+        :param blocks: the blocks activation checkpointing would recompute (their ``gradient_checkpointing``).
         """
         self.groups = [list(group) for group in groups]
+        self.blocks = list(blocks)
         self.rows = [[linear.out_features for linear in group] for group in self.groups]
         # Whether the model's forward now running may use the copies (:meth:`begin`).
         self.on = False
@@ -74,7 +76,8 @@ class WeightCopies:
             and torch.is_autocast_enabled(device)
             and torch.get_autocast_dtype(device) == torch.bfloat16
             and all(weight.dtype == torch.float32 and not hasattr(weight, "ds_id") for weight in weights)
-            and not getattr(model, "is_activation_checkpointing", False)
+            # What transformers' is_activation_checkpointing asks, of the blocks alone: it walks every module.
+            and not any(getattr(block, "gradient_checkpointing", False) for block in self.blocks)
         )
         self._stale = self.on
 
@@ -140,7 +143,8 @@ def copy_weights_at_each_forward(
         for module in cast(torch.nn.Module, stack).modules()
         if isinstance(module, torch.nn.Linear) and module.bias is None and id(module) not in grouped
     ]
-    copies = WeightCopies([*groups, *[[linear] for linear in alone]])
+    blocks = [block for stack in (model.encoder, model.decoder) for block in stack.block]
+    copies = WeightCopies([*groups, *[[linear] for linear in alone]], blocks)
     for index, linear in enumerate(alone, start=len(groups)):
         linear.forward = partial(_from_copy, copies, index, linear.forward)  # type: ignore[method-assign]
     model.register_forward_pre_hook(copies.begin)
