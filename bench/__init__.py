@@ -10,7 +10,7 @@ The modules, by what they are:
 - **Figures** (each measures one comparison and returns its dict): ``tokenization``, ``train_padding``,
   ``inference``, ``model_latency``, ``rendezvous``, ``startup``, ``profiles``, ``recovery``, ``store``,
   ``setup_cost``, ``demo_seeds``, ``step_ops``, ``pretrained_proxy``, ``compile_warmup``, ``norms``,
-  ``sliced_loss``; the GPU comparisons ``gpu`` and ``gpu_quick``, and ``gpu_quick``'s time to accuracy,
+  ``sliced_loss``, ``host_cost``; the GPU comparisons ``gpu`` and ``gpu_quick``, and ``gpu_quick``'s time to accuracy,
   ``accuracy``, with ``rate_scaling`` (its defaults' arm at a GPU's token budget, over rates and seeds).
 - **Measured arms** (what a figure runs against each other): ``old_recipe`` (the seed notebook's plain
   ``Seq2SeqTrainer``), ``peer`` (a plain ``Seq2SeqTrainer`` tuned as transformers' docs advise), ``ours``

@@ -234,6 +234,7 @@ def _where() -> dict:
 COMMANDS = {
     "compile-warmup": "bench.compile_warmup",
     "demo-seeds": "bench.demo_seeds",
+    "host-cost": "bench.host_cost",
     "norms": "bench.norms",
     "pretrained-proxy": "bench.pretrained_proxy",
     "rate-scaling": "bench.rate_scaling",
