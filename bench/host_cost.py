@@ -1,18 +1,20 @@
-"""What the host spends issuing one training step: T5 as transformers writes it against a rank's T5
+"""What the host spends on one training step: T5 as transformers writes it against a rank's T5
 (:func:`textsql.model.speedups.speed_up_training`), with and without the bf16 weight copies.
 
 Why: on one H200 the defaults' step kept the GPU busy 47 % of the time (``bench/gpu_quick_h200_accuracy.json``); for
-the rest it waited for the host to issue the step's kernels. What issuing costs does not depend on a model's width:
+the rest it waited for the host to issue the step's kernels. What issuing costs hardly depends on a model's width:
 each operator pays Python, torch's dispatcher and its autograd node alike, whatever its size. ``python -m bench
 host-cost`` builds t5-small's and t5-base's structure (their layers and heads) 32 wide, with a vocabulary of 512, and
-steps them on the CPU, where a step's arithmetic is then small and its wall time is mostly what issuing it costs.
+steps them on the CPU, where a step's arithmetic is small, though not nothing: a CPU computes each operator before
+the host issues the next (bf16 ones slowly), where a GPU would compute while the host went on.
 
 A step is what a rank does between two batches, less the trainer and DeepSpeed's engine: forward and backward under
 bf16 autocast (where the weight copies work), then torch's fused AdamW and ``zero_grad``. The arms run on the same
-batch from the same seed, alternated (:func:`bench.timing.alternate`). Each arm's operators a step come from one more
-step under ``torch.profiler`` (:func:`bench.steps.count_ops`): the top-level ones, and the compute ones that a GPU
-launches a kernel for, about. Not in it: what CUDA adds a launch (a few microseconds), and what a step's kernels
-cost on a GPU.
+batch from the same seed, alternated (:func:`bench.timing.alternate`). A few more steps an arm run under
+``torch.profiler``: the operators a step dispatches (:func:`bench.steps.count_ops`: the top-level ones, and the
+compute ones, about a GPU kernel each), and how the median one's time splits between its top-level operators (the
+dispatcher and the CPU's arithmetic) and what runs around them (Python, the autograd engine's own work, hooks), which
+a GPU's host pays alike. Not in it: what CUDA adds a launch (a few microseconds).
 
 Writes ``bench/host_cost.json`` (``--out``); ``--smoke``: the embedded small T5's structure, a few steps (the tests).
 """
@@ -30,7 +32,7 @@ import torch
 
 from bench.setup_cost import BENCH_DIR
 from bench.step_arms import shapes_main, step_times
-from bench.steps import count_ops
+from bench.steps import clock, count_ops
 from textsql.model import load_model
 from textsql.model.speedups import (
     fuse_norms,
@@ -56,9 +58,10 @@ class HostSizes:
     target_tokens: int = 16
     warmup: int = 10
     repetitions: int = 60
+    profiled_steps: int = 5
 
 
-SMOKE = HostSizes(warmup=1, repetitions=2)
+SMOKE = HostSizes(warmup=1, repetitions=2, profiled_steps=1)
 
 
 def narrow(model: Path, work: Path) -> Path:
@@ -113,7 +116,7 @@ def host_arms(model: Path, sizes: HostSizes) -> dict:
         optimizers[arm].zero_grad(set_to_none=True)
 
     times = step_times(step, ARMS, sizes.questions, sizes.repetitions, sizes.warmup)
-    arms = {arm: {**times[arm], **operators(lambda arm=arm: step(arm))} for arm in ARMS}
+    arms = {arm: {**times[arm], **operators(lambda arm=arm: step(arm), sizes.profiled_steps)} for arm in ARMS}
     return {
         "model": model.name,
         "arms": arms,
@@ -121,15 +124,40 @@ def host_arms(model: Path, sizes: HostSizes) -> dict:
     }
 
 
-def operators(step: Callable[[], None]) -> dict:
-    """The top-level and compute operators of one call of ``step``, under ``torch.profiler``.
+def operators(step: Callable[[], None], steps: int) -> dict:
+    """The top-level and compute operators of a call of ``step`` under ``torch.profiler``, and of ``steps`` such
+    calls the median one's time: in all, inside the top-level operators, and around them (Python, the autograd
+    engine's own work, hooks: what a GPU's host pays alike), each operator slowed by the profiler's own record.
 
     :rtype: dict
     """
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        step()
-    counts = count_ops(profile.events())
-    return {"ops": counts["ops"], "compute_ops": counts["compute_ops"]}
+    profiled = []
+    for _ in range(steps):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            began = clock()
+            step()
+            wall_s = clock() - began
+        events = profile.events()
+        inside_s = sum(event.cpu_time_total for event in events if _top_level(event)) / 1e6
+        profiled.append((wall_s, inside_s, events))
+    wall_s, inside_s, events = sorted(profiled, key=lambda measured: measured[0])[steps // 2]
+    counts = count_ops(events)
+    return {
+        "ops": counts["ops"],
+        "compute_ops": counts["compute_ops"],
+        "profiled_step_ms": round(1000 * wall_s, 2),
+        "in_operators_ms": round(1000 * inside_s, 2),
+        "around_operators_ms": round(1000 * (wall_s - inside_s), 2),
+    }
+
+
+def _top_level(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return False
+        parent = parent.cpu_parent
+    return event.name.startswith("aten::")
 
 
 def measure(sizes: HostSizes, device: str, models: list[Path]) -> dict:
@@ -152,7 +180,10 @@ def measure(sizes: HostSizes, device: str, models: list[Path]) -> dict:
             "full-vocabulary loss) with speed_up_training; rank_without_weight_copies: the same without "
             f"copy_weights_at_each_forward; {sizes.warmup} rounds of warm-up, then {sizes.repetitions} rounds "
             "alternating the arms' order; median_step_ms: the median of those steps, step_ms_range the fastest and "
-            "the slowest; ops and compute_ops: one more step under torch.profiler (bench/steps.py count_ops)"
+            f"the slowest; then {sizes.profiled_steps} steps an arm under torch.profiler, the median one's: ops and "
+            "compute_ops (bench/steps.py count_ops), profiled_step_ms its time, in_operators_ms the time inside its "
+            "top-level ATen operators, around_operators_ms the rest (Python, the autograd engine's own work, "
+            "hooks); the profiler slows each operator by its record"
         ),
     }
 

@@ -20,6 +20,9 @@ def test_the_host_cost_figure_steps_every_arm_narrowed_and_counts_what_each_disp
     # A rank's changes dispatch fewer operators than T5; the copies replace each layer's two casts a step with two
     # multi-tensor copies, so they compute less again.
     assert arms["rank"]["compute_ops"] < arms["rank_without_weight_copies"]["compute_ops"] < arms["t5"]["compute_ops"]
+    for arm in arms.values():  # a profiled step's time, split between its top-level operators and the rest
+        assert arm["in_operators_ms"] > 0 and arm["around_operators_ms"] > 0
+        assert abs(arm["in_operators_ms"] + arm["around_operators_ms"] - arm["profiled_step_ms"]) <= 0.011
     assert figure["over_t5_step"]["t5"] == 1.0
     ratio = arms["rank"]["median_step_ms"] / arms["t5"]["median_step_ms"]
     assert abs(figure["over_t5_step"]["rank"] - ratio) < 0.001
