@@ -33,6 +33,7 @@ import torch
 from bench.setup_cost import BENCH_DIR
 from bench.step_arms import shapes_main, step_times
 from bench.steps import clock, count_ops
+from bench.timeline import top_level_ops
 from textsql.model import load_model
 from textsql.model.speedups import (
     fuse_norms,
@@ -138,7 +139,7 @@ def operators(step: Callable[[], None], steps: int) -> dict:
             step()
             wall_s = clock() - began
         events = profile.events()
-        inside_s = sum(event.cpu_time_total for event in events if _top_level(event)) / 1e6
+        inside_s = sum(event.cpu_time_total for event in top_level_ops(events)) / 1e6
         profiled.append((wall_s, inside_s, events))
     wall_s, inside_s, events = sorted(profiled, key=lambda measured: measured[0])[steps // 2]
     counts = count_ops(events)
@@ -149,15 +150,6 @@ def operators(step: Callable[[], None], steps: int) -> dict:
         "in_operators_ms": round(1000 * inside_s, 2),
         "around_operators_ms": round(1000 * (wall_s - inside_s), 2),
     }
-
-
-def _top_level(event) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            return False
-        parent = parent.cpu_parent
-    return event.name.startswith("aten::")
 
 
 def measure(sizes: HostSizes, device: str, models: list[Path]) -> dict:
