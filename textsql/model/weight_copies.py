@@ -44,7 +44,7 @@ class WeightCopies:
         self.on = False
         self._copies: list[torch.Tensor] = []
         self._pieces: list[torch.Tensor] = []  # each layer's rows of its group's copy
-        self._stale = False  # whether this forward has yet to bring the copies up to date
+        self._pending: list[torch.Tensor] | None = None  # the fp32 weights this forward has yet to copy
         self._returning = False
 
     def weight(self, group: int) -> torch.Tensor | None:
@@ -54,9 +54,9 @@ class WeightCopies:
         """
         if not self.on or torch.compiler.is_compiling():
             return None
-        if self._stale:  # here, not in begin(): a model whose layers all run compiled never makes its copies
-            self._refresh(self.weights())
-            self._stale = False
+        if self._pending is not None:  # here, not in begin(): a model whose layers all run compiled makes none
+            self._refresh(self._pending)
+            self._pending = None
         return self._copies[group]
 
     def weights(self) -> list[torch.Tensor]:
@@ -79,7 +79,7 @@ class WeightCopies:
             # What transformers' is_activation_checkpointing asks, of the blocks alone: it walks every module.
             and not any(getattr(block, "gradient_checkpointing", False) for block in self.blocks)
         )
-        self._stale = self.on
+        self._pending = weights if self.on else None
 
     def end(self, *_: Any) -> None:
         """The model's forward hook: the forward is over (an evaluation or generation may call parts of it next)."""
