@@ -142,7 +142,11 @@ def test_a_job_whose_script_fails_names_slurms_reason_and_its_logs_last_line(slu
     ):
         pass
     message = str(raised.value)
-    assert "\n" not in message and re.search(r"job [0-9]+ ended FAILED \(NonZeroExitCode\) on node[12]: ", message)
+    # Slurm's state when the backend looked: FAILED, or COMPLETING while slurmd still cleans the job up (a look
+    # inside that moment failed a suite run once); its reason says the script failed either way.
+    assert "\n" not in message and re.search(
+        r"job [0-9]+ ended (FAILED|COMPLETING) \(NonZeroExitCode\) on node[12]: ", message
+    ), message
     assert f"{missing}: not found" in message, message
     assert time.monotonic() - started < REGISTER_BOUND_S / 2, (
         "the failure is seen when the job ends, not at the timeout"
