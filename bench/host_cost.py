@@ -158,14 +158,19 @@ def measure(sizes: HostSizes, device: str, models: list[Path]) -> dict:
 
     :rtype: dict
     """
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        shapes = {model.name: host_arms(model, sizes) for model in models}
+    finally:  # the caller's process (a test's worker, say) keeps its own
+        torch.set_num_threads(threads)
     return {
         "figure": "host_cost",
-        "shapes": {model.name: host_arms(model, sizes) for model in models},
+        "shapes": shapes,
         "sizes": asdict(sizes),
         "width": WIDTH,
         "method": (
-            f"on the CPU, {torch.get_num_threads()} torch thread(s): each model's layers and heads at {WIDTH}, built "
+            "on the CPU, 1 torch thread(s): each model's layers and heads at {WIDTH}, built "
             f"from the same seed; the same batch of {sizes.questions} random sources of {sizes.source_tokens} tokens "
             f"and targets of {sizes.target_tokens}; a step is forward and backward under bf16 autocast, then fused "
             "AdamW and zero_grad; t5: T5ForConditionalGeneration and its loss; rank: a rank's TrainingLossT5 (the "

@@ -17,7 +17,7 @@ def test_the_host_cost_figure_steps_every_arm_narrowed_and_counts_what_each_disp
     assert all(
         arm["median_step_ms"] > 0 and arm["step_ms_range"][0] <= arm["step_ms_range"][1] for arm in arms.values()
     )
-    # A rank's changes dispatch fewer operators than T5; the copies replace each layer's two casts a step with two
+    # A rank's changes dispatch fewer operators than T5; the copies replace each layer's two casts a forward with two
     # multi-tensor copies, so they compute less again.
     assert arms["rank"]["compute_ops"] < arms["rank_without_weight_copies"]["compute_ops"] < arms["t5"]["compute_ops"]
     for arm in arms.values():  # a profiled step's time, split between its top-level operators and the rest

@@ -334,7 +334,7 @@ def _training_steps(model: T5ForConditionalGeneration, fused: bool, *counts: Dis
     """Three optimizer steps of two micro-batches each under bf16 autocast, the third step's operators counted:
     the losses, each step's gradients, the weights after. ``fused``: torch's fused AdamW (a rank's default), whose
     step changes the weights without counting a change in their version, else its loop over the tensors."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused, foreach=False if not fused else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused, foreach=False)
     losses, gradients = [], []
     for step in range(3):
         for micro_batch in range(2):
